@@ -1,0 +1,49 @@
+"""Host-side data: data set loaders, label-shift partitions, the synthetic task."""
+
+from fedjax_pals.data.datasets import (
+    DEBIAN_FASHION_MNIST_DIR,
+    Dataset,
+    DatasetUnavailableError,
+    LabeledSplit,
+    load_cifar10,
+    load_dataset,
+    load_fashion_mnist,
+)
+from fedjax_pals.data.partitions import (
+    FederatedPartition,
+    dirichlet_partition,
+    largest_remainder_counts,
+    niid_bench_dirichlet_partition,
+    partition_from_label_counts,
+    resample_to_label_dist,
+    sparsity_partition,
+)
+from fedjax_pals.data.synthetic import (
+    SYNTHETIC_CLIENT_LABEL_DISTS,
+    SYNTHETIC_CLIENT_SIZES,
+    SYNTHETIC_MEANS,
+    synthetic_label_shift_task,
+    synthetic_target_label_dist,
+)
+
+__all__ = [
+    "DEBIAN_FASHION_MNIST_DIR",
+    "Dataset",
+    "DatasetUnavailableError",
+    "FederatedPartition",
+    "LabeledSplit",
+    "SYNTHETIC_CLIENT_LABEL_DISTS",
+    "SYNTHETIC_CLIENT_SIZES",
+    "SYNTHETIC_MEANS",
+    "dirichlet_partition",
+    "largest_remainder_counts",
+    "load_cifar10",
+    "load_dataset",
+    "load_fashion_mnist",
+    "niid_bench_dirichlet_partition",
+    "partition_from_label_counts",
+    "resample_to_label_dist",
+    "sparsity_partition",
+    "synthetic_label_shift_task",
+    "synthetic_target_label_dist",
+]

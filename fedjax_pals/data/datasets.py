@@ -1,0 +1,421 @@
+"""Image classification data sets as host-side numpy arrays.
+
+The FedPALS experiments (Listo Zec et al., Sec. 5 and App. B.4) build label
+shift tasks from Fashion-MNIST and CIFAR-10. This module only loads the raw
+splits; `fedjax_pals.data.partitions` turns them into clients and a target.
+
+Every loader returns inputs scaled to [-1, 1] (``pixel / 127.5 - 1``, the
+scaling of the reference implementation) as float32 NHWC arrays and labels as
+int32.
+
+Offline behaviour is a design requirement: these machines have no route to
+the dataset hosts, and ``tfds.load`` with downloading enabled retries for
+minutes before failing. The loaders therefore never ask TFDS to download: they
+look for files on disk themselves and call ``tfds.data_source(...,
+download=False)`` only when a prepared copy of the data set is present. When no
+source has the data, `DatasetUnavailableError` is raised at once with every
+way of getting it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# (split, kind) -> file name stem of the official Fashion-MNIST idx files.
+_FMNIST_FILES = {
+    ("train", "images"): "train-images-idx3-ubyte",
+    ("train", "labels"): "train-labels-idx1-ubyte",
+    ("test", "images"): "t10k-images-idx3-ubyte",
+    ("test", "labels"): "t10k-labels-idx1-ubyte",
+}
+# idx magic numbers: two zero bytes, type code 0x08 (unsigned byte), ndim.
+_IDX_MAGIC = {"images": 0x00000803, "labels": 0x00000801}
+
+_TFDS_HINT = (
+    "prepare it with TensorFlow Datasets (needs TensorFlow) into DATA_DIR, e.g. "
+    "`tfds.builder('{name}', data_dir=DATA_DIR).download_and_prepare("
+    "file_format='array_record')` on a machine with internet, then pass "
+    "--data_dir DATA_DIR (data_dir=DATA_DIR), or set TFDS_DATA_DIR"
+)
+
+
+class DatasetUnavailableError(RuntimeError):
+    """No local source holds the requested data set (nothing is downloaded)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LabeledSplit:
+    """One split of a data set: inputs ``x`` (N, ...) and labels ``y`` (N,).
+
+    ``x`` is stored as float32 and ``y`` as int32 (converted on construction if
+    needed); both arrays are made read-only because partitions index into them
+    and silent in-place edits would corrupt every client at once.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        x = np.asarray(self.x)
+        y = np.asarray(self.y)
+        if x.ndim < 1:
+            raise ValueError(f"x must have a leading example axis, got shape {x.shape}")
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D (N,), got shape {y.shape}")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"x and y disagree on the number of examples: x has {x.shape[0]}, "
+                f"y has {y.shape[0]}"
+            )
+        if y.size and not np.issubdtype(y.dtype, np.integer):
+            raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+        x = np.asarray(x, dtype=np.float32)
+        y = np.asarray(y, dtype=np.int32)
+        if x is self.x:  # do not freeze an array the caller still owns
+            x = x.view()
+        if y is self.y:
+            y = y.view()
+        x.flags.writeable = False
+        y.flags.writeable = False
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "y", y)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+    """A named classification data set with train and test splits."""
+
+    name: str
+    train: LabeledSplit
+    test: LabeledSplit
+    num_classes: int
+    source: str  # where the data came from, for logs and result files
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        for split_name, split in (("train", self.train), ("test", self.test)):
+            if len(split) and (split.y.min() < 0 or split.y.max() >= self.num_classes):
+                raise ValueError(
+                    f"{self.name} {split_name} labels must lie in [0, {self.num_classes}), "
+                    f"got range [{split.y.min()}, {split.y.max()}]"
+                )
+        if self.train.x.shape[1:] != self.test.x.shape[1:]:
+            raise ValueError(
+                f"train and test inputs differ in shape: {self.train.x.shape[1:]} vs "
+                f"{self.test.x.shape[1:]}"
+            )
+
+
+def _scale_uint8_images(images: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 in [-1, 1] as pixel / 127.5 - 1 (0 -> -1, 255 -> 1 exactly)."""
+    x = images.astype(np.float32)
+    # In place: the 60k x 784 float copy is the dominant cost of loading.
+    x /= np.float32(127.5)
+    x -= np.float32(1.0)
+    return x
+
+
+# --------------------------------------------------------------------------
+# Fashion-MNIST from idx files
+# --------------------------------------------------------------------------
+
+
+def _read_maybe_gzip(path: pathlib.Path) -> bytes:
+    raw = path.read_bytes()
+    if path.suffix != ".gz":
+        return raw
+    try:
+        # One-shot zlib is ~2x faster than streaming through gzip.open.
+        return zlib.decompress(raw, 16 + zlib.MAX_WBITS)
+    except zlib.error as e:
+        raise ValueError(f"{path} is not a valid gzip file (corrupt or truncated): {e}") from e
+
+
+def _parse_idx(data: bytes, kind: str, path: pathlib.Path) -> np.ndarray:
+    """Parses an idx1/idx3 unsigned-byte file (LeCun's MNIST format)."""
+    if len(data) < 8:
+        raise ValueError(f"{path} is too short ({len(data)} bytes) to be an idx file")
+    magic = int.from_bytes(data[:4], "big")
+    if magic != _IDX_MAGIC[kind]:
+        raise ValueError(
+            f"{path} has idx magic number {magic:#010x}, expected {_IDX_MAGIC[kind]:#010x} "
+            f"for {kind}; the file is corrupt or not a Fashion-MNIST {kind} file"
+        )
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise ValueError(f"{path} is truncated inside its header")
+    dims = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = header + int(np.prod(dims, dtype=np.int64))
+    if len(data) != expected:
+        raise ValueError(
+            f"{path} holds {len(data)} bytes but its header {dims} implies {expected}; "
+            "the file is truncated or corrupt"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find_idx_files(directory: pathlib.Path) -> dict[tuple[str, str], pathlib.Path] | None:
+    """Returns the four idx files in ``directory`` (plain or .gz), or None if any is missing."""
+    found = {}
+    for key, stem in _FMNIST_FILES.items():
+        for candidate in (directory / stem, directory / f"{stem}.gz"):
+            if candidate.is_file():
+                found[key] = candidate
+                break
+        else:
+            return None
+    return found
+
+
+def _load_fashion_mnist_idx(files: dict[tuple[str, str], pathlib.Path]) -> dict[str, LabeledSplit]:
+    splits = {}
+    for split in ("train", "test"):
+        images_path, labels_path = files[(split, "images")], files[(split, "labels")]
+        images = _parse_idx(_read_maybe_gzip(images_path), "images", images_path)
+        labels = _parse_idx(_read_maybe_gzip(labels_path), "labels", labels_path)
+        if images.shape[1:] != (28, 28):
+            raise ValueError(f"{images_path}: expected 28x28 images, got {images.shape[1:]}")
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"{images_path} has {images.shape[0]} images but {labels_path} has "
+                f"{labels.shape[0]} labels"
+            )
+        if labels.size and labels.max() >= 10:
+            raise ValueError(f"{labels_path} holds label {labels.max()}; Fashion-MNIST has 10")
+        splits[split] = LabeledSplit(
+            x=_scale_uint8_images(images[..., None]), y=labels.astype(np.int32)
+        )
+    return splits
+
+
+# --------------------------------------------------------------------------
+# TFDS (prepared data only)
+# --------------------------------------------------------------------------
+
+
+def _tfds_data_dir(data_dir: str | os.PathLike | None) -> pathlib.Path:
+    """The directory TFDS would read: data_dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
+    if data_dir is not None:
+        return pathlib.Path(data_dir).expanduser()
+    return pathlib.Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
+
+
+def _tfds_prepared(tfds_dir: pathlib.Path, name: str) -> bool:
+    """True if ``tfds_dir/name/[config/]version/dataset_info.json`` exists.
+
+    Checked before touching TFDS at all so that a missing data set costs a
+    couple of ``stat`` calls instead of any builder logic that might reach for
+    the network.
+    """
+    root = tfds_dir / name
+    if not root.is_dir():
+        return False
+    return any(root.glob("*/dataset_info.json")) or any(root.glob("*/*/dataset_info.json"))
+
+
+def _read_tfds_source(source: Sequence[dict], name: str) -> LabeledSplit:
+    """Reads every record of a TFDS random-access data source into arrays."""
+    n = len(source)
+    getitems = getattr(source, "__getitems__", None)
+    records: list[dict] = []
+    chunk = 4096
+    for start in range(0, n, chunk):
+        keys = list(range(start, min(n, start + chunk)))
+        batch = None
+        if getitems is not None:
+            try:
+                batch = getitems(keys)
+            except TypeError:
+                # Batched reads are an optimisation; some sources (e.g. tfds'
+                # own test mocks) only implement __getitem__.
+                getitems = None
+        if batch is None:
+            batch = [source[i] for i in keys]
+        records.extend(batch)
+    if n == 0:
+        raise DatasetUnavailableError(f"TFDS {name} split is empty")
+    images = np.stack([np.asarray(r["image"], dtype=np.uint8) for r in records])
+    labels = np.asarray([int(r["label"]) for r in records], dtype=np.int32)
+    return LabeledSplit(x=_scale_uint8_images(images), y=labels)
+
+
+def _load_tfds(name: str, tfds_dir: pathlib.Path) -> dict[str, LabeledSplit]:
+    try:
+        import tensorflow_datasets as tfds  # deferred: ~0.5 s import, optional path
+    except ImportError as e:
+        raise DatasetUnavailableError(
+            f"a prepared TFDS copy of {name} exists in {tfds_dir} but tensorflow_datasets "
+            f"is not importable ({e}); pip install tensorflow-datasets importlib_resources Pillow"
+        ) from e
+    try:
+        sources = tfds.data_source(
+            name,
+            split=["train", "test"],
+            data_dir=os.fspath(tfds_dir),
+            download=False,  # never fetch: offline, tfds retries for minutes
+            try_gcs=False,
+        )
+    except NotImplementedError as e:
+        # data_source reads only array_record/parquet; the default TFDS format
+        # (tfrecord) needs TensorFlow to read.
+        return _load_tfds_tfrecord(tfds, name, tfds_dir, e)
+    except Exception as e:  # e.g. a version TFDS cannot read, a damaged tree
+        raise DatasetUnavailableError(
+            f"TFDS could not open the prepared {name} in {tfds_dir}: {type(e).__name__}: {e}"
+        ) from e
+    train, test = sources
+    return {"train": _read_tfds_source(train, name), "test": _read_tfds_source(test, name)}
+
+
+def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exception):
+    try:
+        import tensorflow  # noqa: F401  (only to know whether tfds.load can read tfrecord)
+    except ImportError:
+        raise DatasetUnavailableError(
+            f"{name} in {tfds_dir} is prepared in TFRecord format, which needs TensorFlow "
+            "to read; install tensorflow, or re-prepare it with "
+            "download_and_prepare(file_format='array_record')"
+        ) from cause
+    splits = tfds.as_numpy(
+        tfds.load(
+            name,
+            split=["train", "test"],
+            data_dir=os.fspath(tfds_dir),
+            download=False,
+            try_gcs=False,
+            batch_size=-1,
+        )
+    )
+    return {
+        split: LabeledSplit(x=_scale_uint8_images(d["image"]), y=d["label"].astype(np.int32))
+        for split, d in zip(("train", "test"), splits)
+    }
+
+
+# --------------------------------------------------------------------------
+# Public loaders
+# --------------------------------------------------------------------------
+
+
+def load_fashion_mnist(
+    data_dir: str | os.PathLike | None = None, *, search_debian: bool = True
+) -> Dataset:
+    """Loads Fashion-MNIST (Xiao et al., 2017): 60k train / 10k test 28x28 grey images.
+
+    Sources, in order:
+      1. the official idx files (``train-images-idx3-ubyte[.gz]``, ...) in
+         ``data_dir`` or ``data_dir/fashion-mnist``;
+      2. ``DEBIAN_FASHION_MNIST_DIR`` (the ``dataset-fashion-mnist`` package),
+         unless ``search_debian`` is False;
+      3. a TFDS copy already prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``,
+         or ``~/tensorflow_datasets`` when ``data_dir`` is None).
+
+    Returns x float32 (N, 28, 28, 1) in [-1, 1] and y int32 in [0, 10).
+
+    Raises:
+      DatasetUnavailableError: no source has the data (raised immediately;
+        nothing is downloaded). The message lists how to obtain it.
+      ValueError: an idx file is present but corrupt or truncated.
+    """
+    searched: list[str] = []
+    directories: list[pathlib.Path] = []
+    if data_dir is not None:
+        base = pathlib.Path(data_dir).expanduser()
+        directories += [base, base / "fashion-mnist", base / "fashion_mnist"]
+    if search_debian:
+        directories.append(pathlib.Path(DEBIAN_FASHION_MNIST_DIR))
+    for directory in directories:
+        files = _find_idx_files(directory)
+        if files is None:
+            searched.append(f"idx files in {directory}")
+            continue
+        splits = _load_fashion_mnist_idx(files)
+        return Dataset(
+            name="fashion_mnist",
+            train=splits["train"],
+            test=splits["test"],
+            num_classes=10,
+            source=f"idx files in {directory}",
+        )
+
+    tfds_dir = _tfds_data_dir(data_dir)
+    if _tfds_prepared(tfds_dir, "fashion_mnist"):
+        splits = _load_tfds("fashion_mnist", tfds_dir)
+        return Dataset(
+            name="fashion_mnist",
+            train=splits["train"],
+            test=splits["test"],
+            num_classes=10,
+            source=f"TFDS fashion_mnist prepared in {tfds_dir}",
+        )
+    searched.append(f"a prepared TFDS fashion_mnist in {tfds_dir}")
+
+    raise DatasetUnavailableError(
+        "Fashion-MNIST is not available locally (nothing is downloaded). Searched: "
+        + "; ".join(searched)
+        + ".\nTo get it, any of:\n"
+        "  * `apt-get install dataset-fashion-mnist` (puts the idx files in "
+        f"{DEBIAN_FASHION_MNIST_DIR});\n"
+        "  * put the four official idx files (train-images-idx3-ubyte.gz, "
+        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) "
+        "in a directory and pass --data_dir DIR (data_dir=DIR);\n"
+        "  * " + _TFDS_HINT.format(name="fashion_mnist") + "."
+    )
+
+
+def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
+    """Loads CIFAR-10 (Krizhevsky, 2009): 50k train / 10k test 32x32 RGB images.
+
+    Read through ``tfds.data_source("cifar10", download=False)`` from a copy
+    already prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``, or
+    ``~/tensorflow_datasets``). Returns x float32 (N, 32, 32, 3) in [-1, 1] and
+    y int32 in [0, 10).
+
+    Raises:
+      DatasetUnavailableError: no prepared copy exists (raised immediately;
+        nothing is downloaded). The message says how to prepare one.
+    """
+    tfds_dir = _tfds_data_dir(data_dir)
+    if not _tfds_prepared(tfds_dir, "cifar10"):
+        raise DatasetUnavailableError(
+            f"CIFAR-10 is not available locally (nothing is downloaded): no prepared TFDS "
+            f"cifar10 in {tfds_dir}.\nTo get it: "
+            + _TFDS_HINT.format(name="cifar10")
+            + ". The prepared tree must contain DATA_DIR/cifar10/<version>/dataset_info.json."
+        )
+    splits = _load_tfds("cifar10", tfds_dir)
+    return Dataset(
+        name="cifar10",
+        train=splits["train"],
+        test=splits["test"],
+        num_classes=10,
+        source=f"TFDS cifar10 prepared in {tfds_dir}",
+    )
+
+
+_LOADERS = {"fashion_mnist": load_fashion_mnist, "cifar10": load_cifar10}
+
+
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
+    """Loads a data set by name: one of ``"fashion_mnist"`` or ``"cifar10"``.
+
+    Names are matched ignoring case, ``-`` and ``_`` (so "CIFAR-10" works).
+    """
+    canonical = {key.replace("_", ""): key for key in _LOADERS}
+    key = canonical.get(name.strip().lower().replace("-", "").replace("_", ""))
+    if key is None:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {sorted(_LOADERS)}")
+    return _LOADERS[key](data_dir)

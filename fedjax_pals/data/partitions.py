@@ -1,0 +1,722 @@
+"""Label-shift federated partitions: training clients plus one target client.
+
+The FedPALS experiments (Listo Zec et al., Sec. 5, App. B.4) split a data set
+among ``num_clients`` clients with a label-skew scheme and then designate the
+LAST client as the target: its label distribution is the target marginal
+T(Y), its share of the training split is held out as a validation set drawn
+from T (used to tune lambda, early stopping, hyperparameters; never trained
+on), and the target test set is drawn from the test split with label
+distribution T. The remaining ``M = num_clients - 1`` clients train.
+
+All schemes reduce to a (num_clients, K) matrix of per-class example counts,
+and `partition_from_label_counts` draws disjoint examples matching it. Every
+function is deterministic given ``seed``.
+
+Rounding a distribution p to integer counts summing to n uses the largest
+remainder (Hamilton) method: floor(p * n), then one extra example for the
+classes with the largest fractional parts (ties to the lower class index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+# Independent random streams per purpose, so e.g. the Dirichlet draws of a
+# partition do not shift when the example-drawing code changes.
+_STREAM_LABELS = 1
+_STREAM_EXAMPLES = 2
+_STREAM_RESAMPLE = 3
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FederatedPartition:
+    """Indices of M training clients and the target's validation/test sets.
+
+    Attributes:
+      client_indices: (M, max_n) int32 indices into the train split; row i is
+        valid in ``[:client_sizes[i]]`` and padded with 0 after.
+      client_sizes: (M,) int64, all > 0.
+      client_label_counts: (M, K) int64 label histogram of each client.
+      target_label_dist: (K,) float64 target marginal T(Y), sums to 1.
+      target_val_indices: (n_val,) int32 into the train split, label
+        distribution T, disjoint from every client.
+      target_test_indices: (n_test,) int32 into the test split, label
+        distribution T.
+      num_classes: K.
+      description: how the partition was made, for logs and result files.
+    All arrays are read-only.
+    """
+
+    client_indices: np.ndarray
+    client_sizes: np.ndarray
+    client_label_counts: np.ndarray
+    target_label_dist: np.ndarray
+    target_val_indices: np.ndarray
+    target_test_indices: np.ndarray
+    num_classes: int
+    description: str
+
+    def __post_init__(self) -> None:
+        casts = {
+            "client_indices": np.int32,
+            "client_sizes": np.int64,
+            "client_label_counts": np.int64,
+            "target_label_dist": np.float64,
+            "target_val_indices": np.int32,
+            "target_test_indices": np.int32,
+        }
+        for name, dtype in casts.items():
+            arr = np.array(getattr(self, name), dtype=dtype)  # private copy, then frozen
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
+        m, k = self.client_label_counts.shape if self.client_label_counts.ndim == 2 else (-1, -1)
+        if k != self.num_classes:
+            raise ValueError(
+                f"client_label_counts must be (M, {self.num_classes}), "
+                f"got {self.client_label_counts.shape}"
+            )
+        if self.client_sizes.shape != (m,) or self.client_indices.ndim != 2 or (
+            self.client_indices.shape[0] != m
+        ):
+            raise ValueError(
+                "client_indices (M, max_n), client_sizes (M,) and client_label_counts (M, K) "
+                f"disagree: {self.client_indices.shape}, {self.client_sizes.shape}, "
+                f"{self.client_label_counts.shape}"
+            )
+        if np.any(self.client_sizes <= 0):
+            raise ValueError(f"every client needs examples; sizes {self.client_sizes.tolist()}")
+        if np.any(self.client_label_counts.sum(axis=1) != self.client_sizes):
+            raise ValueError("client_label_counts rows must sum to client_sizes")
+        if self.client_indices.shape[1] < self.client_sizes.max():
+            raise ValueError("client_indices is narrower than the largest client")
+        if self.target_label_dist.shape != (self.num_classes,) or not np.isclose(
+            self.target_label_dist.sum(), 1.0
+        ):
+            raise ValueError(
+                f"target_label_dist must be a ({self.num_classes},) distribution, "
+                f"got {self.target_label_dist}"
+            )
+
+    @property
+    def num_clients(self) -> int:
+        """M, the number of training clients (the target is not counted)."""
+        return int(self.client_sizes.shape[0])
+
+    @property
+    def client_label_dists(self) -> np.ndarray:
+        """(M, K) float64 empirical label distributions S_i(Y) = counts / n_i."""
+        return self.client_label_counts / self.client_sizes[:, None].astype(np.float64)
+
+    @property
+    def client_mask(self) -> np.ndarray:
+        """(M, max_n) bool, True where ``client_indices`` holds a real example."""
+        return np.arange(self.client_indices.shape[1])[None, :] < self.client_sizes[:, None]
+
+    def client_example_indices(self, i: int) -> np.ndarray:
+        """The unpadded train-split indices of client i."""
+        return self.client_indices[i, : self.client_sizes[i]]
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-serialisable description of the partition."""
+        return {
+            "num_clients": self.num_clients,
+            "client_sizes": self.client_sizes.tolist(),
+            "client_label_counts": self.client_label_counts.tolist(),
+            "client_label_dists": self.client_label_dists.tolist(),
+            "target_label_dist": self.target_label_dist.tolist(),
+            "n_val": int(self.target_val_indices.shape[0]),
+            "n_test": int(self.target_test_indices.shape[0]),
+            "description": self.description,
+        }
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def _rng(seed: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([stream, seed])
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed}")
+    return int(seed)
+
+
+def _check_labels(labels: Any, what: str) -> np.ndarray:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array of class labels, got shape {labels.shape}")
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{what} must hold integers, got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
+    if labels.size and labels.min() < 0:
+        raise ValueError(f"{what} holds a negative label ({labels.min()})")
+    return labels
+
+
+def _check_inputs(train_labels, test_labels, num_classes):
+    train = _check_labels(train_labels, "train_labels")
+    test = _check_labels(test_labels, "test_labels")
+    if train.size == 0:
+        raise ValueError("train_labels is empty")
+    if test.size == 0:
+        raise ValueError("test_labels is empty")
+    largest = int(max(train.max(), test.max()))
+    if num_classes is None:
+        num_classes = largest + 1
+    elif not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    elif largest >= num_classes:
+        raise ValueError(
+            f"labels must lie in [0, num_classes={num_classes}), found label {largest}"
+        )
+    return train, test, int(num_classes)
+
+
+def _check_num_clients(num_clients: int) -> int:
+    if not isinstance(num_clients, (int, np.integer)) or num_clients < 2:
+        raise ValueError(
+            f"num_clients must be an int >= 2 (it includes the target client), got {num_clients!r}"
+        )
+    return int(num_clients)
+
+
+def _as_distribution(p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 1 or not np.isfinite(p).all() or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError(f"expected a non-negative 1-D vector with positive mass, got {p}")
+    return p / p.sum()
+
+
+def _largest_remainder_many(p: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Largest-remainder counts of the distribution ``p`` for every n in ``ns``: (len(ns), K)."""
+    exact = ns[:, None].astype(np.float64) * p[None, :]
+    counts = np.floor(exact).astype(np.int64)
+    short = ns - counts.sum(axis=1)
+    frac = exact - counts
+    frac[:, p == 0] = -1.0  # never round a zero-probability class up
+    order = np.argsort(-frac, axis=1, kind="stable")  # ties -> lower class index
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(p.shape[0])[None, :], axis=1)
+    return counts + (rank < short[:, None])
+
+
+def largest_remainder_counts(p: np.ndarray, n: int) -> np.ndarray:
+    """Integer counts c >= 0 with sum(c) = n and c close to p * n (Hamilton's method).
+
+    ``p`` is non-negative and is normalised first. c_k = floor(p_k n), plus one
+    for the n - sum floor(p n) classes with the largest fractional parts (ties
+    to the lower index). Classes with p_k = 0 always get 0.
+    """
+    if not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    return _largest_remainder_many(_as_distribution(p), np.array([int(n)]))[0]
+
+
+def _largest_feasible_size(p: np.ndarray, available: np.ndarray) -> int:
+    """Largest n with largest_remainder_counts(p, n) <= available elementwise (0 if none).
+
+    Largest-remainder rounding is not monotone in n (the Alabama paradox), so
+    every n up to the bound where floor(p_k n) alone exceeds a pool is checked.
+    """
+    p = _as_distribution(p)
+    support = p > 0
+    upper = int(np.min((available[support] + 1) / p[support]))  # beyond: infeasible
+    for hi in range(upper, 0, -4096):
+        ns = np.arange(max(1, hi - 4095), hi + 1)
+        ok = np.all(_largest_remainder_many(p, ns) <= available[None, :], axis=1)
+        if ok.any():
+            return int(ns[np.nonzero(ok)[0][-1]])
+    return 0
+
+
+def _class_pools(labels: np.ndarray, num_classes: int, rng: np.random.Generator):
+    """Shuffled index arrays of each class."""
+    return [rng.permutation(np.flatnonzero(labels == k)) for k in range(num_classes)]
+
+
+def _pad(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros((len(rows), max(len(r) for r in rows)), dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+# --------------------------------------------------------------------------
+# The common core
+# --------------------------------------------------------------------------
+
+
+def partition_from_label_counts(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    label_counts: np.ndarray,
+    *,
+    seed: int,
+    description: str,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+) -> FederatedPartition:
+    """Builds a partition whose client i holds ``label_counts[i, k]`` examples of class k.
+
+    ``label_counts`` is (num_clients, K); rows 0..num_clients-2 are the training
+    clients and the last row is the target. Examples are drawn without
+    replacement from each class's shuffled pool, so all clients and the
+    target validation set are disjoint.
+
+    Target: T(Y) = label_counts[-1] / sum(label_counts[-1]). The validation
+    set is the target's own share, or a subsample of ``val_size`` examples
+    with per-class counts largest_remainder(T, val_size). The test set is drawn
+    from the test split with counts largest_remainder(T, n_test), where n_test
+    is ``target_test_size`` or, by default, the largest n whose counts the test
+    split can supply.
+
+    Raises:
+      ValueError: malformed counts, a class pool smaller than the counts ask
+        for, a training client or the target with no examples, or an
+        infeasible ``target_test_size`` / ``val_size``.
+    """
+    seed = _check_seed(seed)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    counts = np.asarray(label_counts)
+    if counts.ndim != 2 or counts.shape[1] != num_classes:
+        raise ValueError(
+            f"label_counts must be (num_clients, num_classes={num_classes}), got {counts.shape}"
+        )
+    if counts.size and not np.issubdtype(counts.dtype, np.integer):
+        if not np.all(np.isfinite(counts)) or np.any(counts != np.round(counts)):
+            raise ValueError("label_counts must hold whole numbers")
+    counts = counts.astype(np.int64)
+    if np.any(counts < 0):
+        raise ValueError("label_counts must be non-negative")
+    _check_num_clients(counts.shape[0])
+
+    rng = _rng(seed, _STREAM_EXAMPLES)
+    train_pools = _class_pools(train, num_classes, rng)
+    available = np.array([len(p) for p in train_pools])
+    demand = counts.sum(axis=0)
+    if np.any(demand > available):
+        k = int(np.argmax(demand - available))
+        raise ValueError(
+            f"label_counts ask for {demand[k]} examples of class {k} but the train split "
+            f"has only {available[k]}"
+        )
+    train_sizes = counts[:-1].sum(axis=1)
+    if np.any(train_sizes == 0):
+        empty = np.flatnonzero(train_sizes == 0).tolist()
+        raise ValueError(
+            f"training client(s) {empty} would get no examples ({description}); try another "
+            "seed, more labels per client, a larger Dirichlet beta, or fewer clients"
+        )
+    target_counts = counts[-1]
+    if target_counts.sum() == 0:
+        raise ValueError(
+            f"the target client would get no examples, so T(Y) is undefined ({description}); "
+            "try another seed or different partition parameters"
+        )
+
+    # Consecutive slices of each shuffled pool: disjoint by construction.
+    offsets = np.concatenate([np.zeros((1, num_classes), np.int64), np.cumsum(counts, axis=0)])
+    rows = []
+    for i in range(counts.shape[0]):
+        idx = np.concatenate(
+            [train_pools[k][offsets[i, k] : offsets[i + 1, k]] for k in range(num_classes)]
+        )
+        # Mixed class order, so a client's first batch is not all one class.
+        rows.append(rng.permutation(idx))
+
+    target_dist = target_counts / target_counts.sum()
+    val = rows[-1]
+    if val_size is not None:
+        if not isinstance(val_size, (int, np.integer)) or not 1 <= val_size <= len(val):
+            raise ValueError(
+                f"val_size must be an int in [1, {len(val)}] (the target's training share), "
+                f"got {val_size!r}"
+            )
+        # T * val_size <= target_counts, so the rounded counts always fit.
+        want = largest_remainder_counts(target_dist, int(val_size))
+        val_labels = train[val]
+        val = np.concatenate([val[val_labels == k][: want[k]] for k in range(num_classes)])
+        if len(val) != val_size:  # pragma: no cover - guarded by the bound above
+            raise ValueError(f"could not draw a T-distributed validation set of {val_size}")
+        val = rng.permutation(val)
+
+    test_pools = _class_pools(test, num_classes, rng)
+    test_available = np.array([len(p) for p in test_pools])
+    if target_test_size is None:
+        n_test = _largest_feasible_size(target_dist, test_available)
+        if n_test == 0:
+            missing = np.flatnonzero((target_dist > 0) & (test_available == 0)).tolist()
+            raise ValueError(
+                f"the test split cannot supply any target test set with T={target_dist}; "
+                f"classes without test examples: {missing}"
+            )
+    else:
+        if not isinstance(target_test_size, (int, np.integer)) or target_test_size < 1:
+            raise ValueError(f"target_test_size must be a positive int, got {target_test_size!r}")
+        n_test = int(target_test_size)
+    test_counts = largest_remainder_counts(target_dist, n_test)
+    if np.any(test_counts > test_available):
+        k = int(np.argmax(test_counts - test_available))
+        raise ValueError(
+            f"target_test_size={n_test} needs {test_counts[k]} test examples of class {k} "
+            f"(T_k={target_dist[k]:.4g}) but the test split has {test_available[k]}; the largest "
+            f"feasible size is {_largest_feasible_size(target_dist, test_available)}"
+        )
+    test_idx = rng.permutation(
+        np.concatenate([test_pools[k][: test_counts[k]] for k in range(num_classes)])
+    )
+
+    return FederatedPartition(
+        client_indices=_pad(rows[:-1]),
+        client_sizes=train_sizes,
+        client_label_counts=counts[:-1],
+        target_label_dist=target_dist,
+        target_val_indices=val,
+        target_test_indices=test_idx,
+        num_classes=num_classes,
+        description=description,
+    )
+
+
+# --------------------------------------------------------------------------
+# Schemes
+# --------------------------------------------------------------------------
+
+
+def _describe(scheme: str, num_clients: int, seed: int) -> str:
+    return f"{scheme}, {num_clients} clients ({num_clients - 1} train + target), seed {seed}"
+
+
+def sparsity_partition(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    *,
+    num_clients: int,
+    labels_per_client: int,
+    seed: int,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+) -> FederatedPartition:
+    """Sparsity sampling, "C labels per client" (FedPALS App. B.4; McMahan et al., 2017).
+
+    Each of the ``num_clients`` clients (target included) draws
+    C = ``labels_per_client`` distinct labels uniformly at random. The
+    training examples of label k are split evenly and disjointly among the
+    h_k clients holding it: each gets floor(n_k / h_k) and n_k mod h_k random
+    holders get one more. Labels nobody holds are unused. Every client
+    therefore has exactly C labels and T(Y) is uniform over the target's C
+    labels up to that +-1.
+
+    Raises:
+      ValueError: C not in [1, K], num_clients < 2, or a held label with
+        fewer training examples than holders (a client would miss a label).
+    """
+    seed = _check_seed(seed)
+    num_clients = _check_num_clients(num_clients)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    if not isinstance(labels_per_client, (int, np.integer)) or not (
+        1 <= labels_per_client <= num_classes
+    ):
+        raise ValueError(
+            f"labels_per_client must be an int in [1, num_classes={num_classes}], "
+            f"got {labels_per_client!r}"
+        )
+    rng = _rng(seed, _STREAM_LABELS)
+    holds = np.zeros((num_clients, num_classes), dtype=bool)
+    for i in range(num_clients):
+        holds[i, rng.choice(num_classes, size=labels_per_client, replace=False)] = True
+
+    available = np.bincount(train, minlength=num_classes)
+    counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+    for k in range(num_classes):
+        holders = np.flatnonzero(holds[:, k])
+        if holders.size == 0:
+            continue
+        if available[k] < holders.size:
+            raise ValueError(
+                f"class {k} has {available[k]} training examples but {holders.size} clients "
+                f"hold it, so some would get none; use fewer clients, fewer labels per "
+                "client, or another seed"
+            )
+        base, extra = divmod(int(available[k]), holders.size)
+        counts[holders, k] = base
+        counts[rng.choice(holders, size=extra, replace=False), k] += 1
+
+    return partition_from_label_counts(
+        train,
+        test,
+        counts,
+        seed=seed,
+        description=_describe(f"sparsity C={labels_per_client}", num_clients, seed),
+        num_classes=num_classes,
+        target_test_size=target_test_size,
+        val_size=val_size,
+    )
+
+
+def _dirichlet(rng: np.random.Generator, beta: float, size: int, num: int) -> np.ndarray:
+    """(num, size) rows ~ Dir_size(beta), guarding against all-zero rows at tiny beta."""
+    p = rng.dirichlet(np.full(size, beta), size=num)
+    bad = ~np.isfinite(p).all(axis=1) | (p.sum(axis=1) <= 0)
+    # With beta << 1 every Gamma draw can underflow; such a row is numerically
+    # a point mass, so put it on one uniformly chosen coordinate.
+    for i in np.flatnonzero(bad):
+        p[i] = 0.0
+        p[i, rng.integers(size)] = 1.0
+    return p
+
+
+def _check_beta(beta: float) -> float:
+    if not isinstance(beta, (int, float, np.integer, np.floating)) or not (
+        np.isfinite(beta) and beta > 0
+    ):
+        raise ValueError(
+            f"beta (Dirichlet concentration) must be a finite number > 0, got {beta!r}"
+        )
+    return float(beta)
+
+
+def dirichlet_partition(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    *,
+    num_clients: int,
+    beta: float,
+    seed: int,
+    examples_per_client: int | None = None,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+) -> FederatedPartition:
+    """Dirichlet sampling as in FedPALS (App. B.4; Yurochkin et al., 2019): per client over classes.
+
+    Each client i (target included) draws p_i ~ Dir_K(beta) and gets
+    n = ``examples_per_client`` (default ``len(train) // num_clients``)
+    examples, with per-class counts largest_remainder(p_i, n), drawn without
+    replacement from the class pools. Clients are served in a random order;
+    when a class pool runs out, the shortfall is redrawn (largest remainder
+    again) from p_i restricted to the classes that still have examples,
+    repeating until the client has n examples (if p_i has no mass left on
+    those classes, the remaining pool sizes are used as the distribution).
+    The reported histograms (and so T) are the counts actually drawn.
+
+    This is NOT NIID-Bench's Dirichlet scheme (per class over clients); see
+    `niid_bench_dirichlet_partition` for that one.
+
+    Raises:
+      ValueError: beta <= 0, num_clients < 2, examples_per_client < 1 or
+        num_clients * examples_per_client > len(train).
+    """
+    seed = _check_seed(seed)
+    num_clients = _check_num_clients(num_clients)
+    beta = _check_beta(beta)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    if examples_per_client is None:
+        examples_per_client = len(train) // num_clients
+    if not isinstance(examples_per_client, (int, np.integer)) or examples_per_client < 1:
+        raise ValueError(
+            f"examples_per_client must be a positive int, got {examples_per_client!r} "
+            f"({len(train)} training examples for {num_clients} clients)"
+        )
+    n = int(examples_per_client)
+    if n * num_clients > len(train):
+        raise ValueError(
+            f"{num_clients} clients x {n} examples exceed the {len(train)} training examples"
+        )
+
+    rng = _rng(seed, _STREAM_LABELS)
+    p = _dirichlet(rng, beta, num_classes, num_clients)
+    remaining = np.bincount(train, minlength=num_classes).astype(np.int64)
+    counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+    for i in rng.permutation(num_clients):
+        want = largest_remainder_counts(p[i], n)
+        while True:
+            take = np.minimum(want, remaining)
+            counts[i] += take
+            remaining -= take
+            short = n - int(counts[i].sum())
+            if short == 0:
+                break
+            # Each pass draws >= 1 example (want sums to short over classes
+            # with examples left), and n * num_clients <= len(train).
+            q = np.where(remaining > 0, p[i], 0.0)
+            if q.sum() <= 0:
+                q = remaining.astype(np.float64)
+            want = largest_remainder_counts(q, short)
+
+    return partition_from_label_counts(
+        train,
+        test,
+        counts,
+        seed=seed,
+        description=_describe(f"dirichlet beta={beta:g} ({n}/client)", num_clients, seed),
+        num_classes=num_classes,
+        target_test_size=target_test_size,
+        val_size=val_size,
+    )
+
+
+def niid_bench_dirichlet_partition(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    *,
+    num_clients: int,
+    beta: float,
+    seed: int,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> FederatedPartition:
+    """NIID-Bench's Dirichlet split (Li et al., 2022, "noniid-labeldir"): per class over clients.
+
+    For each class k, q_k ~ Dir_M(beta) over the ``num_clients`` clients
+    (target included) splits class k's examples: client j gets the slice
+    between the cut points floor(cumsum(q_k) * n_k). As in NIID-Bench, a
+    client that already holds >= N / num_clients examples gets q_kj = 0, and
+    the whole draw is repeated until every client has >= ``min_size``
+    examples. Unlike the FedPALS scheme (`dirichlet_partition`), client sizes
+    vary.
+
+    Raises:
+      ValueError: beta <= 0, num_clients < 2, min_size < 1, or no draw met
+        ``min_size`` within ``max_tries`` attempts.
+    """
+    seed = _check_seed(seed)
+    num_clients = _check_num_clients(num_clients)
+    beta = _check_beta(beta)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    if not isinstance(min_size, (int, np.integer)) or min_size < 1:
+        raise ValueError(f"min_size must be a positive int, got {min_size!r}")
+    if min_size * num_clients > len(train):
+        raise ValueError(
+            f"min_size={min_size} for {num_clients} clients needs more than the "
+            f"{len(train)} training examples"
+        )
+    rng = _rng(seed, _STREAM_LABELS)
+    per_class = np.bincount(train, minlength=num_classes)
+    fair_share = len(train) / num_clients
+    for _ in range(max_tries):
+        counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+        for k in range(num_classes):
+            q = _dirichlet(rng, beta, num_clients, 1)[0]
+            q = q * (counts.sum(axis=1) < fair_share)
+            if q.sum() <= 0:  # numerically all mass on full clients
+                q = (counts.sum(axis=1) < fair_share).astype(np.float64)
+            q = q / q.sum()
+            cuts = (np.cumsum(q) * per_class[k]).astype(np.int64)[:-1]
+            bounds = np.concatenate([[0], cuts, [per_class[k]]])
+            counts[:, k] = np.diff(bounds)
+        if counts.sum(axis=1).min() >= min_size:
+            break
+    else:
+        raise ValueError(
+            f"no NIID-Bench Dirichlet draw gave every client >= {min_size} examples in "
+            f"{max_tries} tries; increase beta or lower min_size"
+        )
+
+    return partition_from_label_counts(
+        train,
+        test,
+        counts,
+        seed=seed,
+        description=_describe(f"NIID-Bench dirichlet beta={beta:g}", num_clients, seed),
+        num_classes=num_classes,
+        target_test_size=target_test_size,
+        val_size=val_size,
+    )
+
+
+def resample_to_label_dist(
+    partition: FederatedPartition,
+    train_labels: np.ndarray,
+    label_dist: np.ndarray,
+    *,
+    seed: int,
+) -> FederatedPartition:
+    """Redraws every training client's data with label distribution ``label_dist``.
+
+    Used for the Oracle baseline (FedPALS App. B.5): FedAvg on clients whose
+    data follow the target distribution. Client i keeps its size n_i and gets
+    largest_remainder(label_dist, n_i) examples per class, drawn from the train
+    split minus the target validation set (which is never trained on).
+
+    Per class, clients get disjoint examples when the pool covers their total
+    demand. Otherwise each client draws independently from the whole pool
+    (without replacement within the client, so examples repeat across
+    clients), and a client that alone needs more than the pool draws that
+    class with replacement. The target fields are kept unchanged.
+
+    Raises:
+      ValueError: ``label_dist`` is not a K-vector distribution, or puts mass
+        on a class with no training examples outside the validation set.
+    """
+    seed = _check_seed(seed)
+    train = _check_labels(train_labels, "train_labels")
+    k_classes = partition.num_classes
+    if train.size and train.max() >= k_classes:
+        raise ValueError(f"train_labels hold label {train.max()} >= num_classes={k_classes}")
+    dist = np.asarray(label_dist, dtype=np.float64)
+    if dist.shape != (k_classes,) or np.any(dist < 0) or not np.isclose(dist.sum(), 1.0):
+        raise ValueError(
+            f"label_dist must be a non-negative ({k_classes},) vector summing to 1, got {dist}"
+        )
+    if partition.client_indices.size and partition.client_indices.max() >= len(train):
+        raise ValueError("train_labels is shorter than the partition's indices: wrong split?")
+
+    rng = _rng(seed, _STREAM_RESAMPLE)
+    usable = np.ones(len(train), dtype=bool)
+    usable[partition.target_val_indices] = False
+    pools = [rng.permutation(np.flatnonzero(usable & (train == k))) for k in range(k_classes)]
+    available = np.array([len(p) for p in pools])
+    empty = np.flatnonzero((dist > 0) & (available == 0)).tolist()
+    if empty:
+        raise ValueError(
+            f"label_dist puts mass on class(es) {empty}, which have no training examples "
+            "outside the target validation set"
+        )
+
+    counts = np.stack([largest_remainder_counts(dist, int(n)) for n in partition.client_sizes])
+    rows: list[list[np.ndarray]] = [[] for _ in range(partition.num_clients)]
+    for k in range(k_classes):
+        demand = counts[:, k]
+        if demand.sum() <= available[k]:
+            offsets = np.concatenate([[0], np.cumsum(demand)])
+            for i in range(partition.num_clients):
+                rows[i].append(pools[k][offsets[i] : offsets[i + 1]])
+        else:
+            for i in range(partition.num_clients):
+                rows[i].append(
+                    rng.choice(pools[k], size=demand[i], replace=bool(demand[i] > available[k]))
+                )
+    indices = [rng.permutation(np.concatenate(r)) for r in rows]
+
+    return FederatedPartition(
+        client_indices=_pad(indices),
+        client_sizes=partition.client_sizes,
+        client_label_counts=counts,
+        target_label_dist=partition.target_label_dist,
+        target_val_indices=partition.target_val_indices,
+        target_test_indices=partition.target_test_indices,
+        num_classes=k_classes,
+        description=(
+            f"{partition.description}; clients resampled to label_dist "
+            f"{_fmt_dist(dist)} (oracle), seed {seed}"
+        ),
+    )
+
+
+def _fmt_dist(d: np.ndarray) -> str:
+    return "[" + ", ".join(f"{v:.3g}" for v in d) + "]"

@@ -1,0 +1,480 @@
+"""Tests for fedjax_pals.data.partitions: invariants of every label-shift scheme."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_pals.data import datasets
+from fedjax_pals.data.partitions import (
+    FederatedPartition,
+    dirichlet_partition,
+    largest_remainder_counts,
+    niid_bench_dirichlet_partition,
+    partition_from_label_counts,
+    resample_to_label_dist,
+    sparsity_partition,
+)
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy % 2**32
+    print(f"random inputs drawn with seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def random_labels(rng, num_classes=None, n_train=None, n_test=None):
+    """Imbalanced random train/test labels in which every class occurs."""
+    k = int(num_classes or rng.integers(3, 12))
+    n_train = int(n_train or rng.integers(1500, 4000))
+    n_test = int(n_test or rng.integers(400, 1000))
+    probs = rng.dirichlet(np.full(k, 3.0))
+    train = np.concatenate([np.arange(k).repeat(30), rng.choice(k, n_train - 30 * k, p=probs)])
+    test = np.concatenate([np.arange(k).repeat(10), rng.choice(k, n_test - 10 * k, p=probs)])
+    return rng.permutation(train).astype(np.int32), rng.permutation(test).astype(np.int32), k
+
+
+@pytest.fixture(scope="module")
+def fmnist_labels():
+    try:
+        ds = datasets.load_fashion_mnist()
+    except datasets.DatasetUnavailableError:
+        pytest.skip("Fashion-MNIST not available")
+    return ds.train.y, ds.test.y
+
+
+def assert_partition_invariants(p: FederatedPartition, train: np.ndarray, test: np.ndarray):
+    k, m = p.num_classes, p.num_clients
+    assert p.client_indices.dtype == np.int32 and p.client_sizes.dtype == np.int64
+    assert p.client_indices.shape == (m, p.client_sizes.max())
+    assert np.all(p.client_sizes > 0)
+    mask = p.client_mask
+    np.testing.assert_array_equal(mask.sum(axis=1), p.client_sizes)
+    assert np.all(p.client_indices[~mask] == 0), "padding must be 0"
+
+    rows = [p.client_indices[i, : p.client_sizes[i]] for i in range(m)]
+    everything = np.concatenate(rows + [p.target_val_indices])
+    assert everything.min() >= 0 and everything.max() < len(train)
+    assert len(np.unique(everything)) == len(everything), "clients/val overlap"
+    for i, row in enumerate(rows):
+        np.testing.assert_array_equal(
+            np.bincount(train[row], minlength=k), p.client_label_counts[i]
+        )
+    np.testing.assert_allclose(p.client_label_dists.sum(axis=1), 1.0)
+
+    t = p.target_label_dist
+    assert t.shape == (k,) and np.isclose(t.sum(), 1.0) and np.all(t >= 0)
+    test_idx = p.target_test_indices
+    assert test_idx.min() >= 0 and test_idx.max() < len(test)
+    assert len(np.unique(test_idx)) == len(test_idx)
+    test_counts = np.bincount(test[test_idx], minlength=k)
+    np.testing.assert_array_equal(test_counts, largest_remainder_counts(t, len(test_idx)))
+    val_counts = np.bincount(train[p.target_val_indices], minlength=k)
+    np.testing.assert_array_equal(
+        val_counts, largest_remainder_counts(t, len(p.target_val_indices))
+    )
+    json.dumps(p.summary())
+
+
+def assert_same(p: FederatedPartition, q: FederatedPartition):
+    for name in (
+        "client_indices",
+        "client_sizes",
+        "client_label_counts",
+        "target_label_dist",
+        "target_val_indices",
+        "target_test_indices",
+    ):
+        np.testing.assert_array_equal(getattr(p, name), getattr(q, name), err_msg=name)
+    assert p.description == q.description
+
+
+# ------------------------------------------------------ largest remainder
+
+
+def test_largest_remainder_counts_sum_to_n_and_stay_within_one_of_p_n(rng):
+    for _ in range(50):
+        k = int(rng.integers(1, 15))
+        p = rng.dirichlet(np.full(k, 0.5))
+        p[rng.random(k) < 0.3] = 0.0
+        if p.sum() == 0:
+            p[0] = 1.0
+        p /= p.sum()
+        n = int(rng.integers(0, 5000))
+        c = largest_remainder_counts(p, n)
+        assert c.sum() == n and np.all(c >= 0)
+        assert np.all(np.abs(c - p * n) < 1.0)
+        assert np.all(c[p == 0] == 0)
+
+
+def test_largest_remainder_counts_rejects_bad_input():
+    with pytest.raises(ValueError):
+        largest_remainder_counts(np.array([0.5, -0.1, 0.6]), 5)
+    with pytest.raises(ValueError):
+        largest_remainder_counts(np.zeros(3), 5)
+    with pytest.raises(ValueError):
+        largest_remainder_counts(np.array([1.0]), -1)
+
+
+# ------------------------------------------------------ core
+
+
+def test_partition_from_label_counts_honours_exact_counts(rng):
+    train, test, k = random_labels(rng)
+    available = np.bincount(train, minlength=k)
+    num_clients = int(rng.integers(2, 7))
+    # Random counts that use at most half of each class.
+    counts = np.stack(
+        [rng.integers(0, available // (2 * num_clients) + 1) for _ in range(num_clients)]
+    )
+    counts[:, 0] += 1  # every client, target included, non-empty
+    p = partition_from_label_counts(train, test, counts, seed=3, description="custom")
+    np.testing.assert_array_equal(p.client_label_counts, counts[:-1])
+    np.testing.assert_allclose(p.target_label_dist, counts[-1] / counts[-1].sum())
+    assert len(p.target_val_indices) == counts[-1].sum()
+    assert p.description == "custom" and p.num_clients == num_clients - 1
+    assert_partition_invariants(p, train, test)
+
+
+def test_default_target_test_set_is_the_largest_feasible(rng):
+    train, test, k = random_labels(rng)
+    counts = np.stack([np.full(k, 5), rng.integers(1, 20, size=k)])
+    p = partition_from_label_counts(train, test, counts, seed=0, description="x")
+    n_test = len(p.target_test_indices)
+    available = np.bincount(test, minlength=k)
+    for n in range(n_test + 1, n_test + 200):
+        assert np.any(largest_remainder_counts(p.target_label_dist, n) > available), n
+
+
+def test_target_test_size_and_val_size_are_honoured(rng):
+    train, test, k = random_labels(rng)
+    counts = np.stack([np.full(k, 5), rng.integers(5, 20, size=k)])
+    p = partition_from_label_counts(
+        train, test, counts, seed=1, description="x", target_test_size=37, val_size=11
+    )
+    assert len(p.target_test_indices) == 37 and len(p.target_val_indices) == 11
+    assert_partition_invariants(p, train, test)
+
+
+def test_infeasible_sizes_raise(rng):
+    train, test, k = random_labels(rng)
+    counts = np.stack([np.full(k, 5), np.full(k, 3)])
+    with pytest.raises(ValueError, match="target_test_size"):
+        partition_from_label_counts(
+            train, test, counts, seed=0, description="x", target_test_size=len(test) + 1
+        )
+    with pytest.raises(ValueError, match="val_size"):
+        partition_from_label_counts(
+            train, test, counts, seed=0, description="x", val_size=3 * k + 1
+        )
+
+
+def test_core_rejects_oversubscribed_class_and_empty_clients(rng):
+    train, test, k = random_labels(rng)
+    available = np.bincount(train, minlength=k)
+    too_many = np.stack([np.ones(k, int), np.ones(k, int)])
+    too_many[0, 1] = available[1]
+    with pytest.raises(ValueError, match="class 1"):
+        partition_from_label_counts(train, test, too_many, seed=0, description="x")
+    empty_client = np.stack([np.zeros(k, int), np.ones(k, int), np.ones(k, int)])
+    with pytest.raises(ValueError, match=r"training client\(s\) \[0\]"):
+        partition_from_label_counts(train, test, empty_client, seed=0, description="x")
+    empty_target = np.stack([np.ones(k, int), np.zeros(k, int)])
+    with pytest.raises(ValueError, match="target"):
+        partition_from_label_counts(train, test, empty_target, seed=0, description="x")
+    with pytest.raises(ValueError, match="num_classes"):
+        partition_from_label_counts(train, test, np.ones((2, k + 1), int), seed=0, description="x")
+
+
+@pytest.mark.parametrize(
+    "bad_train, message",
+    [
+        (np.array([0, 1, -1, 2]), "negative"),
+        (np.array([[0, 1], [1, 0]]), "1-D"),
+        (np.array([0.0, 1.0, 2.0]), "integers"),
+        (np.array([], dtype=int), "empty"),
+    ],
+)
+def test_malformed_labels_raise(bad_train, message):
+    with pytest.raises(ValueError, match=message):
+        sparsity_partition(
+            bad_train, np.array([0, 1, 2]), num_clients=2, labels_per_client=1, seed=0
+        )
+
+
+def test_labels_outside_num_classes_raise():
+    with pytest.raises(ValueError, match="num_classes=3"):
+        sparsity_partition(
+            np.array([0, 1, 2, 3] * 10), np.array([0, 1, 2]), num_clients=2,
+            labels_per_client=1, seed=0, num_classes=3,
+        )
+
+
+# ------------------------------------------------------ sparsity
+
+
+def check_sparsity(p, train, test, num_clients, c):
+    assert_partition_invariants(p, train, test)
+    k = p.num_classes
+    target_counts = np.bincount(train[p.target_val_indices], minlength=k)
+    all_counts = np.vstack([p.client_label_counts, target_counts])
+    assert all_counts.shape[0] == num_clients
+    np.testing.assert_array_equal((all_counts > 0).sum(axis=1), np.full(num_clients, c))
+    available = np.bincount(train, minlength=k)
+    for label in range(k):
+        held = all_counts[:, label][all_counts[:, label] > 0]
+        if held.size:
+            assert held.max() - held.min() <= 1, f"label {label} split unevenly: {held}"
+            assert held.sum() == available[label], "a held label must be used entirely"
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_sparsity_gives_each_client_exactly_c_labels_split_evenly(rng, trial):
+    train, test, k = random_labels(rng)
+    num_clients = int(rng.integers(2, 12))
+    c = int(rng.integers(1, k + 1))
+    p = sparsity_partition(train, test, num_clients=num_clients, labels_per_client=c, seed=trial)
+    check_sparsity(p, train, test, num_clients, c)
+    assert p.description == (
+        f"sparsity C={c}, {num_clients} clients ({num_clients - 1} train + target), seed {trial}"
+    )
+
+
+def test_sparsity_is_deterministic_per_seed_and_varies_across_seeds(rng):
+    train, test, _ = random_labels(rng, num_classes=10)
+    kwargs = dict(num_clients=10, labels_per_client=3)
+    a = sparsity_partition(train, test, seed=5, **kwargs)
+    assert_same(a, sparsity_partition(train, test, seed=5, **kwargs))
+    b = sparsity_partition(train, test, seed=6, **kwargs)
+    assert not np.array_equal(a.client_label_counts, b.client_label_counts) or not np.array_equal(
+        a.client_indices, b.client_indices
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_clients=5, labels_per_client=0), "labels_per_client"),
+        (dict(num_clients=5, labels_per_client=11), "labels_per_client"),
+        (dict(num_clients=1, labels_per_client=2), "num_clients"),
+        (dict(num_clients=5, labels_per_client=2, seed=-1), "seed"),
+    ],
+)
+def test_sparsity_rejects_bad_arguments(rng, kwargs, message):
+    train, test, _ = random_labels(rng, num_classes=10)
+    kwargs = {"seed": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        sparsity_partition(train, test, **kwargs)
+
+
+def test_sparsity_with_more_holders_than_examples_raises():
+    train = np.array([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="clients hold it"):
+        sparsity_partition(train, np.array([0, 1]), num_clients=6, labels_per_client=2, seed=0)
+
+
+# ------------------------------------------------------ Dirichlet (FedPALS)
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.5, 5.0])
+def test_dirichlet_clients_have_exactly_examples_per_client(rng, beta):
+    train, test, k = random_labels(rng)
+    num_clients = int(rng.integers(2, 10))
+    n = int(rng.integers(10, len(train) // num_clients + 1))
+    p = dirichlet_partition(
+        train, test, num_clients=num_clients, beta=beta, seed=1, examples_per_client=n
+    )
+    assert_partition_invariants(p, train, test)
+    np.testing.assert_array_equal(p.client_sizes, np.full(num_clients - 1, n))
+    assert len(p.target_val_indices) == n
+
+
+def test_dirichlet_that_exhausts_the_pools_uses_every_example_once(rng):
+    # num_clients * n == len(train): class pools must run dry, exercising the
+    # redraw from the remaining classes.
+    train, test, k = random_labels(rng)
+    num_clients = 5
+    n = len(train) // num_clients
+    train = train[: n * num_clients]
+    p = dirichlet_partition(train, test, num_clients=num_clients, beta=0.1, seed=2, num_classes=k)
+    assert_partition_invariants(p, train, test)
+    used = p.client_label_counts.sum(axis=0) + np.bincount(
+        train[p.target_val_indices], minlength=k
+    )
+    np.testing.assert_array_equal(used, np.bincount(train, minlength=k))
+
+
+def test_dirichlet_small_beta_gives_sparse_clients_and_large_beta_dense_ones(rng):
+    # Balanced pools large enough that no class runs out (800 of 4000 used).
+    train = rng.permutation(np.arange(10).repeat(400))
+    test = rng.permutation(np.arange(10).repeat(100))
+    sparse = dirichlet_partition(
+        train, test, num_clients=8, beta=0.01, seed=0, examples_per_client=100
+    )
+    dense = dirichlet_partition(
+        train, test, num_clients=8, beta=1000.0, seed=0, examples_per_client=100
+    )
+    assert (sparse.client_label_dists.max(axis=1) > 0.8).mean() > 0.5
+    assert np.all(dense.client_label_counts > 0)
+
+
+def test_dirichlet_is_deterministic_per_seed_and_varies_across_seeds(rng):
+    train, test, _ = random_labels(rng)
+    a = dirichlet_partition(train, test, num_clients=6, beta=0.3, seed=11)
+    assert_same(a, dirichlet_partition(train, test, num_clients=6, beta=0.3, seed=11))
+    b = dirichlet_partition(train, test, num_clients=6, beta=0.3, seed=12)
+    assert not np.array_equal(a.client_label_counts, b.client_label_counts)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(beta=0.0), "beta"),
+        (dict(beta=-1.0), "beta"),
+        (dict(beta=float("nan")), "beta"),
+        (dict(beta=0.1, num_clients=1), "num_clients"),
+        (dict(beta=0.1, examples_per_client=0), "examples_per_client"),
+        (dict(beta=0.1, examples_per_client=10**6), "exceed"),
+    ],
+)
+def test_dirichlet_rejects_bad_arguments(rng, kwargs, message):
+    train, test, _ = random_labels(rng)
+    kwargs = {"num_clients": 4, "seed": 0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        dirichlet_partition(train, test, **kwargs)
+
+
+# ------------------------------------------------------ NIID-Bench Dirichlet
+
+
+def test_niid_bench_dirichlet_uses_all_data_and_respects_min_size(rng):
+    train, test, k = random_labels(rng)
+    num_clients = int(rng.integers(2, 8))
+    p = niid_bench_dirichlet_partition(
+        train, test, num_clients=num_clients, beta=0.5, seed=4, min_size=20
+    )
+    assert_partition_invariants(p, train, test)
+    assert p.client_sizes.min() >= 20 and len(p.target_val_indices) >= 20
+    assert p.client_sizes.sum() + len(p.target_val_indices) == len(train)
+    assert "NIID-Bench" in p.description
+    assert_same(
+        p,
+        niid_bench_dirichlet_partition(
+            train, test, num_clients=num_clients, beta=0.5, seed=4, min_size=20
+        ),
+    )
+
+
+def test_niid_bench_dirichlet_stops_feeding_clients_past_their_fair_share(rng):
+    # NIID-Bench zeroes q_kj for clients already holding >= N / M examples, so
+    # no client exceeds N / M by more than one class's worth.
+    train = rng.permutation(np.arange(10).repeat(100))
+    test = np.arange(10).repeat(10)
+    for seed in range(5):
+        p = niid_bench_dirichlet_partition(
+            train, test, num_clients=5, beta=0.01, seed=seed, min_size=1
+        )
+        sizes = np.append(p.client_sizes, len(p.target_val_indices))
+        assert sizes.max() < len(train) / 5 + 100, sizes
+
+
+def test_niid_bench_dirichlet_impossible_min_size_raises(rng):
+    train, test, _ = random_labels(rng)
+    with pytest.raises(ValueError, match="min_size"):
+        niid_bench_dirichlet_partition(
+            train, test, num_clients=4, beta=0.5, seed=0, min_size=len(train)
+        )
+    with pytest.raises(ValueError, match="tries"):
+        niid_bench_dirichlet_partition(
+            train, test, num_clients=4, beta=0.001, seed=0, min_size=len(train) // 4,
+            max_tries=3,
+        )
+
+
+# ------------------------------------------------------ Oracle resampling
+
+
+def test_resample_keeps_sizes_follows_label_dist_and_never_uses_validation(rng):
+    k = int(rng.integers(3, 12))
+    train = rng.permutation(np.arange(k).repeat(200))
+    test = rng.permutation(np.arange(k).repeat(50))
+    base = dirichlet_partition(
+        train, test, num_clients=5, beta=0.2, seed=0, examples_per_client=30
+    )
+    dist = rng.dirichlet(np.full(k, 0.5))
+    # Demand per class <= 4 * 30 < 200 - 30 examples outside validation.
+    oracle = resample_to_label_dist(base, train, dist, seed=9)
+    np.testing.assert_array_equal(oracle.client_sizes, base.client_sizes)
+    expected = np.stack([largest_remainder_counts(dist, n) for n in base.client_sizes])
+    np.testing.assert_array_equal(oracle.client_label_counts, expected)
+    # Demand is small here, so clients stay disjoint: full invariants hold.
+    assert_partition_invariants(oracle, train, test)
+    for name in ("target_val_indices", "target_test_indices", "target_label_dist"):
+        np.testing.assert_array_equal(getattr(oracle, name), getattr(base, name))
+    assert "oracle" in oracle.description
+
+
+def test_resample_with_scarce_pools_reuses_examples_but_keeps_counts(rng):
+    train, test, k = random_labels(rng, num_classes=4, n_train=800)
+    base = sparsity_partition(train, test, num_clients=6, labels_per_client=2, seed=0)
+    dist = np.zeros(k)
+    dist[int(np.argmin(np.bincount(train, minlength=k)))] = 1.0  # rarest class only
+    oracle = resample_to_label_dist(base, train, dist, seed=1)
+    val = set(base.target_val_indices.tolist())
+    for i in range(oracle.num_clients):
+        row = oracle.client_indices[i, : oracle.client_sizes[i]]
+        np.testing.assert_array_equal(
+            np.bincount(train[row], minlength=k), oracle.client_label_counts[i]
+        )
+        assert not val.intersection(row.tolist())
+    np.testing.assert_array_equal(oracle.client_sizes, base.client_sizes)
+
+
+def test_resample_rejects_bad_label_dist(rng):
+    train, test, k = random_labels(rng)
+    base = sparsity_partition(train, test, num_clients=3, labels_per_client=k, seed=0)
+    with pytest.raises(ValueError, match="label_dist"):
+        resample_to_label_dist(base, train, np.full(k, 0.5), seed=0)
+    with pytest.raises(ValueError, match="label_dist"):
+        resample_to_label_dist(base, train, np.ones(k + 1) / (k + 1), seed=0)
+
+
+# ------------------------------------------------------ the partition object
+
+
+def test_partition_arrays_are_read_only_and_summary_is_json(rng):
+    train, test, _ = random_labels(rng)
+    p = sparsity_partition(train, test, num_clients=4, labels_per_client=2, seed=0)
+    with pytest.raises(ValueError):
+        p.client_indices[0, 0] = 1
+    summary = json.loads(json.dumps(p.summary()))
+    assert summary["num_clients"] == 3 and summary["n_val"] == len(p.target_val_indices)
+    assert set(summary) == {
+        "num_clients", "client_sizes", "client_label_counts", "client_label_dists",
+        "target_label_dist", "n_val", "n_test", "description",
+    }
+
+
+# ------------------------------------------------------ real Fashion-MNIST labels
+
+
+@pytest.mark.parametrize("c", [2, 3])
+def test_fmnist_paper_sparsity_partitions(fmnist_labels, c):
+    train, test = fmnist_labels
+    for seed in range(3):
+        p = sparsity_partition(train, test, num_clients=10, labels_per_client=c, seed=seed)
+        check_sparsity(p, train, test, 10, c)
+        assert p.num_clients == 9
+        # Each label holds 6000 train / 1000 test examples, so the test set
+        # can follow T exactly: n_test = 1000 / max_k T_k (up to rounding).
+        assert len(p.target_test_indices) >= int(1000 / p.target_label_dist.max()) - 1
+
+
+def test_fmnist_paper_dirichlet_partition(fmnist_labels):
+    train, test = fmnist_labels
+    p = dirichlet_partition(train, test, num_clients=10, beta=0.1, seed=0)
+    assert_partition_invariants(p, train, test)
+    np.testing.assert_array_equal(p.client_sizes, np.full(9, 6000))
+    other = dirichlet_partition(train, test, num_clients=10, beta=0.1, seed=1)
+    assert not np.array_equal(p.target_label_dist, other.target_label_dist)
