@@ -37,3 +37,43 @@ from fedjax_pals.server_weights import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+from fedjax_pals.models import Model, lenet, logistic_regression, make_model  # noqa: E402
+from fedjax_pals.metrics import (  # noqa: E402
+    accuracy_from_confusion,
+    confusion_matrix,
+    macro_f1_from_confusion,
+    make_evaluator,
+)
+from fedjax_pals.algorithms import (  # noqa: E402
+    ClientInfo,
+    ClientMethod,
+    ClientOutputs,
+    FederatedAlgorithm,
+    ServerState,
+    fedavg,
+    fedavg_weighting,
+    fedpals,
+    fedpals_weighting,
+    init_server_state,
+    Weighting,
+    plain_sgd,
+    weighted_average_update,
+    with_client_method,
+)
+from fedjax_pals.engine import (  # noqa: E402
+    STRATEGIES,
+    DeviceData,
+    LocalTraining,
+    RoundEngine,
+    client_schedule,
+    default_strategy,
+    device_data,
+    make_local_step,
+    round_engine,
+)
+from fedjax_pals.training import (  # noqa: E402
+    TrainingHistory,
+    clients_per_round_from,
+    run_training,
+    sample_participants,
+)
