@@ -77,3 +77,25 @@ from fedjax_pals.training import (  # noqa: E402
     run_training,
     sample_participants,
 )
+from fedjax_pals.baselines import (  # noqa: E402
+    ALGORITHMS,
+    afl,
+    afl_server_update,
+    afl_weighting,
+    combine,
+    fedprox,
+    fedprox_client,
+    fedrs,
+    fedrs_client,
+    fedshift,
+    fedshift_aggregate_label_dist,
+    fedshift_client,
+    make_algorithm,
+    oracle,
+    oracle_partition,
+    scaffold,
+    scaffold_client,
+    scaffold_server_update,
+    uniform_weighting,
+)
+from fedjax_pals import engine  # noqa: E402,F401  (fjp.engine.resolve_strategy etc.)

@@ -101,10 +101,14 @@ class Weighting(NamedTuple):
     runs differing only in it (another target, another lam) share one compiled
     round.
   weights(label_dists (m, K), sizes (m,), state) -> simplex weights (m,).
+  uses_participants: when True the engine calls
+    weights(label_dists, sizes, state, participants) with the round's (m,)
+    client ids, for weights kept per client in the state (AFL's lambda).
   """
   name: str
   init: Callable[[], PyTree]
-  weights: Callable[[jax.Array, jax.Array, ServerState], jax.Array]
+  weights: Callable[..., jax.Array]
+  uses_participants: bool = False
 
 
 def _no_weighting_state():

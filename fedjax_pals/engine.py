@@ -237,8 +237,10 @@ class RoundEngine:
     return self._finish(carry, info, state)
 
   def _aggregate(self, state: ServerState, plan: RoundPlan, outputs: ClientOutputs):
-    weights = self.algorithm.weighting.weights(plan.info.label_dist,
-                                       plan.info.num_examples.astype(jnp.float32), state)
+    weighting = self.algorithm.weighting
+    by_id = (plan.participants,) if weighting.uses_participants else ()
+    weights = weighting.weights(plan.info.label_dist,
+                                plan.info.num_examples.astype(jnp.float32), state, *by_id)
     new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
     metrics = {"weights": weights, "train_loss": outputs.train_loss,
                "num_steps": outputs.num_steps}

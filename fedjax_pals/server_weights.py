@@ -35,11 +35,20 @@ from fedjax_pals import _validation
 # objective is within 2e-8 of a float64 SLSQP reference after 2000 iterations;
 # 5000 leaves margin. The tolerance is on the step ||alpha_{k+1} - y_k||, which
 # float32 round-off bounds near 1e-7. See BUILD_NOTES.md.
+# jaxopt's accelerated solver alone can stop early at a non-optimal vertex
+# (tests/test_server_weights.py has the reproducer); an unaccelerated polish
+# from its result certifies the optimum (see _solve_fedpals).
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-7
+# The polish stops on the true gradient mapping and can go a decade lower
+# before float32 round-off makes it wander along flat minimiser sets.
+_POLISH_TOL_FACTOR = 0.1
 
-# The bisection of `lambda_for_ess` searches lam / N in [1e-12, 1e12], log-spaced.
-_LOG10_LAM_RANGE = (-12.0, 12.0)
+# The bisection of `lambda_for_ess` searches lam / N in [1e-6, 1e12], log-spaced.
+# 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
+# minimiser is not unique and lim_{lam->0+} alpha^lam is the largest-ESS one
+# (App. B.2); below about 1e-6 N the float32 solve cannot resolve it.
+_LOG10_LAM_RANGE = (-6.0, 12.0)
 _BISECTION_STEPS = 64
 
 
@@ -88,20 +97,29 @@ def _solve_fedpals(dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: j
   inv_sizes = 1.0 / sizes
   finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
   # Scaling the objective by 1/L makes a fixed step of 1 equal to 1/L, so
-  # a traced L (vmap over lam) still gives a static step for jaxopt.
+  # a traced L (vmap over lam) still gives a fixed step.
   lipschitz = _lipschitz_bound(dists, inv_sizes, finite_lam)
 
   def scaled_objective(alpha):
     residual = target - alpha @ dists
     return (residual @ residual + finite_lam * jnp.sum(alpha * alpha * inv_sizes)) / lipschitz
 
-  solver = jaxopt.ProjectedGradient(
-      fun=scaled_objective, projection=projection_simplex, stepsize=1.0,
-      maxiter=max_iter, tol=tol, acceleration=True, implicit_diff=False)
+  def solver(accelerated: bool) -> jaxopt.ProjectedGradient:
+    return jaxopt.ProjectedGradient(
+        fun=scaled_objective, projection=projection_simplex, stepsize=1.0, maxiter=max_iter,
+        tol=tol if accelerated else tol * _POLISH_TOL_FACTOR, acceleration=accelerated,
+        implicit_diff=False)
+
   fedavg = sizes / jnp.sum(sizes)
   # FedAvg is the starting point: exact for huge lam and for T equal to the
   # client aggregate, where the projected gradient vanishes at once.
-  alpha = solver.run(fedavg).params
+  # Phase 1, accelerated (FISTA), gets close fast but stops on ||x_{k+1} - x_k||,
+  # which is 0 when momentum overshoots a face of the simplex and the
+  # projection lands twice on the same, possibly non-optimal, point.
+  # Phase 2, plain projected gradient from there, stops on the same quantity,
+  # which without momentum is the gradient mapping at x_k: 0 only at the optimum.
+  alpha = solver(accelerated=True).run(fedavg).params
+  alpha = solver(accelerated=False).run(alpha).params
   return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
 
@@ -112,8 +130,9 @@ def fedpals_weights(client_label_dists: chex.ArrayLike, target_label_dist: chex.
 
       alpha^lam = argmin_{alpha in simplex} ||T - alpha^T S||_2^2 + lam * sum_i alpha_i^2 / n_i
 
-  solved with `jaxopt.ProjectedGradient` (accelerated, fixed step 1/L, started
-  from FedAvg) with Euclidean projection onto the simplex.
+  solved with `jaxopt.ProjectedGradient` onto the simplex (fixed step 1/L,
+  started from FedAvg): accelerated, then polished without acceleration,
+  whose stopping rule certifies the optimum.
 
   Args:
     client_label_dists: S, shape (M, K); row i is client i's label distribution.
@@ -179,7 +198,8 @@ def _lambda_for_ess(dists, target, sizes, fraction):
 
   low, high = jax.lax.fori_loop(
       0, _BISECTION_STEPS, step,
-      (jnp.asarray(_LOG10_LAM_RANGE[0], dists.dtype), jnp.asarray(_LOG10_LAM_RANGE[1], dists.dtype)))
+      (jnp.asarray(_LOG10_LAM_RANGE[0], dists.dtype),
+       jnp.asarray(_LOG10_LAM_RANGE[1], dists.dtype)))
   lam = jnp.sum(sizes) * 10.0 ** (0.5 * (low + high))
   fraction_at_zero = _ess_fraction_at(-jnp.inf, dists, target, sizes)
   lam = jnp.where(fraction <= fraction_at_zero, 0.0, lam)
@@ -192,14 +212,17 @@ def lambda_for_ess(client_label_dists: chex.ArrayLike, target_label_dist: chex.A
 
   The paper picks a few lam giving ESS of e.g. 25/50/75 % of N and selects
   among them on a target-distributed validation set. ESS grows with lam from
-  ESS(alpha^0) to N (FedAvg), so fractions in [ESS(alpha^0)/N, 1] are
-  reachable: the lower end returns 0 and fraction = 1 returns `inf` (FedAvg),
-  unless T is the client aggregate, where every lam gives FedAvg. Found by a
-  64-step bisection on log(lam) over lam/N in [1e-12, 1e12].
+  ESS(alpha^{0+}) to N (FedAvg), alpha^{0+} = lim_{lam->0+} alpha^lam, so
+  fractions in [ESS(alpha^{0+})/N, 1] are reachable; fraction = 1 returns
+  `inf` (FedAvg), and the lower end returns 0 where alpha^0 is unique. When T
+  is in Conv(S) and M > K, lam = 0 has many minimisers and ones of smaller ESS
+  than alpha^{0+} are reached by no lam > 0: such fractions raise. Found by a
+  64-step bisection on log(lam) over lam/N in [1e-6, 1e12] (1e-6 N stands for
+  0+).
 
   Raises:
     ValueError: for bad problem data, or a fraction outside
-      [ESS(alpha^0)/N, 1] (the message gives the reachable range).
+      [ESS(alpha^{0+})/N, 1] (the message gives the reachable range).
   """
   dists = _float_array(client_label_dists)
   target = _float_array(target_label_dist)
@@ -207,10 +230,11 @@ def lambda_for_ess(client_label_dists: chex.ArrayLike, target_label_dist: chex.A
   if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, fraction):
     _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
     value = float(fraction)
-    lowest = float(_ess_fraction_at(-jnp.inf, dists, target, sizes))
-    # Round-off slack of the solver at lam = 0.
+    lowest = max(float(_ess_fraction_at(-jnp.inf, dists, target, sizes)),
+                 float(_ess_fraction_at(_LOG10_LAM_RANGE[0], dists, target, sizes)))
+    # Round-off slack of the solver near lam = 0.
     if not (lowest - 1e-4 <= value <= 1.0):
       raise ValueError(
           f"ESS fraction {value} is out of range: for these clients and target the reachable "
-          f"fractions are [{lowest:.6g}, 1] (ESS(alpha^0)/N up to FedAvg).")
+          f"fractions are [{lowest:.6g}, 1] (ESS(alpha^(0+))/N up to FedAvg).")
   return _lambda_for_ess(dists, target, sizes, _float_array(fraction))

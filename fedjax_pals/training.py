@@ -85,7 +85,8 @@ def _evaluate(evaluators, params) -> dict:
 def _save_checkpoint(path: str, state: ServerState, history: TrainingHistory) -> None:
   # Write then rename, so a run killed mid-write leaves the last good checkpoint.
   payload = flax.serialization.msgpack_serialize(
-      {"state": jax.device_get(state)._asdict(), "history": json.dumps(history.to_dict())})
+      {"state": flax.serialization.to_state_dict(jax.device_get(state)),
+       "history": json.dumps(history.to_dict())})
   tmp = path + ".tmp"
   with open(tmp, "wb") as f:
     f.write(payload)
@@ -95,8 +96,8 @@ def _save_checkpoint(path: str, state: ServerState, history: TrainingHistory) ->
 def _load_checkpoint(path: str, template: ServerState) -> tuple[ServerState, TrainingHistory]:
   with open(path, "rb") as f:
     raw = flax.serialization.msgpack_restore(f.read())
-  state = flax.serialization.from_state_dict(template._asdict(), raw["state"])
-  return ServerState(**state), TrainingHistory(**json.loads(raw["history"]))
+  state = flax.serialization.from_state_dict(template, raw["state"])
+  return state, TrainingHistory(**json.loads(raw["history"]))
 
 
 def run_training(algorithm: FederatedAlgorithm, model: Model, dataset: Dataset,
@@ -104,13 +105,13 @@ def run_training(algorithm: FederatedAlgorithm, model: Model, dataset: Dataset,
                  seed: int = 0, eval_every: int = 1, clients_per_round: int | None = None,
                  strategy: str = "auto", chunk_size: int = 64,
                  checkpoint_path: str | None = None,
-                 on_evaluation: Callable[[int, dict], None] | None = None,
+                 on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
                  ) -> tuple[ServerState, TrainingHistory]:
   """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
   Every `eval_every` rounds (and after the last) the model of
   `algorithm.eval_params` is evaluated on the target validation and test sets
-  (accuracy and macro-F1) and `on_evaluation(round, metrics)` is called. With
+  (accuracy and macro-F1) and `on_evaluation(round, metrics, history)` is called. With
   `checkpoint_path`, the state and history are saved at every evaluation and
   an existing checkpoint is resumed from.
   """
@@ -162,6 +163,6 @@ def run_training(algorithm: FederatedAlgorithm, model: Model, dataset: Dataset,
       if checkpoint_path:
         _save_checkpoint(checkpoint_path, state, history)
       if on_evaluation is not None:
-        on_evaluation(done, {**metrics, "train_loss": loss})
+        on_evaluation(done, {**metrics, "train_loss": loss}, history)
   history.wall_seconds = time.perf_counter() - started
   return state, history
