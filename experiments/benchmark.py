@@ -89,7 +89,7 @@ _LR = flags.DEFINE_float("learning_rate", 0.1, "Local SGD learning rate.")
 _CHUNK = flags.DEFINE_integer("chunk_size", 64, "Clients per chunk for vmap_chunked.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed rounds after the first (median reported).")
 _MAX_SECONDS = flags.DEFINE_float(
-    "max_seconds_per_case", 90.0,
+    "max_seconds_per_case", 60.0,
     "Skip a case predicted to take longer than this (compile + first + timed rounds); "
     "also caps the number of timed rounds of a case (at least one).")
 _MIN_TIMED = flags.DEFINE_float(
@@ -541,6 +541,9 @@ def main(argv):
       del data
     del split
     gc.collect()
+
+  order = {(m, c): (i, j) for i, m in enumerate(models) for j, c in enumerate(cases)}
+  records.sort(key=lambda r: (r["num_clients"], order[(r["model"], r["strategy"])]))
 
   # Speed ratios vs the baseline loop (same model and M).
   baseline_s = {(r["model"], r["num_clients"]): r["steady_round_s"] for r in records

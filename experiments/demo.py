@@ -32,7 +32,7 @@ def demo_config(dataset: str) -> dict:
   return config
 
 
-DEMO_ROUNDS = 5
+DEMO_ROUNDS = 4
 DEMO_ESS_FRACTION = None
 DEMO_SEEDS = [0, 1]
 
