@@ -126,94 +126,27 @@ def test_rounds_compile_once(strategy):
   assert max(after_first.values()) == 1
 
 
-def test_huge_lambda_fedpals_equals_fedavg():
+def _final_params(algorithm, rounds):
+  """Params after `rounds` vmap_scan rounds on a fixed 3-client task."""
   model = fjp.logistic_regression((5,), 3)
   training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
   x, y, rows, sizes, dists = _random_task(11, [9, 4, 14], (5,))
   data = fjp.device_data(x, y, rows, sizes, dists)
-  finals = []
-  for algorithm in (fjp.fedavg(), fjp.fedpals(np.array([0.8, 0.1, 0.1]), 1e9)):
-    engine = fjp.round_engine(algorithm, model, training, strategy="vmap_scan")
-    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
-    for r in range(3):
-      state, metrics = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
-    finals.append(state.params)
-  assert _max_diff(*finals) < 1e-5
+  engine = fjp.round_engine(algorithm, model, training, strategy="vmap_scan")
+  state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
+  for r in range(rounds):
+    state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
+  return state.params
+
+
+TARGET = np.array([0.8, 0.1, 0.1])
+
+
+def test_huge_lambda_fedpals_equals_fedavg():
+  assert _max_diff(_final_params(fjp.fedavg(), 3),
+                   _final_params(fjp.fedpals(TARGET, 1e9), 3)) < 1e-5
 
 
 def test_fedpals_with_small_lambda_differs_from_fedavg():
   # The counterpart of the test above: the weighting reaches the params.
-  model = fjp.logistic_regression((5,), 3)
-  training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
-  x, y, rows, sizes, dists = _random_task(11, [9, 4, 14], (5,))
-  data = fjp.device_data(x, y, rows, sizes, dists)
-  finals = []
-  for algorithm in (fjp.fedavg(), fjp.fedpals(np.array([0.8, 0.1, 0.1]), 0.0)):
-    engine = fjp.round_engine(algorithm, model, training, strategy="vmap_scan")
-    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
-    state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
-    finals.append(state.params)
-  assert _max_diff(*finals) > 1e-3
-
-
-def _synthetic_run(algorithm_name, delta, seed, rounds=30, **kwargs):
-  dataset, partition = fjp.synthetic_label_shift_task(delta, seed=seed)
-  algorithm = (fjp.fedavg() if algorithm_name == "fedavg"
-               else fjp.fedpals(partition.target_label_dist, 0.0))
-  training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=0.05)
-  return fjp.run_training(algorithm, fjp.logistic_regression((2,), 3), dataset, partition,
-                          training, rounds=rounds, seed=seed, **kwargs)
-
-
-def test_same_seed_gives_identical_results_and_another_seed_does_not():
-  _, first = _synthetic_run("fedpals", 0.5, seed=3, rounds=5)
-  _, second = _synthetic_run("fedpals", 0.5, seed=3, rounds=5)
-  _, other = _synthetic_run("fedpals", 0.5, seed=4, rounds=5)
-  assert first.target_accuracy == second.target_accuracy
-  assert first.train_loss == second.train_loss
-  assert first.train_loss != other.train_loss
-
-
-def test_a_resumed_run_continues_exactly(tmp_path):
-  path = str(tmp_path / "checkpoint.msgpack")
-  _, full = _synthetic_run("fedpals", 0.5, seed=1, rounds=6, eval_every=2)
-  _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
-  state, resumed = _synthetic_run("fedpals", 0.5, seed=1, rounds=6, eval_every=2,
-                                  checkpoint_path=path)
-  assert int(state.round) == 6
-  assert resumed.rounds == [2, 4, 6]
-  assert resumed.target_accuracy == full.target_accuracy
-  assert resumed.train_loss == full.train_loss
-
-
-@pytest.mark.integration
-def test_fedpals_beats_fedavg_on_the_synthetic_task_averaged_over_seeds():
-  for delta in (0.0, 1.0):
-    mean = {name: np.mean([_synthetic_run(name, delta, seed)[1].target_accuracy[-1]
-                           for seed in range(3)]) for name in ("fedavg", "fedpals")}
-    assert mean["fedpals"] > mean["fedavg"] + 0.03, (delta, mean)
-
-
-def _fashion_mnist_or_skip():
-  try:
-    return fjp.load_fashion_mnist()
-  except fjp.DatasetUnavailableError:
-    pytest.skip("Fashion-MNIST files not present (apt-get install dataset-fashion-mnist)")
-
-
-@pytest.mark.integration
-def test_a_short_fashion_mnist_run_learns():
-  dataset = _fashion_mnist_or_skip()
-  # 9 clients of 3 labels x 40 examples and a 3-label target, to stay small.
-  rng = np.random.default_rng(0)
-  counts = np.zeros((10, 10), np.int64)
-  for i in range(10):
-    counts[i, rng.choice(10, 3, replace=False)] = 40
-  partition = fjp.partition_from_label_counts(dataset.train.y, dataset.test.y, counts, seed=0,
-                                              description="test", target_test_size=600)
-  training = fjp.LocalTraining(local_epochs=1, batch_size=32, learning_rate=0.1)
-  algorithm = fjp.fedpals(partition.target_label_dist, 0.0)
-  _, history = fjp.run_training(algorithm, fjp.lenet((28, 28, 1), 10), dataset, partition,
-                                training, rounds=6, seed=0, eval_every=3)
-  # Chance on a 3-label target is 1/3.
-  assert history.target_accuracy[-1] > 0.5, history.target_accuracy
+  assert _max_diff(_final_params(fjp.fedavg(), 1), _final_params(fjp.fedpals(TARGET, 0.0), 1)) > 1e-3
