@@ -146,6 +146,7 @@ class ClientOutputs(NamedTuple):
   client_states: PyTree      # the participants' new persistent states
   train_loss: jax.Array      # (m,) mean training loss over the local steps
   num_steps: jax.Array       # (m,) local SGD steps taken
+  initial_loss: jax.Array    # (m,) loss of the first minibatch at the broadcast params
 
 
 ServerUpdate = Callable[[ServerState, jax.Array, ClientOutputs, jax.Array], ServerState]

@@ -349,9 +349,10 @@ def afl_server_update(step_size: float) -> ServerUpdate:
 
       lam_S <- Proj_{ {v >= 0, sum v = m_S} } (lam_S + gamma L_S),   m_S = sum_{i in S} lam_i,
 
-  and lam_i unchanged for i not in S. L_i is the client's `train_loss`, its
-  mean loss over the local steps started at w_{t-1} (exactly L_i(w_{t-1})
-  with one full-batch local step). Under full participation this is the
+  and lam_i unchanged for i not in S. L_i is the client's `initial_loss`, the
+  loss of its first local minibatch at the broadcast w_{t-1}: an unbiased
+  estimate of L_i(w_{t-1}), the stochastic gradient in lam of Stochastic-AFL
+  (exactly L_i(w_{t-1}) with full-batch steps). Under full participation this is the
   paper's lam <- Proj_simplex(lam + gamma L). Under partial participation
   only the participants' losses are known, so only their block moves, and
   it keeps its total mass: lam stays on the simplex and absent clients'
@@ -375,7 +376,7 @@ def _afl_server_update(step_size: float) -> ServerUpdate:
     block = lam[participants]
     mass = jnp.sum(block)
     safe_mass = jnp.where(mass > 0, mass, 1.0)
-    moved = projection_simplex(block + step_size * outputs.train_loss.astype(lam.dtype),
+    moved = projection_simplex(block + step_size * outputs.initial_loss.astype(lam.dtype),
                                safe_mass)
     lam = lam.at[participants].set(jnp.where(mass > 0, moved, block))
     t = new_state.round.astype(jnp.float32)   # rounds completed, >= 1

@@ -113,6 +113,7 @@ class LocalCarry(NamedTuple):
   opt_state: Any
   num_steps: jax.Array   # int32, active steps taken
   loss_sum: jax.Array    # sum of the active steps' losses
+  first_loss: jax.Array  # the first active step's loss: at the broadcast params
 
 
 def make_local_step(algorithm: FederatedAlgorithm, model: Model,
@@ -141,7 +142,8 @@ def make_local_step(algorithm: FederatedAlgorithm, model: Model,
     return LocalCarry(jax.tree_util.tree_map(keep, params, carry.params),
                       jax.tree_util.tree_map(keep, opt_state, carry.opt_state),
                       carry.num_steps + active.astype(jnp.int32),
-                      carry.loss_sum + jnp.where(active, loss, 0.0))
+                      carry.loss_sum + jnp.where(active, loss, 0.0),
+                      jnp.where(active & (carry.num_steps == 0), loss, carry.first_loss))
 
   return step
 
@@ -217,7 +219,8 @@ class RoundEngine:
 
   def _start(self, state: ServerState) -> LocalCarry:
     return LocalCarry(state.params, self._optimizer.init(state.params),
-                      jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
+                      jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+                      jnp.zeros((), jnp.float32))
 
   def _start_stacked(self, state: ServerState, num_participants: int) -> LocalCarry:
     return jax.tree_util.tree_map(
@@ -229,7 +232,7 @@ class RoundEngine:
     new_client_state = self.algorithm.client.update_client_state(
         info, state, carry.params, carry.num_steps, self.training.learning_rate)
     mean_loss = carry.loss_sum / jnp.maximum(carry.num_steps, 1)
-    return delta, new_client_state, mean_loss, carry.num_steps
+    return delta, new_client_state, mean_loss, carry.num_steps, carry.first_loss
 
   def _one_step(self, data: DeviceData, carry, state, info, row, positions, mask, step_index):
     x, y, m = _gather(data, row, positions[step_index], mask[step_index])
@@ -252,7 +255,7 @@ class RoundEngine:
                                 plan.info.num_examples.astype(jnp.float32), state, *by_id)
     new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
     metrics = {"weights": weights, "train_loss": outputs.train_loss,
-               "num_steps": outputs.num_steps}
+               "initial_loss": outputs.initial_loss, "num_steps": outputs.num_steps}
     return new_state, metrics
 
   # -- strategies -------------------------------------------------------------

@@ -245,7 +245,7 @@ def test_afl_lambda_stays_on_the_simplex_and_moves_towards_the_larger_loss():
   for state, m in zip(states[1:], metrics):
     lam = np.asarray(state.algorithm_state["lam"])
     assert np.all(lam >= 0) and lam.sum() == pytest.approx(1.0, abs=1e-6)
-  lam1, loss = np.asarray(states[1].algorithm_state["lam"]), np.asarray(metrics[0]["train_loss"])
+  lam1, loss = np.asarray(states[1].algorithm_state["lam"]), np.asarray(metrics[0]["initial_loss"])
   worse = int(np.argmax(loss))
   assert loss[worse] > loss[1 - worse] and lam1[worse] > 0.5
   # Full participation: lam_1 = Proj_simplex(lam_0 + gamma L), here in the interior.
@@ -273,7 +273,7 @@ def test_afl_with_partial_participation_moves_only_the_participants_lambda():
     assert after.sum() == pytest.approx(1.0, abs=1e-6) and np.all(after >= 0)
     assert after[who].sum() == pytest.approx(before[who].sum(), abs=1e-6)
     np.testing.assert_allclose(metrics[r]["weights"], before[who] / before[who].sum(), rtol=1e-6)
-    loss = np.asarray(metrics[r]["train_loss"])
+    loss = np.asarray(metrics[r]["initial_loss"])
     assert after[who][np.argmax(loss)] > before[who][np.argmax(loss)]
 
 

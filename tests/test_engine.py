@@ -39,7 +39,7 @@ def _reference_round(model, params, x, y, rows, sizes, weights, training, key):
 
   grad_fn = jax.jit(jax.grad(loss_fn))
   width = rows.shape[1]
-  new_params = []
+  new_params, first_losses = [], []
   for client, n in enumerate(sizes):
     positions, mask = fjp.client_schedule(jax.random.fold_in(key, client), jnp.int32(n), width,
                                           training)
@@ -49,11 +49,14 @@ def _reference_round(model, params, x, y, rows, sizes, weights, training, key):
       if not mask[s].any():
         continue
       idx = rows[client][positions[s]]
+      if p is params:
+        first_losses.append(float(loss_fn(p, x[idx], y[idx], mask[s].astype(np.float32))))
       g = grad_fn(p, x[idx], y[idx], mask[s].astype(np.float32))
       p = jax.tree_util.tree_map(lambda a, b: a - training.learning_rate * b, p, g)
     new_params.append(p)
-  return jax.tree_util.tree_map(
+  aggregate = jax.tree_util.tree_map(
       lambda *leaves: sum(w * leaf for w, leaf in zip(weights, leaves)), *new_params)
+  return aggregate, np.array(first_losses)
 
 
 def _max_diff(a, b):
@@ -81,8 +84,10 @@ def test_every_strategy_matches_the_per_client_reference_loop(case, strategy):
   key = jax.random.PRNGKey(7)
   new_state, metrics = engine.run_round(data, state, np.arange(len(sizes)), key)
   weights = sizes / sizes.sum()
-  expected = _reference_round(model, params, x, y, rows, sizes, weights, training, key)
+  expected, first_losses = _reference_round(model, params, x, y, rows, sizes, weights,
+                                            training, key)
   assert _max_diff(new_state.params, expected) < 1e-5
+  np.testing.assert_allclose(metrics["initial_loss"], first_losses, rtol=1e-5)
   assert _max_diff(new_state.params, params) > 1e-3  # the round did train
   np.testing.assert_allclose(metrics["weights"], weights, rtol=1e-6)
   # Each client takes E * ceil(n_i / B) steps, whatever the padding.
