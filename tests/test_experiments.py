@@ -86,3 +86,25 @@ def test_the_command_line_takes_a_flagfile(tmp_path):
   with open(out / "results.json") as f:
     saved = json.load(f)
   assert saved["config"]["algorithm"] == "fedprox" and saved["config"]["weights"] == "fedpals"
+
+
+@pytest.mark.integration
+def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(tmp_path, monkeypatch,
+                                                                          capsys):
+  import fedjax_pals as fjp
+  from experiments import demo
+
+  def unavailable(data_dir=None):
+    raise fjp.DatasetUnavailableError("no files (apt-get install dataset-fashion-mnist)")
+
+  monkeypatch.setattr(fjp, "load_fashion_mnist", unavailable)
+  run_lib.FLAGS([sys.argv[0], f"--output_dir={tmp_path}"])
+  try:
+    demo.main([])
+  finally:
+    run_lib.FLAGS.unparse_flags()
+  printed = capsys.readouterr().out
+  assert "runs the synthetic task instead" in printed
+  assert "apt-get install dataset-fashion-mnist" in printed
+  assert "| fedpals |" in printed and "| fedavg |" in printed
+  assert os.path.getsize(tmp_path / "comparison.png") > 1000
