@@ -16,83 +16,91 @@ SUM_TOLERANCE = 1e-6
 
 
 def is_concrete(*values: Any) -> bool:
-  """True when no argument is (or contains) a JAX tracer."""
-  leaves = jax.tree_util.tree_leaves(values)
-  return not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+    """True when no argument is (or contains) a JAX tracer."""
+    leaves = jax.tree_util.tree_leaves(values)
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
 
 
 def _finite_nonnegative(name: str, array: np.ndarray) -> None:
-  if np.isnan(array).any():
-    raise ValueError(f"{name} contains NaN entries.")
-  if np.isinf(array).any():
-    raise ValueError(f"{name} contains infinite entries.")
-  if (array < 0).any():
-    raise ValueError(f"{name} contains negative entries (min {array.min()}).")
+    if np.isnan(array).any():
+        raise ValueError(f"{name} contains NaN entries.")
+    if np.isinf(array).any():
+        raise ValueError(f"{name} contains infinite entries.")
+    if (array < 0).any():
+        raise ValueError(f"{name} contains negative entries (min {array.min()}).")
 
 
 def check_distribution(name: str, dist: Any) -> np.ndarray:
-  """A 1-D probability vector: finite, non-negative, sums to 1."""
-  array = np.asarray(dist, dtype=np.float64)
-  if array.ndim != 1 or array.size == 0:
-    raise ValueError(f"{name} must be a non-empty 1-D vector, got shape {array.shape}.")
-  _finite_nonnegative(name, array)
-  total = array.sum()
-  if abs(total - 1.0) > SUM_TOLERANCE:
-    raise ValueError(f"{name} must sum to 1 (within {SUM_TOLERANCE}), sums to {total!r}.")
-  return array
+    """A 1-D probability vector: finite, non-negative, sums to 1."""
+    array = np.asarray(dist, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D vector, got shape {array.shape}.")
+    _finite_nonnegative(name, array)
+    total = array.sum()
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise ValueError(f"{name} must sum to 1 (within {SUM_TOLERANCE}), sums to {total!r}.")
+    return array
 
 
 def check_label_dists(name: str, dists: Any) -> np.ndarray:
-  """An (M, K) matrix whose rows are probability vectors."""
-  array = np.asarray(dists, dtype=np.float64)
-  if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
-    raise ValueError(
-        f"{name} must be a non-empty (num_clients, num_classes) matrix, got shape {array.shape}.")
-  _finite_nonnegative(name, array)
-  sums = array.sum(axis=1)
-  bad = np.flatnonzero(np.abs(sums - 1.0) > SUM_TOLERANCE)
-  if bad.size:
-    raise ValueError(
-        f"every row of {name} must sum to 1 (within {SUM_TOLERANCE}); rows {bad[:5].tolist()} "
-        f"sum to {sums[bad[:5]].tolist()}.")
-  return array
+    """An (M, K) matrix whose rows are probability vectors."""
+    array = np.asarray(dists, dtype=np.float64)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be a non-empty (num_clients, num_classes) matrix, got shape {array.shape}."
+        )
+    _finite_nonnegative(name, array)
+    sums = array.sum(axis=1)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > SUM_TOLERANCE)
+    if bad.size:
+        raise ValueError(
+            f"every row of {name} must sum to 1 (within {SUM_TOLERANCE}); rows {bad[:5].tolist()} "
+            f"sum to {sums[bad[:5]].tolist()}."
+        )
+    return array
 
 
 def check_client_sizes(client_sizes: Any, num_clients: int | None = None) -> np.ndarray:
-  array = np.asarray(client_sizes, dtype=np.float64)
-  if array.ndim != 1 or array.size == 0:
-    raise ValueError(f"client_sizes must be a non-empty 1-D vector, got shape {array.shape}.")
-  if np.isnan(array).any() or np.isinf(array).any():
-    raise ValueError("client_sizes contains NaN or infinite entries.")
-  if (array <= 0).any():
-    raise ValueError(
-        f"every client size n_i must be > 0; got {array[array <= 0][:5].tolist()} "
-        f"at clients {np.flatnonzero(array <= 0)[:5].tolist()}.")
-  if num_clients is not None and array.size != num_clients:
-    raise ValueError(
-        f"client_sizes has {array.size} entries but there are {num_clients} clients.")
-  return array
+    array = np.asarray(client_sizes, dtype=np.float64)
+    if array.ndim != 1 or array.size == 0:
+        raise ValueError(f"client_sizes must be a non-empty 1-D vector, got shape {array.shape}.")
+    if np.isnan(array).any() or np.isinf(array).any():
+        raise ValueError("client_sizes contains NaN or infinite entries.")
+    if (array <= 0).any():
+        raise ValueError(
+            f"every client size n_i must be > 0; got {array[array <= 0][:5].tolist()} "
+            f"at clients {np.flatnonzero(array <= 0)[:5].tolist()}."
+        )
+    if num_clients is not None and array.size != num_clients:
+        raise ValueError(
+            f"client_sizes has {array.size} entries but there are {num_clients} clients."
+        )
+    return array
 
 
 def check_lam(lam: Any) -> float:
-  value = np.asarray(lam, dtype=np.float64)
-  if value.ndim != 0:
-    raise ValueError(f"lam must be a scalar here, got shape {value.shape} (vmap over lam instead).")
-  if np.isnan(value):
-    raise ValueError("lam is NaN.")
-  if value < 0:
-    raise ValueError(f"lam must be >= 0, got {float(value)}.")
-  return float(value)
+    value = np.asarray(lam, dtype=np.float64)
+    if value.ndim != 0:
+        raise ValueError(
+            f"lam must be a scalar here, got shape {value.shape} (vmap over lam instead)."
+        )
+    if np.isnan(value):
+        raise ValueError("lam is NaN.")
+    if value < 0:
+        raise ValueError(f"lam must be >= 0, got {float(value)}.")
+    return float(value)
 
 
-def check_problem(client_label_dists: Any, target_label_dist: Any,
-                  client_sizes: Any | None) -> None:
-  """The FedPALS problem data: S (M, K), T (K,), n (M,)."""
-  dists = check_label_dists("client_label_dists", client_label_dists)
-  target = check_distribution("target_label_dist", target_label_dist)
-  if target.shape[0] != dists.shape[1]:
-    raise ValueError(
-        f"number of classes K differs: client_label_dists has K={dists.shape[1]}, "
-        f"target_label_dist has K={target.shape[0]}.")
-  if client_sizes is not None:
-    check_client_sizes(client_sizes, dists.shape[0])
+def check_problem(
+    client_label_dists: Any, target_label_dist: Any, client_sizes: Any | None
+) -> None:
+    """The FedPALS problem data: S (M, K), T (K,), n (M,)."""
+    dists = check_label_dists("client_label_dists", client_label_dists)
+    target = check_distribution("target_label_dist", target_label_dist)
+    if target.shape[0] != dists.shape[1]:
+        raise ValueError(
+            f"number of classes K differs: client_label_dists has K={dists.shape[1]}, "
+            f"target_label_dist has K={target.shape[0]}."
+        )
+    if client_sizes is not None:
+        check_client_sizes(client_sizes, dists.shape[0])

@@ -30,123 +30,130 @@ PyTree = Any
 
 
 class ServerState(NamedTuple):
-  params: Params
-  client_states: PyTree      # leading axis: all M clients; () when stateless
-  algorithm_state: PyTree    # server-side extras (e.g. SCAFFOLD's c); () when none
-  weighting_state: PyTree    # the weighting's data (FedPALS: T and lam); () when none
-  round: jax.Array           # int32, rounds completed
+    params: Params
+    client_states: PyTree  # leading axis: all M clients; () when stateless
+    algorithm_state: PyTree  # server-side extras (e.g. SCAFFOLD's c); () when none
+    weighting_state: PyTree  # the weighting's data (FedPALS: T and lam); () when none
+    round: jax.Array  # int32, rounds completed
 
 
 class ClientInfo(NamedTuple):
-  """What a client knows about itself during a round (one client's slice)."""
-  label_dist: jax.Array      # (K,) its label distribution S_i(Y)
-  num_examples: jax.Array    # int32, n_i
-  state: PyTree              # its persistent state (ServerState.client_states[i])
+    """What a client knows about itself during a round (one client's slice)."""
+
+    label_dist: jax.Array  # (K,) its label distribution S_i(Y)
+    num_examples: jax.Array  # int32, n_i
+    state: PyTree  # its persistent state (ServerState.client_states[i])
 
 
 class ClientMethod(NamedTuple):
-  """The client-side part of an algorithm: pure functions used by every local step.
+    """The client-side part of an algorithm: pure functions used by every local step.
 
-  adjust_logits(logits, info, server_state) -> logits  (training only; FedRS, FedShift)
-  regularizer(params, global_params) -> scalar          (added to the loss; FedProx)
-  correct_grads(grads, info, server_state) -> grads     (SCAFFOLD's c - c_i)
-  init_client_state(params) -> state                    (per-client persistent state)
-  update_client_state(info, server_state, local_params, num_steps, learning_rate) -> state
-  """
-  name: str
-  adjust_logits: Callable[[jax.Array, ClientInfo, ServerState], jax.Array]
-  regularizer: Callable[[Params, Params], jax.Array]
-  correct_grads: Callable[[Params, ClientInfo, ServerState], Params]
-  init_client_state: Callable[[Params], PyTree]
-  update_client_state: Callable[[ClientInfo, ServerState, Params, jax.Array, float], PyTree]
+    adjust_logits(logits, info, server_state) -> logits  (training only; FedRS, FedShift)
+    regularizer(params, global_params) -> scalar          (added to the loss; FedProx)
+    correct_grads(grads, info, server_state) -> grads     (SCAFFOLD's c - c_i)
+    init_client_state(params) -> state                    (per-client persistent state)
+    update_client_state(info, server_state, local_params, num_steps, learning_rate) -> state
+    """
+
+    name: str
+    adjust_logits: Callable[[jax.Array, ClientInfo, ServerState], jax.Array]
+    regularizer: Callable[[Params, Params], jax.Array]
+    correct_grads: Callable[[Params, ClientInfo, ServerState], Params]
+    init_client_state: Callable[[Params], PyTree]
+    update_client_state: Callable[[ClientInfo, ServerState, Params, jax.Array, float], PyTree]
 
 
 def _identity_logits(logits, info, state):
-  return logits
+    return logits
 
 
 def _no_regularizer(params, global_params):
-  return jnp.zeros((), jnp.float32)
+    return jnp.zeros((), jnp.float32)
 
 
 def _identity_grads(grads, info, state):
-  return grads
+    return grads
 
 
 def _no_client_state(params):
-  return ()
+    return ()
 
 
 def _keep_client_state(info, state, params, steps, learning_rate):
-  return info.state
+    return info.state
 
 
 @functools.cache
 def plain_sgd() -> ClientMethod:
-  """Local SGD on the cross-entropy, as in FedAvg (McMahan et al., 2017)."""
-  return ClientMethod(
-      name="sgd",
-      adjust_logits=_identity_logits,
-      regularizer=_no_regularizer,
-      correct_grads=_identity_grads,
-      init_client_state=_no_client_state,
-      update_client_state=_keep_client_state,
-  )
+    """Local SGD on the cross-entropy, as in FedAvg (McMahan et al., 2017)."""
+    return ClientMethod(
+        name="sgd",
+        adjust_logits=_identity_logits,
+        regularizer=_no_regularizer,
+        correct_grads=_identity_grads,
+        init_client_state=_no_client_state,
+        update_client_state=_keep_client_state,
+    )
 
 
 class Weighting(NamedTuple):
-  """How the server weighs the participants' updates.
+    """How the server weighs the participants' updates.
 
-  init() -> the weighting's data, kept in ServerState.weighting_state so that
-    runs differing only in it (another target, another lam) share one compiled
-    round.
-  weights(label_dists (m, K), sizes (m,), state) -> simplex weights (m,).
-  uses_participants: when True the engine calls
-    weights(label_dists, sizes, state, participants) with the round's (m,)
-    client ids, for weights kept per client in the state (AFL's lambda).
-  """
-  name: str
-  init: Callable[[], PyTree]
-  weights: Callable[..., jax.Array]
-  uses_participants: bool = False
+    init() -> the weighting's data, kept in ServerState.weighting_state so that
+      runs differing only in it (another target, another lam) share one compiled
+      round.
+    weights(label_dists (m, K), sizes (m,), state) -> simplex weights (m,).
+    uses_participants: when True the engine calls
+      weights(label_dists, sizes, state, participants) with the round's (m,)
+      client ids, for weights kept per client in the state (AFL's lambda).
+    """
+
+    name: str
+    init: Callable[[], PyTree]
+    weights: Callable[..., jax.Array]
+    uses_participants: bool = False
 
 
 def _no_weighting_state():
-  return ()
+    return ()
 
 
 def _fedavg_weights(label_dists, sizes, state):
-  return server_weights.fedavg_weights(sizes)
+    return server_weights.fedavg_weights(sizes)
 
 
 def _fedpals_weights(label_dists, sizes, state):
-  data = state.weighting_state
-  return server_weights.fedpals_weights(label_dists, data["target_label_dist"], sizes,
-                                        data["lam"])
+    data = state.weighting_state
+    return server_weights.fedpals_weights(
+        label_dists, data["target_label_dist"], sizes, data["lam"]
+    )
 
 
 def fedavg_weighting() -> Weighting:
-  """alpha_i = n_i / N over the participants (eq. 4)."""
-  return Weighting("fedavg", _no_weighting_state, _fedavg_weights)
+    """alpha_i = n_i / N over the participants (eq. 4)."""
+    return Weighting("fedavg", _no_weighting_state, _fedavg_weights)
 
 
 def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weighting:
-  """alpha^lam of eq. 8 over the participants, re-solved whenever they change."""
-  # Checked here: inside the jitted round the values are traced and unchecked.
-  _validation.check_distribution("target_label_dist", target_label_dist)
-  _validation.check_lam(lam)
-  data = {"target_label_dist": jnp.asarray(target_label_dist, jnp.float32),
-          "lam": jnp.asarray(lam, jnp.float32)}
-  return Weighting("fedpals", lambda: data, _fedpals_weights)
+    """alpha^lam of eq. 8 over the participants, re-solved whenever they change."""
+    # Checked here: inside the jitted round the values are traced and unchecked.
+    _validation.check_distribution("target_label_dist", target_label_dist)
+    _validation.check_lam(lam)
+    data = {
+        "target_label_dist": jnp.asarray(target_label_dist, jnp.float32),
+        "lam": jnp.asarray(lam, jnp.float32),
+    }
+    return Weighting("fedpals", lambda: data, _fedpals_weights)
 
 
 class ClientOutputs(NamedTuple):
-  """Stacked over the round's participants (leading axis m)."""
-  deltas: Params             # theta_i - theta (local minus global params)
-  client_states: PyTree      # the participants' new persistent states
-  train_loss: jax.Array      # (m,) mean training loss over the local steps
-  num_steps: jax.Array       # (m,) local SGD steps taken
-  initial_loss: jax.Array    # (m,) loss of the first minibatch at the broadcast params
+    """Stacked over the round's participants (leading axis m)."""
+
+    deltas: Params  # theta_i - theta (local minus global params)
+    client_states: PyTree  # the participants' new persistent states
+    train_loss: jax.Array  # (m,) mean training loss over the local steps
+    num_steps: jax.Array  # (m,) local SGD steps taken
+    initial_loss: jax.Array  # (m,) loss of the first minibatch at the broadcast params
 
 
 ServerUpdate = Callable[[ServerState, jax.Array, ClientOutputs, jax.Array], ServerState]
@@ -154,76 +161,93 @@ ServerUpdate = Callable[[ServerState, jax.Array, ClientOutputs, jax.Array], Serv
 
 @functools.cache
 def weighted_average_update(server_learning_rate: float = 1.0) -> ServerUpdate:
-  """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta).
+    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta).
 
-  With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i,
-  the aggregation of FedAvg (eq. 4) and FedPALS (eq. 8).
-  """
+    With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i,
+    the aggregation of FedAvg (eq. 4) and FedPALS (eq. 8).
+    """
 
-  def update(state, participants, outputs, weights):
-    step = jax.tree_util.tree_map(
-        lambda delta: server_learning_rate * jnp.tensordot(weights.astype(delta.dtype), delta,
-                                                          axes=1), outputs.deltas)
-    params = optax.apply_updates(state.params, step)
-    client_states = jax.tree_util.tree_map(
-        lambda all_states, new: all_states.at[participants].set(new),
-        state.client_states, outputs.client_states)
-    return state._replace(params=params, client_states=client_states, round=state.round + 1)
+    def update(state, participants, outputs, weights):
+        step = jax.tree_util.tree_map(
+            lambda delta: server_learning_rate
+            * jnp.tensordot(weights.astype(delta.dtype), delta, axes=1),
+            outputs.deltas,
+        )
+        params = optax.apply_updates(state.params, step)
+        client_states = jax.tree_util.tree_map(
+            lambda all_states, new: all_states.at[participants].set(new),
+            state.client_states,
+            outputs.client_states,
+        )
+        return state._replace(params=params, client_states=client_states, round=state.round + 1)
 
-  return update
+    return update
 
 
 class FederatedAlgorithm(NamedTuple):
-  """A federated algorithm: client method, server weighting and server update.
+    """A federated algorithm: client method, server weighting and server update.
 
-  init_algorithm_state(params, num_clients) -> the server-side extras.
-  eval_params(state) -> the params to evaluate (the averaged iterate for AFL).
-  """
-  name: str
-  client: ClientMethod
-  weighting: Weighting
-  server_update: ServerUpdate
-  init_algorithm_state: Callable[[Params, int], PyTree]
-  eval_params: Callable[[ServerState], Params]
+    init_algorithm_state(params, num_clients) -> the server-side extras.
+    eval_params(state) -> the params to evaluate (the averaged iterate for AFL).
+    """
 
-
-def init_server_state(algorithm: FederatedAlgorithm, params: Params, num_clients: int) -> ServerState:
-  one = algorithm.client.init_client_state(params)
-  client_states = jax.tree_util.tree_map(
-      lambda leaf: jnp.broadcast_to(leaf, (num_clients, *jnp.shape(leaf))), one)
-  return ServerState(params=params, client_states=client_states,
-                     algorithm_state=algorithm.init_algorithm_state(params, num_clients),
-                     weighting_state=algorithm.weighting.init(),
-                     round=jnp.zeros((), jnp.int32))
+    name: str
+    client: ClientMethod
+    weighting: Weighting
+    server_update: ServerUpdate
+    init_algorithm_state: Callable[[Params, int], PyTree]
+    eval_params: Callable[[ServerState], Params]
 
 
-def _build(name: str, client: ClientMethod, weighting: Weighting,
-           server_update: ServerUpdate | None = None) -> FederatedAlgorithm:
-  return FederatedAlgorithm(
-      name=name, client=client, weighting=weighting,
-      server_update=server_update or weighted_average_update(),
-      init_algorithm_state=_no_algorithm_state, eval_params=_global_params)
+def init_server_state(
+    algorithm: FederatedAlgorithm, params: Params, num_clients: int
+) -> ServerState:
+    one = algorithm.client.init_client_state(params)
+    client_states = jax.tree_util.tree_map(
+        lambda leaf: jnp.broadcast_to(leaf, (num_clients, *jnp.shape(leaf))), one
+    )
+    return ServerState(
+        params=params,
+        client_states=client_states,
+        algorithm_state=algorithm.init_algorithm_state(params, num_clients),
+        weighting_state=algorithm.weighting.init(),
+        round=jnp.zeros((), jnp.int32),
+    )
+
+
+def _build(
+    name: str, client: ClientMethod, weighting: Weighting, server_update: ServerUpdate | None = None
+) -> FederatedAlgorithm:
+    return FederatedAlgorithm(
+        name=name,
+        client=client,
+        weighting=weighting,
+        server_update=server_update or weighted_average_update(),
+        init_algorithm_state=_no_algorithm_state,
+        eval_params=_global_params,
+    )
 
 
 def _no_algorithm_state(params, num_clients):
-  return ()
+    return ()
 
 
 def _global_params(state):
-  return state.params
+    return state.params
 
 
 def fedavg() -> FederatedAlgorithm:
-  """FedAvg: local SGD, size-weighted averaging (eq. 4)."""
-  return _build("fedavg", plain_sgd(), fedavg_weighting())
+    """FedAvg: local SGD, size-weighted averaging (eq. 4)."""
+    return _build("fedavg", plain_sgd(), fedavg_weighting())
 
 
 def fedpals(target_label_dist: chex.ArrayLike, lam: float) -> FederatedAlgorithm:
-  """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1)."""
-  return _build("fedpals", plain_sgd(), fedpals_weighting(target_label_dist, lam))
+    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1)."""
+    return _build("fedpals", plain_sgd(), fedpals_weighting(target_label_dist, lam))
 
 
-def with_client_method(algorithm: FederatedAlgorithm, client: ClientMethod,
-                       name: str | None = None) -> FederatedAlgorithm:
-  """The same server side with another client method (e.g. FedProx + FedPALS)."""
-  return algorithm._replace(client=client, name=name or f"{client.name}+{algorithm.name}")
+def with_client_method(
+    algorithm: FederatedAlgorithm, client: ClientMethod, name: str | None = None
+) -> FederatedAlgorithm:
+    """The same server side with another client method (e.g. FedProx + FedPALS)."""
+    return algorithm._replace(client=client, name=name or f"{client.name}+{algorithm.name}")

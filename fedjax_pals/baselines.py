@@ -42,10 +42,23 @@ import numpy as np
 from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _validation
-from fedjax_pals.algorithms import (ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm,
-                                    Params, PyTree, ServerState, ServerUpdate, Weighting,
-                                    fedavg, fedavg_weighting, fedpals, fedpals_weighting,
-                                    plain_sgd, weighted_average_update)
+from fedjax_pals.algorithms import (
+    ClientInfo,
+    ClientMethod,
+    ClientOutputs,
+    FederatedAlgorithm,
+    Params,
+    PyTree,
+    ServerState,
+    ServerUpdate,
+    Weighting,
+    fedavg,
+    fedavg_weighting,
+    fedpals,
+    fedpals_weighting,
+    plain_sgd,
+    weighted_average_update,
+)
 from fedjax_pals.data import FederatedPartition, resample_to_label_dist
 
 ALGORITHMS = ("fedavg", "fedpals", "fedprox", "scaffold", "afl", "fedrs", "fedshift", "oracle")
@@ -58,525 +71,588 @@ WEIGHTINGS = ("fedavg", "fedpals")
 
 
 def _real(name: str, value: Any) -> float:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                     np.floating)):
-    raise ValueError(f"{name} must be a real number, got {value!r}.")
-  value = float(value)
-  if not math.isfinite(value):
-    raise ValueError(f"{name} must be finite, got {value!r}.")
-  return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"{name} must be a real number, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}.")
+    return value
 
 
 def _nonnegative(name: str, value: Any) -> float:
-  value = _real(name, value)
-  if value < 0:
-    raise ValueError(f"{name} must be >= 0, got {value!r}.")
-  return value
+    value = _real(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}.")
+    return value
 
 
 def _positive(name: str, value: Any) -> float:
-  value = _real(name, value)
-  if value <= 0:
-    raise ValueError(f"{name} must be > 0, got {value!r}.")
-  return value
+    value = _real(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}.")
+    return value
 
 
 def _flag(name: str, value: Any) -> bool:
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name} must be a bool, got {value!r}.")
-  return bool(value)
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}.")
+    return bool(value)
 
 
 def _state_entry(state: ServerState, key: str, who: str, builder: str):
-  """algorithm_state[key], with a clear error when the method is mis-assembled."""
-  data = state.algorithm_state
-  if not isinstance(data, dict) or key not in data:
-    raise ValueError(
-        f"{who} reads ServerState.algorithm_state[{key!r}], which this algorithm does not "
-        f"provide; build it with {builder}.")
-  return data[key]
+    """algorithm_state[key], with a clear error when the method is mis-assembled."""
+    data = state.algorithm_state
+    if not isinstance(data, dict) or key not in data:
+        raise ValueError(
+            f"{who} reads ServerState.algorithm_state[{key!r}], which this algorithm does not "
+            f"provide; build it with {builder}."
+        )
+    return data[key]
 
 
 def _tree_sq_norm(tree: PyTree) -> jax.Array:
-  return sum((jnp.sum(jnp.square(leaf)) for leaf in jax.tree_util.tree_leaves(tree)),
-             jnp.zeros((), jnp.float32))
+    return sum(
+        (jnp.sum(jnp.square(leaf)) for leaf in jax.tree_util.tree_leaves(tree)),
+        jnp.zeros((), jnp.float32),
+    )
 
 
 # -- FedProx ------------------------------------------------------------------
 
 
 def fedprox_client(mu: float) -> ClientMethod:
-  """FedProx's local objective (Li et al., 2020, eq. 2).
+    """FedProx's local objective (Li et al., 2020, eq. 2).
 
-      h_i(w; w^t) = F_i(w) + (mu / 2) ||w - w^t||_2^2,
+        h_i(w; w^t) = F_i(w) + (mu / 2) ||w - w^t||_2^2,
 
-  w^t the broadcast global params: local SGD steps are pulled back towards
-  w^t with strength mu. mu = 0 is plain local SGD (FedAvg's client).
-  """
-  return _fedprox_client(_nonnegative("mu", mu))
+    w^t the broadcast global params: local SGD steps are pulled back towards
+    w^t with strength mu. mu = 0 is plain local SGD (FedAvg's client).
+    """
+    return _fedprox_client(_nonnegative("mu", mu))
 
 
 @functools.cache
 def _fedprox_client(mu: float) -> ClientMethod:
-  def regularizer(params, global_params):
-    diff = jax.tree_util.tree_map(jnp.subtract, params, global_params)
-    return 0.5 * mu * _tree_sq_norm(diff)
+    def regularizer(params, global_params):
+        diff = jax.tree_util.tree_map(jnp.subtract, params, global_params)
+        return 0.5 * mu * _tree_sq_norm(diff)
 
-  return plain_sgd()._replace(name=f"fedprox(mu={mu:g})", regularizer=regularizer)
+    return plain_sgd()._replace(name=f"fedprox(mu={mu:g})", regularizer=regularizer)
 
 
 # -- FedRS --------------------------------------------------------------------
 
 
 def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:
-  """FedRS's restricted softmax (Li & Zhan, KDD 2021), during local training only.
+    """FedRS's restricted softmax (Li & Zhan, KDD 2021), during local training only.
 
-  Client i scales the logit of class k by
+    Client i scales the logit of class k by
 
-      hard: a_ik = 1 if p_ik > 0 else alpha          (classes absent on the client)
-      soft: a_ik = alpha + (1 - alpha) p_ik / max_j p_ij,
+        hard: a_ik = 1 if p_ik > 0 else alpha          (classes absent on the client)
+        soft: a_ik = alpha + (1 - alpha) p_ik / max_j p_ij,
 
-  p_i = S_i(Y) its label distribution, alpha in (0, 1]. alpha = 1 is plain
-  local SGD. Evaluation uses the unscaled logits. The reference scales
-  w_k^T h with a bias-free last layer; the models here have a bias, which is
-  scaled with the logit.
-  """
-  alpha = _real("alpha", alpha)
-  if not 0.0 < alpha <= 1.0:
-    raise ValueError(f"FedRS alpha must be in (0, 1], got {alpha!r}.")
-  return _fedrs_client(alpha, _flag("soft", soft))
+    p_i = S_i(Y) its label distribution, alpha in (0, 1]. alpha = 1 is plain
+    local SGD. Evaluation uses the unscaled logits. The reference scales
+    w_k^T h with a bias-free last layer; the models here have a bias, which is
+    scaled with the logit.
+    """
+    alpha = _real("alpha", alpha)
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"FedRS alpha must be in (0, 1], got {alpha!r}.")
+    return _fedrs_client(alpha, _flag("soft", soft))
 
 
 @functools.cache
 def _fedrs_client(alpha: float, soft: bool) -> ClientMethod:
-  def adjust_logits(logits, info: ClientInfo, state: ServerState):
-    p = info.label_dist.astype(logits.dtype)
-    if soft:
-      scale = alpha + (1.0 - alpha) * p / jnp.max(p)
-    else:
-      scale = jnp.where(p > 0, 1.0, alpha).astype(logits.dtype)
-    return logits * scale
+    def adjust_logits(logits, info: ClientInfo, state: ServerState):
+        p = info.label_dist.astype(logits.dtype)
+        if soft:
+            scale = alpha + (1.0 - alpha) * p / jnp.max(p)
+        else:
+            scale = jnp.where(p > 0, 1.0, alpha).astype(logits.dtype)
+        return logits * scale
 
-  name = f"fedrs(alpha={alpha:g}{', soft' if soft else ''})"
-  return plain_sgd()._replace(name=name, adjust_logits=adjust_logits)
+    name = f"fedrs(alpha={alpha:g}{', soft' if soft else ''})"
+    return plain_sgd()._replace(name=name, adjust_logits=adjust_logits)
 
 
 # -- FedShift -----------------------------------------------------------------
 
 
 def smoothed_label_dists(client_label_counts: chex.ArrayLike, smoothing: float = 1.0) -> np.ndarray:
-  """Laplace-smoothed client label distributions P_i(k) = (c_ik + s) / (n_i + K s)."""
-  s = _positive("smoothing", smoothing)
-  counts = np.asarray(client_label_counts, np.float64)
-  if counts.ndim != 2 or counts.size == 0 or np.any(counts < 0) or not np.all(
-      np.isfinite(counts)):
-    raise ValueError("client_label_counts must be a non-empty, non-negative (M, K) matrix, "
-                     f"got shape {counts.shape}.")
-  sizes = counts.sum(axis=1, keepdims=True)
-  if np.any(sizes <= 0):
-    raise ValueError("every client needs examples (a row of client_label_counts sums to 0).")
-  return (counts + s) / (sizes + counts.shape[1] * s)
+    """Laplace-smoothed client label distributions P_i(k) = (c_ik + s) / (n_i + K s)."""
+    s = _positive("smoothing", smoothing)
+    counts = np.asarray(client_label_counts, np.float64)
+    if (
+        counts.ndim != 2
+        or counts.size == 0
+        or np.any(counts < 0)
+        or not np.all(np.isfinite(counts))
+    ):
+        raise ValueError(
+            "client_label_counts must be a non-empty, non-negative (M, K) matrix, "
+            f"got shape {counts.shape}."
+        )
+    sizes = counts.sum(axis=1, keepdims=True)
+    if np.any(sizes <= 0):
+        raise ValueError("every client needs examples (a row of client_label_counts sums to 0).")
+    return (counts + s) / (sizes + counts.shape[1] * s)
 
 
-def fedshift_aggregate_label_dist(client_label_counts: chex.ArrayLike,
-                                  smoothing: float = 1.0) -> np.ndarray:
-  """FedShift's global P(Y) over ALL M clients: P(k) = sum_i n_i P_i(k) / sum_i n_i.
+def fedshift_aggregate_label_dist(
+    client_label_counts: chex.ArrayLike, smoothing: float = 1.0
+) -> np.ndarray:
+    """FedShift's global P(Y) over ALL M clients: P(k) = sum_i n_i P_i(k) / sum_i n_i.
 
-  P_i the Laplace-smoothed client distributions (`smoothed_label_dists`), so
-  P(k) > 0 for every class and, when all clients share one label
-  distribution and size, P = P_i exactly (FedShift reduces to FedAvg). In the
-  paper this is computed once, before training, by secure aggregation.
-  """
-  smoothed = smoothed_label_dists(client_label_counts, smoothing)
-  sizes = np.asarray(client_label_counts, np.float64).sum(axis=1)
-  return sizes @ smoothed / sizes.sum()
+    P_i the Laplace-smoothed client distributions (`smoothed_label_dists`), so
+    P(k) > 0 for every class and, when all clients share one label
+    distribution and size, P = P_i exactly (FedShift reduces to FedAvg). In the
+    paper this is computed once, before training, by secure aggregation.
+    """
+    smoothed = smoothed_label_dists(client_label_counts, smoothing)
+    sizes = np.asarray(client_label_counts, np.float64).sum(axis=1)
+    return sizes @ smoothed / sizes.sum()
 
 
 def fedshift_client(smoothing: float = 1.0) -> ClientMethod:
-  """FedShift's classifier shift (Shen et al., 2021, eq. 7), during local training only.
+    """FedShift's classifier shift (Shen et al., 2021, eq. 7), during local training only.
 
-      f~_k(w; x) = f_k(w; x) + s_ik,   s_ik = ln(P_i(y=k) / P(y=k)),
+        f~_k(w; x) = f_k(w; x) + s_ik,   s_ik = ln(P_i(y=k) / P(y=k)),
 
-  P_i(k) = (c_ik + s) / (n_i + K s) the client's Laplace-smoothed label
-  distribution (c_ik = p_ik n_i from its ClientInfo, s = `smoothing` > 0) and
-  P the aggregate read from `state.algorithm_state["aggregate_label_dist"]`
-  (see `fedshift`). Evaluation uses the unshifted logits.
-  """
-  return _fedshift_client(_positive("smoothing", smoothing))
+    P_i(k) = (c_ik + s) / (n_i + K s) the client's Laplace-smoothed label
+    distribution (c_ik = p_ik n_i from its ClientInfo, s = `smoothing` > 0) and
+    P the aggregate read from `state.algorithm_state["aggregate_label_dist"]`
+    (see `fedshift`). Evaluation uses the unshifted logits.
+    """
+    return _fedshift_client(_positive("smoothing", smoothing))
 
 
 @functools.cache
 def _fedshift_client(smoothing: float) -> ClientMethod:
-  def adjust_logits(logits, info: ClientInfo, state: ServerState):
-    aggregate = _state_entry(state, "aggregate_label_dist", "fedshift_client",
-                             "baselines.fedshift(aggregate_label_dist)")
-    num_classes = logits.shape[-1]
-    n = info.num_examples.astype(logits.dtype)
-    counts = info.label_dist.astype(logits.dtype) * n
-    local = (counts + smoothing) / (n + num_classes * smoothing)
-    return logits + (jnp.log(local) - jnp.log(aggregate.astype(logits.dtype)))
+    def adjust_logits(logits, info: ClientInfo, state: ServerState):
+        aggregate = _state_entry(
+            state,
+            "aggregate_label_dist",
+            "fedshift_client",
+            "baselines.fedshift(aggregate_label_dist)",
+        )
+        num_classes = logits.shape[-1]
+        n = info.num_examples.astype(logits.dtype)
+        counts = info.label_dist.astype(logits.dtype) * n
+        local = (counts + smoothing) / (n + num_classes * smoothing)
+        return logits + (jnp.log(local) - jnp.log(aggregate.astype(logits.dtype)))
 
-  return plain_sgd()._replace(name=f"fedshift(s={smoothing:g})", adjust_logits=adjust_logits)
+    return plain_sgd()._replace(name=f"fedshift(s={smoothing:g})", adjust_logits=adjust_logits)
 
 
 # -- SCAFFOLD -----------------------------------------------------------------
 
 
 def _scaffold_correct_grads(grads, info: ClientInfo, state: ServerState):
-  c = _state_entry(state, "c", "scaffold_client", "baselines.scaffold()")
-  return jax.tree_util.tree_map(lambda g, ci, cg: g - ci + cg, grads, info.state, c)
+    c = _state_entry(state, "c", "scaffold_client", "baselines.scaffold()")
+    return jax.tree_util.tree_map(lambda g, ci, cg: g - ci + cg, grads, info.state, c)
 
 
 def _zeros_like_params(params):
-  return jax.tree_util.tree_map(jnp.zeros_like, params)
+    return jax.tree_util.tree_map(jnp.zeros_like, params)
 
 
-def _scaffold_update_client_state(info: ClientInfo, state: ServerState, local_params,
-                                  num_steps, learning_rate):
-  c = _state_entry(state, "c", "scaffold_client", "baselines.scaffold()")
-  k = num_steps.astype(jnp.float32)
-  scale = 1.0 / (jnp.maximum(k, 1.0) * learning_rate)
+def _scaffold_update_client_state(
+    info: ClientInfo, state: ServerState, local_params, num_steps, learning_rate
+):
+    c = _state_entry(state, "c", "scaffold_client", "baselines.scaffold()")
+    k = num_steps.astype(jnp.float32)
+    scale = 1.0 / (jnp.maximum(k, 1.0) * learning_rate)
 
-  def option_two(ci, cg, x, y):
-    new = ci - cg + (x - y) * scale.astype(x.dtype)
-    return jnp.where(k > 0, new, ci)   # a client that took no step keeps its c_i
+    def option_two(ci, cg, x, y):
+        new = ci - cg + (x - y) * scale.astype(x.dtype)
+        return jnp.where(k > 0, new, ci)  # a client that took no step keeps its c_i
 
-  return jax.tree_util.tree_map(option_two, info.state, c, state.params, local_params)
+    return jax.tree_util.tree_map(option_two, info.state, c, state.params, local_params)
 
 
 @functools.cache
 def scaffold_client() -> ClientMethod:
-  """SCAFFOLD's client (Karimireddy et al., 2020, Algorithm 1, option II).
+    """SCAFFOLD's client (Karimireddy et al., 2020, Algorithm 1, option II).
 
-  Local steps y <- y - eta_l (g_i(y) - c_i + c), then, after the K local steps
-  the client actually took (its own count, not the padded one),
+    Local steps y <- y - eta_l (g_i(y) - c_i + c), then, after the K local steps
+    the client actually took (its own count, not the padded one),
 
-      c_i+ = c_i - c + (x - y_i) / (K eta_l),
+        c_i+ = c_i - c + (x - y_i) / (K eta_l),
 
-  x the broadcast params, c the server control variate
-  (`algorithm_state["c"]`), c_i the client's (its persistent state, zeros at
-  the start). Option II assumes plain SGD (no momentum) locally.
-  """
-  return ClientMethod(
-      name="scaffold",
-      adjust_logits=plain_sgd().adjust_logits,
-      regularizer=plain_sgd().regularizer,
-      correct_grads=_scaffold_correct_grads,
-      init_client_state=_zeros_like_params,
-      update_client_state=_scaffold_update_client_state,
-  )
+    x the broadcast params, c the server control variate
+    (`algorithm_state["c"]`), c_i the client's (its persistent state, zeros at
+    the start). Option II assumes plain SGD (no momentum) locally.
+    """
+    return ClientMethod(
+        name="scaffold",
+        adjust_logits=plain_sgd().adjust_logits,
+        regularizer=plain_sgd().regularizer,
+        correct_grads=_scaffold_correct_grads,
+        init_client_state=_zeros_like_params,
+        update_client_state=_scaffold_update_client_state,
+    )
 
 
 def _uniform_weights(label_dists, sizes, state):
-  m = sizes.shape[0]
-  return jnp.full((m,), 1.0 / m, jnp.float32)
+    m = sizes.shape[0]
+    return jnp.full((m,), 1.0 / m, jnp.float32)
 
 
 @functools.cache
 def uniform_weighting() -> Weighting:
-  """alpha_i = 1 / |S| over the round's participants (SCAFFOLD's server average)."""
-  return Weighting("uniform", fedavg_weighting().init, _uniform_weights)
+    """alpha_i = 1 / |S| over the round's participants (SCAFFOLD's server average)."""
+    return Weighting("uniform", fedavg_weighting().init, _uniform_weights)
 
 
 def scaffold_server_update(server_learning_rate: float = 1.0) -> ServerUpdate:
-  """SCAFFOLD's server step (Algorithm 1, lines 16-17), S the participants:
+    """SCAFFOLD's server step (Algorithm 1, lines 16-17), S the participants:
 
-      x <- x + eta_g * sum_{i in S} alpha_i (y_i - x)       (alpha = 1/|S| in `scaffold`)
-      c <- c + (|S| / N) * mean_{i in S} (c_i+ - c_i)     N = all clients
+        x <- x + eta_g * sum_{i in S} alpha_i (y_i - x)       (alpha = 1/|S| in `scaffold`)
+        c <- c + (|S| / N) * mean_{i in S} (c_i+ - c_i)     N = all clients
 
-  and c_i <- c_i+ for the participants only; the others keep their c_i.
-  """
-  return _scaffold_server_update(_positive("server_lr", server_learning_rate))
+    and c_i <- c_i+ for the participants only; the others keep their c_i.
+    """
+    return _scaffold_server_update(_positive("server_lr", server_learning_rate))
 
 
 @functools.cache
 def _scaffold_server_update(server_learning_rate: float) -> ServerUpdate:
-  average = weighted_average_update(server_learning_rate)
+    average = weighted_average_update(server_learning_rate)
 
-  def update(state: ServerState, participants, outputs: ClientOutputs, weights):
-    new_state = average(state, participants, outputs, weights)   # x and the c_i
-    num_clients = jax.tree_util.tree_leaves(state.client_states)[0].shape[0]
-    c = _state_entry(state, "c", "scaffold_server_update", "baselines.scaffold()")
-    c = jax.tree_util.tree_map(
-        lambda cg, new, old: cg + jnp.sum(new - old[participants], axis=0) / num_clients,
-        c, outputs.client_states, state.client_states)
-    return new_state._replace(algorithm_state={**state.algorithm_state, "c": c})
+    def update(state: ServerState, participants, outputs: ClientOutputs, weights):
+        new_state = average(state, participants, outputs, weights)  # x and the c_i
+        num_clients = jax.tree_util.tree_leaves(state.client_states)[0].shape[0]
+        c = _state_entry(state, "c", "scaffold_server_update", "baselines.scaffold()")
+        c = jax.tree_util.tree_map(
+            lambda cg, new, old: cg + jnp.sum(new - old[participants], axis=0) / num_clients,
+            c,
+            outputs.client_states,
+            state.client_states,
+        )
+        return new_state._replace(algorithm_state={**state.algorithm_state, "c": c})
 
-  return update
+    return update
 
 
 def _scaffold_init(params, num_clients):
-  return {"c": _zeros_like_params(params)}
+    return {"c": _zeros_like_params(params)}
 
 
 def scaffold(server_lr: float = 1.0) -> FederatedAlgorithm:
-  """SCAFFOLD (Karimireddy et al., ICML 2020), option II, uniform server average.
+    """SCAFFOLD (Karimireddy et al., ICML 2020), option II, uniform server average.
 
-  Control variates start at zero (c = c_i = 0), so the first round equals
-  FedAvg with uniform weights.
-  """
-  return FederatedAlgorithm(
-      name="scaffold", client=scaffold_client(), weighting=uniform_weighting(),
-      server_update=scaffold_server_update(server_lr),
-      init_algorithm_state=_scaffold_init, eval_params=_global_params)
+    Control variates start at zero (c = c_i = 0), so the first round equals
+    FedAvg with uniform weights.
+    """
+    return FederatedAlgorithm(
+        name="scaffold",
+        client=scaffold_client(),
+        weighting=uniform_weighting(),
+        server_update=scaffold_server_update(server_lr),
+        init_algorithm_state=_scaffold_init,
+        eval_params=_global_params,
+    )
 
 
 # -- AFL ----------------------------------------------------------------------
 
 
 def _afl_weights(label_dists, sizes, state, participants):
-  lam = _state_entry(state, "lam", "afl weighting", "baselines.afl(step_size)")[participants]
-  total = jnp.sum(lam)
-  m = lam.shape[0]
-  return jnp.where(total > 0, lam / jnp.where(total > 0, total, 1.0), 1.0 / m)
+    lam = _state_entry(state, "lam", "afl weighting", "baselines.afl(step_size)")[participants]
+    total = jnp.sum(lam)
+    m = lam.shape[0]
+    return jnp.where(total > 0, lam / jnp.where(total > 0, total, 1.0), 1.0 / m)
 
 
 @functools.cache
 def afl_weighting() -> Weighting:
-  """lam restricted to the participants and renormalised: alpha_i = lam_i / sum_{j in S} lam_j.
+    """lam restricted to the participants and renormalised: alpha_i = lam_i / sum_{j in S} lam_j.
 
-  With full participation alpha = lam. If the participants' mass is 0 the
-  round falls back to uniform weights.
-  """
-  return Weighting("afl", fedavg_weighting().init, _afl_weights, uses_participants=True)
+    With full participation alpha = lam. If the participants' mass is 0 the
+    round falls back to uniform weights.
+    """
+    return Weighting("afl", fedavg_weighting().init, _afl_weights, uses_participants=True)
 
 
 def afl_server_update(step_size: float) -> ServerUpdate:
-  """AFL's server step (Mohri et al., 2019, Stochastic-AFL; REFERENCE.md section 4).
+    """AFL's server step (Mohri et al., 2019, Stochastic-AFL; REFERENCE.md section 4).
 
-  Model:  w_t = w_{t-1} + sum_{i in S} alpha_i (w_i - w_{t-1}), alpha from `afl_weighting`.
-  Mixture weights (projected gradient ascent on sum_k lam_k L_k):
+    Model:  w_t = w_{t-1} + sum_{i in S} alpha_i (w_i - w_{t-1}), alpha from `afl_weighting`.
+    Mixture weights (projected gradient ascent on sum_k lam_k L_k):
 
-      lam_S <- Proj_{ {v >= 0, sum v = m_S} } (lam_S + gamma L_S),   m_S = sum_{i in S} lam_i,
+        lam_S <- Proj_{ {v >= 0, sum v = m_S} } (lam_S + gamma L_S),   m_S = sum_{i in S} lam_i,
 
-  and lam_i unchanged for i not in S. L_i is the client's `initial_loss`, the
-  loss of its first local minibatch at the broadcast w_{t-1}: an unbiased
-  estimate of L_i(w_{t-1}), the stochastic gradient in lam of Stochastic-AFL
-  (exactly L_i(w_{t-1}) with full-batch steps). Under full participation this is the
-  paper's lam <- Proj_simplex(lam + gamma L). Under partial participation
-  only the participants' losses are known, so only their block moves, and
-  it keeps its total mass: lam stays on the simplex and absent clients'
-  weights are exactly unchanged (rather than shrinking, as projecting the
-  full vector with a zero gradient for them would do).
+    and lam_i unchanged for i not in S. L_i is the client's `initial_loss`, the
+    loss of its first local minibatch at the broadcast w_{t-1}: an unbiased
+    estimate of L_i(w_{t-1}), the stochastic gradient in lam of Stochastic-AFL
+    (exactly L_i(w_{t-1}) with full-batch steps). Under full participation this is the
+    paper's lam <- Proj_simplex(lam + gamma L). Under partial participation
+    only the participants' losses are known, so only their block moves, and
+    it keeps its total mass: lam stays on the simplex and absent clients'
+    weights are exactly unchanged (rather than shrinking, as projecting the
+    full vector with a zero gradient for them would do).
 
-  Averaged iterate: avg_t = avg_{t-1} + (w_t - avg_{t-1}) / t, so
-  avg_T = (1/T) sum_{t=1}^T w_t, the model the paper reports (`eval_params`).
-  """
-  return _afl_server_update(_nonnegative("step_size", step_size))
+    Averaged iterate: avg_t = avg_{t-1} + (w_t - avg_{t-1}) / t, so
+    avg_T = (1/T) sum_{t=1}^T w_t, the model the paper reports (`eval_params`).
+    """
+    return _afl_server_update(_nonnegative("step_size", step_size))
 
 
 @functools.cache
 def _afl_server_update(step_size: float) -> ServerUpdate:
-  average = weighted_average_update(1.0)
+    average = weighted_average_update(1.0)
 
-  def update(state: ServerState, participants, outputs: ClientOutputs, weights):
-    new_state = average(state, participants, outputs, weights)
-    lam = _state_entry(state, "lam", "afl_server_update", "baselines.afl(step_size)")
-    avg = _state_entry(state, "avg_params", "afl_server_update", "baselines.afl(step_size)")
-    block = lam[participants]
-    mass = jnp.sum(block)
-    safe_mass = jnp.where(mass > 0, mass, 1.0)
-    moved = projection_simplex(block + step_size * outputs.initial_loss.astype(lam.dtype),
-                               safe_mass)
-    lam = lam.at[participants].set(jnp.where(mass > 0, moved, block))
-    t = new_state.round.astype(jnp.float32)   # rounds completed, >= 1
-    avg = jax.tree_util.tree_map(lambda a, w: a + (w - a) / t.astype(a.dtype), avg,
-                                 new_state.params)
-    return new_state._replace(algorithm_state={**state.algorithm_state, "lam": lam,
-                                               "avg_params": avg})
+    def update(state: ServerState, participants, outputs: ClientOutputs, weights):
+        new_state = average(state, participants, outputs, weights)
+        lam = _state_entry(state, "lam", "afl_server_update", "baselines.afl(step_size)")
+        avg = _state_entry(state, "avg_params", "afl_server_update", "baselines.afl(step_size)")
+        block = lam[participants]
+        mass = jnp.sum(block)
+        safe_mass = jnp.where(mass > 0, mass, 1.0)
+        moved = projection_simplex(
+            block + step_size * outputs.initial_loss.astype(lam.dtype), safe_mass
+        )
+        lam = lam.at[participants].set(jnp.where(mass > 0, moved, block))
+        t = new_state.round.astype(jnp.float32)  # rounds completed, >= 1
+        avg = jax.tree_util.tree_map(
+            lambda a, w: a + (w - a) / t.astype(a.dtype), avg, new_state.params
+        )
+        return new_state._replace(
+            algorithm_state={**state.algorithm_state, "lam": lam, "avg_params": avg}
+        )
 
-  return update
+    return update
 
 
 def _afl_init(params, num_clients):
-  return {"lam": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32),
-          "avg_params": params}
+    return {"lam": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32), "avg_params": params}
 
 
 def _afl_eval_params(state: ServerState) -> Params:
-  return state.algorithm_state["avg_params"]
+    return state.algorithm_state["avg_params"]
 
 
 def afl(step_size: float) -> FederatedAlgorithm:
-  """Agnostic Federated Learning (Mohri, Sivek & Suresh, ICML 2019).
+    """Agnostic Federated Learning (Mohri, Sivek & Suresh, ICML 2019).
 
-      min_w max_{lam in simplex} sum_k lam_k L_k(w)    over all M clients,
+        min_w max_{lam in simplex} sum_k lam_k L_k(w)    over all M clients,
 
-  lam_0 uniform; clients run plain local SGD, the server mixes their
-  updates with lam (`afl_weighting`) and takes a projected ascent step on
-  lam (`afl_server_update`, gamma = `step_size`). `eval_params` returns the
-  running average of the iterates, as the paper reports.
-  """
-  return FederatedAlgorithm(
-      name="afl", client=plain_sgd(), weighting=afl_weighting(),
-      server_update=afl_server_update(step_size), init_algorithm_state=_afl_init,
-      eval_params=_afl_eval_params)
+    lam_0 uniform; clients run plain local SGD, the server mixes their
+    updates with lam (`afl_weighting`) and takes a projected ascent step on
+    lam (`afl_server_update`, gamma = `step_size`). `eval_params` returns the
+    running average of the iterates, as the paper reports.
+    """
+    return FederatedAlgorithm(
+        name="afl",
+        client=plain_sgd(),
+        weighting=afl_weighting(),
+        server_update=afl_server_update(step_size),
+        init_algorithm_state=_afl_init,
+        eval_params=_afl_eval_params,
+    )
 
 
 # -- composition --------------------------------------------------------------
 
 
 def _no_algorithm_state(params, num_clients):
-  return ()
+    return ()
 
 
 def _global_params(state: ServerState) -> Params:
-  return state.params
+    return state.params
 
 
-def combine(client_method: ClientMethod, weighting: Weighting | None = None,
-            name: str | None = None, *, algorithm_state: PyTree = ()) -> FederatedAlgorithm:
-  """A client method with FedAvg (weighting None) or any weighting, e.g. FedPALS.
+def combine(
+    client_method: ClientMethod,
+    weighting: Weighting | None = None,
+    name: str | None = None,
+    *,
+    algorithm_state: PyTree = (),
+) -> FederatedAlgorithm:
+    """A client method with FedAvg (weighting None) or any weighting, e.g. FedPALS.
 
-  The server update is the weighted average theta <- sum_i alpha_i theta_i.
-  `algorithm_state` is per-run data the client method reads from the state
-  (FedShift's P); it is placed in `ServerState.algorithm_state` at init.
-  """
-  weighting = weighting if weighting is not None else fedavg_weighting()
-  if isinstance(algorithm_state, tuple) and not algorithm_state:
-    init = _no_algorithm_state
-  else:
-    def init(params, num_clients, data=algorithm_state):
-      return data
-  return FederatedAlgorithm(
-      name=name or f"{client_method.name}+{weighting.name}", client=client_method,
-      weighting=weighting, server_update=weighted_average_update(),
-      init_algorithm_state=init, eval_params=_global_params)
+    The server update is the weighted average theta <- sum_i alpha_i theta_i.
+    `algorithm_state` is per-run data the client method reads from the state
+    (FedShift's P); it is placed in `ServerState.algorithm_state` at init.
+    """
+    weighting = weighting if weighting is not None else fedavg_weighting()
+    if isinstance(algorithm_state, tuple) and not algorithm_state:
+        init = _no_algorithm_state
+    else:
+
+        def init(params, num_clients, data=algorithm_state):
+            return data
+
+    return FederatedAlgorithm(
+        name=name or f"{client_method.name}+{weighting.name}",
+        client=client_method,
+        weighting=weighting,
+        server_update=weighted_average_update(),
+        init_algorithm_state=init,
+        eval_params=_global_params,
+    )
 
 
 def _suffix(name: str, weighting: Weighting | None) -> str:
-  return name if weighting is None or weighting.name == "fedavg" else f"{name}+{weighting.name}"
+    return name if weighting is None or weighting.name == "fedavg" else f"{name}+{weighting.name}"
 
 
 def fedprox(mu: float, weighting: Weighting | None = None) -> FederatedAlgorithm:
-  """FedProx (Li et al., MLSys 2020) with FedAvg weights, or `weighting` (FedProx+FedPALS)."""
-  return combine(fedprox_client(mu), weighting, _suffix("fedprox", weighting))
+    """FedProx (Li et al., MLSys 2020) with FedAvg weights, or `weighting` (FedProx+FedPALS)."""
+    return combine(fedprox_client(mu), weighting, _suffix("fedprox", weighting))
 
 
-def fedrs(alpha: float, soft: bool = False, weighting: Weighting | None = None
-          ) -> FederatedAlgorithm:
-  """FedRS (Li & Zhan, KDD 2021) with FedAvg weights, or `weighting`."""
-  return combine(fedrs_client(alpha, soft), weighting, _suffix("fedrs", weighting))
+def fedrs(
+    alpha: float, soft: bool = False, weighting: Weighting | None = None
+) -> FederatedAlgorithm:
+    """FedRS (Li & Zhan, KDD 2021) with FedAvg weights, or `weighting`."""
+    return combine(fedrs_client(alpha, soft), weighting, _suffix("fedrs", weighting))
 
 
-def fedshift(aggregate_label_dist: chex.ArrayLike, smoothing: float = 1.0,
-             weighting: Weighting | None = None) -> FederatedAlgorithm:
-  """FedShift (Shen et al., 2021) with FedAvg weights, or `weighting`.
+def fedshift(
+    aggregate_label_dist: chex.ArrayLike, smoothing: float = 1.0, weighting: Weighting | None = None
+) -> FederatedAlgorithm:
+    """FedShift (Shen et al., 2021) with FedAvg weights, or `weighting`.
 
-  `aggregate_label_dist` is the global P(Y) over all clients, strictly
-  positive: compute it with `fedshift_aggregate_label_dist(
-  partition.client_label_counts, smoothing)`. It is per-run data, so it goes
-  into `ServerState.algorithm_state["aggregate_label_dist"]`, and runs on
-  different partitions share one compiled round.
-  """
-  dist = _validation.check_distribution("aggregate_label_dist", aggregate_label_dist)
-  if np.any(dist <= 0):
-    raise ValueError(
-        "aggregate_label_dist must be strictly positive (ln P(k) is taken); smooth the counts "
-        f"with fedshift_aggregate_label_dist, got {dist.tolist()}.")
-  return combine(fedshift_client(smoothing), weighting, _suffix("fedshift", weighting),
-                 algorithm_state={"aggregate_label_dist": jnp.asarray(dist, jnp.float32)})
+    `aggregate_label_dist` is the global P(Y) over all clients, strictly
+    positive: compute it with `fedshift_aggregate_label_dist(
+    partition.client_label_counts, smoothing)`. It is per-run data, so it goes
+    into `ServerState.algorithm_state["aggregate_label_dist"]`, and runs on
+    different partitions share one compiled round.
+    """
+    dist = _validation.check_distribution("aggregate_label_dist", aggregate_label_dist)
+    if np.any(dist <= 0):
+        raise ValueError(
+            "aggregate_label_dist must be strictly positive (ln P(k) is taken); smooth the counts "
+            f"with fedshift_aggregate_label_dist, got {dist.tolist()}."
+        )
+    return combine(
+        fedshift_client(smoothing),
+        weighting,
+        _suffix("fedshift", weighting),
+        algorithm_state={"aggregate_label_dist": jnp.asarray(dist, jnp.float32)},
+    )
 
 
 # -- Oracle -------------------------------------------------------------------
 
 
-def oracle_partition(partition: FederatedPartition, train_labels: np.ndarray,
-                     seed: int) -> FederatedPartition:
-  """The Oracle's clients (FedPALS App. B.5): each client i keeps n_i examples,
-  redrawn with the target's label distribution T(Y) (largest-remainder
-  counts). Train `oracle()` (FedAvg) on this partition."""
-  return resample_to_label_dist(partition, train_labels, partition.target_label_dist,
-                                seed=seed)
+def oracle_partition(
+    partition: FederatedPartition, train_labels: np.ndarray, seed: int
+) -> FederatedPartition:
+    """The Oracle's clients (FedPALS App. B.5): each client i keeps n_i examples,
+    redrawn with the target's label distribution T(Y) (largest-remainder
+    counts). Train `oracle()` (FedAvg) on this partition."""
+    return resample_to_label_dist(partition, train_labels, partition.target_label_dist, seed=seed)
 
 
 def oracle() -> FederatedAlgorithm:
-  """The Oracle's algorithm: FedAvg (to be run on `oracle_partition`)."""
-  return fedavg()._replace(name="oracle")
+    """The Oracle's algorithm: FedAvg (to be run on `oracle_partition`)."""
+    return fedavg()._replace(name="oracle")
 
 
 # -- registry -----------------------------------------------------------------
 
 
 def _need_partition(partition, why: str) -> FederatedPartition:
-  if partition is None:
-    raise ValueError(f"{why} needs the partition (partition=...).")
-  if not isinstance(partition, FederatedPartition):
-    raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
-  return partition
+    if partition is None:
+        raise ValueError(f"{why} needs the partition (partition=...).")
+    if not isinstance(partition, FederatedPartition):
+        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
+    return partition
 
 
 def _fedpals_weighting_for(partition, lam, why: str) -> Weighting:
-  partition = _need_partition(partition, why)
-  if lam is None:
-    raise ValueError(f"{why} needs the FedPALS trade-off lam (lam=...).")
-  return fedpals_weighting(partition.target_label_dist, _nonnegative("lam", lam))
-
-
-def make_algorithm(name: str, *, partition: FederatedPartition | None = None,
-                   lam: float | None = None, prox_mu: float | None = None,
-                   server_lr: float = 1.0, afl_step: float | None = None,
-                   fedrs_alpha: float = 0.5, fedrs_soft: bool = False,
-                   weights: str | None = None, fedshift_smoothing: float = 1.0
-                   ) -> FederatedAlgorithm:
-  """The algorithm called `name` (one of ALGORITHMS), for the launcher.
-
-  Args:
-    name: fedavg, fedpals, fedprox, scaffold, afl, fedrs, fedshift or oracle.
-    partition: the training partition; needed by fedpals (its target), by
-      fedshift (its label counts) and by weights="fedpals".
-    lam: FedPALS' lam (fedpals, or weights="fedpals").
-    prox_mu: FedProx' mu (required for fedprox).
-    server_lr: SCAFFOLD's global step eta_g (only scaffold; must be 1 otherwise).
-    afl_step: AFL's step gamma on lam (required for afl).
-    fedrs_alpha, fedrs_soft: FedRS' scaling of absent classes and its soft variant.
-    weights: the weighting of the client-side methods (fedprox, fedrs,
-      fedshift): None or "fedavg" (FedAvg) or "fedpals". fedavg, oracle,
-      scaffold and afl have their own weights: None or "fedavg" (a launcher
-      default) leaves them so, "fedpals" raises (use name="fedpals").
-    fedshift_smoothing: Laplace pseudo-count of FedShift's label counts.
-
-  The Oracle's algorithm is FedAvg: the launcher must also train it on
-  `oracle_partition(partition, train_labels, seed)`.
-
-  Raises:
-    ValueError: an unknown name or weighting, or a missing or invalid argument.
-  """
-  if name not in ALGORITHMS:
-    raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}.")
-  if weights is not None and weights not in WEIGHTINGS:
-    raise ValueError(f"unknown weights {weights!r}; choose one of {WEIGHTINGS}.")
-  if _positive("server_lr", server_lr) != 1.0 and name != "scaffold":
-    raise ValueError(f"server_lr applies to scaffold only; {name} needs server_lr=1.0, "
-                     f"got {server_lr!r}.")
-  if name == "fedpals" and weights == "fedavg":
-    raise ValueError("fedpals uses FedPALS weights; weights='fedavg' is FedAvg (name='fedavg').")
-  if weights == "fedpals" and name in ("fedavg", "scaffold", "afl", "oracle"):
-    raise ValueError(f"{name} has its own server weights; weights='fedpals' applies only to "
-                     f"{CLIENT_SIDE_METHODS} (or use name='fedpals').")
-
-  if name in ("fedavg", "oracle"):
-    return fedavg() if name == "fedavg" else oracle()
-  if name == "fedpals":
-    partition = _need_partition(partition, "fedpals")
+    partition = _need_partition(partition, why)
     if lam is None:
-      raise ValueError("fedpals needs the FedPALS trade-off lam (lam=...).")
-    return fedpals(partition.target_label_dist, _nonnegative("lam", lam))
-  if name == "scaffold":
-    return scaffold(server_lr)
-  if name == "afl":
-    if afl_step is None:
-      raise ValueError("afl needs the step size of its mixture weights (afl_step=...).")
-    return afl(afl_step)
+        raise ValueError(f"{why} needs the FedPALS trade-off lam (lam=...).")
+    return fedpals_weighting(partition.target_label_dist, _nonnegative("lam", lam))
 
-  weighting = (_fedpals_weighting_for(partition, lam, f"{name} with weights='fedpals'")
-               if weights == "fedpals" else None)
-  if name == "fedprox":
-    if prox_mu is None:
-      raise ValueError("fedprox needs its proximal strength (prox_mu=...).")
-    return fedprox(prox_mu, weighting)
-  if name == "fedrs":
-    return fedrs(fedrs_alpha, fedrs_soft, weighting)
-  partition = _need_partition(partition, "fedshift")
-  aggregate = fedshift_aggregate_label_dist(partition.client_label_counts, fedshift_smoothing)
-  return fedshift(aggregate, fedshift_smoothing, weighting)
+
+def make_algorithm(
+    name: str,
+    *,
+    partition: FederatedPartition | None = None,
+    lam: float | None = None,
+    prox_mu: float | None = None,
+    server_lr: float = 1.0,
+    afl_step: float | None = None,
+    fedrs_alpha: float = 0.5,
+    fedrs_soft: bool = False,
+    weights: str | None = None,
+    fedshift_smoothing: float = 1.0,
+) -> FederatedAlgorithm:
+    """The algorithm called `name` (one of ALGORITHMS), for the launcher.
+
+    Args:
+      name: fedavg, fedpals, fedprox, scaffold, afl, fedrs, fedshift or oracle.
+      partition: the training partition; needed by fedpals (its target), by
+        fedshift (its label counts) and by weights="fedpals".
+      lam: FedPALS' lam (fedpals, or weights="fedpals").
+      prox_mu: FedProx' mu (required for fedprox).
+      server_lr: SCAFFOLD's global step eta_g (only scaffold; must be 1 otherwise).
+      afl_step: AFL's step gamma on lam (required for afl).
+      fedrs_alpha, fedrs_soft: FedRS' scaling of absent classes and its soft variant.
+      weights: the weighting of the client-side methods (fedprox, fedrs,
+        fedshift): None or "fedavg" (FedAvg) or "fedpals". fedavg, oracle,
+        scaffold and afl have their own weights: None or "fedavg" (a launcher
+        default) leaves them so, "fedpals" raises (use name="fedpals").
+      fedshift_smoothing: Laplace pseudo-count of FedShift's label counts.
+
+    The Oracle's algorithm is FedAvg: the launcher must also train it on
+    `oracle_partition(partition, train_labels, seed)`.
+
+    Raises:
+      ValueError: an unknown name or weighting, or a missing or invalid argument.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}.")
+    if weights is not None and weights not in WEIGHTINGS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {WEIGHTINGS}.")
+    if _positive("server_lr", server_lr) != 1.0 and name != "scaffold":
+        raise ValueError(
+            f"server_lr applies to scaffold only; {name} needs server_lr=1.0, "
+            f"got {server_lr!r}."
+        )
+    if name == "fedpals" and weights == "fedavg":
+        raise ValueError(
+            "fedpals uses FedPALS weights; weights='fedavg' is FedAvg (name='fedavg')."
+        )
+    if weights == "fedpals" and name in ("fedavg", "scaffold", "afl", "oracle"):
+        raise ValueError(
+            f"{name} has its own server weights; weights='fedpals' applies only to "
+            f"{CLIENT_SIDE_METHODS} (or use name='fedpals')."
+        )
+
+    if name in ("fedavg", "oracle"):
+        return fedavg() if name == "fedavg" else oracle()
+    if name == "fedpals":
+        partition = _need_partition(partition, "fedpals")
+        if lam is None:
+            raise ValueError("fedpals needs the FedPALS trade-off lam (lam=...).")
+        return fedpals(partition.target_label_dist, _nonnegative("lam", lam))
+    if name == "scaffold":
+        return scaffold(server_lr)
+    if name == "afl":
+        if afl_step is None:
+            raise ValueError("afl needs the step size of its mixture weights (afl_step=...).")
+        return afl(afl_step)
+
+    weighting = (
+        _fedpals_weighting_for(partition, lam, f"{name} with weights='fedpals'")
+        if weights == "fedpals"
+        else None
+    )
+    if name == "fedprox":
+        if prox_mu is None:
+            raise ValueError("fedprox needs its proximal strength (prox_mu=...).")
+        return fedprox(prox_mu, weighting)
+    if name == "fedrs":
+        return fedrs(fedrs_alpha, fedrs_soft, weighting)
+    partition = _need_partition(partition, "fedshift")
+    aggregate = fedshift_aggregate_label_dist(partition.client_label_counts, fedshift_smoothing)
+    return fedshift(aggregate, fedshift_smoothing, weighting)

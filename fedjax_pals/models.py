@@ -19,82 +19,93 @@ Params = chex.ArrayTree
 
 
 class Model(NamedTuple):
-  """A classifier: `init(key) -> params`, `apply(params, x) -> logits (B, K)`."""
-  name: str
-  init: Callable[[chex.PRNGKey], Params]
-  apply: Callable[[Params, jax.Array], jax.Array]
-  num_classes: int
-  is_convolutional: bool
+    """A classifier: `init(key) -> params`, `apply(params, x) -> logits (B, K)`."""
+
+    name: str
+    init: Callable[[chex.PRNGKey], Params]
+    apply: Callable[[Params, jax.Array], jax.Array]
+    num_classes: int
+    is_convolutional: bool
 
 
 class _LogisticRegression(nn.Module):
-  num_classes: int
+    num_classes: int
 
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(x.reshape((x.shape[0], -1)))
 
 
 class _LeNet(nn.Module):
-  """LeNet-style CNN of the authors' precursor code (REFERENCE.md section 4):
-  conv5x5-6, maxpool 2, conv5x5-16, maxpool 2, dense 120, dense 84, dense K; ReLU."""
-  num_classes: int
+    """LeNet-style CNN of the authors' precursor code (REFERENCE.md section 4):
+    conv5x5-6, maxpool 2, conv5x5-16, maxpool 2, dense 120, dense 84, dense K; ReLU."""
 
-  @nn.compact
-  def __call__(self, x):
-    x = nn.relu(nn.Conv(6, (5, 5), padding="VALID")(x))
-    x = nn.max_pool(x, (2, 2), strides=(2, 2))
-    x = nn.relu(nn.Conv(16, (5, 5), padding="VALID")(x))
-    x = nn.max_pool(x, (2, 2), strides=(2, 2))
-    x = x.reshape((x.shape[0], -1))
-    x = nn.relu(nn.Dense(120)(x))
-    x = nn.relu(nn.Dense(84)(x))
-    return nn.Dense(self.num_classes)(x)
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(6, (5, 5), padding="VALID")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.relu(nn.Conv(16, (5, 5), padding="VALID")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(120)(x))
+        x = nn.relu(nn.Dense(84)(x))
+        return nn.Dense(self.num_classes)(x)
 
 
-def _from_flax(name: str, module: nn.Module, input_shape: Sequence[int], num_classes: int,
-               is_convolutional: bool) -> Model:
-  dummy = jnp.zeros((1, *input_shape), jnp.float32)
+def _from_flax(
+    name: str,
+    module: nn.Module,
+    input_shape: Sequence[int],
+    num_classes: int,
+    is_convolutional: bool,
+) -> Model:
+    dummy = jnp.zeros((1, *input_shape), jnp.float32)
 
-  def init(key):
-    return module.init(key, dummy)["params"]
+    def init(key):
+        return module.init(key, dummy)["params"]
 
-  def apply(params, x):
-    return module.apply({"params": params}, x)
+    def apply(params, x):
+        return module.apply({"params": params}, x)
 
-  return Model(name, init, apply, num_classes, is_convolutional)
+    return Model(name, init, apply, num_classes, is_convolutional)
 
 
 # The builders are cached so that equal arguments give the same Model object:
 # the round engine's compilation cache is keyed on it.
 def logistic_regression(input_shape: Sequence[int], num_classes: int) -> Model:
-  """Multinomial logistic regression (the synthetic task, App. C.4)."""
-  return _logistic_regression(tuple(int(d) for d in input_shape), int(num_classes))
+    """Multinomial logistic regression (the synthetic task, App. C.4)."""
+    return _logistic_regression(tuple(int(d) for d in input_shape), int(num_classes))
 
 
 def lenet(input_shape: Sequence[int], num_classes: int) -> Model:
-  """The small two-layer CNN used for Fashion-MNIST and CIFAR-10 (Sec. 5)."""
-  if len(input_shape) != 3:
-    raise ValueError(f"lenet needs (H, W, C) inputs, got input_shape {tuple(input_shape)}.")
-  return _lenet(tuple(int(d) for d in input_shape), int(num_classes))
+    """The small two-layer CNN used for Fashion-MNIST and CIFAR-10 (Sec. 5)."""
+    if len(input_shape) != 3:
+        raise ValueError(f"lenet needs (H, W, C) inputs, got input_shape {tuple(input_shape)}.")
+    return _lenet(tuple(int(d) for d in input_shape), int(num_classes))
 
 
 @functools.cache
 def _logistic_regression(input_shape, num_classes):
-  return _from_flax("logistic_regression", _LogisticRegression(num_classes), input_shape,
-                    num_classes, is_convolutional=False)
+    return _from_flax(
+        "logistic_regression",
+        _LogisticRegression(num_classes),
+        input_shape,
+        num_classes,
+        is_convolutional=False,
+    )
 
 
 @functools.cache
 def _lenet(input_shape, num_classes):
-  return _from_flax("lenet", _LeNet(num_classes), input_shape, num_classes,
-                    is_convolutional=True)
+    return _from_flax("lenet", _LeNet(num_classes), input_shape, num_classes, is_convolutional=True)
 
 
 MODELS = {"logistic_regression": logistic_regression, "lenet": lenet}
 
 
 def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model:
-  if name not in MODELS:
-    raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")
-  return MODELS[name](input_shape, num_classes)
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")
+    return MODELS[name](input_shape, num_classes)

@@ -11,57 +11,62 @@ LR = 0.1
 
 
 def _random_task(seed, sizes, input_shape, num_classes=3, extra_padding=0):
-  """Random data, clients of the given sizes as index rows (padded with 0)."""
-  rng = np.random.default_rng(seed)
-  total = int(np.sum(sizes))
-  x = rng.normal(size=(total, *input_shape)).astype(np.float32)
-  y = rng.integers(0, num_classes, size=total).astype(np.int32)
-  width = max(sizes) + extra_padding
-  rows = np.zeros((len(sizes), width), np.int32)
-  perm = rng.permutation(total)
-  start = 0
-  for i, n in enumerate(sizes):
-    rows[i, :n] = perm[start:start + n]
-    start += n
-  counts = np.stack([np.bincount(y[rows[i, :n]], minlength=num_classes)
-                     for i, n in enumerate(sizes)])
-  dists = counts / counts.sum(1, keepdims=True)
-  return x, y, rows, np.asarray(sizes), dists
+    """Random data, clients of the given sizes as index rows (padded with 0)."""
+    rng = np.random.default_rng(seed)
+    total = int(np.sum(sizes))
+    x = rng.normal(size=(total, *input_shape)).astype(np.float32)
+    y = rng.integers(0, num_classes, size=total).astype(np.int32)
+    width = max(sizes) + extra_padding
+    rows = np.zeros((len(sizes), width), np.int32)
+    perm = rng.permutation(total)
+    start = 0
+    for i, n in enumerate(sizes):
+        rows[i, :n] = perm[start : start + n]
+        start += n
+    counts = np.stack(
+        [np.bincount(y[rows[i, :n]], minlength=num_classes) for i, n in enumerate(sizes)]
+    )
+    dists = counts / counts.sum(1, keepdims=True)
+    return x, y, rows, np.asarray(sizes), dists
 
 
 def _reference_round(model, params, x, y, rows, sizes, weights, training, key):
-  """One round written as plainly as possible: per client, per step, NumPy gathers."""
+    """One round written as plainly as possible: per client, per step, NumPy gathers."""
 
-  def loss_fn(p, bx, by, bm):
-    logp = jax.nn.log_softmax(model.apply(p, bx))
-    nll = -logp[np.arange(len(by)), by]
-    return jnp.sum(nll * bm) / bm.sum()
+    def loss_fn(p, bx, by, bm):
+        logp = jax.nn.log_softmax(model.apply(p, bx))
+        nll = -logp[np.arange(len(by)), by]
+        return jnp.sum(nll * bm) / bm.sum()
 
-  grad_fn = jax.jit(jax.grad(loss_fn))
-  width = rows.shape[1]
-  new_params, first_losses = [], []
-  for client, n in enumerate(sizes):
-    positions, mask = fjp.client_schedule(jax.random.fold_in(key, client), jnp.int32(n), width,
-                                          training)
-    positions, mask = np.asarray(positions), np.asarray(mask)
-    p = params
-    for s in range(positions.shape[0]):
-      if not mask[s].any():
-        continue
-      idx = rows[client][positions[s]]
-      if p is params:
-        first_losses.append(float(loss_fn(p, x[idx], y[idx], mask[s].astype(np.float32))))
-      g = grad_fn(p, x[idx], y[idx], mask[s].astype(np.float32))
-      p = jax.tree_util.tree_map(lambda a, b: a - training.learning_rate * b, p, g)
-    new_params.append(p)
-  aggregate = jax.tree_util.tree_map(
-      lambda *leaves: sum(w * leaf for w, leaf in zip(weights, leaves)), *new_params)
-  return aggregate, np.array(first_losses)
+    grad_fn = jax.jit(jax.grad(loss_fn))
+    width = rows.shape[1]
+    new_params, first_losses = [], []
+    for client, n in enumerate(sizes):
+        positions, mask = fjp.client_schedule(
+            jax.random.fold_in(key, client), jnp.int32(n), width, training
+        )
+        positions, mask = np.asarray(positions), np.asarray(mask)
+        p = params
+        for s in range(positions.shape[0]):
+            if not mask[s].any():
+                continue
+            idx = rows[client][positions[s]]
+            if p is params:
+                first_losses.append(float(loss_fn(p, x[idx], y[idx], mask[s].astype(np.float32))))
+            g = grad_fn(p, x[idx], y[idx], mask[s].astype(np.float32))
+            p = jax.tree_util.tree_map(lambda a, b: a - training.learning_rate * b, p, g)
+        new_params.append(p)
+    aggregate = jax.tree_util.tree_map(
+        lambda *leaves: sum(w * leaf for w, leaf in zip(weights, leaves)), *new_params
+    )
+    return aggregate, np.array(first_losses)
 
 
 def _max_diff(a, b):
-  return max(float(jnp.max(jnp.abs(u - v)))
-             for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+    return max(
+        float(jnp.max(jnp.abs(u - v)))
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
 
 
 CASES = {
@@ -73,85 +78,93 @@ CASES = {
 @pytest.mark.parametrize("strategy", fjp.STRATEGIES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_strategy_matches_the_per_client_reference_loop(case, strategy):
-  model, input_shape, sizes = CASES[case]
-  x, y, rows, sizes, dists = _random_task(0, sizes, input_shape)
-  training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=LR)
-  algorithm = fjp.fedavg()
-  engine = fjp.round_engine(algorithm, model, training, strategy=strategy, chunk_size=3)
-  data = fjp.device_data(x, y, rows, sizes, dists)
-  params = model.init(jax.random.PRNGKey(1))
-  state = fjp.init_server_state(algorithm, params, len(sizes))
-  key = jax.random.PRNGKey(7)
-  new_state, metrics = engine.run_round(data, state, np.arange(len(sizes)), key)
-  weights = sizes / sizes.sum()
-  expected, first_losses = _reference_round(model, params, x, y, rows, sizes, weights,
-                                            training, key)
-  assert _max_diff(new_state.params, expected) < 1e-5
-  np.testing.assert_allclose(metrics["initial_loss"], first_losses, rtol=1e-5)
-  assert _max_diff(new_state.params, params) > 1e-3  # the round did train
-  np.testing.assert_allclose(metrics["weights"], weights, rtol=1e-6)
-  # Each client takes E * ceil(n_i / B) steps, whatever the padding.
-  np.testing.assert_array_equal(metrics["num_steps"], 2 * -(-sizes // 4))
-  assert int(new_state.round) == 1
+    model, input_shape, sizes = CASES[case]
+    x, y, rows, sizes, dists = _random_task(0, sizes, input_shape)
+    training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=LR)
+    algorithm = fjp.fedavg()
+    engine = fjp.round_engine(algorithm, model, training, strategy=strategy, chunk_size=3)
+    data = fjp.device_data(x, y, rows, sizes, dists)
+    params = model.init(jax.random.PRNGKey(1))
+    state = fjp.init_server_state(algorithm, params, len(sizes))
+    key = jax.random.PRNGKey(7)
+    new_state, metrics = engine.run_round(data, state, np.arange(len(sizes)), key)
+    weights = sizes / sizes.sum()
+    expected, first_losses = _reference_round(
+        model, params, x, y, rows, sizes, weights, training, key
+    )
+    assert _max_diff(new_state.params, expected) < 1e-5
+    np.testing.assert_allclose(metrics["initial_loss"], first_losses, rtol=1e-5)
+    assert _max_diff(new_state.params, params) > 1e-3  # the round did train
+    np.testing.assert_allclose(metrics["weights"], weights, rtol=1e-6)
+    # Each client takes E * ceil(n_i / B) steps, whatever the padding.
+    np.testing.assert_array_equal(metrics["num_steps"], 2 * -(-sizes // 4))
+    assert int(new_state.round) == 1
 
 
 @pytest.mark.parametrize("strategy", ["vmap_scan", "per_client"])
 def test_padding_the_client_tables_changes_nothing(strategy):
-  model = fjp.logistic_regression((5,), 3)
-  training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
-  algorithm = fjp.fedavg()
-  engine = fjp.round_engine(algorithm, model, training, strategy=strategy)
-  results = []
-  for extra in (0, 9):
-    x, y, rows, sizes, dists = _random_task(3, [6, 11], (5,), extra_padding=extra)
-    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 2)
-    for r in range(2):
-      state, _ = engine.run_round(fjp.device_data(x, y, rows, sizes, dists), state,
-                                  np.arange(2), jax.random.PRNGKey(r))
-    results.append(state.params)
-  assert _max_diff(*results) == 0.0
+    model = fjp.logistic_regression((5,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
+    algorithm = fjp.fedavg()
+    engine = fjp.round_engine(algorithm, model, training, strategy=strategy)
+    results = []
+    for extra in (0, 9):
+        x, y, rows, sizes, dists = _random_task(3, [6, 11], (5,), extra_padding=extra)
+        state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 2)
+        for r in range(2):
+            state, _ = engine.run_round(
+                fjp.device_data(x, y, rows, sizes, dists),
+                state,
+                np.arange(2),
+                jax.random.PRNGKey(r),
+            )
+        results.append(state.params)
+    assert _max_diff(*results) == 0.0
 
 
 @pytest.mark.parametrize("strategy", fjp.STRATEGIES)
 def test_rounds_compile_once(strategy):
-  model = fjp.logistic_regression((5,), 3)
-  training = fjp.LocalTraining(local_epochs=1, batch_size=5, learning_rate=0.05)
-  # A lam no other test uses gives this test engines of its own... but the
-  # engine is keyed on structure, so count compilations relative to the start.
-  algorithm = fjp.fedpals(np.array([0.2, 0.3, 0.5]), 0.5)
-  engine = fjp.round_engine(algorithm, model, training, strategy=strategy)
-  x, y, rows, sizes, dists = _random_task(5, [4, 8, 6], (5,))
-  data = fjp.device_data(x, y, rows, sizes, dists)
-  state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
-  state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
-  after_first = engine.compilation_counts()
-  for r in range(1, 4):
-    state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
-  assert engine.compilation_counts() == after_first
-  assert max(after_first.values()) == 1
+    model = fjp.logistic_regression((5,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=5, learning_rate=0.05)
+    # A lam no other test uses gives this test engines of its own... but the
+    # engine is keyed on structure, so count compilations relative to the start.
+    algorithm = fjp.fedpals(np.array([0.2, 0.3, 0.5]), 0.5)
+    engine = fjp.round_engine(algorithm, model, training, strategy=strategy)
+    x, y, rows, sizes, dists = _random_task(5, [4, 8, 6], (5,))
+    data = fjp.device_data(x, y, rows, sizes, dists)
+    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
+    state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
+    after_first = engine.compilation_counts()
+    for r in range(1, 4):
+        state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
+    assert engine.compilation_counts() == after_first
+    assert max(after_first.values()) == 1
 
 
 def _final_params(algorithm, rounds):
-  """Params after `rounds` vmap_scan rounds on a fixed 3-client task."""
-  model = fjp.logistic_regression((5,), 3)
-  training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
-  x, y, rows, sizes, dists = _random_task(11, [9, 4, 14], (5,))
-  data = fjp.device_data(x, y, rows, sizes, dists)
-  engine = fjp.round_engine(algorithm, model, training, strategy="vmap_scan")
-  state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
-  for r in range(rounds):
-    state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
-  return state.params
+    """Params after `rounds` vmap_scan rounds on a fixed 3-client task."""
+    model = fjp.logistic_regression((5,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
+    x, y, rows, sizes, dists = _random_task(11, [9, 4, 14], (5,))
+    data = fjp.device_data(x, y, rows, sizes, dists)
+    engine = fjp.round_engine(algorithm, model, training, strategy="vmap_scan")
+    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
+    for r in range(rounds):
+        state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
+    return state.params
 
 
 TARGET = np.array([0.8, 0.1, 0.1])
 
 
 def test_huge_lambda_fedpals_equals_fedavg():
-  assert _max_diff(_final_params(fjp.fedavg(), 3),
-                   _final_params(fjp.fedpals(TARGET, 1e9), 3)) < 1e-5
+    assert (
+        _max_diff(_final_params(fjp.fedavg(), 3), _final_params(fjp.fedpals(TARGET, 1e9), 3)) < 1e-5
+    )
 
 
 def test_fedpals_with_small_lambda_differs_from_fedavg():
-  # The counterpart of the test above: the weighting reaches the params.
-  assert _max_diff(_final_params(fjp.fedavg(), 1), _final_params(fjp.fedpals(TARGET, 0.0), 1)) > 1e-3
+    # The counterpart of the test above: the weighting reaches the params.
+    assert (
+        _max_diff(_final_params(fjp.fedavg(), 1), _final_params(fjp.fedpals(TARGET, 0.0), 1)) > 1e-3
+    )

@@ -9,44 +9,49 @@ import fedjax_pals as fjp
 
 
 def _num_params(params):
-  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
+    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(params))
 
 
 def test_lenet_has_the_reference_architecture_on_fashion_mnist():
-  model = fjp.lenet((28, 28, 1), 10)
-  params = model.init(jax.random.PRNGKey(0))
-  # conv 5x5x1->6, conv 5x5x6->16, dense 256->120->84->10 (REFERENCE.md section 4).
-  expected = (5 * 5 * 1 * 6 + 6) + (5 * 5 * 6 * 16 + 16) + (256 * 120 + 120) + (
-      120 * 84 + 84) + (84 * 10 + 10)
-  assert _num_params(params) == expected
-  assert model.apply(params, jnp.zeros((3, 28, 28, 1))).shape == (3, 10)
-  assert model.is_convolutional
+    model = fjp.lenet((28, 28, 1), 10)
+    params = model.init(jax.random.PRNGKey(0))
+    # conv 5x5x1->6, conv 5x5x6->16, dense 256->120->84->10 (REFERENCE.md section 4).
+    expected = (
+        (5 * 5 * 1 * 6 + 6)
+        + (5 * 5 * 6 * 16 + 16)
+        + (256 * 120 + 120)
+        + (120 * 84 + 84)
+        + (84 * 10 + 10)
+    )
+    assert _num_params(params) == expected
+    assert model.apply(params, jnp.zeros((3, 28, 28, 1))).shape == (3, 10)
+    assert model.is_convolutional
 
 
 def test_lenet_on_cifar_shapes():
-  model = fjp.lenet((32, 32, 3), 10)
-  logits = model.apply(model.init(jax.random.PRNGKey(0)), jnp.zeros((2, 32, 32, 3)))
-  assert logits.shape == (2, 10)
+    model = fjp.lenet((32, 32, 3), 10)
+    logits = model.apply(model.init(jax.random.PRNGKey(0)), jnp.zeros((2, 32, 32, 3)))
+    assert logits.shape == (2, 10)
 
 
 def test_logistic_regression_is_one_dense_layer():
-  model = fjp.logistic_regression((2,), 3)
-  params = model.init(jax.random.PRNGKey(0))
-  assert _num_params(params) == 2 * 3 + 3
-  x = jnp.array([[1.0, -2.0]])
-  kernel, bias = params["Dense_0"]["kernel"], params["Dense_0"]["bias"]
-  np.testing.assert_allclose(model.apply(params, x), x @ kernel + bias, rtol=1e-6)
-  assert not model.is_convolutional
+    model = fjp.logistic_regression((2,), 3)
+    params = model.init(jax.random.PRNGKey(0))
+    assert _num_params(params) == 2 * 3 + 3
+    x = jnp.array([[1.0, -2.0]])
+    kernel, bias = params["Dense_0"]["kernel"], params["Dense_0"]["bias"]
+    np.testing.assert_allclose(model.apply(params, x), x @ kernel + bias, rtol=1e-6)
+    assert not model.is_convolutional
 
 
 def test_equal_arguments_give_the_same_model_object():
-  # The round engine's compilation cache is keyed on the Model.
-  assert fjp.lenet([28, 28, 1], 10) is fjp.lenet((28, 28, 1), 10)
-  assert fjp.make_model("logistic_regression", (2,), 3) is fjp.logistic_regression((2,), 3)
+    # The round engine's compilation cache is keyed on the Model.
+    assert fjp.lenet([28, 28, 1], 10) is fjp.lenet((28, 28, 1), 10)
+    assert fjp.make_model("logistic_regression", (2,), 3) is fjp.logistic_regression((2,), 3)
 
 
 def test_bad_model_requests_raise():
-  with pytest.raises(ValueError, match="unknown model"):
-    fjp.make_model("resnet", (28, 28, 1), 10)
-  with pytest.raises(ValueError, match="H, W, C"):
-    fjp.lenet((784,), 10)
+    with pytest.raises(ValueError, match="unknown model"):
+        fjp.make_model("resnet", (28, 28, 1), 10)
+    with pytest.raises(ValueError, match="H, W, C"):
+        fjp.lenet((784,), 10)

@@ -206,8 +206,12 @@ def test_malformed_labels_raise(bad_train, message):
 def test_labels_outside_num_classes_raise():
     with pytest.raises(ValueError, match="num_classes=3"):
         sparsity_partition(
-            np.array([0, 1, 2, 3] * 10), np.array([0, 1, 2]), num_clients=2,
-            labels_per_client=1, seed=0, num_classes=3,
+            np.array([0, 1, 2, 3] * 10),
+            np.array([0, 1, 2]),
+            num_clients=2,
+            labels_per_client=1,
+            seed=0,
+            num_classes=3,
         )
 
 
@@ -299,9 +303,7 @@ def test_dirichlet_that_exhausts_the_pools_uses_every_example_once(rng):
     train = train[: n * num_clients]
     p = dirichlet_partition(train, test, num_clients=num_clients, beta=0.1, seed=2, num_classes=k)
     assert_partition_invariants(p, train, test)
-    used = p.client_label_counts.sum(axis=0) + np.bincount(
-        train[p.target_val_indices], minlength=k
-    )
+    used = p.client_label_counts.sum(axis=0) + np.bincount(train[p.target_val_indices], minlength=k)
     np.testing.assert_array_equal(used, np.bincount(train, minlength=k))
 
 
@@ -387,7 +389,12 @@ def test_niid_bench_dirichlet_impossible_min_size_raises(rng):
         )
     with pytest.raises(ValueError, match="tries"):
         niid_bench_dirichlet_partition(
-            train, test, num_clients=4, beta=0.001, seed=0, min_size=len(train) // 4,
+            train,
+            test,
+            num_clients=4,
+            beta=0.001,
+            seed=0,
+            min_size=len(train) // 4,
             max_tries=3,
         )
 
@@ -399,9 +406,7 @@ def test_resample_keeps_sizes_follows_label_dist_and_never_uses_validation(rng):
     k = int(rng.integers(3, 12))
     train = rng.permutation(np.arange(k).repeat(200))
     test = rng.permutation(np.arange(k).repeat(50))
-    base = dirichlet_partition(
-        train, test, num_clients=5, beta=0.2, seed=0, examples_per_client=30
-    )
+    base = dirichlet_partition(train, test, num_clients=5, beta=0.2, seed=0, examples_per_client=30)
     dist = rng.dirichlet(np.full(k, 0.5))
     # Demand per class <= 4 * 30 < 200 - 30 examples outside validation.
     oracle = resample_to_label_dist(base, train, dist, seed=9)
@@ -451,8 +456,15 @@ def test_partition_arrays_are_read_only_and_summary_is_json(rng):
     summary = json.loads(json.dumps(p.summary()))
     assert summary["num_clients"] == 3 and summary["n_val"] == len(p.target_val_indices)
     assert set(summary) == {
-        "num_clients", "client_sizes", "client_label_counts", "client_label_dists",
-        "target_label_dist", "n_val", "n_test", "description",
+        "projection_distance",
+        "num_clients",
+        "client_sizes",
+        "client_label_counts",
+        "client_label_dists",
+        "target_label_dist",
+        "n_val",
+        "n_test",
+        "description",
     }
 
 
@@ -478,3 +490,14 @@ def test_fmnist_paper_dirichlet_partition(fmnist_labels):
     np.testing.assert_array_equal(p.client_sizes, np.full(9, 6000))
     other = dirichlet_partition(train, test, num_clients=10, beta=0.1, seed=1)
     assert not np.array_equal(p.target_label_dist, other.target_label_dist)
+
+
+def test_summary_reports_the_projection_distance():
+    # Target on labels {0, 1}, clients {0, 1} and {2}: T is in the hull only if a
+    # client mixes labels 0 and 1 in T's proportions.
+    counts = np.array([[5, 5, 0], [0, 0, 10], [6, 4, 0]])
+    labels = np.repeat(np.arange(3), 40)
+    partition = partition_from_label_counts(labels, labels, counts, seed=0, description="t")
+    expected = float(np.sum((np.array([0.6, 0.4, 0.0]) - np.array([0.5, 0.5, 0.0])) ** 2))
+    assert abs(partition.summary()["projection_distance"] - expected) < 1e-6
+    assert abs(partition.projection_distance - expected) < 1e-6

@@ -43,18 +43,21 @@ _OBSERVED_GAPS = []
 def _report_largest_gap():
     yield
     if _OBSERVED_GAPS:
-        print(f"\nlargest relative objective gap vs the float64 reference: "
-              f"{max(_OBSERVED_GAPS):.3e} over {len(_OBSERVED_GAPS)} solves")
+        print(
+            f"\nlargest relative objective gap vs the float64 reference: "
+            f"{max(_OBSERVED_GAPS):.3e} over {len(_OBSERVED_GAPS)} solves"
+        )
 
 
 # ---------------------------------------------------------------------------
 # Float64 references and random problems.
 # ---------------------------------------------------------------------------
 
+
 def _objective(alpha, dists, target, sizes, lam):
     alpha = np.asarray(alpha, np.float64)
     residual = np.asarray(target, np.float64) - alpha @ np.asarray(dists, np.float64)
-    penalty = lam * np.sum(alpha ** 2 / np.asarray(sizes, np.float64)) if lam else 0.0
+    penalty = lam * np.sum(alpha**2 / np.asarray(sizes, np.float64)) if lam else 0.0
     return float(residual @ residual + penalty)
 
 
@@ -79,11 +82,16 @@ def _slsqp_weights(dists, target, sizes, lam, starts=4, seed=0):
     best, best_value = None, np.inf
     for x0 in x0s:
         result = minimize(
-            lambda a: 0.5 * a @ q @ a + c @ a, x0, jac=lambda a: q @ a + c, method="SLSQP",
+            lambda a: 0.5 * a @ q @ a + c @ a,
+            x0,
+            jac=lambda a: q @ a + c,
+            method="SLSQP",
             bounds=[(0.0, 1.0)] * num_clients,
-            constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0,
-                          "jac": lambda a: np.ones_like(a)}],
-            options={"ftol": 1e-15, "maxiter": 2000})
+            constraints=[
+                {"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones_like(a)}
+            ],
+            options={"ftol": 1e-15, "maxiter": 2000},
+        )
         alpha = np.clip(result.x, 0.0, None)
         alpha /= alpha.sum()
         value = _objective(alpha, dists, target, sizes, lam)
@@ -180,8 +188,9 @@ def _assert_near_optimal(alpha, dists, target, sizes, lam, context=""):
     f_star = _objective(reference, dists, target, sizes, lam)
     gap = _objective(alpha, dists, target, sizes, lam) - f_star
     _OBSERVED_GAPS.append(gap / max(1.0, f_star))
-    assert gap <= 1e-6 * max(1.0, f_star), (
-        f"{context}: objective {f_star + gap!r} vs reference {f_star!r} (gap {gap:.3e})")
+    assert gap <= 1e-6 * max(
+        1.0, f_star
+    ), f"{context}: objective {f_star + gap!r} vs reference {f_star!r} (gap {gap:.3e})"
     return reference
 
 
@@ -197,8 +206,9 @@ def test_reference_solver_agrees_with_multistart_slsqp():
                 reference = _reference_weights(dists, target, sizes, lam)
                 _assert_on_simplex(reference, num_clients)
                 f_ref = _objective(reference, dists, target, sizes, lam)
-                f_slsqp = _objective(_slsqp_weights(dists, target, sizes, lam),
-                                     dists, target, sizes, lam)
+                f_slsqp = _objective(
+                    _slsqp_weights(dists, target, sizes, lam), dists, target, sizes, lam
+                )
                 assert f_ref <= f_slsqp + 1e-12 * max(1.0, f_slsqp)
                 assert f_slsqp - f_ref <= 1e-8 * max(1.0, f_ref)
 
@@ -211,8 +221,11 @@ LAMBDA_OVER_N = [0.0, 1e-4, 1e-2, 1e-1, 1.0, 10.0]
 
 
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("num_clients,num_classes", [(3, 10), (8, 8), (20, 5), (50, 10)],
-                         ids=["M<K", "M=K", "M>K", "M>>K"])
+@pytest.mark.parametrize(
+    "num_clients,num_classes",
+    [(3, 10), (8, 8), (20, 5), (50, 10)],
+    ids=["M<K", "M=K", "M>K", "M>>K"],
+)
 def test_weights_reach_reference_optimum(num_clients, num_classes, seed):
     rng = np.random.default_rng([num_clients, num_classes, seed])
     dists = _random_dists(rng, num_clients, num_classes)
@@ -233,9 +246,13 @@ def test_solver_does_not_stop_at_a_vertex_it_overshoots_onto(lam):
     # projection returns it there twice in a row, and a stopping test on
     # ||alpha_{k+1} - alpha_k|| (jaxopt.ProjectedGradient with acceleration)
     # ended the solve at e_1, 1e-5 to 1e-4 above the optimum, about 0.03 from it.
-    dists = np.array([[0.34, 0.12, 0.06, 0, 0, 0.24, 0.06, 0, 0.07, 0.11],
-                      [0.35, 0.15, 0.18, 0, 0.04, 0.02, 0.09, 0.04, 0.08, 0.05],
-                      [0, 0, 1, 0, 0, 0, 0, 0, 0, 0]])
+    dists = np.array(
+        [
+            [0.34, 0.12, 0.06, 0, 0, 0.24, 0.06, 0, 0.07, 0.11],
+            [0.35, 0.15, 0.18, 0, 0.04, 0.02, 0.09, 0.04, 0.08, 0.05],
+            [0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+        ]
+    )
     target = np.array([0.26, 0, 0, 0, 0.27, 0, 0, 0.47, 0, 0])
     sizes = np.array([210.0, 12.0, 475.0])
     alpha = np.asarray(fedpals_weights(dists, target, sizes, lam), np.float64)
@@ -274,7 +291,8 @@ def test_lambda_zero_with_target_in_hull_matches_target(num_clients, num_classes
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("num_clients,num_classes", [(3, 10), (20, 5)])
 def test_lambda_zero_with_target_outside_hull_attains_projection_distance(
-        num_clients, num_classes, seed):
+    num_clients, num_classes, seed
+):
     rng = np.random.default_rng([12, num_clients, seed])
     dists = _random_dists(rng, num_clients, num_classes, sparse=False, concentrations=(3.0,))
     sizes = _random_sizes(rng, num_clients)
@@ -283,8 +301,9 @@ def test_lambda_zero_with_target_outside_hull_attains_projection_distance(
     assert distance > 1e-3  # the target is well outside Conv(S)
     alpha = fedpals_weights(dists, target, sizes, 0.0)
     _assert_on_simplex(alpha, num_clients)
-    np.testing.assert_allclose(_objective(alpha, dists, target, sizes, 0.0), distance,
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        _objective(alpha, dists, target, sizes, 0.0), distance, rtol=1e-6, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -309,8 +328,9 @@ def test_infinite_lambda_is_exactly_fedavg():
     alpha = fedpals_weights(dists, target, sizes, jnp.inf)
     np.testing.assert_array_equal(np.asarray(alpha), np.asarray(fedavg_weights(sizes)))
     np.testing.assert_allclose(alpha, sizes / sizes.sum(), rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(fedpals_weights(dists, target, sizes, float("inf"))),
-                                  np.asarray(alpha))
+    np.testing.assert_array_equal(
+        np.asarray(fedpals_weights(dists, target, sizes, float("inf"))), np.asarray(alpha)
+    )
 
 
 @pytest.mark.parametrize("num_clients,num_classes", [(3, 10), (20, 5)])
@@ -340,8 +360,9 @@ def test_single_class_is_trivial():
     sizes = np.array([10.0, 400.0, 75.0, 3.0])
     dists = np.ones((4, 1))
     for lam in [1e-3, 1.0, 1e3]:
-        np.testing.assert_allclose(fedpals_weights(dists, [1.0], sizes, lam),
-                                   sizes / sizes.sum(), atol=1e-5)
+        np.testing.assert_allclose(
+            fedpals_weights(dists, [1.0], sizes, lam), sizes / sizes.sum(), atol=1e-5
+        )
     alpha = fedpals_weights(dists, [1.0], sizes, 0.0)
     _assert_on_simplex(alpha, 4)
     assert _objective(alpha, dists, [1.0], sizes, 0.0) < 1e-12
@@ -419,6 +440,7 @@ def test_one_hot_target_held_by_one_client_gets_all_weight_at_lambda_zero():
 # Transformations.
 # ---------------------------------------------------------------------------
 
+
 def _problem_for_transforms():
     rng = np.random.default_rng(21)
     dists = _random_dists(rng, 8, 8)
@@ -431,28 +453,39 @@ def test_vmap_over_lambda_matches_per_call():
     target = _random_target(rng, dists, "random")
     total = sizes.sum()
     lams = np.array([0.0, 1e-2 * total, 1e-1 * total, total, 10 * total, np.inf])
-    batched = np.asarray(jax.vmap(lambda lam: fedpals_weights(dists, target, sizes, lam))(
-        jnp.asarray(lams, jnp.float32)))
+    batched = np.asarray(
+        jax.vmap(lambda lam: fedpals_weights(dists, target, sizes, lam))(
+            jnp.asarray(lams, jnp.float32)
+        )
+    )
     assert batched.shape == (lams.size, 8)
     for row, lam in zip(batched, lams):
         single = np.asarray(fedpals_weights(dists, target, sizes, lam))
         # An iterative float32 solve: batched and single runs round differently.
         np.testing.assert_allclose(row, single, atol=1e-4, err_msg=f"lam={lam}")
         if np.isfinite(lam):
-            np.testing.assert_allclose(_objective(row, dists, target, sizes, lam),
-                                       _objective(single, dists, target, sizes, lam),
-                                       rtol=1e-6, atol=1e-8)
+            np.testing.assert_allclose(
+                _objective(row, dists, target, sizes, lam),
+                _objective(single, dists, target, sizes, lam),
+                rtol=1e-6,
+                atol=1e-8,
+            )
     np.testing.assert_array_equal(batched[-1], np.asarray(fedavg_weights(sizes)))
     assert np.abs(batched[0] - batched[-1]).max() > 0.05  # the batch really varies with lam
 
 
 def test_vmap_over_targets_matches_per_call():
     rng, dists, sizes = _problem_for_transforms()
-    targets = np.stack([_random_target(rng, dists, kind)
-                        for kind in ("random", "inside", "sparse", "random", "sparse")])
+    targets = np.stack(
+        [
+            _random_target(rng, dists, kind)
+            for kind in ("random", "inside", "sparse", "random", "sparse")
+        ]
+    )
     lam = 0.1 * sizes.sum()
-    batched = np.asarray(jax.vmap(lambda t: fedpals_weights(dists, t, sizes, lam))(
-        jnp.asarray(targets, jnp.float32)))
+    batched = np.asarray(
+        jax.vmap(lambda t: fedpals_weights(dists, t, sizes, lam))(jnp.asarray(targets, jnp.float32))
+    )
     for row, target in zip(batched, targets):
         np.testing.assert_allclose(row, fedpals_weights(dists, target, sizes, lam), atol=1e-5)
         _assert_near_optimal(row, dists, target, sizes, lam, "vmapped target")
@@ -467,17 +500,21 @@ def test_jit_matches_eager():
     np.testing.assert_allclose(jitted, fedpals_weights(dists, target, sizes, lam), atol=1e-6)
     _assert_near_optimal(jitted, dists, target, sizes, lam, "jit")
     alpha = rng.dirichlet(np.ones(8))
-    np.testing.assert_allclose(jax.jit(effective_sample_size)(alpha, sizes),
-                               _ess(alpha, sizes), rtol=1e-5)
+    np.testing.assert_allclose(
+        jax.jit(effective_sample_size)(alpha, sizes), _ess(alpha, sizes), rtol=1e-5
+    )
     np.testing.assert_allclose(
         jax.jit(projection_distance)(dists, target),
         _objective(_reference_weights(dists, target, sizes, 0.0), dists, target, sizes, 0.0),
-        rtol=1e-5, atol=1e-7)
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
 # ---------------------------------------------------------------------------
 # Effective sample size.
 # ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", range(3))
 def test_effective_sample_size_matches_formula(seed):
@@ -485,14 +522,16 @@ def test_effective_sample_size_matches_formula(seed):
     sizes = _random_sizes(rng, 7)
     alphas = list(rng.dirichlet(np.full(7, 0.3), size=4)) + list(rng.dirichlet(np.ones(7), size=4))
     for alpha in alphas:
-        np.testing.assert_allclose(float(effective_sample_size(alpha, sizes)),
-                                   1.0 / np.sum(alpha ** 2 / sizes), rtol=1e-5)
+        np.testing.assert_allclose(
+            float(effective_sample_size(alpha, sizes)), 1.0 / np.sum(alpha**2 / sizes), rtol=1e-5
+        )
 
 
 def test_fedavg_has_ess_n():
     sizes = np.array([3.0, 1200.0, 57.0, 800.0, 9.0])
-    np.testing.assert_allclose(float(effective_sample_size(fedavg_weights(sizes), sizes)),
-                               sizes.sum(), rtol=1e-5)
+    np.testing.assert_allclose(
+        float(effective_sample_size(fedavg_weights(sizes), sizes)), sizes.sum(), rtol=1e-5
+    )
     np.testing.assert_allclose(fedavg_weights(sizes), sizes / sizes.sum(), rtol=1e-6)
 
 
@@ -505,8 +544,9 @@ def test_ess_never_exceeds_total_sample_size(seed):
         for alpha in rng.dirichlet(np.full(9, concentration), size=10):
             assert float(effective_sample_size(alpha, sizes)) <= total * (1 + 1e-6)
     for i in range(9):  # a vertex gives that client's size
-        np.testing.assert_allclose(float(effective_sample_size(np.eye(9)[i], sizes)), sizes[i],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            float(effective_sample_size(np.eye(9)[i], sizes)), sizes[i], rtol=1e-6
+        )
 
 
 def test_ess_grows_with_lambda():
@@ -526,6 +566,7 @@ def test_ess_grows_with_lambda():
 # lambda_for_ess.
 # ---------------------------------------------------------------------------
 
+
 def _problem_with_unique_solution(rng, num_clients, num_classes):
     """alpha^0 is unique: S has full row rank (M <= K), or T is outside Conv(S) (M > K)."""
     dists = _random_dists(rng, num_clients, num_classes, sparse=False, concentrations=(1.0, 3.0))
@@ -535,8 +576,9 @@ def _problem_with_unique_solution(rng, num_clients, num_classes):
         target = _random_target(rng, dists, "random")
     else:
         target = _random_target(rng, dists, "sparse")
-        distance = _objective(_reference_weights(dists, target, sizes, 0.0),
-                              dists, target, sizes, 0.0)
+        distance = _objective(
+            _reference_weights(dists, target, sizes, 0.0), dists, target, sizes, 0.0
+        )
         assert distance > 1e-3
     return dists, target, sizes
 
@@ -621,6 +663,7 @@ def test_lambda_for_ess_with_covered_target_and_more_clients_than_classes():
 # Projection distance.
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("num_clients,num_classes", [(3, 10), (20, 5), (50, 10)])
 def test_projection_distance_matches_reference(num_clients, num_classes, seed):
@@ -628,9 +671,15 @@ def test_projection_distance_matches_reference(num_clients, num_classes, seed):
     ones = np.ones(num_clients)
     sparse_dists = _random_dists(rng, num_clients, num_classes)
     dense_dists = _random_dists(rng, num_clients, num_classes, sparse=False, concentrations=(3.0,))
-    for dists, kind in [(sparse_dists, "random"), (sparse_dists, "sparse"), (dense_dists, "sparse")]:
+    for dists, kind in [
+        (sparse_dists, "random"),
+        (sparse_dists, "sparse"),
+        (dense_dists, "sparse"),
+    ]:
         target = _random_target(rng, dists, kind)
-        expected = _objective(_reference_weights(dists, target, ones, 0.0), dists, target, ones, 0.0)
+        expected = _objective(
+            _reference_weights(dists, target, ones, 0.0), dists, target, ones, 0.0
+        )
         value = float(projection_distance(dists, target))
         assert abs(value - expected) <= 1e-6 * max(1.0, expected), (value, expected)
     assert expected > 1e-3  # the last target is well outside the hull of dense clients
@@ -641,9 +690,11 @@ def test_projection_distance_is_zero_inside_hull(seed):
     rng = np.random.default_rng([30, seed])
     for num_clients, num_classes in [(3, 10), (20, 5)]:
         dists = _random_dists(rng, num_clients, num_classes)
-        for target in [rng.dirichlet(np.ones(num_clients)) @ dists,
-                       dists[rng.integers(num_clients)],
-                       dists.mean(axis=0)]:
+        for target in [
+            rng.dirichlet(np.ones(num_clients)) @ dists,
+            dists[rng.integers(num_clients)],
+            dists.mean(axis=0),
+        ]:
             assert float(projection_distance(dists, target)) < 1e-8
         dense = _random_dists(rng, num_clients, num_classes, sparse=False, concentrations=(3.0,))
         assert float(projection_distance(dense, _random_target(rng, dense, "sparse"))) > 1e-4
@@ -652,6 +703,7 @@ def test_projection_distance_is_zero_inside_hull(seed):
 # ---------------------------------------------------------------------------
 # Proposition 1: omega-weighted client SGD steps equal the target SGD step.
 # ---------------------------------------------------------------------------
+
 
 def test_target_weights_turn_client_steps_into_the_target_step():
     rng = np.random.default_rng(31)
@@ -672,8 +724,9 @@ def test_target_weights_turn_client_steps_into_the_target_step():
 
     clients = [build(reps) for reps in replications]
     target_data = build(copies @ replications)
-    dists = np.stack([np.bincount(np.asarray(y), minlength=num_classes) / y.size
-                      for _, y in clients])
+    dists = np.stack(
+        [np.bincount(np.asarray(y), minlength=num_classes) / y.size for _, y in clients]
+    )
     target = np.bincount(np.asarray(target_data[1]), minlength=num_classes) / target_data[1].size
     sizes = np.array([y.size for _, y in clients], np.float64)
     omega = copies * sizes / (copies @ sizes)
@@ -685,8 +738,10 @@ def test_target_weights_turn_client_steps_into_the_target_step():
     fedavg = sizes / sizes.sum()
     assert np.abs(fedavg - omega).max() > 0.05
 
-    params = {"w": jnp.asarray(rng.normal(scale=0.3, size=(dim, num_classes)), jnp.float32),
-              "b": jnp.asarray(rng.normal(scale=0.3, size=num_classes), jnp.float32)}
+    params = {
+        "w": jnp.asarray(rng.normal(scale=0.3, size=(dim, num_classes)), jnp.float32),
+        "b": jnp.asarray(rng.normal(scale=0.3, size=num_classes), jnp.float32),
+    }
 
     def risk(p, x, y):  # empirical softmax cross-entropy of a logistic-regression model
         log_probs = jax.nn.log_softmax(x @ p["w"] + p["b"])
@@ -707,7 +762,8 @@ def test_target_weights_turn_client_steps_into_the_target_step():
 
     def aggregate(alpha):  # theta_{t+1} = sum_i alpha_i theta_{i,t}
         return jax.tree_util.tree_map(
-            lambda *leaves: sum(a * leaf for a, leaf in zip(alpha, leaves)), *client_params)
+            lambda *leaves: sum(a * leaf for a, leaf in zip(alpha, leaves)), *client_params
+        )
 
     aggregated = aggregate(weights)
     for key in params:
@@ -721,6 +777,7 @@ def test_target_weights_turn_client_steps_into_the_target_step():
 # ---------------------------------------------------------------------------
 # Input validation.
 # ---------------------------------------------------------------------------
+
 
 def _valid_problem():
     dists = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.0, 1.0, 0.0], [0.3, 0.3, 0.4]])
@@ -738,20 +795,24 @@ def _with(array, index, value):
 def _bad_inputs():
     dists, target, sizes = _valid_problem()
     return {
-        "S_negative": (dict(dists=_with(dists, 0, [1.1, -0.1, 0.0])),
-                       "client_label_dists contains negative"),
+        "S_negative": (
+            dict(dists=_with(dists, 0, [1.1, -0.1, 0.0])),
+            "client_label_dists contains negative",
+        ),
         "S_nan": (dict(dists=_with(dists, (1, 0), np.nan)), "client_label_dists contains NaN"),
-        "S_inf": (dict(dists=_with(dists, (2, 1), np.inf)),
-                  "client_label_dists contains infinite"),
-        "S_row_sum": (dict(dists=_with(dists, 3, [0.3, 0.3, 0.401])),
-                      r"every row of client_label_dists must sum to 1.*rows \[3\]"),
-        "T_negative": (dict(target=np.array([1.2, -0.2, 0.0])),
-                       "target_label_dist contains negative"),
+        "S_inf": (dict(dists=_with(dists, (2, 1), np.inf)), "client_label_dists contains infinite"),
+        "S_row_sum": (
+            dict(dists=_with(dists, 3, [0.3, 0.3, 0.401])),
+            r"every row of client_label_dists must sum to 1.*rows \[3\]",
+        ),
+        "T_negative": (
+            dict(target=np.array([1.2, -0.2, 0.0])),
+            "target_label_dist contains negative",
+        ),
         "T_nan": (dict(target=_with(target, 0, np.nan)), "target_label_dist contains NaN"),
         "T_inf": (dict(target=_with(target, 2, np.inf)), "target_label_dist contains infinite"),
         "T_sum": (dict(target=np.array([0.2, 0.5, 0.301])), "target_label_dist must sum to 1"),
-        "K_mismatch": (dict(target=np.array([0.2, 0.5, 0.2, 0.1])),
-                       "number of classes K differs"),
+        "K_mismatch": (dict(target=np.array([0.2, 0.5, 0.2, 0.1])), "number of classes K differs"),
     }
 
 
@@ -792,8 +853,10 @@ def test_bad_client_sizes_raise(case):
             fedavg_weights(sizes)
 
 
-@pytest.mark.parametrize("lam,message", [(-1.0, "lam must be >= 0"), (-np.inf, "lam must be >= 0"),
-                                         (np.nan, "lam is NaN")])
+@pytest.mark.parametrize(
+    "lam,message",
+    [(-1.0, "lam must be >= 0"), (-np.inf, "lam must be >= 0"), (np.nan, "lam is NaN")],
+)
 def test_bad_lambda_raises(lam, message):
     dists, target, sizes = _valid_problem()
     with pytest.raises(ValueError, match=message):

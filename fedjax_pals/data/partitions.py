@@ -78,8 +78,10 @@ class FederatedPartition:
                 f"client_label_counts must be (M, {self.num_classes}), "
                 f"got {self.client_label_counts.shape}"
             )
-        if self.client_sizes.shape != (m,) or self.client_indices.ndim != 2 or (
-            self.client_indices.shape[0] != m
+        if (
+            self.client_sizes.shape != (m,)
+            or self.client_indices.ndim != 2
+            or (self.client_indices.shape[0] != m)
         ):
             raise ValueError(
                 "client_indices (M, max_n), client_sizes (M,) and client_label_counts (M, K) "
@@ -119,9 +121,18 @@ class FederatedPartition:
         """The unpadded train-split indices of client i."""
         return self.client_indices[i, : self.client_sizes[i]]
 
+    @property
+    def projection_distance(self) -> float:
+        """d(T, S) = min over the simplex of ||T - alpha^T S||^2 (Sec. 5): how far the
+        target lies from the convex hull of the training clients' label distributions."""
+        from fedjax_pals.server_weights import projection_distance
+
+        return float(projection_distance(self.client_label_dists, self.target_label_dist))
+
     def summary(self) -> dict[str, Any]:
         """A JSON-serialisable description of the partition."""
         return {
+            "projection_distance": self.projection_distance,
             "num_clients": self.num_clients,
             "client_sizes": self.client_sizes.tolist(),
             "client_label_counts": self.client_label_counts.tolist(),
