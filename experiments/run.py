@@ -166,6 +166,7 @@ def plot_curves(path: str, curves: dict, title: str) -> None:
 
     matplotlib.use("Agg")
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.0, 4.2))
@@ -187,6 +188,7 @@ def plot_curves(path: str, curves: dict, title: str) -> None:
         Line2D([], [], color="gray", linestyle="-", label="target test"),
         Line2D([], [], color="gray", linestyle=":", label="target validation"),
     ]
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy")
     ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)

@@ -40,10 +40,15 @@ fi
 
 stamp=".venv/.installed-$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
-  echo "[setup] installing the pinned stack into .venv (first time: about a minute)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check \
-      -c requirements/lock.txt -e ".[test]"
+  echo "[setup] installing the pinned stack into .venv (first time: about a minute;" \
+       "log in .venv/install.log)"
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check \
+             -c requirements/lock.txt -e ".[test]"; } > .venv/install.log 2>&1; then
+    tail -n 30 .venv/install.log >&2
+    echo "[setup] error: pip install failed; the whole log is .venv/install.log" >&2
+    exit 1
+  fi
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
