@@ -19,6 +19,9 @@ from experiments import compare, run as run_lib
 
 FLAGS = flags.FLAGS
 
+DEMO_ROUNDS = 4
+DEMO_SEEDS = [0, 1]
+
 
 def demo_config(dataset: str) -> dict:
     config = {key: FLAGS[key].default for key in run_lib.CONFIG_KEYS}
@@ -33,17 +36,11 @@ def demo_config(dataset: str) -> dict:
             batch_size=32,
             learning_rate=0.1,
             eval_every=1,
-            lam=None,
-            ess_fraction=DEMO_ESS_FRACTION,
+            lam=0.0,  # alpha^0: the projection of T onto Conv(S) (eq. 7)
         )
     else:
         config.update(delta=0.5, rounds=30, batch_size=8, learning_rate=0.05, eval_every=1)
     return config
-
-
-DEMO_ROUNDS = 4
-DEMO_ESS_FRACTION = None
-DEMO_SEEDS = [0, 1]
 
 
 def main(argv):

@@ -52,6 +52,8 @@ from fedjax_pals.algorithms import (
     ServerState,
     ServerUpdate,
     Weighting,
+    _global_params,
+    _no_algorithm_state,
     fedavg,
     fedavg_weighting,
     fedpals,
@@ -456,14 +458,6 @@ def afl(step_size: float) -> FederatedAlgorithm:
 
 
 # -- composition --------------------------------------------------------------
-
-
-def _no_algorithm_state(params, num_clients):
-    return ()
-
-
-def _global_params(state: ServerState) -> Params:
-    return state.params
 
 
 def combine(
