@@ -260,16 +260,17 @@ def run_experiment(
     alpha = algorithm.weighting.weights(
         jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32), initial, *everyone
     )
+    partition_summary = partition.summary()
     summary = {
         "config": config,
         "config_digest": digest,
         "dataset_source": dataset.source,
-        "partition": partition.summary(),
+        "partition": partition_summary,
         "lam": lam,
         "alpha": np.asarray(alpha).tolist(),
         "ess": float(fjp.effective_sample_size(alpha, sizes)),
         "total_examples": int(np.sum(sizes)),
-        "projection_distance": float(fjp.projection_distance(dists, partition.target_label_dist)),
+        "projection_distance": partition_summary["projection_distance"],
         "clients_per_round": clients_per_round,
         "strategy": fjp.engine.resolve_strategy(config["strategy"], model),
     }
