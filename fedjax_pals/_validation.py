@@ -47,7 +47,8 @@ def check_label_dists(name: str, dists: Any) -> np.ndarray:
     array = np.asarray(dists, dtype=np.float64)
     if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(
-            f"{name} must be a non-empty (num_clients, num_classes) matrix, got shape {array.shape}."
+            f"{name} must be a non-empty (num_clients, num_classes) matrix, "
+            f"got shape {array.shape}."
         )
     _finite_nonnegative(name, array)
     sums = array.sum(axis=1)
@@ -104,3 +105,60 @@ def check_problem(
         )
     if client_sizes is not None:
         check_client_sizes(client_sizes, dists.shape[0])
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """A Python/NumPy integer >= 1 (an iteration budget, a count); bool is refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})."
+        )
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value}.")
+    return int(value)
+
+
+def check_positive_float(name: str, value: Any) -> float:
+    """A finite real number > 0 (a tolerance, a step)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(
+            f"{name} must be a finite number > 0, got {value!r} ({type(value).__name__})."
+        )
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value}.")
+    return float(value)
+
+
+def check_ess_fraction(fraction: Any) -> float:
+    """An ESS target as a fraction of N: a finite scalar in (0, 1].
+
+    The message says "ESS fraction ... out of range" (callers classify grid points by it).
+    """
+    array = np.asarray(fraction)
+    if array.ndim != 0 or not (
+        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    ) or array.dtype == np.bool_:
+        raise TypeError(
+            f"the ESS fraction must be a real scalar in (0, 1], got {fraction!r} "
+            f"(shape {array.shape}, dtype {array.dtype})."
+        )
+    value = float(array)
+    if not 0.0 < value <= 1.0:  # also refuses NaN
+        raise ValueError(
+            f"ESS fraction {value} is out of range: it must be in (0, 1] (ESS = fraction * N, "
+            "N = sum_i n_i, which FedAvg attains at fraction 1)."
+        )
+    return value
+
+
+def check_weights(name: str, weights: Any, num_clients: int) -> np.ndarray:
+    """Aggregation weights: a finite, non-negative (num_clients,) vector, not all zero."""
+    array = np.asarray(weights, dtype=np.float64)
+    if array.shape != (num_clients,):
+        raise ValueError(
+            f"{name} has shape {array.shape} but client_sizes has shape ({num_clients},)."
+        )
+    _finite_nonnegative(name, array)
+    if not array.any():
+        raise ValueError(f"{name} is all zeros.")
+    return array

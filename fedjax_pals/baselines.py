@@ -3,7 +3,8 @@
 Each baseline is a client method (how a client trains), a weighting (how the
 server weighs the participants) and a server update (how the weighted
 updates become the next global state), exactly like FedAvg and FedPALS in
-`fedjax_pals.algorithms`. The exact updates follow REFERENCE.md section 4.
+`fedjax_pals.algorithms`. The FedPALS paper (Sec. 5) names the baselines but
+not their updates; each update here is the one of the paper cited below.
 
 * FedProx (Li et al., 2020): local loss + (mu/2) ||w - w_global||^2.
 * SCAFFOLD (Karimireddy et al., 2020), option II control variates.
@@ -380,7 +381,7 @@ def afl_weighting() -> Weighting:
 
 
 def afl_server_update(step_size: float) -> ServerUpdate:
-    """AFL's server step (Mohri et al., 2019, Stochastic-AFL; REFERENCE.md section 4).
+    """AFL's server step (Mohri et al., 2019, "Agnostic Federated Learning", Stochastic-AFL).
 
     Model:  w_t = w_{t-1} + sum_{i in S} alpha_i (w_i - w_{t-1}), alpha from `afl_weighting`.
     Mixture weights (projected gradient ascent on sum_k lam_k L_k):

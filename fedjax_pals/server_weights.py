@@ -37,7 +37,8 @@ from fedjax_pals import _validation
 # float32 round-off bounds near 1e-7. See BUILD_NOTES.md.
 # jaxopt's accelerated solver alone can stop early at a non-optimal vertex
 # (tests/test_server_weights.py has the reproducer); an unaccelerated polish
-# from its result certifies the optimum (see _solve_fedpals).
+# from its result certifies the optimum, and exact steps on the face it ends on
+# make alpha accurate to float32 rounding (see _solve_fedpals).
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-7
 # The polish stops on the true gradient mapping and can go a decade lower
@@ -47,6 +48,9 @@ _POLISH_TOL_FACTOR = 0.1
 # noise floor would run on without gain, and under vmap every problem waits
 # for the slowest, so it gets a fifth of the budget.
 _POLISH_ITER_DIVISOR = 5
+# Exact face steps after the polish (_face_newton_polish): usually two (one to the
+# face's minimiser, one refining it); each client the ratio test drops costs one more.
+_MAX_FACE_STEPS = 8
 
 # The bisection of `lambda_for_ess` searches lam / N in [1e-6, 1e12], log-spaced.
 # 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
@@ -69,13 +73,13 @@ def fedavg_weights(client_sizes: chex.ArrayLike) -> jax.Array:
 
 
 def effective_sample_size(alpha: chex.ArrayLike, client_sizes: chex.ArrayLike) -> jax.Array:
-    """ESS(alpha) = 1 / sum_i alpha_i^2 / n_i (Sec. 3.1 of the paper)."""
+    """ESS(alpha) = 1 / sum_i alpha_i^2 / n_i (Sec. 3.1 of the paper).
+
+    alpha: finite, non-negative weights, one per client (normally on the simplex).
+    """
     if _validation.is_concrete(alpha, client_sizes):
         sizes = _validation.check_client_sizes(client_sizes)
-        if jnp.shape(alpha) != sizes.shape:
-            raise ValueError(
-                f"alpha has shape {jnp.shape(alpha)} but client_sizes has shape {sizes.shape}."
-            )
+        _validation.check_weights("alpha", alpha, sizes.size)
     alpha = _float_array(alpha)
     return 1.0 / jnp.sum(alpha * alpha / _float_array(client_sizes))
 
@@ -98,6 +102,122 @@ def _lipschitz_bound(dists: jax.Array, inv_sizes: jax.Array, lam: jax.Array) -> 
     # ||S^T S||_2, a K x K eigenproblem, cheap even for thousands of clients.
     gram_norm = jnp.linalg.eigvalsh(dists.T @ dists)[-1]
     return 2.0 * (gram_norm + lam * jnp.max(inv_sizes))
+
+
+def _face_newton_step(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One exact (Newton) step of eq. 8 on the face of the simplex alpha lies on.
+
+    On the face A = supp(alpha), eq. 8 in the correction d (d_i = 0 off A,
+    sum_i d_i = 0) is an equality-constrained least-squares problem. In the
+    scaled correction e = N^(-1/2) d (N = diag(n)), with q = (sqrt(n_i))_{i in A},
+    P the projector onto q's orthogonal complement in A, F = S_A^T N_A^(1/2) P
+    (K x M, rank <= K), r = T - alpha^T S and v = N^(-1/2) alpha, it reads
+
+        min_{e in range(P)} ||F e - r||^2 + lam ||e + P v||^2,
+
+    a Tikhonov problem solved with the thin SVD F^T = V diag(sigma) U^T
+    (M x K: O(M K^2), cheap for thousands of clients):
+
+        lam = 0:  e = V diag(1 / sigma) U^T r         (the minimum-norm correction,
+                  which keeps the minimiser projected gradient chose along flat directions);
+        lam > 0:  e = V diag(1 / (sigma^2 + lam)) V^T g + (I - V V^T) g / lam,
+                  g = P (N^(1/2) (-grad f(alpha) / 2)) = F^T r - lam P v.
+
+    Both are corrections computed from the residual / gradient at alpha, so the
+    solve's float32 error is relative to ||d||; what remains is the rounding of
+    r and of grad f, i.e. float32's floor for this problem's conditioning. At
+    lam > 0, g is formed from grad f in alpha's own coordinates, less the
+    multiplier of sum_i alpha_i = 1, before any scaling by sqrt(n_i): computing
+    F^T r and lam P v apart (large terms that cancel at the optimum), or leaving
+    the multiplier in, costs eps * (their size) * sqrt(n_max / n_min) in alpha,
+    1e-5 on tests/test_server_weights.py's problems. A ratio test keeps alpha >= 0:
+    a client the step would make negative leaves the face at 0.
+
+    Returns the new alpha, whether the step was kept and whether it was a full
+    one (t = 1). The step is kept only if finite and if it does not raise the
+    objective beyond the float32 rounding of its evaluation: in exact
+    arithmetic it never raises it.
+    """
+    dtype = alpha.dtype
+    eps = jnp.finfo(dtype).eps
+    num_clients, num_classes = dists.shape
+    active = alpha > 0
+    sqrt_sizes = jnp.where(active, jnp.sqrt(sizes), 0.0)  # q
+    q_norm2 = sqrt_sizes @ sqrt_sizes
+
+    def project_rows(x):  # P applied to each column of an (M, K) matrix
+        return x - jnp.outer(sqrt_sizes, sqrt_sizes @ x) / q_norm2
+
+    def project(x):  # P x, for x zero off A
+        return x - sqrt_sizes * (sqrt_sizes @ x) / q_norm2
+
+    residual = target - alpha @ dists
+    f_transposed = project_rows(dists * sqrt_sizes[:, None])  # F^T, (M, K)
+    v_mat, sigma, u_t = jnp.linalg.svd(f_transposed, full_matrices=False)
+    # Singular values at the SVD's rounding level belong to null directions of F.
+    keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
+    v_mat = jnp.where(keep[None, :], v_mat, 0.0)
+    safe_sigma = jnp.where(keep, sigma, 1.0)
+    positive_lam = lam > 0
+    safe_lam = jnp.where(positive_lam, lam, 1.0)
+    # lam = 0.
+    e_zero = v_mat @ jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0)
+    # lam > 0.
+    # -grad f / 2 on A, less its n-weighted mean: at the optimum every entry equals the
+    # multiplier of sum_i alpha_i = 1, which can be large (T far from Conv(S)). P
+    # removes it in exact arithmetic; removing it here, before the scaling by
+    # sqrt(n_i), keeps its rounding (eps |multiplier| sqrt(n_i)) out of the step.
+    half_grad = jnp.where(active, dists @ residual - lam * alpha / sizes, 0.0)
+    half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
+    grad = project(sqrt_sizes * half_grad)
+    components = v_mat.T @ grad
+    e_positive = v_mat @ (components / (safe_sigma * safe_sigma + lam)) + (
+        grad - v_mat @ components
+    ) / safe_lam
+    e = jnp.where(positive_lam, e_positive, e_zero)
+    step = jnp.where(active, sqrt_sizes * e, 0.0)
+    # Ratio test: the longest t <= 1 with alpha + t d >= 0.
+    decreasing = active & (step < 0)
+    ratios = jnp.where(decreasing, alpha / jnp.where(decreasing, -step, 1.0), jnp.inf)
+    blocking = jnp.argmin(ratios)
+    full = ratios[blocking] >= 1.0
+    t = jnp.where(full, 1.0, ratios[blocking])
+    candidate = jnp.maximum(alpha + t * step, 0.0)
+    candidate = jnp.where(~full & (jnp.arange(num_clients) == blocking), 0.0, candidate)
+    candidate = candidate / jnp.sum(candidate)
+
+    def objective(a):
+        res = target - a @ dists
+        return res @ res + lam * jnp.sum(a * a / sizes)
+
+    old_value = objective(alpha)
+    # Float32 evaluation error of the objective: ~eps (f + ||r|| (||T|| + ||alpha^T S||)),
+    # with ||r|| = sqrt(f) at most, times a small factor for the sums' rounding.
+    slack = 16 * eps * (old_value + 2 * jnp.sqrt(old_value))
+    accept = jnp.all(jnp.isfinite(candidate)) & (objective(candidate) <= old_value + slack)
+    return jnp.where(accept, candidate, alpha), accept, accept & full
+
+
+def _face_newton_polish(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> jax.Array:
+    # Face steps until two full ones in a row (the first reaches the face's
+    # minimiser, the second refines it against float32 rounding); a step cut
+    # short by the ratio test drops a client, and the next continues on the
+    # smaller face. A refused step would be refused again: stop. At most
+    # _MAX_FACE_STEPS.
+    def cond(carry):
+        steps, full_in_a_row, kept, _ = carry
+        return (steps < _MAX_FACE_STEPS) & (full_in_a_row < 2) & kept
+
+    def body(carry):
+        steps, full_in_a_row, _, a = carry
+        a, kept, full = _face_newton_step(a, dists, target, sizes, lam)
+        return steps + 1, jnp.where(full, full_in_a_row + 1, 0), kept, a
+
+    return jax.lax.while_loop(cond, body, (0, 0, jnp.array(True), alpha))[3]
 
 
 @functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
@@ -135,6 +255,12 @@ def _solve_fedpals(
     # which without momentum is the gradient mapping at x_k: 0 only at the optimum.
     alpha = solver(accelerated=True).run(fedavg).params
     alpha = solver(accelerated=False).run(alpha).params
+    # Phase 3, exact: on the face the polish ends in, eq. 8 is an equality-
+    # constrained least-squares problem solved in closed form (_face_newton_step).
+    # Projected gradient's error in alpha is about (step tolerance) * L / mu, mu the
+    # smallest curvature on the face, and the polish's linear rate is 1 - mu / L: with
+    # mu / L = 7e-4 (an ill-conditioned S) phases 1-2 stopped 1.8e-4 from the optimum.
+    alpha = _face_newton_polish(alpha, dists, target, sizes, finite_lam)
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
 
@@ -153,15 +279,21 @@ def fedpals_weights(
 
     solved with `jaxopt.ProjectedGradient` onto the simplex (fixed step 1/L,
     started from FedAvg): accelerated, then polished without acceleration,
-    whose stopping rule certifies the optimum.
+    whose stopping rule certifies the optimum, then finished by exact steps
+    on the face of the simplex it ends on (the KKT system there is linear:
+    a least-squares problem solved in closed form, O(M K^2)).
 
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.
       target_label_dist: T, shape (K,).
       client_sizes: n, shape (M,), all > 0.
       lam: the trade-off lam >= 0. `jnp.inf` returns FedAvg (Proposition 2).
-      max_iter, tol: solver budget; the defaults reach 1e-8 in objective on
-        random problems (BUILD_NOTES.md).
+      max_iter: iteration budget of the accelerated phase (an integer >= 1; the
+        unaccelerated polish gets a fifth of it).
+      tol: its stopping tolerance on the step (a finite number > 0; the polish
+        uses tol / 10). The exact face step that follows makes the result
+        accurate to float32 rounding whenever these phases end on the optimal
+        face (BUILD_NOTES.md).
 
     Returns:
       alpha, shape (M,), on the simplex.
@@ -170,7 +302,14 @@ def fedpals_weights(
     returns the one projected gradient reaches from FedAvg, not necessarily the
     largest-ESS one (the lam -> 0+ limit, App. B.2). Use a small positive lam
     for that one.
+
+    Raises:
+      ValueError / TypeError: bad problem data, lam < 0 or NaN, or max_iter / tol
+        not an integer >= 1 / a finite number > 0 (checked even under jit: they
+        are static).
     """
+    max_iter = _validation.check_positive_int("max_iter", max_iter)
+    tol = _validation.check_positive_float("tol", tol)
     if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, lam):
         _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
         _validation.check_lam(lam)
@@ -257,16 +396,39 @@ def lambda_for_ess(
     64-step bisection on log(lam) over lam/N in [1e-6, 1e12] (1e-6 N stands for
     0+).
 
+    Checks, cheapest first, so that a bad request fails before any solve: the
+    problem data; the fraction a real scalar in (0, 1]; fraction = 1 returns
+    `inf` at once; a fraction below min_i n_i / N is out of reach of every
+    alpha on the simplex (ESS(alpha) >= min_i n_i). Only then is the reachable
+    lower end ESS(alpha^{0+})/N solved for (two solves, at lam = 0 and at 1e-6 N).
+
     Raises:
       ValueError: for bad problem data, or a fraction outside
-        [ESS(alpha^{0+})/N, 1] (the message gives the reachable range).
+        [ESS(alpha^{0+})/N, 1] (the message says "ESS fraction ... out of range"
+        and gives the range: (0, 1], or the reachable one for these clients).
+      TypeError: a fraction that is not a real scalar.
     """
+    concrete = _validation.is_concrete(
+        client_label_dists, target_label_dist, client_sizes, fraction
+    )
+    if concrete:  # the checks that need no solve come first
+        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
+        value = _validation.check_ess_fraction(fraction)
+        if value == 1.0:  # FedAvg (Proposition 2): no solve
+            return jnp.asarray(jnp.inf, jnp.result_type(float))
+        sizes_np = _validation.check_client_sizes(client_sizes)
+        every_alpha = sizes_np.min() / sizes_np.sum()
+        if value < every_alpha:
+            raise ValueError(
+                f"ESS fraction {value} is out of range: every alpha on the simplex has ESS >= "
+                f"min_i n_i = {sizes_np.min():g}, i.e. fraction >= {every_alpha:.6g} of "
+                f"N = {sizes_np.sum():g}; the reachable range [ESS(alpha^(0+))/N, 1] starts "
+                "there or higher."
+            )
     dists = _float_array(client_label_dists)
     target = _float_array(target_label_dist)
     sizes = _float_array(client_sizes)
-    if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, fraction):
-        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
-        value = float(fraction)
+    if concrete:
         lowest = max(
             float(_ess_fraction_at(-jnp.inf, dists, target, sizes)),
             float(_ess_fraction_at(_LOG10_LAM_RANGE[0], dists, target, sizes)),

@@ -15,7 +15,7 @@ def _num_params(params):
 def test_lenet_has_the_reference_architecture_on_fashion_mnist():
     model = fjp.lenet((28, 28, 1), 10)
     params = model.init(jax.random.PRNGKey(0))
-    # conv 5x5x1->6, conv 5x5x6->16, dense 256->120->84->10 (REFERENCE.md section 4).
+    # conv 5x5x1->6, conv 5x5x6->16, dense 256->120->84->10 (LeNet-5, LeCun et al., 1998).
     expected = (
         (5 * 5 * 1 * 6 + 6)
         + (5 * 5 * 6 * 16 + 16)

@@ -25,13 +25,17 @@ def rng():
 
 
 def random_labels(rng, num_classes=None, n_train=None, n_test=None):
-    """Imbalanced random train/test labels in which every class occurs."""
+    """Imbalanced random train/test labels in which every class occurs.
+
+    Every class has >= 30 test examples, so any target gets a test set of at least
+    MIN_TARGET_TEST_SIZE = 30 (a class with T_k <= 1 can supply 30 T-distributed examples).
+    """
     k = int(num_classes or rng.integers(3, 12))
     n_train = int(n_train or rng.integers(1500, 4000))
     n_test = int(n_test or rng.integers(400, 1000))
     probs = rng.dirichlet(np.full(k, 3.0))
     train = np.concatenate([np.arange(k).repeat(30), rng.choice(k, n_train - 30 * k, p=probs)])
-    test = np.concatenate([np.arange(k).repeat(10), rng.choice(k, n_test - 10 * k, p=probs)])
+    test = np.concatenate([np.arange(k).repeat(30), rng.choice(k, n_test - 30 * k, p=probs)])
     return rng.permutation(train).astype(np.int32), rng.permutation(test).astype(np.int32), k
 
 
@@ -109,11 +113,11 @@ def test_largest_remainder_counts_sum_to_n_and_stay_within_one_of_p_n(rng):
 
 
 def test_largest_remainder_counts_rejects_bad_input():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="non-negative 1-D vector with positive mass"):
         largest_remainder_counts(np.array([0.5, -0.1, 0.6]), 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="non-negative 1-D vector with positive mass"):
         largest_remainder_counts(np.zeros(3), 5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be a non-negative int, got -1"):
         largest_remainder_counts(np.array([1.0]), -1)
 
 
@@ -185,6 +189,97 @@ def test_core_rejects_oversubscribed_class_and_empty_clients(rng):
         partition_from_label_counts(train, test, empty_target, seed=0, description="x")
     with pytest.raises(ValueError, match="num_classes"):
         partition_from_label_counts(train, test, np.ones((2, k + 1), int), seed=0, description="x")
+
+
+# ------------------------------------------------------ target sets that cannot follow T
+
+
+@pytest.mark.parametrize("target_row", [[5, 5, 5], [50, 50, 1]], ids=["T_2=1/3", "T_2=1/101"])
+def test_test_split_without_a_class_the_target_needs_is_an_error(target_row):
+    # Even a class T weights at 1 % must be in the test split, or the test set silently
+    # leaves part of T out.
+    train = np.repeat(np.arange(3), 100)
+    test = np.repeat(np.arange(2), 200)  # no class 2
+    counts = np.array([[10, 10, 10], target_row])
+    message = r"T needs class\(es\) \[2\] \(T_2 = 0\.(009901|3333)\) but the test split has no"
+    with pytest.raises(ValueError, match=message):
+        partition_from_label_counts(train, test, counts, seed=0, description="x")
+    # The same through a scheme: every client, the target included, holds all 3 labels.
+    with pytest.raises(ValueError, match=r"test split has no example of them"):
+        sparsity_partition(train, test, num_clients=3, labels_per_client=3, seed=0)
+
+
+def test_target_test_set_below_the_minimum_is_an_error_naming_the_limiting_class():
+    train = np.repeat(np.arange(3), 100)
+    test = np.concatenate([np.repeat(0, 200), np.repeat(1, 4), np.repeat(2, 200)])
+    counts = np.array([[10, 10, 10], [20, 20, 0]])  # T = (0.5, 0.5, 0)
+    # Class 1 has 4 test examples, so a T-distributed test set holds at most 9 (5 + 4).
+    message = (
+        r"only 9 examples, fewer than min_target_test_size=30.*T puts 0\.5 on class 1, of which "
+        r"the test split has 4 examples"
+    )
+    with pytest.raises(ValueError, match=message):
+        partition_from_label_counts(train, test, counts, seed=0, description="x")
+    with pytest.raises(ValueError, match="min_target_test_size=10"):
+        partition_from_label_counts(
+            train, test, counts, seed=0, description="x", min_target_test_size=10
+        )
+    # Accepting a small set is an explicit choice.
+    p = partition_from_label_counts(
+        train, test, counts, seed=0, description="x", min_target_test_size=9
+    )
+    assert len(p.target_test_indices) == 9
+    assert_partition_invariants(p, train, test)
+
+
+def test_explicit_target_test_size_below_the_minimum_is_an_error(rng):
+    train, test, k = random_labels(rng)
+    counts = np.stack([np.full(k, 5), np.full(k, 5)])
+    with pytest.raises(ValueError, match="only 12 examples, fewer than min_target_test_size=30"):
+        partition_from_label_counts(
+            train, test, counts, seed=0, description="x", target_test_size=12
+        )
+    p = partition_from_label_counts(
+        train,
+        test,
+        counts,
+        seed=0,
+        description="x",
+        target_test_size=12,
+        min_target_test_size=12,
+    )
+    assert len(p.target_test_indices) == 12
+
+
+@pytest.mark.parametrize("scheme", ["sparsity", "dirichlet", "niid_bench"])
+def test_every_scheme_enforces_the_minimum_target_test_set(scheme):
+    # 2 test examples per class: no target can get a test set of 30.
+    train = np.repeat(np.arange(4), 200)
+    test = np.repeat(np.arange(4), 2)
+    make = {
+        "sparsity": lambda **kw: sparsity_partition(train, test, labels_per_client=2, **kw),
+        "dirichlet": lambda **kw: dirichlet_partition(train, test, beta=1.0, **kw),
+        "niid_bench": lambda **kw: niid_bench_dirichlet_partition(train, test, beta=1.0, **kw),
+    }[scheme]
+    with pytest.raises(ValueError, match="fewer than min_target_test_size=30"):
+        make(num_clients=4, seed=0)
+    p = make(num_clients=4, seed=0, min_target_test_size=1)
+    assert_partition_invariants(p, train, test)
+
+
+@pytest.mark.parametrize(
+    "value,error,message",
+    [
+        (0, ValueError, "min_target_test_size must be an integer >= 1, got 0"),
+        (2.5, TypeError, "min_target_test_size must be an integer >= 1, got 2.5"),
+    ],
+)
+def test_bad_min_target_test_size_raises(rng, value, error, message):
+    train, test, k = random_labels(rng)
+    with pytest.raises(error, match=message):
+        sparsity_partition(
+            train, test, num_clients=3, labels_per_client=1, seed=0, min_target_test_size=value
+        )
 
 
 @pytest.mark.parametrize(
@@ -372,7 +467,7 @@ def test_niid_bench_dirichlet_stops_feeding_clients_past_their_fair_share(rng):
     # NIID-Bench zeroes q_kj for clients already holding >= N / M examples, so
     # no client exceeds N / M by more than one class's worth.
     train = rng.permutation(np.arange(10).repeat(100))
-    test = np.arange(10).repeat(10)
+    test = np.arange(10).repeat(30)  # a target test set of >= 30 for any T
     for seed in range(5):
         p = niid_bench_dirichlet_partition(
             train, test, num_clients=5, beta=0.01, seed=seed, min_size=1
@@ -451,7 +546,7 @@ def test_resample_rejects_bad_label_dist(rng):
 def test_partition_arrays_are_read_only_and_summary_is_json(rng):
     train, test, _ = random_labels(rng)
     p = sparsity_partition(train, test, num_clients=4, labels_per_client=2, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         p.client_indices[0, 0] = 1
     summary = json.loads(json.dumps(p.summary()))
     assert summary["num_clients"] == 3 and summary["n_val"] == len(p.target_val_indices)

@@ -97,8 +97,23 @@ def test_same_seed_same_task_other_seed_other_points():
     assert not np.array_equal(a.train.x, c.train.x)
 
 
-@pytest.mark.parametrize("kwargs", [dict(num_test=0), dict(num_val=-3), dict(seed=-1)])
-def test_bad_sizes_or_seed_raise(kwargs):
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(num_test=0), "num_test must be a positive int, got 0"),
+        (dict(num_val=-3), "num_val must be a positive int, got -3"),
+        (dict(seed=-1), "seed must be a non-negative int, got -1"),
+        (dict(min_target_test_size=0), "min_target_test_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_bad_sizes_or_seed_raise(kwargs, message):
     kwargs = {"seed": 0, **kwargs}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         synthetic_label_shift_task(0.5, **kwargs)
+
+
+def test_target_test_set_below_the_minimum_is_an_error_unless_accepted_explicitly():
+    with pytest.raises(ValueError, match="num_test=29 is fewer than min_target_test_size=30"):
+        synthetic_label_shift_task(0.5, seed=0, num_test=29)
+    dataset, _ = synthetic_label_shift_task(0.5, seed=0, num_test=29, min_target_test_size=29)
+    assert len(dataset.test) == 29

@@ -10,6 +10,7 @@ from fedjax_pals.data.datasets import (
     load_fashion_mnist,
 )
 from fedjax_pals.data.partitions import (
+    MIN_TARGET_TEST_SIZE,
     FederatedPartition,
     dirichlet_partition,
     largest_remainder_counts,
@@ -32,6 +33,7 @@ __all__ = [
     "DatasetUnavailableError",
     "FederatedPartition",
     "LabeledSplit",
+    "MIN_TARGET_TEST_SIZE",
     "SYNTHETIC_CLIENT_LABEL_DISTS",
     "SYNTHETIC_CLIENT_SIZES",
     "SYNTHETIC_MEANS",

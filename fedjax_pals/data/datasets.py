@@ -180,6 +180,27 @@ def _find_idx_files(directory: pathlib.Path) -> dict[tuple[str, str], pathlib.Pa
     return found
 
 
+def _missing_idx_files(directory: pathlib.Path) -> list[str]:
+    """The official idx file names (plain or .gz) that ``directory`` lacks."""
+    return [
+        f"{stem}[.gz]"
+        for stem in _FMNIST_FILES.values()
+        if not ((directory / stem).is_file() or (directory / f"{stem}.gz").is_file())
+    ]
+
+
+def _explicit_data_dir(data_dir: str | os.PathLike, dataset: str) -> pathlib.Path:
+    """An explicit ``data_dir``, which must be an existing directory."""
+    path = pathlib.Path(data_dir).expanduser().absolute()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise DatasetUnavailableError(
+            f"data_dir={path} {what}: give the directory that holds {dataset}, or "
+            "data_dir=None to search the default places (nothing is downloaded)."
+        )
+    return path
+
+
 def _load_fashion_mnist_idx(files: dict[tuple[str, str], pathlib.Path]) -> dict[str, LabeledSplit]:
     splits = {}
     for split in ("train", "test"):
@@ -315,26 +336,29 @@ def load_fashion_mnist(
 ) -> Dataset:
     """Loads Fashion-MNIST (Xiao et al., 2017): 60k train / 10k test 28x28 grey images.
 
-    Sources, in order:
-      1. the official idx files (``train-images-idx3-ubyte[.gz]``, ...) in
-         ``data_dir`` or ``data_dir/fashion-mnist``;
-      2. ``DEBIAN_FASHION_MNIST_DIR`` (the ``dataset-fashion-mnist`` package),
+    With an explicit ``data_dir``, that directory is the only place looked in:
+    the official idx files (``train-images-idx3-ubyte[.gz]``, ...) in
+    ``data_dir``, ``data_dir/fashion-mnist`` or ``data_dir/fashion_mnist``, or a
+    TFDS copy prepared in ``data_dir``. A ``data_dir`` without the data set is an
+    error naming what is missing, never a fallback to another copy.
+
+    With ``data_dir=None``, in order:
+      1. ``DEBIAN_FASHION_MNIST_DIR`` (the ``dataset-fashion-mnist`` package),
          unless ``search_debian`` is False;
-      3. a TFDS copy already prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``,
-         or ``~/tensorflow_datasets`` when ``data_dir`` is None).
+      2. a TFDS copy prepared in ``$TFDS_DATA_DIR`` (or ``~/tensorflow_datasets``).
 
     Returns x float32 (N, 28, 28, 1) in [-1, 1] and y int32 in [0, 10).
 
     Raises:
-      DatasetUnavailableError: no source has the data (raised immediately;
-        nothing is downloaded). The message lists how to obtain it.
+      DatasetUnavailableError: no source has the data, or ``data_dir`` does not
+        hold it (raised immediately; nothing is downloaded). The message names
+        what is missing and how to obtain it.
       ValueError: an idx file is present but corrupt or truncated.
     """
+    if data_dir is not None:
+        return _load_fashion_mnist_from(_explicit_data_dir(data_dir, "Fashion-MNIST"))
     searched: list[str] = []
     directories: list[pathlib.Path] = []
-    if data_dir is not None:
-        base = pathlib.Path(data_dir).expanduser()
-        directories += [base, base / "fashion-mnist", base / "fashion_mnist"]
     if search_debian:
         directories.append(pathlib.Path(DEBIAN_FASHION_MNIST_DIR))
     for directory in directories:
@@ -351,7 +375,7 @@ def load_fashion_mnist(
             source=f"idx files in {directory}",
         )
 
-    tfds_dir = _tfds_data_dir(data_dir)
+    tfds_dir = _tfds_data_dir(None)
     if _tfds_prepared(tfds_dir, "fashion_mnist"):
         splits = _load_tfds("fashion_mnist", tfds_dir)
         return Dataset(
@@ -376,25 +400,70 @@ def load_fashion_mnist(
     )
 
 
+def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
+    """Fashion-MNIST from an explicit directory only (see `load_fashion_mnist`)."""
+    candidates = [base, base / "fashion-mnist", base / "fashion_mnist"]
+    for directory in candidates:
+        files = _find_idx_files(directory)
+        if files is not None:
+            splits = _load_fashion_mnist_idx(files)
+            return Dataset(
+                name="fashion_mnist",
+                train=splits["train"],
+                test=splits["test"],
+                num_classes=10,
+                source=f"idx files in {directory}",
+            )
+    if _tfds_prepared(base, "fashion_mnist"):
+        splits = _load_tfds("fashion_mnist", base)
+        return Dataset(
+            name="fashion_mnist",
+            train=splits["train"],
+            test=splits["test"],
+            num_classes=10,
+            source=f"TFDS fashion_mnist prepared in {base}",
+        )
+    # Name the files missing where most of them are (a partial copy), else in data_dir.
+    closest = min(candidates, key=lambda d: len(_missing_idx_files(d)))
+    raise DatasetUnavailableError(
+        f"data_dir={base} does not hold Fashion-MNIST (an explicit data_dir is the only place "
+        f"looked in; nothing is downloaded): {closest} lacks the idx file(s) "
+        f"{', '.join(_missing_idx_files(closest))} (also looked in its fashion-mnist/ and "
+        f"fashion_mnist/ subdirectories), and there is no prepared TFDS copy "
+        f"{base}/fashion_mnist/<version>/dataset_info.json.\nPut the four official idx files "
+        "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+        "t10k-labels-idx1-ubyte.gz) there, or pass data_dir=None (no --data_dir) to use "
+        f"{DEBIAN_FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist) or $TFDS_DATA_DIR."
+    )
+
+
 def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
     """Loads CIFAR-10 (Krizhevsky, 2009): 50k train / 10k test 32x32 RGB images.
 
     Read through ``tfds.data_source("cifar10", download=False)`` from a copy
-    already prepared in ``data_dir`` (or ``$TFDS_DATA_DIR``, or
-    ``~/tensorflow_datasets``). Returns x float32 (N, 32, 32, 3) in [-1, 1] and
+    already prepared in ``data_dir`` (only there when it is given: never a
+    fallback to another copy), else in ``$TFDS_DATA_DIR`` or
+    ``~/tensorflow_datasets``. Returns x float32 (N, 32, 32, 3) in [-1, 1] and
     y int32 in [0, 10).
 
     Raises:
-      DatasetUnavailableError: no prepared copy exists (raised immediately;
-        nothing is downloaded). The message says how to prepare one.
+      DatasetUnavailableError: no prepared copy exists where looked (raised
+        immediately; nothing is downloaded). The message names the missing file
+        and says how to prepare one.
     """
-    tfds_dir = _tfds_data_dir(data_dir)
+    if data_dir is not None:
+        tfds_dir = _explicit_data_dir(data_dir, "CIFAR-10")
+        where = f"data_dir={tfds_dir} does not hold CIFAR-10 (an explicit data_dir is the only "
+        where += "place looked in; nothing is downloaded)"
+    else:
+        tfds_dir = _tfds_data_dir(None)
+        where = "CIFAR-10 is not available locally (nothing is downloaded)"
     if not _tfds_prepared(tfds_dir, "cifar10"):
         raise DatasetUnavailableError(
-            f"CIFAR-10 is not available locally (nothing is downloaded): no prepared TFDS "
-            f"cifar10 in {tfds_dir}.\nTo get it: "
+            f"{where}: there is no prepared TFDS copy "
+            f"{tfds_dir}/cifar10/<version>/dataset_info.json.\nTo get it: "
             + _TFDS_HINT.format(name="cifar10")
-            + ". The prepared tree must contain DATA_DIR/cifar10/<version>/dataset_info.json."
+            + "."
         )
     splits = _load_tfds("cifar10", tfds_dir)
     return Dataset(
@@ -412,7 +481,8 @@ _LOADERS = {"fashion_mnist": load_fashion_mnist, "cifar10": load_cifar10}
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
     """Loads a data set by name: one of ``"fashion_mnist"`` or ``"cifar10"``.
 
-    Names are matched ignoring case, ``-`` and ``_`` (so "CIFAR-10" works).
+    Names are matched ignoring case, ``-`` and ``_`` (so "CIFAR-10" works). An
+    explicit ``data_dir`` is the only place looked in (see the loaders).
     """
     canonical = {key.replace("_", ""): key for key in _LOADERS}
     key = canonical.get(name.strip().lower().replace("-", "").replace("_", ""))

@@ -15,6 +15,13 @@ function is deterministic given ``seed``.
 Rounding a distribution p to integer counts summing to n uses the largest
 remainder (Hamilton) method: floor(p * n), then one extra example for the
 classes with the largest fractional parts (ties to the lower class index).
+
+The target sets must be able to follow T: the test split must hold every class
+with T_k > 0, and the target test set must have at least
+``min_target_test_size`` (default `MIN_TARGET_TEST_SIZE` = 30) examples; the
+validation set is the target's own (non-empty) training share or a T-distributed
+subsample of it. Otherwise the functions raise, naming the class that limits the
+test set and the remedies, rather than report accuracy on a handful of examples.
 """
 
 from __future__ import annotations
@@ -23,6 +30,14 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
+from fedjax_pals import _validation
+
+# The smallest target test set the partition functions accept (min_target_test_size).
+# The accuracy measured on n examples has a standard error of up to 0.5 / sqrt(n): 9
+# points at n = 30, so a smaller set reports noise, not a measurement. The paper's
+# target test sets hold thousands (Fashion-MNIST C = 3: 3000).
+MIN_TARGET_TEST_SIZE = 30
 
 # Independent random streams per purpose, so e.g. the Dirichlet draws of a
 # partition do not shift when the example-drawing code changes.
@@ -261,6 +276,46 @@ def _pad(rows: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _check_test_split_covers_target(
+    target_dist: np.ndarray, test_available: np.ndarray, description: str
+) -> None:
+    """Every class with T_k > 0 must have examples in the test split."""
+    lacking = np.flatnonzero((target_dist > 0) & (test_available == 0))
+    if lacking.size:
+        shares = ", ".join(f"T_{k} = {target_dist[k]:.4g}" for k in lacking)
+        raise ValueError(
+            f"the target test set cannot follow T: T needs class(es) {lacking.tolist()} "
+            f"({shares}) but the test split has no example of them ({description}). Use "
+            "another seed or other partition parameters, so that the target avoids those "
+            "classes, or a test split that holds every class."
+        )
+
+
+def _check_target_test_size(
+    n_test: int,
+    min_size: int,
+    target_dist: np.ndarray,
+    test_available: np.ndarray,
+    description: str,
+) -> None:
+    """The target test set must hold at least ``min_size`` examples."""
+    if n_test >= min_size:
+        return
+    # The class that limits a T-distributed test set: the smallest n_k / T_k.
+    support = target_dist > 0
+    capacity = np.where(support, test_available / np.where(support, target_dist, 1.0), np.inf)
+    k = int(np.argmin(capacity))
+    raise ValueError(
+        f"the target test set would hold only {n_test} examples, fewer than "
+        f"min_target_test_size={min_size}, and accuracy on so few is noise ({description}). "
+        f"T puts {target_dist[k]:.4g} on class {k}, of which the test split has "
+        f"{test_available[k]} examples, so a T-distributed test set can hold about "
+        f"{capacity[k]:.0f}. Use another seed or other partition parameters (a target with "
+        f"less weight on class {k}), a test split with more examples of class {k}, or pass "
+        f"min_target_test_size <= {n_test} to accept so small a set."
+    )
+
+
 # --------------------------------------------------------------------------
 # The common core
 # --------------------------------------------------------------------------
@@ -276,6 +331,7 @@ def partition_from_label_counts(
     num_classes: int | None = None,
     target_test_size: int | None = None,
     val_size: int | None = None,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> FederatedPartition:
     """Builds a partition whose client i holds ``label_counts[i, k]`` examples of class k.
 
@@ -291,12 +347,19 @@ def partition_from_label_counts(
     is ``target_test_size`` or, by default, the largest n whose counts the test
     split can supply.
 
+    The test set must be able to follow T: every class with T_k > 0 must have
+    examples in the test split, and n_test must be >= ``min_target_test_size``
+    (accuracy on fewer examples is noise; pass a smaller value deliberately).
+
     Raises:
       ValueError: malformed counts, a class pool smaller than the counts ask
-        for, a training client or the target with no examples, or an
-        infeasible ``target_test_size`` / ``val_size``.
+        for, a training client or the target with no examples, an infeasible
+        ``target_test_size`` / ``val_size``, a test split without a class T
+        needs, or a target test set smaller than ``min_target_test_size``
+        (the message names the class that limits it).
     """
     seed = _check_seed(seed)
+    min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
     train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
     counts = np.asarray(label_counts)
     if counts.ndim != 2 or counts.shape[1] != num_classes:
@@ -363,14 +426,9 @@ def partition_from_label_counts(
 
     test_pools = _class_pools(test, num_classes, rng)
     test_available = np.array([len(p) for p in test_pools])
+    _check_test_split_covers_target(target_dist, test_available, description)
     if target_test_size is None:
         n_test = _largest_feasible_size(target_dist, test_available)
-        if n_test == 0:
-            missing = np.flatnonzero((target_dist > 0) & (test_available == 0)).tolist()
-            raise ValueError(
-                f"the test split cannot supply any target test set with T={target_dist}; "
-                f"classes without test examples: {missing}"
-            )
     else:
         if not isinstance(target_test_size, (int, np.integer)) or target_test_size < 1:
             raise ValueError(f"target_test_size must be a positive int, got {target_test_size!r}")
@@ -383,6 +441,7 @@ def partition_from_label_counts(
             f"(T_k={target_dist[k]:.4g}) but the test split has {test_available[k]}; the largest "
             f"feasible size is {_largest_feasible_size(target_dist, test_available)}"
         )
+    _check_target_test_size(n_test, min_test, target_dist, test_available, description)
     test_idx = rng.permutation(
         np.concatenate([test_pools[k][: test_counts[k]] for k in range(num_classes)])
     )
@@ -418,6 +477,7 @@ def sparsity_partition(
     num_classes: int | None = None,
     target_test_size: int | None = None,
     val_size: int | None = None,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> FederatedPartition:
     """Sparsity sampling, "C labels per client" (FedPALS App. B.4; McMahan et al., 2017).
 
@@ -431,7 +491,8 @@ def sparsity_partition(
 
     Raises:
       ValueError: C not in [1, K], num_clients < 2, or a held label with
-        fewer training examples than holders (a client would miss a label).
+        fewer training examples than holders (a client would miss a label),
+        or target sets that cannot follow T (`partition_from_label_counts`).
     """
     seed = _check_seed(seed)
     num_clients = _check_num_clients(num_clients)
@@ -473,6 +534,7 @@ def sparsity_partition(
         num_classes=num_classes,
         target_test_size=target_test_size,
         val_size=val_size,
+        min_target_test_size=min_target_test_size,
     )
 
 
@@ -509,6 +571,7 @@ def dirichlet_partition(
     num_classes: int | None = None,
     target_test_size: int | None = None,
     val_size: int | None = None,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> FederatedPartition:
     """Dirichlet sampling as in FedPALS (App. B.4; Yurochkin et al., 2019): per client over classes.
 
@@ -526,8 +589,9 @@ def dirichlet_partition(
     `niid_bench_dirichlet_partition` for that one.
 
     Raises:
-      ValueError: beta <= 0, num_clients < 2, examples_per_client < 1 or
-        num_clients * examples_per_client > len(train).
+      ValueError: beta <= 0, num_clients < 2, examples_per_client < 1,
+        num_clients * examples_per_client > len(train), or target sets that
+        cannot follow T (`partition_from_label_counts`).
     """
     seed = _check_seed(seed)
     num_clients = _check_num_clients(num_clients)
@@ -575,6 +639,7 @@ def dirichlet_partition(
         num_classes=num_classes,
         target_test_size=target_test_size,
         val_size=val_size,
+        min_target_test_size=min_target_test_size,
     )
 
 
@@ -590,6 +655,7 @@ def niid_bench_dirichlet_partition(
     val_size: int | None = None,
     min_size: int = 10,
     max_tries: int = 1000,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> FederatedPartition:
     """NIID-Bench's Dirichlet split (Li et al., 2022, "noniid-labeldir"): per class over clients.
 
@@ -602,8 +668,9 @@ def niid_bench_dirichlet_partition(
     vary.
 
     Raises:
-      ValueError: beta <= 0, num_clients < 2, min_size < 1, or no draw met
-        ``min_size`` within ``max_tries`` attempts.
+      ValueError: beta <= 0, num_clients < 2, min_size < 1, no draw met
+        ``min_size`` within ``max_tries`` attempts, or target sets that cannot
+        follow T (`partition_from_label_counts`).
     """
     seed = _check_seed(seed)
     num_clients = _check_num_clients(num_clients)
@@ -647,6 +714,7 @@ def niid_bench_dirichlet_partition(
         num_classes=num_classes,
         target_test_size=target_test_size,
         val_size=val_size,
+        min_target_test_size=min_target_test_size,
     )
 
 

@@ -18,7 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_pals.data.datasets import Dataset, LabeledSplit
-from fedjax_pals.data.partitions import FederatedPartition, largest_remainder_counts
+from fedjax_pals import _validation
+from fedjax_pals.data.partitions import (
+    MIN_TARGET_TEST_SIZE,
+    FederatedPartition,
+    largest_remainder_counts,
+)
 
 SYNTHETIC_MEANS = np.array([[6.0, 4.6], [1.2, -1.6], [4.6, -5.4]])
 SYNTHETIC_CLIENT_LABEL_DISTS = np.array([[0.5, 0.5, 0.0], [0.5, 0.0, 0.5]])
@@ -43,7 +48,12 @@ def _sample(labels_counts: np.ndarray, rng: np.random.Generator) -> tuple[np.nda
 
 
 def synthetic_label_shift_task(
-    delta: float, *, seed: int, num_test: int = 2000, num_val: int = 500
+    delta: float,
+    *,
+    seed: int,
+    num_test: int = 2000,
+    num_val: int = 500,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> tuple[Dataset, FederatedPartition]:
     """Draws the synthetic task of App. C.4 for one delta.
 
@@ -51,7 +61,9 @@ def synthetic_label_shift_task(
     class: [20, 20, 0] and [9, 0, 9]) followed by a target validation set of
     ``num_val`` points with per-class counts largest_remainder(T_delta,
     num_val); the test split holds ``num_test`` points drawn the same way.
-    The partition's ``target_label_dist`` is T_delta itself.
+    The partition's ``target_label_dist`` is T_delta itself. As for the other
+    partitions, ``num_test`` must be >= ``min_target_test_size`` (default 30):
+    accuracy on fewer examples is noise.
 
     Returns:
       (dataset named "synthetic" with x float32 (N, 2), y int32; the matching
@@ -62,6 +74,13 @@ def synthetic_label_shift_task(
     for name, value in (("num_test", num_test), ("num_val", num_val)):
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
+    if num_test < min_test:
+        raise ValueError(
+            f"num_test={num_test} is fewer than min_target_test_size={min_test}: accuracy on so "
+            "few target test examples is noise (the paper uses 2000); pass "
+            f"min_target_test_size <= {num_test} to accept so small a set."
+        )
     target = synthetic_target_label_dist(delta)
     rng = np.random.default_rng(seed)
 
