@@ -64,11 +64,11 @@ def _synthetic():
 
 
 def _run(
-    algorithm, data, model, training, *, rounds, participants=None, strategy="vmap_scan", seed=0
+    algorithm, data, model, training, *, rounds, participants=None, backend="vmap_scan", seed=0
 ):
     """Rounds of `algorithm`; returns (states after each round incl. the initial, metrics)."""
     num_clients = int(data.client_sizes.shape[0])
-    engine = fjp.round_engine(algorithm, model, training, strategy=strategy)
+    engine = fjp.round_engine(algorithm, model, training, backend=backend)
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(seed)), num_clients)
     states, metrics = [state], []
     for r in range(rounds):
@@ -143,10 +143,10 @@ def test_fedshift_with_identical_client_label_dists_equals_fedavg():
     assert _tree_close(got[-1].params, ref[-1].params, atol=1e-6, rtol=1e-6)
     assert not _tree_equal(ref[-1].params, ref[0].params)
     # Another P (per-run data in the state) shifts the logits, with the same compiled round.
-    engine = fjp.round_engine(baselines.fedshift(aggregate), model, TRAINING, strategy="vmap_scan")
-    compiled = engine.compilation_counts()
+    engine = fjp.round_engine(baselines.fedshift(aggregate), model, TRAINING, backend="vmap_scan")
+    compiled = engine.compilations
     other, _ = _run(baselines.fedshift([0.6, 0.3, 0.1]), data, model, TRAINING, rounds=3)
-    assert engine.compilation_counts() == compiled
+    assert engine.compilations == compiled
     assert not _tree_close(other[-1].params, ref[-1].params, atol=1e-4)
 
 
@@ -218,7 +218,7 @@ def test_scaffold_control_variates_follow_option_two():
         training,
         rounds=3,
         participants=lambda r: schedule[r],
-        strategy="per_client",
+        backend="host_loop",
     )
     s0, s1, s2, s3 = states
     c_of = lambda s: s.algorithm_state["c"]
@@ -304,7 +304,7 @@ def test_afl_with_partial_participation_moves_only_the_participants_lambda():
         TRAINING,
         rounds=2,
         participants=lambda r: schedule[r],
-        strategy="per_client",
+        backend="host_loop",
     )
     for r, who in enumerate(schedule):
         before = np.asarray(states[r].algorithm_state["lam"])

@@ -1,0 +1,59 @@
+"""The round engine: client updates mapped over a mesh's clients axis, by backends.
+
+* `client_update`: a client's round as start / step / finish, `LocalTraining`.
+* `plan`: the data on the devices and a round's per-participant plan.
+* `backends`: how the client updates are mapped (vmap_scan, vmap_chunked,
+  vmap_steps, host_loop).
+* `mesh`: the clients placement axis over devices and processes.
+* `round`: `RoundEngine` (plan, map, weighted reduction, server update; one
+  run or a runs axis) and the `round_engine` cache.
+* `compilation`: counting compilations through `jax.monitoring`.
+"""
+
+from fedjax_pals.engine.backends import (
+    BACKENDS,
+    default_backend,
+    make_backend,
+    resolve_backend,
+)
+from fedjax_pals.engine.client_update import (
+    ClientResult,
+    ClientUpdate,
+    LocalCarry,
+    LocalTraining,
+    client_schedule,
+    make_client_update,
+    make_local_step,
+)
+from fedjax_pals.engine.compilation import CompilationCounter
+from fedjax_pals.engine.mesh import client_mesh, local_view, replicate
+from fedjax_pals.engine.plan import DeviceData, RoundPlan, device_data, make_plan
+from fedjax_pals.engine.round import RoundEngine, cached_engines, engine_key, round_engine
+from fedjax_pals.engine.structure import structure_key
+
+__all__ = [
+    "BACKENDS",
+    "ClientResult",
+    "ClientUpdate",
+    "CompilationCounter",
+    "DeviceData",
+    "LocalCarry",
+    "LocalTraining",
+    "RoundEngine",
+    "RoundPlan",
+    "cached_engines",
+    "client_mesh",
+    "client_schedule",
+    "default_backend",
+    "device_data",
+    "engine_key",
+    "local_view",
+    "make_backend",
+    "make_client_update",
+    "make_local_step",
+    "make_plan",
+    "replicate",
+    "resolve_backend",
+    "round_engine",
+    "structure_key",
+]

@@ -1,0 +1,93 @@
+"""The clients placement axis over a device mesh (DrJAX's placement idea).
+
+A round's participants are spread over every device of a one-axis
+`jax.sharding.Mesh` named "clients": the local devices, and the devices of the
+other processes when the program runs under `jax.distributed` (JAX's
+multi-controller runtime: NCCL on GPU clusters, TPU pods, gloo on CPU). The
+server state and the data are replicated; the aggregation is a weighted
+reduction over the clients axis, which XLA lowers to an all-reduce.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+CLIENTS = "clients"
+
+
+def client_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A one-axis mesh named "clients" over `devices` (default: every device of every process)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("client_mesh needs at least one device.")
+    if len({d.platform for d in devices}) != 1:
+        raise ValueError(f"a mesh holds devices of one platform, got {devices}.")
+    return Mesh(np.asarray(devices, dtype=object), (CLIENTS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def clients_sharding(mesh: Mesh, leading: int = 0) -> NamedSharding:
+    """Axis `leading` (after `leading` unsharded axes, e.g. a runs axis) split over the mesh."""
+    return NamedSharding(mesh, PartitionSpec(*([None] * leading), CLIENTS))
+
+
+def local_devices(mesh: Mesh) -> list[jax.Device]:
+    """This process's devices of the mesh, in mesh order."""
+    here = jax.process_index()
+    return [d for d in mesh.devices.flat if d.process_index == here]
+
+
+def _on_mesh(leaf: Any, sharding: NamedSharding) -> bool:
+    return isinstance(leaf, jax.Array) and leaf.sharding == sharding
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Every leaf replicated on every device of the mesh (every process gives the same values)."""
+    sharding = replicated(mesh)
+
+    def put(leaf):
+        if _on_mesh(leaf, sharding):
+            return leaf
+        if jax.process_count() == 1:
+            return jax.device_put(leaf, sharding)
+        host = np.asarray(local_view(leaf))
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def local_view(tree: Any) -> Any:
+    """Single-device views of arrays replicated over several devices; other leaves as they are.
+
+    What code outside the mesh (evaluation, checkpoints, NumPy) reads: an array
+    replicated over devices of several processes is not addressable as a whole.
+    """
+
+    def view(leaf):
+        if (
+            isinstance(leaf, jax.Array)
+            and len(leaf.sharding.device_set) > 1
+            and leaf.sharding.is_fully_replicated
+        ):
+            return leaf.addressable_data(0)
+        return leaf
+
+    return jax.tree_util.tree_map(view, tree)
+
+
+def device_views(tree: Any, devices: Sequence[jax.Device]) -> list[Any]:
+    """For each device, the tree of its own shards of the (replicated) leaves: no copies."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    views = [[] for _ in devices]
+    for leaf in leaves:
+        shards = {shard.device: shard.data for shard in leaf.addressable_shards}
+        for i, device in enumerate(devices):
+            views[i].append(shards[device])
+    return [jax.tree_util.tree_unflatten(treedef, v) for v in views]

@@ -1,0 +1,276 @@
+"""The round engine: plan, map the client update over the clients, reduce, update.
+
+A round of R runs at once (`run_rounds`; `run_round` is R = 1):
+
+1. plan: each run's participants, their client info and data schedules;
+2. map: the backend runs the client update (start, step, finish) of every
+   participant of every run, with the clients axis spread over the mesh;
+3. reduce: the weighting's alpha over the participants and the weighted
+   reduction of their updates (across devices and processes: an all-reduce);
+4. server update: the next `ServerState` of each run.
+
+Runs that share structure (model, algorithm kind, local training) and differ
+in what lives in the state (seed and so init and data order, T, lambda,
+partitions of equal shape) share one compiled program: traced backends vmap
+the whole round over the runs axis; host-driven backends deal the (run,
+client) pairs to their lanes.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pals.algorithms import ClientOutputs, FederatedAlgorithm, ServerState
+from fedjax_pals.engine import mesh as mesh_lib
+from fedjax_pals.engine.backends import make_backend, resolve_backend
+from fedjax_pals.engine.client_update import LocalTraining, make_client_update
+from fedjax_pals.engine.compilation import CompilationCounter
+from fedjax_pals.engine.plan import RUNS_AXES, DeviceData, make_plan, pad_plan
+from fedjax_pals.engine.structure import structure_key
+from fedjax_pals.models import Model
+
+
+def _add_runs_axis(tree):
+    return jax.tree_util.tree_map(lambda leaf: leaf[None], tree)
+
+
+def _drop_runs_axis(tree):
+    return jax.tree_util.tree_map(lambda leaf: leaf[0], tree)
+
+
+class RoundEngine:
+    """Compiled rounds of one algorithm, model and local training on a mesh.
+
+    `run_round(data, state, participants, key) -> (state, metrics)` trains the
+    given participants ((m,) client ids; m fixes the compiled shape) and applies
+    the server update. `run_rounds` does the same for R runs stacked on a
+    leading axis (states, participants (R, m), keys (R, 2), and the client
+    tables of `data`). Metrics: "weights", "train_loss", "initial_loss",
+    "num_steps" per participant, as process-local arrays.
+    """
+
+    def __init__(
+        self,
+        algorithm: FederatedAlgorithm,
+        model: Model,
+        training: LocalTraining,
+        *,
+        backend: str = "auto",
+        chunk_size: int = 64,
+        steps_per_call: int = 4,
+        mesh: jax.sharding.Mesh | None = None,
+    ):
+        self.algorithm = algorithm
+        self.model = model
+        self.training = training
+        self.mesh = mesh if mesh is not None else mesh_lib.client_mesh()
+        self.backend = make_backend(
+            resolve_backend(backend, model, self.mesh),
+            chunk_size=chunk_size,
+            steps_per_call=steps_per_call,
+        )
+        self.update = make_client_update(algorithm, model, training)
+        self.counter = CompilationCounter()
+        self._multiple = self.backend.client_multiple(self.mesh.size)
+        self._placed: tuple = ()
+        replicated = mesh_lib.replicated(self.mesh)
+        runs = jax.vmap(self._round, in_axes=(RUNS_AXES, 0, 0, 0))
+        if self.backend.traceable:
+            self._jit_round = jax.jit(runs, out_shardings=replicated)
+        else:
+            self._bound = self.backend.bind(self.update, self.mesh)
+            plan_sharding = (
+                mesh_lib.clients_sharding(self.mesh, leading=1)
+                if self.backend.shards_plan
+                else replicated
+            )
+            self._jit_plan = jax.jit(
+                jax.vmap(self._padded_plan, in_axes=(RUNS_AXES, 0, 0, 0)),
+                out_shardings=plan_sharding,
+            )
+            self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=replicated)
+        self._jit_add_runs = jax.jit(_add_runs_axis)
+        self._jit_drop_runs = jax.jit(_drop_runs_axis)
+
+    # -- the pieces of one run's round (traced) -----------------------------------
+
+    def _padded_plan(self, data: DeviceData, state: ServerState, participants, key):
+        plan = make_plan(self.training, data, state, participants, key)
+        return pad_plan(plan, self._multiple)
+
+    def _aggregate(self, state: ServerState, plan, outputs: ClientOutputs):
+        """alpha over the (unpadded) participants, weighted reduction, server update."""
+        m = plan.participants.shape[0]
+        info = jax.tree_util.tree_map(lambda leaf: leaf[:m], plan.info)
+        outputs = jax.tree_util.tree_map(lambda leaf: leaf[:m], outputs)
+        weighting = self.algorithm.weighting
+        by_id = (plan.participants,) if weighting.uses_participants else ()
+        weights = weighting.weights(
+            info.label_dist, info.num_examples.astype(jnp.float32), state, *by_id
+        )
+        new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
+        metrics = {
+            "weights": weights,
+            "train_loss": outputs.train_loss,
+            "initial_loss": outputs.initial_loss,
+            "num_steps": outputs.num_steps,
+        }
+        return new_state, metrics
+
+    def _round(self, data: DeviceData, state: ServerState, participants, key):
+        plan = make_plan(self.training, data, state, participants, key)
+        padded = jax.lax.with_sharding_constraint(
+            pad_plan(plan, self._multiple), mesh_lib.clients_sharding(self.mesh)
+        )
+        outputs = self.backend.map_clients(self.update, data, state, padded)
+        outputs = jax.lax.with_sharding_constraint(outputs, mesh_lib.clients_sharding(self.mesh))
+        return self._aggregate(state, plan, outputs)
+
+    def _aggregate_runs(self, states, plans, participants, outputs: ClientOutputs):
+        if self.backend.partial_sums:  # (devices, R, m, ...): each slot written by one lane
+            outputs = jax.tree_util.tree_map(lambda leaf: jnp.sum(leaf, axis=0), outputs)
+
+        def one(state, plan, participants, outputs):
+            return self._aggregate(state, plan._replace(participants=participants), outputs)
+
+        return jax.vmap(one)(states, plans, participants, outputs)
+
+    # -- public -----------------------------------------------------------------
+
+    def place_data(self, data: DeviceData, *, runs_axis: bool = True) -> DeviceData:
+        """`data` replicated on the mesh (client tables with a leading runs axis).
+
+        The last placement is remembered, so passing the same `data` every
+        round copies it once.
+        """
+        if self._placed and self._placed[0] is data and self._placed[1] == runs_axis:
+            return self._placed[2]
+        placed = mesh_lib.replicate(data, self.mesh)
+        if not runs_axis:
+            placed = placed._replace(
+                **{
+                    name: self._jit_add_runs(getattr(placed, name))
+                    for name in ("client_indices", "client_sizes", "client_label_dists")
+                }
+            )
+        self._placed = (data, runs_axis, placed)
+        return placed
+
+    def run_rounds(
+        self, data: DeviceData, states: ServerState, participants, keys, *, _runs_axis=True
+    ) -> tuple[ServerState, dict]:
+        """One round of R runs: states, (R, m) participants, (R, 2) keys."""
+        with self.counter.track():
+            data = self.place_data(data, runs_axis=_runs_axis)
+            states, participants, keys = mesh_lib.replicate(
+                (states, jnp.asarray(participants, jnp.int32), jnp.asarray(keys)), self.mesh
+            )
+            if self.backend.traceable:
+                states, metrics = self._jit_round(data, states, participants, keys)
+            else:
+                plans = self._jit_plan(data, states, participants, keys)
+                outputs = self._bound(data, states, plans)
+                states, metrics = self._jit_aggregate(states, plans, participants, outputs)
+            return states, mesh_lib.local_view(metrics)
+
+    def run_round(
+        self, data: DeviceData, state: ServerState, participants, key
+    ) -> tuple[ServerState, dict]:
+        """One round of one run on `data` for the given participants."""
+        with self.counter.track():
+            batched = mesh_lib.replicate(
+                (state, jnp.asarray(participants, jnp.int32), jnp.asarray(key)), self.mesh
+            )
+            states, participants, keys = self._jit_add_runs(batched)
+            states, metrics = self.run_rounds(data, states, participants, keys, _runs_axis=False)
+            return self._jit_drop_runs(states), _drop_runs_axis(metrics)
+
+    @property
+    def compilations(self) -> int:
+        """XLA compilations this engine has triggered (jax.monitoring events)."""
+        return self.counter.compilations
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.counter.compile_seconds
+
+
+_ENGINE_CACHE_SIZE = 32
+_ENGINES: collections.OrderedDict = collections.OrderedDict()
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine_key(
+    algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, **options
+) -> Any:
+    """What a compiled round depends on: not the per-run data held in the state."""
+    compiled_parts = (
+        algorithm.client,
+        algorithm.weighting.weights,
+        algorithm.weighting.uses_participants,
+        algorithm.server_update,
+        model.apply,
+        model.init,
+        training,
+    )
+    return (structure_key(compiled_parts), tuple(sorted(options.items())))
+
+
+def round_engine(
+    algorithm: FederatedAlgorithm,
+    model: Model,
+    training: LocalTraining,
+    *,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    steps_per_call: int = 4,
+    mesh: jax.sharding.Mesh | None = None,
+) -> RoundEngine:
+    """A RoundEngine shared by every run with the same structure.
+
+    The key is what the compiled round depends on (the client method, the
+    weighting function, the server update, the model, the local training, the
+    backend and the mesh) compared by `structure_key`, not by identity: a sweep
+    over seeds, targets or lambda compiles its round once, and so does a
+    baseline whose builder makes new closures on every call. The cache holds
+    the 32 most recently used engines.
+    """
+    mesh = mesh if mesh is not None else mesh_lib.client_mesh()
+    resolved = resolve_backend(backend, model, mesh)
+    key = engine_key(
+        algorithm,
+        model,
+        training,
+        backend=resolved,
+        chunk_size=chunk_size,
+        steps_per_call=steps_per_call,
+        mesh=mesh,
+    )
+    with _ENGINES_LOCK:
+        if key in _ENGINES:
+            _ENGINES.move_to_end(key)
+            return _ENGINES[key]
+        engine = RoundEngine(
+            algorithm,
+            model,
+            training,
+            backend=resolved,
+            chunk_size=chunk_size,
+            steps_per_call=steps_per_call,
+            mesh=mesh,
+        )
+        _ENGINES[key] = engine
+        while len(_ENGINES) > _ENGINE_CACHE_SIZE:
+            _ENGINES.popitem(last=False)
+        return engine
+
+
+def cached_engines() -> int:
+    """How many engines the `round_engine` cache holds (for tests)."""
+    return len(_ENGINES)

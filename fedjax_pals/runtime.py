@@ -1,0 +1,100 @@
+"""Process-level set-up: host devices, and several processes under `jax.distributed`.
+
+Call `configure_runtime` first thing in a program, before any JAX computation:
+the number of host (CPU) devices and the distributed runtime are fixed when
+JAX initialises its backends.
+
+* One machine, all cores: `configure_runtime(cpu_devices="auto")` gives one
+  host device per core; the engine's CPU backend deals clients to them.
+* Several processes (on one machine for testing, or many hosts):
+  `configure_runtime(coordinator_address="host:port", num_processes=N,
+  process_id=i)` in each; on SLURM or TPU pods `configure_runtime(distributed=True)`
+  lets JAX detect the cluster. On CPU the processes talk through gloo.
+  The engine's mesh then spans every process's devices.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+
+_configured: dict = {}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def configure_runtime(
+    *,
+    cpu_devices: int | str | None = None,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    distributed: bool | None = None,
+) -> dict:
+    """Sets up host devices and, if asked, the multi-process runtime; returns the settings.
+
+    Args:
+      cpu_devices: host devices of this process: an int >= 1, "auto" (one per
+        available core, divided among the local processes when several run on
+        this machine with `local_processes`), or None (JAX's default, one).
+      coordinator_address, num_processes, process_id: `jax.distributed.initialize`
+        settings; giving any of them starts the distributed runtime. When none
+        is given they are read from the environment that `fedjax_pals.launch` sets.
+      distributed: True to start it with JAX's auto-detection (SLURM, TPU pods,
+        Open MPI); None starts it only when the settings above are given.
+    """
+    env = os.environ
+    if coordinator_address is None and num_processes is None and process_id is None:
+        # Set by `python -m fedjax_pals.launch` for each local process.
+        if "FEDJAX_PALS_COORDINATOR" in env:
+            coordinator_address = env["FEDJAX_PALS_COORDINATOR"]
+            num_processes = int(env["FEDJAX_PALS_NUM_PROCESSES"])
+            process_id = int(env["FEDJAX_PALS_PROCESS_ID"])
+    if cpu_devices is not None:
+        if cpu_devices == "auto":
+            per_process = int(os.environ.get("FEDJAX_PALS_LOCAL_PROCESSES", "1"))
+            cpu_devices = max(1, available_cores() // max(per_process, 1))
+        if isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int) or cpu_devices < 1:
+            raise ValueError(f"cpu_devices must be an integer >= 1 or 'auto', got {cpu_devices!r}.")
+    if num_processes is not None and (
+        isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1
+    ):
+        raise ValueError(f"num_processes must be an integer >= 1, got {num_processes!r}.")
+    if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
+        raise ValueError(
+            f"process_id must be in [0, {num_processes - 1}] for {num_processes} processes, "
+            f"got {process_id!r}."
+        )
+    start_distributed = distributed or (
+        distributed is None
+        and any(v is not None for v in (coordinator_address, num_processes, process_id))
+    )
+    try:
+        if cpu_devices is not None:
+            jax.config.update("jax_num_cpu_devices", cpu_devices)
+        if start_distributed:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except RuntimeError as error:  # raised once the backends exist
+        raise RuntimeError(
+            "configure_runtime must run before any JAX computation (the host device count "
+            f"and the collectives are fixed when JAX starts): {error}"
+        ) from error
+    if start_distributed and not _configured.get("distributed"):
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    _configured.update(cpu_devices=cpu_devices, distributed=bool(start_distributed))
+    return dict(_configured)
+
+
+def is_main_process() -> bool:
+    """True in the process that writes files (process 0); always True in a single process."""
+    return jax.process_index() == 0

@@ -1,0 +1,75 @@
+"""The backends as units: their own settings and what distinguishes each.
+
+That every backend computes a round's numbers (vs a plain reference loop) is
+in tests/test_engine.py; over several devices and processes, tests/test_mesh.py.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.engine import backends
+from fedjax_pals.engine.backends import host_loop
+
+from test_engine import _max_diff, _random_task
+
+
+def test_host_loop_cuts_active_steps_into_full_blocks_then_single_steps():
+    blocks = host_loop._blocks(np.array([0, 1, 2, 5, 6, 7, 8]), 3)
+    assert [b.tolist() for b in blocks] == [[0, 1, 2], [5, 6, 7], [8]]
+    assert host_loop._blocks(np.array([], np.int32), 4) == []
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3, 8])
+def test_host_loop_gives_the_same_round_for_any_steps_per_call(steps_per_call):
+    model = fjp.lenet((16, 16, 1), 3)
+    x, y, rows, sizes, dists = _random_task(4, [9, 3, 6], (16, 16, 1))
+    training = fjp.LocalTraining(local_epochs=2, batch_size=2, learning_rate=0.1)
+    data = fjp.device_data(x, y, rows, sizes, dists)
+    state = fjp.init_server_state(fjp.fedavg(), model.init(jax.random.PRNGKey(0)), 3)
+    results = []
+    for k in (steps_per_call, 2):
+        engine = fjp.RoundEngine(
+            fjp.fedavg(), model, training, backend="host_loop", steps_per_call=k
+        )
+        new_state, metrics = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(1))
+        results.append(new_state.params)
+        np.testing.assert_array_equal(metrics["num_steps"], 2 * -(-sizes // 2))
+    assert _max_diff(*results) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda: backends.make_backend("host_loop", steps_per_call=0),
+            "steps_per_call must be an integer >= 1",
+        ),
+        (
+            lambda: backends.make_backend("vmap_chunked", chunk_size=0),
+            "chunk_size must be an integer >= 1",
+        ),
+        (lambda: backends.make_backend("pmap"), "unknown backend 'pmap'"),
+        (
+            lambda: backends.resolve_backend("fast", fjp.lenet((16, 16, 1), 3)),
+            "unknown backend 'fast'",
+        ),
+    ],
+)
+def test_bad_backend_settings_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_the_default_is_one_launch_per_round_on_accelerators_and_the_measured_fastest_on_cpu():
+    lenet, logreg = fjp.lenet((16, 16, 1), 3), fjp.logistic_regression((4,), 3)
+    assert fjp.default_backend(lenet, "gpu") == fjp.default_backend(logreg, "tpu") == "vmap_scan"
+    assert fjp.default_backend(lenet, "cpu") == "host_loop"
+    assert fjp.default_backend(logreg, "cpu") == "vmap_chunked"
+
+
+def test_vmap_chunked_chunks_hold_a_multiple_of_the_devices():
+    chunked = backends.make_backend("vmap_chunked", chunk_size=5)
+    assert chunked.client_multiple(1) == 5 and chunked.client_multiple(2) == 6
+    assert backends.make_backend("host_loop").client_multiple(8) == 1

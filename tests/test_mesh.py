@@ -1,0 +1,84 @@
+"""The clients axis over several host devices and processes gives one device's numbers.
+
+Each configuration runs `tests/mesh_worker.py` in a process of its own (the
+number of host devices is fixed when JAX starts): rounds with partial
+participation and unequal client sizes of FedAvg, FedPALS (weights re-solved
+for each round's sample), SCAFFOLD (client control variates) and AFL
+(per-client mixture weights), on every backend, compared with the same
+rounds run here on one device.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+
+import mesh_worker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "mesh_worker.py")
+
+
+@pytest.fixture(scope="module")
+def one_device_results():
+    assert jax.device_count() == 1
+    return mesh_worker.run_cases()
+
+
+def _run(command):
+    completed = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return [
+        json.loads(line.split("] ", 1)[-1])
+        for line in completed.stdout.splitlines()
+        if line.split("] ", 1)[-1].startswith("{")
+    ]
+
+
+def _assert_same(results, reference):
+    assert set(results) <= set(reference) and results
+    for name, values in results.items():
+        np.testing.assert_allclose(values, reference[name], atol=1e-5, err_msg=name)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("devices, quick", [(2, False), (8, True)])
+def test_host_devices_give_the_one_device_numbers(devices, quick, one_device_results):
+    (out,) = _run([sys.executable, WORKER, f"--cpu_devices={devices}"] + ["--quick"] * quick)
+    assert out["device_count"] == devices
+    assert len(out["results"]) == mesh_worker.num_results(full=not quick)
+    _assert_same(out["results"], one_device_results)
+
+
+@pytest.mark.integration
+def test_two_processes_give_the_one_process_numbers(one_device_results):
+    outs = _run(
+        [
+            sys.executable,
+            "-m",
+            "fedjax_pals.launch",
+            "--num_processes=2",
+            "--",
+            sys.executable,
+            WORKER,
+            "--quick",
+        ]
+    )
+    assert sorted(o["process_index"] for o in outs) == [0, 1]
+    for out in outs:
+        assert out["process_count"] == 2 and out["device_count"] == 2
+        assert len(out["results"]) == mesh_worker.num_results(full=False)
+        _assert_same(out["results"], one_device_results)
