@@ -1,0 +1,1498 @@
+r"""Throughput of one federated round: the engine's backends vs a plain loop.
+
+A *case* is (model, M, backend, devices, processes, runs): one FedAvg round of
+`fjp.RoundEngine` in which m of M clients participate (all by default; E local
+epochs of minibatch SGD, batch B), with the client axis executed by `backend`, in
+`processes` JAX processes of `devices` CPU devices each, for `runs` runs at
+once (the engine's runs axis). The reference is the *baseline loop*
+(`BASELINE`): one process with JAX's default settings (one CPU device,
+default threading), a Python loop over clients and steps of one jitted
+single-client SGD step (`jax.value_and_grad` + `optax.sgd`, the batch gathered
+from the device arrays inside the jit), with the same batch size, steps per
+client, data order (`fjp.client_schedule`, client key fold_in(round_key, id))
+and FedAvg weights n_i / sum_j n_j, so its params equal the engine's.
+
+Device settings such as `jax_num_cpu_devices` only take effect at process
+start, so every group of cases with the same (devices, processes) runs in
+child processes of its own: `devices="default"` is JAX untouched (the
+baseline's process), `"auto"` is one host device per core
+(`fjp.configure_runtime(cpu_devices="auto")`, what a user's run gets), an
+integer n is n CPU devices. The parent drives the children over a pipe, one
+command at a time, so that:
+
+* the first rounds (cold compiles) run one case at a time;
+* the timed rounds of all cases of one (model, M) are interleaved round-robin
+  across the children (the idle ones block on a read), so load changes on a
+  shared machine hit the baseline and the backends alike;
+* a case of several processes gets every command at once (they compute the
+  round together) and its round time is the slowest process's.
+
+Measured per case: compile + first round, the trace + lower + XLA compile
+seconds within it and their count (JAX's own `jax.monitoring` events), the
+median of the timed rounds' seconds, client-steps/s = runs * m * steps / s,
+peak RSS (reset per round through /proc/self/clear_refs; summed over the
+case's processes), and the machine's load: the 1-minute load average, and the
+CPU time others used during the timed rounds (`foreign_cpu_cores`: busy CPU
+seconds of the whole machine from /proc/stat, minus the case's own processes',
+per second of the timed rounds together). `speedup_vs_baseline` = case
+client-steps/s / baseline client-steps/s for the same (model, M) (for runs = 1:
+baseline s/round / case s/round); > 1 is faster than the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import json
+import os
+import platform
+import queue
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+import fedjax_pals as fjp
+
+BASELINE = "baseline_loop"
+"""The name of the plain-loop reference in the `backend` column."""
+INPUT_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+MODELS = ("lenet", "logistic_regression")
+DEFAULT_DEVICES = "default"
+"""Device setting 'JAX untouched': one CPU device, default threading (the baseline's)."""
+AUTO_DEVICES = "auto"
+"""Device setting `fjp.configure_runtime(cpu_devices="auto")`: one host device per core (the
+cores divided among a case's local processes). The engine's cases default to it, and
+`is_default` marks the engine's default backend on it: keep it what a user's run gets."""
+
+_PROTOCOL_PREFIX = "@@fjp-bench "
+# Environment variables that change JAX's device count or collectives: cleared in
+# every child so that only the case's own settings apply.
+_DEVICE_ENV_VARS = ("JAX_NUM_CPU_DEVICES", "JAX_CPU_COLLECTIVES_IMPLEMENTATION")
+_XLA_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_MIN_FOREIGN_WINDOW_S = 0.5
+
+
+def available_backends() -> tuple[str, ...]:
+    """The engine's backend names (`fjp.BACKENDS`; `fjp.STRATEGIES` in older versions)."""
+    names = getattr(fjp, "BACKENDS", None) or getattr(fjp, "STRATEGIES")
+    return tuple(str(getattr(b, "name", b)) for b in names)
+
+
+# ----------------------------------------------------------------------------
+# Cases and settings
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+    """The round being timed and how long to time it.
+
+    Attributes:
+      examples_per_client: n_i for every client (synthetic data); the baseline needs
+        it to be a multiple of `batch_size` (full batches).
+      batch_size, local_epochs, learning_rate: local SGD; steps per client =
+        local_epochs * ceil(examples_per_client / batch_size).
+      chunk_size: clients per chunk of the chunked backend.
+      rounds: timed rounds after the first (median reported), fewer when they would
+        not fit in `max_seconds_per_case`, more (up to `max_fast_rounds`) while
+        they total under `min_timed_seconds`.
+      max_seconds_per_case: a case predicted to take longer (compile + first + one
+        timed round, scaled linearly in M from the largest smaller M) is skipped.
+      check_clients: at this M, every case's first-round params are compared with
+        the first case's (max abs diff).
+      seed: seed of the synthetic data and of the initial params.
+      participation: fraction of the M clients that train in a round (m = round(p M),
+        at least 1; a fresh uniform sample every round, the same for every case).
+      round_timeout_s: a child that answers no command for this long is an error.
+    """
+
+    examples_per_client: int = 64
+    batch_size: int = 32
+    local_epochs: int = 1
+    learning_rate: float = 0.1
+    chunk_size: int = 64
+    rounds: int = 3
+    max_seconds_per_case: float = 60.0
+    min_timed_seconds: float = 1.0
+    max_fast_rounds: int = 20
+    check_clients: int = 10
+    seed: int = 0
+    participation: float = 1.0
+    round_timeout_s: float = 1800.0
+
+    def __post_init__(self):
+        for name in (
+            "examples_per_client",
+            "batch_size",
+            "local_epochs",
+            "chunk_size",
+            "rounds",
+            "max_fast_rounds",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        for name in ("learning_rate", "max_seconds_per_case", "round_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}.")
+        if not 0 < self.participation <= 1:
+            raise ValueError(f"participation must be in (0, 1], got {self.participation!r}.")
+        if not self.min_timed_seconds >= 0:
+            raise ValueError(f"min_timed_seconds must be >= 0, got {self.min_timed_seconds!r}.")
+
+    @property
+    def steps_per_client(self) -> int:
+        steps_per_epoch = -(-self.examples_per_client // self.batch_size)
+        return self.local_epochs * steps_per_epoch
+
+    def clients_per_round(self, num_clients: int) -> int:
+        """m = round(participation * M), at least 1."""
+        return max(1, min(num_clients, round(self.participation * num_clients)))
+
+
+def round_participants(num_clients: int, settings: BenchmarkSettings, r: int) -> np.ndarray:
+    """The sorted client ids of round r: all M, or a uniform sample of m drawn from (seed, r)."""
+    m = settings.clients_per_round(num_clients)
+    if m == num_clients:
+        return np.arange(num_clients, dtype=np.int32)
+    rng = np.random.default_rng([settings.seed, r])
+    return np.sort(rng.choice(num_clients, m, replace=False)).astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkCase:
+    """One measured configuration: (model, M, backend, devices, processes, runs)."""
+
+    model: str
+    num_clients: int
+    backend: str
+    devices: str | int = AUTO_DEVICES
+    processes: int = 1
+    runs: int = 1
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.backend == BASELINE
+
+    @property
+    def device_config(self) -> tuple[str | int, int]:
+        """What must be set at process start: cases sharing it share child processes."""
+        return (self.devices, self.processes)
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.model}/M={self.num_clients}/{self.backend}/devices={self.devices}"
+            f"/processes={self.processes}/runs={self.runs}"
+        )
+
+
+def parse_devices(value: str | int) -> str | int:
+    """'default', 'auto' or a positive integer (from a flag's string)."""
+    if isinstance(value, str):
+        value = value.strip()
+        if value in (DEFAULT_DEVICES, AUTO_DEVICES):
+            return value
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(
+                f"devices must be {DEFAULT_DEVICES!r}, {AUTO_DEVICES!r} or an integer >= 1, "
+                f"got {value!r}."
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"devices must be {DEFAULT_DEVICES!r}, {AUTO_DEVICES!r} or an integer >= 1, "
+            f"got {value!r}."
+        )
+    return int(value)
+
+
+def _positive_ints(name: str, values: Iterable[Any]) -> list[int]:
+    out = []
+    for v in values:
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be integers >= 1, got {v!r}.") from None
+        if iv < 1 or iv != float(v):
+            raise ValueError(f"{name} must be integers >= 1, got {v!r}.")
+        out.append(iv)
+    if not out:
+        raise ValueError(f"{name} must not be empty.")
+    return out
+
+
+def benchmark_cases(
+    models: Sequence[str],
+    num_clients: Sequence[int],
+    backends: Sequence[str],
+    *,
+    devices: Sequence[str | int] = (AUTO_DEVICES,),
+    processes: Sequence[int] = (1,),
+    runs: Sequence[int] = (1,),
+    baseline: bool = True,
+) -> list[BenchmarkCase]:
+    """The cases of a benchmark, in measuring order.
+
+    For every M (ascending) and model: the baseline first (if `baseline`), then the
+    product backends x devices x processes x runs. `backends` are names of
+    `available_backends()` or 'auto' (the engine's own choice). The baseline is
+    always one process with JAX's default settings and one run.
+    """
+    models = list(models)
+    if not models:
+        raise ValueError("models must not be empty.")
+    for m in models:
+        if m not in MODELS:
+            raise ValueError(f"unknown model {m!r}; choose among {MODELS}.")
+    sizes = sorted(set(_positive_ints("num_clients", num_clients)))
+    known = available_backends()
+    backends = list(backends)
+    for b in backends:
+        if b != "auto" and b not in known:
+            raise ValueError(f"unknown backend {b!r}; choose 'auto' or among {known}.")
+    device_settings = [parse_devices(d) for d in devices]
+    process_counts = _positive_ints("processes", processes)
+    run_counts = _positive_ints("runs", runs)
+    if not (baseline or backends):
+        raise ValueError("nothing to measure: no backends and baseline=False.")
+    for d in device_settings:
+        if d == DEFAULT_DEVICES and any(p > 1 for p in process_counts):
+            raise ValueError(
+                f"devices={DEFAULT_DEVICES!r} means one untouched JAX process; "
+                f"it cannot go with processes > 1 (got processes={process_counts})."
+            )
+    cases = []
+    for m in sizes:
+        for model in models:
+            if baseline:
+                cases.append(BenchmarkCase(model, m, BASELINE, DEFAULT_DEVICES, 1, 1))
+            for b in backends:
+                for d in device_settings:
+                    for p in process_counts:
+                        for r in run_counts:
+                            cases.append(BenchmarkCase(model, m, b, d, p, r))
+    return cases
+
+
+def plan_timed_rounds(first_s: float, compile_s: float, settings: BenchmarkSettings) -> int:
+    """How many timed rounds a case gets after its first one.
+
+    A round is guessed to take (first round - compile) seconds; as many as fit in
+    the case's budget (at least one, at most `settings.rounds`), and more (up to
+    `max_fast_rounds`) while they total under `min_timed_seconds`.
+    """
+    guess = max(first_s - compile_s, 1e-3)
+    remaining = settings.max_seconds_per_case - first_s
+    rounds = int(min(settings.rounds, max(1, remaining // guess)))
+    if guess * rounds < settings.min_timed_seconds:
+        rounds = int(
+            min(settings.max_fast_rounds, max(rounds, settings.min_timed_seconds // guess))
+        )
+    return rounds
+
+
+def predict_case(
+    previous: tuple[int, float, float] | None, num_clients: int
+) -> tuple[float | None, float | None]:
+    """(round s, least case s) at M from the same case's (M', round s, compile s) at M' < M.
+
+    The round time scales linearly in M; the least a case takes is its compile,
+    its first round and one timed round.
+    """
+    if previous is None:
+        return None, None
+    prev_m, prev_round, prev_compile = previous
+    est_round = prev_round * num_clients / prev_m
+    return est_round, prev_compile + 2 * est_round
+
+
+def _case_key(case: BenchmarkCase) -> tuple:
+    return (case.model, case.backend, case.devices, case.processes, case.runs)
+
+
+def summarize_case(
+    case: BenchmarkCase,
+    first: Mapping[str, Any],
+    rounds: Sequence[Sequence[Mapping[str, Any]]],
+    info: Mapping[str, Any],
+    settings: BenchmarkSettings,
+    *,
+    predicted_round_s: float | None = None,
+) -> dict:
+    """The JSON row of a measured case.
+
+    `first` holds the first round's measurements (one dict per process), `rounds`
+    the timed rounds' (a list per round of one dict per process); `info` is the
+    children's description (devices, resolved backend, defaults). A round's time
+    is its slowest process's; RSS peaks are summed over processes; foreign CPU =
+    the machine's busy CPU seconds minus the case's processes' own.
+    """
+    if not rounds:
+        raise ValueError(f"case {case.name}: no timed rounds to summarize.")
+    times = [max(p["wall_s"] for p in r) for r in rounds]
+    steady = statistics.median(times)
+    clients_per_round = settings.clients_per_round(case.num_clients)
+    client_steps = case.runs * clients_per_round * settings.steps_per_client
+    # CPU time is counted in clock ticks (10 ms): a ratio over all timed rounds together,
+    # and none when they are too short for it to mean anything.
+    busy = [r[0].get("machine_busy_cpu_s") for r in rounds]
+    foreign = None
+    if None not in busy and sum(times) >= _MIN_FOREIGN_WINDOW_S:
+        own = sum(p["cpu_s"] for r in rounds for p in r)
+        foreign = max(sum(busy) - own, 0.0) / sum(times)
+    peak_per_process = [
+        max([first[i]["peak_rss_mib"]] + [r[i]["peak_rss_mib"] for r in rounds])
+        for i in range(len(first))
+    ]
+    first_wall = max(p["wall_s"] for p in first)
+    compile_s = first[0]["compile_s"]
+    backend = info.get("resolved_backend", case.backend)
+    row = {
+        "model": case.model,
+        "num_clients": case.num_clients,
+        "backend": backend,
+        "strategy": backend,
+        "backend_requested": case.backend,
+        "devices_setting": case.devices,
+        "devices": info.get("devices"),
+        "local_devices": info.get("local_devices"),
+        "processes": case.processes,
+        "runs": case.runs,
+        "clients_per_round": clients_per_round,
+        "status": "ok",
+        "is_default": bool(info.get("is_default", False)),
+        "compile_plus_first_round_s": first_wall,
+        "compile_s": compile_s,
+        "num_compiles_first_round": first[0]["compiles"],
+        "steady_round_s": steady,
+        "min_round_s": min(times),
+        "round_times_s": times,
+        "timed_rounds": len(times),
+        "compile_s_during_timed_rounds": sum(r[0]["compile_s"] for r in rounds),
+        "recompiled_after_first_round": any(r[0]["compiles"] > 0 for r in rounds),
+        "client_steps_per_round": client_steps,
+        "client_steps_per_s": client_steps / steady,
+        "examples_per_s": client_steps * settings.batch_size / steady,
+        "peak_rss_mib": sum(peak_per_process),
+        "peak_rss_mib_per_process": peak_per_process,
+        "peak_rss_reset_per_round": all(p.get("rss_reset", False) for p in first),
+        "rss_at_start_mib": first[0].get("rss_at_start_mib"),
+        "device_peak_bytes_in_use": first[0].get("device_peak_bytes_in_use"),
+        "load_average_at_start": first[0].get("load_average"),
+        "load_average_at_end": rounds[-1][0].get("load_average"),
+        "foreign_cpu_cores": foreign,
+        "predicted_round_s": predicted_round_s,
+    }
+    return row
+
+
+def add_speedups(records: list[dict]) -> list[dict]:
+    """Sets `speedup_vs_baseline` on every ok row: its client-steps/s over the baseline's.
+
+    The baseline is the ok `BASELINE` row of the same (model, M); for one run this is
+    baseline s/round / case s/round. Rows without a baseline get None.
+    """
+    baseline = {
+        (r["model"], r["num_clients"]): r
+        for r in records
+        if r["backend"] == BASELINE and r["status"] == "ok"
+    }
+    for r in records:
+        base = baseline.get((r["model"], r["num_clients"]))
+        if r["status"] == "ok" and base is not None:
+            r["speedup_vs_baseline"] = r["client_steps_per_s"] / base["client_steps_per_s"]
+            r["baseline_steady_round_s"] = base["steady_round_s"]
+        else:
+            r["speedup_vs_baseline"] = None
+    return records
+
+
+def fastest_cases(records: Sequence[dict]) -> dict:
+    """The ok row with the most client-steps/s per (model, M)."""
+    fastest: dict = {}
+    for r in records:
+        if r["status"] != "ok":
+            continue
+        key = f"{r['model']}/M={r['num_clients']}"
+        if key not in fastest or r["client_steps_per_s"] > fastest[key]["client_steps_per_s"]:
+            fastest[key] = {
+                k: r[k]
+                for k in (
+                    "backend",
+                    "devices",
+                    "processes",
+                    "runs",
+                    "steady_round_s",
+                    "client_steps_per_s",
+                )
+            }
+    return fastest
+
+
+def _fmt(x, digits=3):
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.{digits}g}"
+
+
+def markdown_table(records: Sequence[dict]) -> str:
+    """The rows as a Markdown table ('vs loop' = speedup_vs_baseline)."""
+    header = (
+        "| model | M | backend | devices | procs | runs | compile+1st round (s) | "
+        "of which compile (s) | steady s/round | client-steps/s | vs loop | peak RSS (MiB) | "
+        "load 1m | others' CPU (cores) |"
+    )
+    lines = [header, "|" + "---|" * 14]
+    for r in records:
+        name = r["backend"] + (" (default)" if r.get("is_default") else "")
+        devices = r.get("devices") or r.get("devices_setting")
+        head = (
+            f"| {r['model']} | {r['num_clients']} | {name} | {devices} | "
+            f"{r['processes']} | {r['runs']} |"
+        )
+        if r["status"] == "skipped":
+            lines.append(
+                f"{head} skipped (est. {_fmt(r['predicted_case_s'])}s, "
+                f"~{_fmt(r['predicted_round_s'])}s/round) | | | | | | | |"
+            )
+            continue
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']}: {r.get('error', '')[:60]} | | | | | | | |")
+            continue
+        ratio = r.get("speedup_vs_baseline")
+        load = r.get("load_average_at_start") or [None]
+        lines.append(
+            f"{head} {_fmt(r['compile_plus_first_round_s'])} | {_fmt(r['compile_s'])} | "
+            f"{_fmt(r['steady_round_s'])} | {_fmt(r['client_steps_per_s'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {_fmt(r['peak_rss_mib'])} | "
+            f"{_fmt(load[0])} | {_fmt(r.get('foreign_cpu_cores'), 2)} |"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# Measurement helpers (used inside the children)
+
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+class CompileTimer:
+    """Sums the trace + lowering + XLA compile seconds that JAX reports.
+
+    Listens to `jax.monitoring` duration events (public API); `count` is the number
+    of XLA compilations (one `backend_compile_duration` event each). Use as a
+    context manager, or call `close()` to stop listening.
+    """
+
+    def __init__(self):
+        import jax
+
+        self.seconds = 0.0
+        self.count = 0
+        self._jax = jax
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event in _COMPILE_EVENTS:
+            self.seconds += duration
+            if event == _COMPILE_EVENTS[-1]:
+                self.count += 1
+
+    def snapshot(self) -> tuple[float, int]:
+        return self.seconds, self.count
+
+    def close(self) -> None:
+        self._jax.monitoring.unregister_event_duration_listener(self._listen)
+
+    def __enter__(self) -> "CompileTimer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _reset_peak_rss() -> bool:
+    """Resets the kernel's RSS high-water mark (and so ru_maxrss) of this process."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_mib() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def _machine_busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user).
+    values = [int(v) for v in fields[1:9]]
+    busy = sum(values) - values[3] - values[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ----------------------------------------------------------------------------
+# Problem setup
+
+
+def make_model(name: str, input_shape: Sequence[int] = INPUT_SHAPE) -> "fjp.Model":
+    """LeNet on (H, W, C) inputs, or logistic regression on them flattened; 10 classes."""
+    if name == "lenet":
+        return fjp.lenet(tuple(input_shape), NUM_CLASSES)
+    if name == "logistic_regression":
+        return fjp.logistic_regression((int(np.prod(input_shape)),), NUM_CLASSES)
+    raise ValueError(f"unknown model {name!r}; choose among {MODELS}.")
+
+
+def synthetic_data(
+    model_name: str,
+    num_clients: int,
+    examples_per_client: int,
+    seed: int,
+    input_shape: Sequence[int] = INPUT_SHAPE,
+) -> "fjp.DeviceData":
+    """Uniform [0, 1) inputs and random labels; client i owns rows [i n, (i + 1) n)."""
+    rng = np.random.default_rng(seed)
+    n = examples_per_client
+    total = num_clients * n
+    x = rng.random((total, *input_shape), dtype=np.float32)
+    y = rng.integers(0, NUM_CLASSES, total).astype(np.int32)
+    indices = np.arange(total, dtype=np.int32).reshape(num_clients, n)
+    sizes = np.full((num_clients,), n, np.int32)
+    label_dists = np.stack([np.bincount(y[row], minlength=NUM_CLASSES) / n for row in indices])
+    if model_name == "logistic_regression":
+        x = x.reshape(total, -1)
+    return fjp.device_data(x, y, indices, sizes, label_dists.astype(np.float32))
+
+
+def local_training(settings: BenchmarkSettings) -> "fjp.LocalTraining":
+    return fjp.LocalTraining(
+        local_epochs=settings.local_epochs,
+        batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate,
+    )
+
+
+# ----------------------------------------------------------------------------
+# The baseline: a Python loop over clients of a jitted single-client SGD step
+
+
+class BaselineLoop:
+    """FedAvg round as a plain loop of per-client jitted SGD steps.
+
+    x_{t+1} = x_t + sum_i (n_i / sum_j n_j) (x_i - x_t), where x_i is client i after
+    its local steps of SGD from x_t. Uses the engine's data order
+    (`fjp.client_schedule`, client key fold_in(round_key, client_id)) so that its
+    result can be checked against the engine's; the schedule is computed once per
+    round for all clients. Requires full batches (examples_per_client %
+    batch_size == 0).
+    """
+
+    def __init__(self, model: "fjp.Model", training: "fjp.LocalTraining"):
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        self.model = model
+        self.training = training
+        optimizer = optax.sgd(training.learning_rate, momentum=training.momentum)
+        self.optimizer = optimizer
+
+        def loss_fn(params, x, y):
+            logits = model.apply(params, x)
+            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+        def step(params, opt_state, train_x, train_y, batches, client, s):
+            idx = batches[client, s]  # (B,) rows into the split
+            x, y = train_x[idx], train_y[idx]
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        def schedule(client_indices, client_sizes, participants, key):
+            max_examples = client_indices.shape[1]
+
+            def one(c):
+                positions, mask = fjp.client_schedule(
+                    jax.random.fold_in(key, c), client_sizes[c], max_examples, training
+                )
+                return client_indices[c][positions], mask
+
+            return jax.vmap(one)(participants)  # (m, S, B) rows, (m, S, B) mask
+
+        def accumulate(acc, params, global_params, weight):
+            return jax.tree_util.tree_map(
+                lambda a, p, g: a + weight * (p - g), acc, params, global_params
+            )
+
+        def weights(client_sizes, participants):
+            sizes = client_sizes[participants].astype(jnp.float32)
+            return sizes / jnp.sum(sizes)
+
+        self._jnp = jnp
+        self._step = jax.jit(step)
+        self._schedule = jax.jit(schedule)
+        self._accumulate = jax.jit(accumulate)
+        self._weights = jax.jit(weights)
+        self._zeros = jax.jit(lambda p: jax.tree_util.tree_map(jnp.zeros_like, p))
+        self._apply = jax.jit(lambda g, acc: jax.tree_util.tree_map(jnp.add, g, acc))
+
+    def run_round(self, data: "fjp.DeviceData", params, participants, key):
+        """One FedAvg round from `params` over `participants`; returns the new params."""
+        jnp = self._jnp
+        participants = jnp.asarray(participants, jnp.int32)
+        batches, mask = self._schedule(data.client_indices, data.client_sizes, participants, key)
+        if not bool(jnp.all(mask)):
+            raise ValueError(
+                "the baseline needs full batches: examples_per_client must be a "
+                "multiple of batch_size."
+            )
+        num_steps = batches.shape[1]
+        weights = self._weights(data.client_sizes, participants)
+        acc = self._zeros(params)
+        for j in range(int(participants.shape[0])):
+            local, opt_state = params, self.optimizer.init(params)
+            for s in range(num_steps):
+                local, opt_state, _ = self._step(
+                    local, opt_state, data.train_x, data.train_y, batches, np.int32(j), np.int32(s)
+                )
+            acc = self._accumulate(acc, local, params, weights[j])
+        return self._apply(params, acc)
+
+    def local_update(self, data: "fjp.DeviceData", params, client: int, key):
+        """Client `client`'s params after its local steps from `params` (the loop's inner part,
+        with the same jitted step and data order; for other frameworks' clients)."""
+        jnp = self._jnp
+        batches, mask = self._schedule(
+            data.client_indices, data.client_sizes, jnp.asarray([client], jnp.int32), key
+        )
+        if not bool(jnp.all(mask)):
+            raise ValueError(
+                "the baseline needs full batches: examples_per_client must be a "
+                "multiple of batch_size."
+            )
+        local, opt_state = params, self.optimizer.init(params)
+        for s in range(batches.shape[1]):
+            local, opt_state, _ = self._step(
+                local, opt_state, data.train_x, data.train_y, batches, np.int32(0), np.int32(s)
+            )
+        return local
+
+
+# ----------------------------------------------------------------------------
+# The engine side
+
+
+def _backend_name(engine) -> str:
+    backend = getattr(engine, "backend", None) or getattr(engine, "strategy", None)
+    return str(getattr(backend, "name", backend))
+
+
+def make_engine(
+    algorithm: "fjp.FederatedAlgorithm",
+    model: "fjp.Model",
+    training: "fjp.LocalTraining",
+    backend: str,
+    chunk_size: int,
+) -> "fjp.RoundEngine":
+    """A fresh `fjp.RoundEngine` (so its first round is a cold compile)."""
+    params = inspect.signature(fjp.RoundEngine).parameters
+    kwargs: dict[str, Any] = {"backend" if "backend" in params else "strategy": backend}
+    if "chunk_size" in params:
+        kwargs["chunk_size"] = chunk_size
+    return fjp.RoundEngine(algorithm, model, training, **kwargs)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+class CaseRunner:
+    """One case's round, state and measurements inside a (child) process.
+
+    `round(r)` runs round r (r = 0 is the first, cold-compile round) and returns its
+    measurements; `first_params` are the (first run's) params after round 0.
+    """
+
+    def __init__(
+        self,
+        case: BenchmarkCase,
+        model: "fjp.Model",
+        data: "fjp.DeviceData",
+        settings: BenchmarkSettings,
+        timer: CompileTimer,
+    ):
+        import jax
+        import jax.numpy as jnp
+
+        self.case, self.timer = case, timer
+        self._jax = jax
+        training = local_training(settings)
+        algorithm = fjp.fedavg()
+
+        def participants(r):
+            return round_participants(case.num_clients, settings, r)
+
+        base_key = jax.random.PRNGKey(settings.seed + 1)
+        params0 = model.init(jax.random.PRNGKey(settings.seed))
+        self.resolved_backend = case.backend
+        if case.is_baseline:
+            if settings.examples_per_client % settings.batch_size:
+                raise ValueError(
+                    "the baseline loop needs full batches: examples_per_client "
+                    f"({settings.examples_per_client}) must be a multiple of batch_size "
+                    f"({settings.batch_size})."
+                )
+            runner = BaselineLoop(model, training)
+            self.state = params0
+            self._round = lambda state, r: runner.run_round(
+                data, state, participants(r), jax.random.fold_in(base_key, r)
+            )
+            self._first_params = lambda state: state
+            return
+        engine = make_engine(algorithm, model, training, case.backend, settings.chunk_size)
+        self.resolved_backend = _backend_name(engine)
+        if case.runs == 1:
+            self.state = fjp.init_server_state(algorithm, params0, case.num_clients)
+            self._round = lambda state, r: engine.run_round(
+                data, state, participants(r), jax.random.fold_in(base_key, r)
+            )[0]
+            self._first_params = lambda state: state.params
+            return
+        # The runs axis (`engine.run_rounds(data, states, (R, m) participants, (R, 2) keys)`,
+        # client tables with a leading runs axis): R states stacked on a leading axis, run j
+        # initialised from seed + j (run 0 is the solo run), all on the same partition, the
+        # same participants and the same data order.
+        run_rounds = getattr(engine, "run_rounds", None)
+        if run_rounds is None:
+            raise _Unsupported("this engine has no run_rounds (runs axis)")
+        runs = case.runs
+
+        def stack(x):
+            return jnp.stack([x] * runs)
+
+        states = [
+            fjp.init_server_state(
+                algorithm, model.init(jax.random.PRNGKey(settings.seed + j)), case.num_clients
+            )
+            for j in range(runs)
+        ]
+        self.state = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *states)
+        runs_data = data._replace(
+            client_indices=stack(data.client_indices),
+            client_sizes=stack(data.client_sizes),
+            client_label_dists=stack(data.client_label_dists),
+        )
+        self._round = lambda state, r: run_rounds(
+            runs_data,
+            state,
+            np.tile(participants(r), (runs, 1)),
+            stack(jax.random.fold_in(base_key, r)),
+        )[0]
+        self._first_params = lambda state: jax.tree_util.tree_map(lambda x: x[0], state.params)
+
+    def round(self, r: int) -> dict:
+        """Runs round r, timed to `block_until_ready`; returns its measurements."""
+        jax = self._jax
+        gc.collect()
+        load = _load()
+        rss_at_start = _rss_mib()
+        rss_reset = _reset_peak_rss()
+        c0, n0 = self.timer.snapshot()
+        busy0, own0 = _machine_busy_cpu_s(), _own_cpu_s()
+        start = time.perf_counter()
+        self.state = jax.block_until_ready(self._round(self.state, r))
+        wall = time.perf_counter() - start
+        busy1, own1 = _machine_busy_cpu_s(), _own_cpu_s()
+        c1, n1 = self.timer.snapshot()
+        if r == 0:
+            self.first_params = jax.device_get(self._first_params(self.state))
+        return {
+            "wall_s": wall,
+            "compile_s": c1 - c0,
+            "compiles": n1 - n0,
+            "cpu_s": own1 - own0,
+            "machine_busy_cpu_s": None if busy0 is None else busy1 - busy0,
+            "peak_rss_mib": _peak_rss_mib(),
+            "rss_reset": rss_reset,
+            "rss_at_start_mib": rss_at_start,
+            "device_peak_bytes_in_use": _device_peak_bytes(),
+            "load_average": load,
+        }
+
+
+def _device_peak_bytes() -> int | None:
+    import jax
+
+    try:
+        stats = jax.local_devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if not stats:
+        return None
+    return stats.get("peak_bytes_in_use")
+
+
+# ----------------------------------------------------------------------------
+# Child processes: configuration, worker loop, parent-side handle
+
+
+def configure_process(
+    devices: str | int,
+    num_processes: int = 1,
+    process_id: int = 0,
+    coordinator_address: str | None = None,
+) -> None:
+    """Applies a case's device settings; must run before any JAX computation.
+
+    'default' leaves JAX untouched; otherwise `fjp.configure_runtime(cpu_devices=devices,
+    ...)` ('auto': one host device per available core, the cores divided among the
+    local processes) or, in a package without it, the same through
+    `jax_num_cpu_devices` and, for several processes, gloo collectives +
+    `jax.distributed.initialize`.
+    """
+    import jax
+
+    devices = parse_devices(devices)
+    if devices == DEFAULT_DEVICES:
+        if num_processes != 1:
+            raise ValueError(f"devices={DEFAULT_DEVICES!r} needs num_processes=1.")
+        return
+    configure = getattr(fjp, "configure_runtime", None)
+    if configure is not None:
+        kwargs: dict[str, Any] = {"cpu_devices": devices}
+        if num_processes > 1:
+            kwargs.update(
+                coordinator_address=coordinator_address,
+                num_processes=num_processes,
+                process_id=process_id,
+            )
+        configure(**kwargs)
+        return
+    if devices == AUTO_DEVICES:  # one per core, the cores shared among the local processes
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        devices = max(1, (cores or 1) // num_processes)
+    jax.config.update("jax_num_cpu_devices", devices)
+    if num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return x
+
+
+class Worker:
+    """The child's side: one (model, M) problem and the cases of one device config.
+
+    Commands (dicts) and replies (dicts):
+      {"cmd": "add", "case": {...}} -> {"resolved_backend", "is_default"} (builds a runner)
+      {"cmd": "round", "case": name, "r": r} -> the round's measurements
+      {"cmd": "params", "case": name, "path": p} -> {} (saves the first-round params, .npz)
+      {"cmd": "drop", "case": name} -> {} (frees the runner)
+      {"cmd": "exit"} -> {}
+    An exception in a command is replied as {"error": message}.
+    """
+
+    def __init__(self, model_name: str, num_clients: int, settings: BenchmarkSettings):
+        import jax
+
+        self.settings = settings
+        self.timer = CompileTimer()
+        self.model = make_model(model_name)
+        self.data = synthetic_data(
+            model_name, num_clients, settings.examples_per_client, settings.seed
+        )
+        self.runners: dict[str, CaseRunner] = {}
+        default = make_engine(
+            fjp.fedavg(), self.model, local_training(settings), "auto", settings.chunk_size
+        )
+        self.default_backend = _backend_name(default)
+        del default
+        self.info = {
+            "devices": jax.device_count(),
+            "local_devices": jax.local_device_count(),
+            "process_count": jax.process_count(),
+            "platform": jax.default_backend(),
+            "device_kind": jax.devices()[0].device_kind,
+            "default_backend": self.default_backend,
+        }
+
+    def handle(self, command: Mapping[str, Any]) -> dict:
+        cmd = command["cmd"]
+        if cmd == "add":
+            case = BenchmarkCase(**command["case"])
+            runner = CaseRunner(case, self.model, self.data, self.settings, self.timer)
+            self.runners[case.name] = runner
+            return {
+                "resolved_backend": runner.resolved_backend,
+                "is_default": (
+                    not case.is_baseline
+                    and case.devices == AUTO_DEVICES
+                    and case.processes == 1
+                    and case.runs == 1
+                    and runner.resolved_backend == self.default_backend
+                ),
+            }
+        if cmd == "round":
+            return self.runners[command["case"]].round(int(command["r"]))
+        if cmd == "params":
+            import jax
+
+            leaves = jax.tree_util.tree_leaves(self.runners[command["case"]].first_params)
+            np.savez(command["path"], *[np.asarray(x) for x in leaves])
+            return {}
+        if cmd == "drop":
+            self.runners.pop(command["case"], None)
+            gc.collect()
+            return {}
+        if cmd == "exit":
+            return {}
+        raise ValueError(f"unknown command {cmd!r}.")
+
+
+def worker_main() -> None:
+    """Entry point of a child: reads JSON commands on stdin, answers on stdout.
+
+    The first line configures the process and builds the problem:
+    {"devices", "num_processes", "process_id", "coordinator_address", "model",
+    "num_clients", "settings"}. Anything else printed goes to stderr.
+    """
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints (warnings, logs) must not corrupt the protocol
+
+    def reply(obj) -> None:
+        proto.write(_PROTOCOL_PREFIX + json.dumps(_jsonable(obj)) + "\n")
+        proto.flush()
+
+    try:
+        setup = json.loads(sys.stdin.readline())
+        configure_process(
+            setup["devices"],
+            setup.get("num_processes", 1),
+            setup.get("process_id", 0),
+            setup.get("coordinator_address"),
+        )
+        worker = Worker(
+            setup["model"], setup["num_clients"], BenchmarkSettings(**setup["settings"])
+        )
+        reply(worker.info)
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        reply({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        return
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        command = json.loads(line)
+        try:
+            out = worker.handle(command)
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            out = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        reply(out)
+        if command.get("cmd") == "exit":
+            break
+
+
+class ChildError(RuntimeError):
+    """A child process died, timed out or could not start."""
+
+
+def _child_env(local_processes: int = 1) -> dict[str, str]:
+    """The environment of a child: this one, minus device-count and launcher settings, with
+    the package this process imported first on PYTHONPATH (so both run the same code)."""
+    env = dict(os.environ)
+    for var in list(env):
+        if var in _DEVICE_ENV_VARS or var.startswith("FEDJAX_PALS_"):
+            del env[var]
+    # Read by configure_runtime(cpu_devices="auto") to share the cores among the processes.
+    env["FEDJAX_PALS_LOCAL_PROCESSES"] = str(local_processes)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_XLA_DEVICE_FLAG)]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    else:
+        env.pop("XLA_FLAGS", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(fjp.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+class _Child:
+    """A worker process and a thread reading its replies."""
+
+    def __init__(self, setup: dict, log_path: str, timeout_s: float, local_processes: int = 1):
+        self.log_path = log_path
+        self.timeout_s = timeout_s
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import fedjax_pals.benchmark as b; b.worker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=_child_env(local_processes),
+            text=True,
+            bufsize=1,
+        )
+        self._replies: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.send(setup)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(_PROTOCOL_PREFIX):
+                self._replies.put(json.loads(line[len(_PROTOCOL_PREFIX) :]))
+        self._replies.put(None)  # end of stream
+
+    def send(self, obj: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(obj) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise ChildError(f"child exited early ({e}); log tail:\n{self.log_tail()}") from None
+
+    def recv(self) -> dict:
+        try:
+            out = self._replies.get(timeout=self.timeout_s)
+        except queue.Empty:
+            self.kill()
+            raise ChildError(
+                f"child answered nothing for {self.timeout_s:.0f}s; log tail:\n{self.log_tail()}"
+            ) from None
+        if out is None:
+            self.proc.wait()
+            raise ChildError(
+                f"child exited (rc {self.proc.returncode}); log tail:\n{self.log_tail()}"
+            )
+        return out
+
+    def log_tail(self, chars: int = 3000) -> str:
+        self._log.flush()
+        try:
+            with open(self.log_path) as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def request_exit(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"cmd": "exit"})
+            except ChildError:
+                pass
+
+    def close(self) -> None:
+        """Waits for the child to exit (after `request_exit`), killing it after 60 s."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ChildGroup:
+    """The processes of one device configuration for one (model, M).
+
+    Every command goes to all of them at once and every reply is collected; a
+    reply with an "error" raises `CaseError` (the children stay usable).
+    """
+
+    def __init__(
+        self,
+        devices: str | int,
+        processes: int,
+        model: str,
+        num_clients: int,
+        settings: BenchmarkSettings,
+        workdir: str,
+    ):
+        self.devices, self.processes = devices, processes
+        address = f"127.0.0.1:{_free_port()}" if processes > 1 else None
+        self.children: list[_Child] = []
+        try:
+            for i in range(processes):
+                setup = {
+                    "devices": devices,
+                    "num_processes": processes,
+                    "process_id": i,
+                    "coordinator_address": address,
+                    "model": model,
+                    "num_clients": num_clients,
+                    "settings": dataclasses.asdict(settings),
+                }
+                log = os.path.join(
+                    workdir, f"child-{model}-M{num_clients}-d{devices}-p{processes}-{i}.log"
+                )
+                self.children.append(_Child(setup, log, settings.round_timeout_s, processes))
+            self.info = self.ask_all(None)[0]
+        except BaseException:
+            self.close()
+            raise
+
+    def ask_all(self, command: dict | None) -> list[dict]:
+        if command is not None:
+            for c in self.children:
+                c.send(command)
+        replies = [c.recv() for c in self.children]
+        errors = [r for r in replies if "error" in r]
+        if errors:
+            raise CaseError(errors[0]["error"], errors[0].get("traceback", ""))
+        return replies
+
+    def close(self) -> None:
+        # Every process first: under jax.distributed each one's exit waits for the others'.
+        for c in self.children:
+            c.request_exit()
+        for c in self.children:
+            c.close()
+
+
+class CaseError(RuntimeError):
+    """A command failed inside a child (the case is reported with status 'error')."""
+
+    def __init__(self, message: str, child_traceback: str = ""):
+        super().__init__(message)
+        self.child_traceback = child_traceback
+
+
+# ----------------------------------------------------------------------------
+# The parent: run every case
+
+
+def _max_abs_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max((float(np.max(np.abs(x - y))) for x, y in zip(a, b)), default=0.0)
+
+
+def _load_params(path: str) -> list[np.ndarray]:
+    with np.load(path) as f:
+        return [f[f"arr_{i}"] for i in range(len(f.files))]
+
+
+def _status_row(case: BenchmarkCase, status: str, settings: BenchmarkSettings, **extra) -> dict:
+    row = {
+        "model": case.model,
+        "num_clients": case.num_clients,
+        "backend": case.backend,
+        "strategy": case.backend,
+        "backend_requested": case.backend,
+        "devices_setting": case.devices,
+        "devices": None,
+        "local_devices": None,
+        "processes": case.processes,
+        "runs": case.runs,
+        "status": status,
+        "is_default": False,
+        "clients_per_round": settings.clients_per_round(case.num_clients),
+        "client_steps_per_round": case.runs
+        * settings.clients_per_round(case.num_clients)
+        * settings.steps_per_client,
+        "load_average_at_start": _load(),
+    }
+    row.update(extra)
+    return row
+
+
+@dataclasses.dataclass(eq=False)  # compared by identity
+class _Active:
+    case: BenchmarkCase
+    group: ChildGroup
+    info: dict
+    first: list
+    target: int
+    predicted_round_s: float | None
+    rounds: list = dataclasses.field(default_factory=list)
+
+
+def run_benchmark(
+    cases: Sequence[BenchmarkCase],
+    settings: BenchmarkSettings = BenchmarkSettings(),
+    *,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Measures every case in child processes; returns the benchmark's JSON object.
+
+    Keys: "machine", "config", "results" (rows, see `summarize_case`; skipped and
+    failed cases have status 'skipped' / 'error'), "parity" (max abs diff of
+    first-round params vs the first case at `settings.check_clients`), "fastest",
+    "total_seconds", "markdown_table".
+    """
+    wall_start = time.perf_counter()
+    cases = list(cases)
+    if not cases:
+        raise ValueError("cases must not be empty.")
+    load_start = _load()
+    records: list[dict] = []
+    last: dict = {}  # case key -> (M, steady s/round, compile s) at the largest measured M
+    parity_params: dict = {}  # model -> {case name: params leaves}
+    child_infos: dict = {}
+    problems: dict = {}
+    for case in cases:
+        problems.setdefault((case.num_clients, case.model), []).append(case)
+    with tempfile.TemporaryDirectory(prefix="fjp-bench-") as workdir:
+        for (num_clients, model), group_cases in problems.items():
+            _run_problem(
+                model,
+                num_clients,
+                group_cases,
+                settings,
+                workdir,
+                records,
+                last,
+                parity_params,
+                child_infos,
+                log,
+            )
+    order = {c.name: i for i, c in enumerate(cases)}
+    records.sort(key=lambda r: order[r["_case"]])
+    for r in records:
+        del r["_case"]
+    add_speedups(records)
+    parity = {}
+    for model, by_case in parity_params.items():
+        names = list(by_case)
+        ref = names[0]
+        diffs = {n: _max_abs_diff(by_case[ref], by_case[n]) for n in names}
+        parity[model] = {
+            "num_clients": settings.check_clients,
+            "reference": ref,
+            "max_abs_diff": diffs,
+        }
+        log(
+            f"# parity at M={settings.check_clients}, {model}: max abs diff of params vs {ref}: "
+            + ", ".join(f"{n}={d:.2e}" for n, d in diffs.items())
+        )
+        if max(diffs.values()) > 1e-4:
+            log(f"# WARNING: {model}: cases disagree by more than 1e-4!")
+    total = time.perf_counter() - wall_start
+    return {
+        "machine": _machine_info(child_infos, load_start),
+        "config": {
+            **dataclasses.asdict(settings),
+            "steps_per_client": settings.steps_per_client,
+            "cases": [dataclasses.asdict(c) for c in cases],
+            "algorithm": "fedavg",
+            "data": "synthetic uniform [0,1) inputs, random labels",
+            "input_shape": {
+                "lenet": list(INPUT_SHAPE),
+                "logistic_regression": [int(np.prod(INPUT_SHAPE))],
+            },
+            "num_classes": NUM_CLASSES,
+        },
+        "results": records,
+        "parity": parity,
+        "fastest": fastest_cases(records),
+        "total_seconds": total,
+        "markdown_table": markdown_table(records),
+    }
+
+
+def _run_problem(
+    model, num_clients, cases, settings, workdir, records, last, parity_params, child_infos, log
+):
+    """The cases of one (model, M): warm-ups one at a time, then interleaved timed rounds."""
+    runnable = []
+    for case in cases:
+        est_round, est_case = predict_case(last.get(_case_key(case)), num_clients)
+        if est_case is not None and est_case > settings.max_seconds_per_case:
+            log(f"{case.name}: skipped (est. {est_case:.0f}s: ~{est_round:.1f}s/round)")
+            row = _status_row(
+                case, "skipped", settings, predicted_round_s=est_round, predicted_case_s=est_case
+            )
+            row["_case"] = case.name
+            records.append(row)
+            # Chain the estimate so that larger M are skipped too.
+            last[_case_key(case)] = (num_clients, est_round, last[_case_key(case)][2])
+            continue
+        runnable.append((case, est_round))
+
+    groups: dict = {}
+    active: list[_Active] = []
+    try:
+        for case, est_round in runnable:
+            try:
+                group = groups.get(case.device_config)
+                if group is None:
+                    group = ChildGroup(
+                        case.devices, case.processes, model, num_clients, settings, workdir
+                    )
+                    groups[case.device_config] = group
+                    child_infos[f"devices={case.devices},processes={case.processes}"] = group.info
+                added, *_ = group.ask_all({"cmd": "add", "case": dataclasses.asdict(case)})
+                first = group.ask_all({"cmd": "round", "case": case.name, "r": 0})
+            except (CaseError, ChildError) as e:
+                log(f"{case.name}: ERROR {e}")
+                row = _status_row(case, "error", settings, error=str(e)[:2000])
+                row["_case"] = case.name
+                records.append(row)
+                # A dead child, or processes that may now wait on each other in a collective.
+                if case.device_config in groups and (
+                    isinstance(e, ChildError) or case.processes > 1
+                ):
+                    groups.pop(case.device_config).close()
+                continue
+            info = {**group.info, **added}
+            first_wall = max(p["wall_s"] for p in first)
+            target = plan_timed_rounds(first_wall, first[0]["compile_s"], settings)
+            log(
+                f"{case.name}: compile+first round {first_wall:.2f}s "
+                f"(compile {first[0]['compile_s']:.2f}s), {info['devices']} device(s), "
+                f"load {first[0]['load_average'][0]}"
+            )
+            active.append(_Active(case, group, info, first, target, est_round))
+
+        # Timed rounds, interleaved across cases and children.
+        r = 1
+        while any(len(a.rounds) < a.target for a in active):
+            for a in list(active):
+                if a not in active or len(a.rounds) >= a.target:
+                    continue
+                try:
+                    a.rounds.append(a.group.ask_all({"cmd": "round", "case": a.case.name, "r": r}))
+                except (CaseError, ChildError) as e:
+                    broken = isinstance(e, ChildError) or a.case.processes > 1
+                    for b in list(active):
+                        if b is a or (broken and b.group is a.group):
+                            log(f"{b.case.name}: ERROR {e}")
+                            row = _status_row(b.case, "error", settings, error=str(e)[:2000])
+                            row["_case"] = b.case.name
+                            records.append(row)
+                            active.remove(b)
+                    if broken:
+                        groups.pop(a.case.device_config, None)
+                        a.group.close()
+            r += 1
+
+        for a in active:
+            row = summarize_case(
+                a.case, a.first, a.rounds, a.info, settings, predicted_round_s=a.predicted_round_s
+            )
+            row["_case"] = a.case.name
+            records.append(row)
+            last[_case_key(a.case)] = (num_clients, row["steady_round_s"], row["compile_s"])
+            if num_clients == settings.check_clients:
+                path = os.path.join(workdir, f"params-{len(records)}.npz")
+                try:
+                    a.group.children[0].send({"cmd": "params", "case": a.case.name, "path": path})
+                    if "error" not in a.group.children[0].recv():
+                        parity_params.setdefault(model, {})[a.case.name] = _load_params(path)
+                except ChildError:
+                    pass
+            log(
+                f"{a.case.name}: steady {row['steady_round_s']:.4f}s/round (median of "
+                f"{row['timed_rounds']}), {row['client_steps_per_s']:.0f} client-steps/s, "
+                f"peak RSS {row['peak_rss_mib']:.0f} MiB"
+                + ("  RECOMPILED in timed rounds!" if row["recompiled_after_first_round"] else "")
+            )
+    finally:
+        for group in groups.values():
+            group.close()
+
+
+def _machine_info(child_infos: Mapping[str, Any], load_start: list[float]) -> dict:
+    import jax
+    import optax
+
+    try:
+        import jaxlib
+
+        jaxlib_version = jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        jaxlib_version = None
+    baseline = child_infos.get(f"devices={DEFAULT_DEVICES},processes=1") or next(
+        iter(child_infos.values()), {}
+    )
+    return {
+        "platform_name": baseline.get("platform"),
+        "device_kind": baseline.get("device_kind"),
+        "children": dict(child_infos),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib_version,
+        "optax_version": optax.__version__,
+        "fedjax_pals_version": fjp.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average_start": load_start,
+        "load_average_end": _load(),
+        "env_cleared_in_children": list(_DEVICE_ENV_VARS)
+        + [f"XLA_FLAGS {_XLA_DEVICE_FLAG}", "FEDJAX_PALS_*"],
+    }
