@@ -1,69 +1,60 @@
 r"""The main job: FedPALS vs FedAvg on Fashion-MNIST under sparsity label shift.
 
-  python -m experiments.demo [--output_dir=runs/demo] [--data_dir=...]
+  python -m experiments.demo [--workdir=runs/demo] [--config.training.rounds=10]
+      [--config.dataset.data_dir=DIR]
 
-10 clients (9 training + the target), C = 3 labels per client, a few rounds
-of one local epoch, 2 seeds; prints a comparison table and writes
-comparison.png. If Fashion-MNIST cannot be had it says how to get it and
-runs the paper's synthetic task (App. C.4) instead.
+Runs configs/demo.py (10 clients, C = 3 labels per client, 4 rounds, seeds 0 and 1), prints
+the comparison table and writes <workdir>/table.md, comparison.png and a results.json per
+run. If Fashion-MNIST cannot be had it says how to get it and runs the paper's synthetic
+task (App. C.4) instead.
 """
 
 from __future__ import annotations
 
 import os
 
-from absl import app, flags, logging
+from absl import app
+from ml_collections import config_flags
 
 import fedjax_pals as fjp
-from experiments import compare, run as run_lib
+from experiments import flags as common
 
-FLAGS = flags.FLAGS
+_DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEMO_CONFIG, "The demo's sweep config.")
 
-DEMO_ROUNDS = 4
-DEMO_SEEDS = [0, 1]
-
-
-def demo_config(dataset: str) -> dict:
-    config = {key: FLAGS[key].default for key in run_lib.CONFIG_KEYS}
-    config.update(dataset=dataset, data_dir=FLAGS.data_dir)
-    if dataset == "fashion_mnist":
-        config.update(
-            partition="sparsity",
-            labels_per_client=3,
-            num_clients=10,
-            rounds=DEMO_ROUNDS,
-            local_epochs=1,
-            batch_size=32,
-            learning_rate=0.1,
-            eval_every=1,
-            lam=0.0,  # alpha^0: the projection of T onto Conv(S) (eq. 7)
-        )
-    else:
-        config.update(delta=0.5, rounds=30, batch_size=8, learning_rate=0.05, eval_every=1)
-    return config
+# The synthetic task's training settings (the data set has 58 training examples).
+SYNTHETIC_FALLBACK = dict(rounds=30, batch_size=8, learning_rate=0.05)
 
 
 def main(argv):
-    del argv
-    output_dir = FLAGS.output_dir if FLAGS["output_dir"].present else "runs/demo"
-    try:
-        fjp.load_fashion_mnist(FLAGS.data_dir)
-        dataset = "fashion_mnist"
-    except fjp.DatasetUnavailableError as error:
-        print(
-            f"Fashion-MNIST is not available, so the demo runs the synthetic task instead.\n{error}"
-        )
-        dataset = "synthetic"
-    config = demo_config(dataset)
-    all_results = compare.run_comparison(
-        config, ["fedavg", "fedpals"], DEMO_SEEDS, output_dir, overwrite=True
-    )
-    description = compare.comparison_title(all_results)
-    table = compare.write_comparison(all_results, output_dir, description)
-    logging.info("done")
-    print(f"\nFedPALS vs FedAvg on {dataset}: {description}, {config['rounds']} rounds\n")
-    print(table)
-    print(f"\nwrote {os.path.join(output_dir, 'comparison.png')} and per-run results.json files")
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    common.configure_runtime()
+    config = _CONFIG.value
+    if config.dataset.name == "fashion_mnist":
+        data_dir = config.dataset.data_dir
+        try:
+            # An explicit data_dir is the only place looked in (no fallback to another copy).
+            fjp.load_fashion_mnist(data_dir, search_debian=data_dir is None)
+        except fjp.DatasetUnavailableError as error:
+            print(
+                "Fashion-MNIST is not available, so the demo runs the synthetic task instead."
+                f"\n{error}"
+            )
+            config.dataset.name = "synthetic"
+            config.training.update(SYNTHETIC_FALLBACK)
+    workdir = common.WORKDIR.value or "runs/demo"
+    with common.user_errors():
+        # The demo's workdir is scratch: a previous demo of another config is replaced.
+        summary = fjp.run_sweep(config, workdir, quiet=common.QUIET.value, overwrite=True)
+    failed = {name: status for name, status in summary["runs"].items() if status == "failed"}
+    if failed:
+        for name, message in summary["errors"].items():
+            print(f"{name}: {message}")
+        raise SystemExit(f"error: {len(failed)} demo run(s) failed; see {workdir}/runs/*/error.txt")
+    print(f"\nFedPALS vs FedAvg on {config.dataset.name}, {config.training.rounds} rounds\n")
+    print(summary["markdown"])
+    print(f"\nwrote {os.path.join(workdir, 'table.md')}, comparison.png and per-run results.json")
 
 
 if __name__ == "__main__":

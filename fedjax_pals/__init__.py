@@ -27,6 +27,8 @@ from fedjax_pals.data import (  # noqa: E402
     synthetic_label_shift_task,
     synthetic_target_label_dist,
 )
+# -- FIXES block: the smallest target test set a partition accepts -----------------------------
+from fedjax_pals.data import MIN_TARGET_TEST_SIZE  # noqa: E402
 from fedjax_pals.server_weights import (  # noqa: E402
     effective_sample_size,
     fedavg_weights,
@@ -61,21 +63,33 @@ from fedjax_pals.algorithms import (  # noqa: E402
     with_client_method,
 )
 from fedjax_pals.engine import (  # noqa: E402
-    STRATEGIES,
+    BACKENDS,
+    ClientUpdate,
+    CompilationCounter,
     DeviceData,
     LocalTraining,
     RoundEngine,
+    client_mesh,
     client_schedule,
-    default_strategy,
+    default_backend,
     device_data,
+    make_client_update,
     make_local_step,
     round_engine,
+    structure_key,
 )
 from fedjax_pals.training import (  # noqa: E402
+    CheckpointerProtocol,
+    TrainingDivergedError,
     TrainingHistory,
+    TrainingRun,
     clients_per_round_from,
+    divergence_limit,
+    run_fingerprint,
     run_training,
+    run_trainings,
     sample_participants,
+    training_group_key,
 )
 from fedjax_pals.baselines import (  # noqa: E402
     ALGORITHMS,
@@ -98,4 +112,67 @@ from fedjax_pals.baselines import (  # noqa: E402
     scaffold_server_update,
     uniform_weighting,
 )
-from fedjax_pals import engine  # noqa: E402,F401  (fjp.engine.resolve_strategy etc.)
+from fedjax_pals import engine  # noqa: E402,F401  (fjp.engine.resolve_backend etc.)
+from fedjax_pals.runtime import configure_runtime, is_main_process  # noqa: E402
+
+# -- experiment layer, EXP-SWEEP block: writers, progress, plots ------------------------------
+from fedjax_pals.experiment.writers import (  # noqa: E402
+    MetricWriter,
+    flatten_hparams,
+    read_metrics,
+)
+from fedjax_pals.experiment.progress import Progress  # noqa: E402
+from fedjax_pals.experiment.plots import (  # noqa: E402
+    plot_accuracy_vs_distance,
+    plot_comparison,
+    plot_curves,
+    plot_weights_vs_ess,
+)
+from fedjax_pals.experiment.perturbation import perturb_label_dist  # noqa: E402
+from fedjax_pals.experiment.protocol import (  # noqa: E402
+    METHOD_LABELS,
+    PAPER_METHODS,
+    PAPER_TABLE_1,
+    RunRecord,
+    best_val_point,
+    merge_tables,
+    protocol_grid,
+    protocol_table,
+    select_method,
+    table_markdown,
+    write_protocol_report,
+)
+from fedjax_pals.experiment.sweep import (  # noqa: E402
+    SweepRun,
+    execute_runs,
+    expand_sweep,
+    run_sweep,
+)
+
+# -- benchmark, BENCH block: throughput of a round vs the plain loop (fjp.benchmark.*) ---------
+from fedjax_pals.benchmark import (  # noqa: E402
+    BaselineLoop,
+    BenchmarkCase,
+    BenchmarkSettings,
+    CompileTimer,
+    benchmark_cases,
+    run_benchmark,
+)
+from fedjax_pals import benchmark  # noqa: E402,F401
+
+# -- experiment layer, EXP-CORE block: configs, tasks, workdirs, checkpoints, train_and_evaluate
+from fedjax_pals.experiment.config import (  # noqa: E402
+    ConfigError,
+    config_differences,
+    config_digest,
+    default_config,
+    validate_config,
+)
+from fedjax_pals.experiment.checkpoints import (  # noqa: E402
+    CheckpointError,
+    CheckpointMismatchError,
+    Checkpointer,
+)
+from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
+from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
+from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_many  # noqa: E402

@@ -5,28 +5,38 @@ client sample (a function of the seed and the round alone) and each round's
 client data order (the round key folded with the client id). The same seed
 and configuration therefore give identical results, and a run resumed from
 a checkpoint continues exactly as if it had never stopped.
+
+Checkpoints go through a `CheckpointerProtocol` (`save(state, history)`,
+`restore(template)`); `fedjax_pals.Checkpointer` is the orbax one.
+Divergence is detected every round (see `divergence_limit`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import hashlib
+import math
 import time
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
 from fedjax_pals.data import Dataset, FederatedPartition
-from fedjax_pals.engine import DeviceData, LocalTraining, device_data, round_engine
+from fedjax_pals.engine import DeviceData, LocalTraining, device_data, local_view, round_engine
 from fedjax_pals.metrics import make_evaluator
 from fedjax_pals.models import Model
 
 _INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM = 0, 1, 2
+
+# A training loss above DIVERGENCE_FACTOR * max(log K, L_0) is divergence (`divergence_limit`).
+DIVERGENCE_FACTOR = 10.0
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The training loss became non-finite or exploded (see `divergence_limit`)."""
 
 
 def sample_participants(
@@ -37,12 +47,19 @@ def sample_participants(
     Depends only on (seed, round_index): reproducible, and independent of what
     happened in earlier rounds. None or num_clients means every client.
     """
-    if clients_per_round is None or clients_per_round == num_clients:
+    if clients_per_round is None:
         return np.arange(num_clients, dtype=np.int32)
-    if not 1 <= clients_per_round <= num_clients:
+    if (
+        isinstance(clients_per_round, (bool, np.bool_))
+        or not isinstance(clients_per_round, (int, np.integer))
+        or not 1 <= clients_per_round <= num_clients
+    ):
         raise ValueError(
-            f"clients_per_round must be in [1, {num_clients}], got {clients_per_round}."
+            f"clients_per_round must be an integer in [1, {num_clients}], got "
+            f"{clients_per_round!r}."
         )
+    if clients_per_round == num_clients:
+        return np.arange(num_clients, dtype=np.int32)
     key = jax.random.fold_in(
         jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
     )
@@ -83,29 +100,399 @@ class TrainingHistory:
         return dataclasses.asdict(self)
 
 
+class CheckpointerProtocol(Protocol):
+    """Where `run_training` keeps its state between evaluations.
+
+    `save` is called after every evaluation (after the `on_evaluation` hook, so
+    what the hook records is never behind the checkpoint); `restore` once at
+    the start, with a freshly initialised state as the template of shapes and
+    types. A checkpointer must refuse (raise) a checkpoint of another run.
+    """
+
+    def save(self, state: ServerState, history: TrainingHistory) -> None: ...
+
+    def restore(self, template: ServerState) -> tuple[ServerState, TrainingHistory] | None: ...
+
+
+def divergence_limit(
+    num_classes: int, initial_loss: float | None = None, factor: float = DIVERGENCE_FACTOR
+) -> float:
+    """The largest training loss that is not divergence: `factor * max(log K, L_0)`.
+
+    The reference is the loss of a model that has learnt nothing: log K, the
+    cross-entropy of the uniform prediction, or L_0, the loss of the initial
+    model (on the target validation set), when that is larger (a logistic
+    regression on unnormalised inputs starts at several times log K). A mean
+    cross-entropy L gives the true class a geometric-mean probability exp(-L),
+    so L > 10 L_ref is ten times further from the truth, in log-probability,
+    than the untrained model: training with a workable learning rate never gets
+    there (its loss starts near L_ref and falls), while a run whose weights blow
+    up does within a round or two (logistic regression on the synthetic task at
+    learning rate 1e6 reaches 1e5, against 92 here; at 50 it stays below 25).
+    """
+    reference = math.log(max(int(num_classes), 2))
+    if initial_loss is not None and math.isfinite(initial_loss):
+        reference = max(reference, float(initial_loss))
+    return float(factor) * reference
+
+
 def _evaluate(evaluators, params) -> dict:
     return {name: evaluate(params) for name, evaluate in evaluators.items()}
 
 
-def _save_checkpoint(path: str, state: ServerState, history: TrainingHistory) -> None:
-    # Write then rename, so a run killed mid-write leaves the last good checkpoint.
-    payload = flax.serialization.msgpack_serialize(
-        {
-            "state": flax.serialization.to_state_dict(jax.device_get(state)),
-            "history": json.dumps(history.to_dict()),
+def _digest(*arrays: Any) -> str:
+    h = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(np.asarray(array))
+        h.update(f"{array.dtype}{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_fingerprint(
+    algorithm: FederatedAlgorithm,
+    model: Model,
+    dataset: Dataset,
+    partition: FederatedPartition,
+    training: LocalTraining,
+    *,
+    seed: int,
+    clients_per_round: int | None,
+    eval_every: int,
+) -> dict[str, str]:
+    """What identifies a run of `run_training`, as short digests by component.
+
+    A checkpoint records it, and `run_training(checkpoint_path=...)` refuses a
+    checkpoint whose fingerprint differs (naming the components). It covers the
+    algorithm's names, the initial server state's values (the params drawn from
+    the seed, FedPALS' T and lam, SCAFFOLD / AFL / FedShift state), the model's
+    parameter shapes, the local training settings, the participation, the
+    evaluation period, the partition's index tables and the data's shapes and
+    labels. Not `rounds`: a run may be extended.
+    """
+    params = model.init(jax.random.fold_in(jax.random.PRNGKey(seed), _INIT_STREAM))
+    state = jax.device_get(init_server_state(algorithm, params, partition.num_clients))
+    names = [
+        getattr(algorithm, "name", ""),
+        getattr(getattr(algorithm, "client", None), "name", ""),
+        getattr(getattr(algorithm, "weighting", None), "name", ""),
+    ]
+    return {
+        "algorithm": "/".join(str(n) for n in names),
+        "initial_state": _digest(*jax.tree_util.tree_leaves(state)),
+        # Parameter shapes, each preceded by -1 as a separator.
+        "model": _digest(
+            np.asarray(
+                [d for leaf in jax.tree_util.tree_leaves(params) for d in (-1, *leaf.shape)]
+                + [model.num_classes]
+            )
+        ),
+        "training": repr(training),
+        "seed": str(int(seed)),
+        "clients_per_round": str(clients_per_round or partition.num_clients),
+        "eval_every": str(int(eval_every)),
+        "partition": _digest(
+            partition.client_indices,
+            partition.client_sizes,
+            partition.target_val_indices,
+            partition.target_test_indices,
+            partition.target_label_dist,
+        ),
+        "data": _digest(
+            np.asarray(dataset.train.x.shape),
+            np.asarray(dataset.test.x.shape),
+            dataset.train.y,
+            dataset.test.y,
+        ),
+    }
+
+
+class TrainingRun:
+    """One run's side of the training loop: its data, evaluation, history and checkpoints.
+
+    `run_trainings` drives several of these in lockstep through the engine's
+    runs axis; `run_training` drives one. Construction validates the settings,
+    builds the evaluators, draws the initial state from the seed and resumes
+    from the checkpoint if there is one (`start_round`).
+    """
+
+    def __init__(
+        self,
+        algorithm: FederatedAlgorithm,
+        model: Model,
+        dataset: Dataset,
+        partition: FederatedPartition,
+        training: LocalTraining,
+        *,
+        rounds: int,
+        seed: int = 0,
+        eval_every: int = 1,
+        clients_per_round: int | None = None,
+        checkpoint_path: str | None = None,
+        checkpointer: CheckpointerProtocol | None = None,
+        on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
+        on_round: Callable[[int, float], None] | None = None,
+        max_train_loss: float | None = None,
+    ):
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}.")
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+        if checkpoint_path is not None and checkpointer is not None:
+            raise ValueError("give checkpoint_path or checkpointer, not both.")
+        num_clients = partition.num_clients
+        if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
+            clients_per_round = num_clients
+        sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
+        if max_train_loss is not None and not max_train_loss > 0:
+            raise ValueError(f"max_train_loss must be > 0, got {max_train_loss!r}.")
+        if checkpoint_path is not None:
+            from fedjax_pals.experiment.checkpoints import Checkpointer as OrbaxCheckpointer
+
+            fingerprint = run_fingerprint(
+                algorithm,
+                model,
+                dataset,
+                partition,
+                training,
+                seed=seed,
+                clients_per_round=clients_per_round,
+                eval_every=eval_every,
+            )
+            checkpointer = OrbaxCheckpointer(checkpoint_path, identity={"fingerprint": fingerprint})
+        self.algorithm, self.model, self.dataset = algorithm, model, dataset
+        self.partition, self.training = partition, training
+        self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
+        self.clients_per_round = clients_per_round
+        self.checkpointer = checkpointer
+        self.on_evaluation, self.on_round = on_evaluation, on_round
+        self.evaluators = {
+            "val": make_evaluator(
+                model.apply,
+                dataset.train.x[partition.target_val_indices],
+                dataset.train.y[partition.target_val_indices],
+                model.num_classes,
+            ),
+            "test": make_evaluator(
+                model.apply,
+                dataset.test.x[partition.target_test_indices],
+                dataset.test.y[partition.target_test_indices],
+                model.num_classes,
+            ),
         }
+        root = jax.random.PRNGKey(seed)
+        self._round_root = jax.random.fold_in(root, _ROUND_STREAM)
+        params = model.init(jax.random.fold_in(root, _INIT_STREAM))
+        self.state = init_server_state(algorithm, params, num_clients)
+        self.history = TrainingHistory()
+        self.limit = max_train_loss
+        if self.limit is None:
+            # From the initial model, so a resumed run uses the same limit.
+            initial_loss = self.evaluators["val"](algorithm.eval_params(self.state))["loss"]
+            self.limit = divergence_limit(model.num_classes, initial_loss)
+        if checkpointer is not None:
+            self._restore()
+        self.start_round = int(self.state.round)
+        self._started = time.perf_counter() - self.history.wall_seconds
+
+    def _restore(self) -> None:
+        restored = self.checkpointer.restore(self.state)
+        if restored is None:
+            return
+        state, history = restored
+        done = int(state.round)
+        where = getattr(self.checkpointer, "directory", self.checkpointer)
+        if done > self.rounds:
+            raise ValueError(
+                f"the checkpoint in {where} is at round {done}, beyond rounds={self.rounds}: it "
+                f"belongs to a longer run. Ask for rounds >= {done}, or use another "
+                "checkpoint location."
+            )
+        if len(history.train_loss) != done:
+            raise ValueError(
+                f"the checkpoint in {where} is inconsistent: its state is at round {done} "
+                f"but its history has {len(history.train_loss)} rounds; delete it to start "
+                "afresh."
+            )
+        self.state, self.history = state, history
+
+    def participants(self, round_index: int) -> np.ndarray:
+        return sample_participants(
+            self.seed, round_index, self.partition.num_clients, self.clients_per_round
+        )
+
+    def round_key(self, round_index: int) -> jax.Array:
+        return jax.random.fold_in(self._round_root, round_index)
+
+    def after_round(self, done: int, state_of: Callable[[], ServerState], metrics: dict) -> None:
+        """Bookkeeping after round `done`: divergence, history, hooks, evaluation, checkpoint.
+
+        `state_of()` gives the run's new state; it is asked for only when needed
+        (evaluation and checkpoint rounds), as slicing it out of a runs axis costs.
+        """
+        loss = float(np.sum(np.asarray(metrics["train_loss"]) * np.asarray(metrics["weights"])))
+        if not np.isfinite(loss) or loss > self.limit:
+            raise TrainingDivergedError(
+                f"training diverged in round {done}: the weighted training loss is {loss:.6g}, "
+                f"above the divergence limit {self.limit:.4g} ({DIVERGENCE_FACTOR:g} x the loss "
+                f"of the untrained model, or of the uniform guess over K = "
+                f"{self.model.num_classes} classes; see divergence_limit). Lower the learning "
+                f"rate (now {self.training.learning_rate:g})."
+            )
+        history = self.history
+        history.train_loss.append(loss)
+        if self.on_round is not None:
+            self.on_round(done, loss)
+        if not (done % self.eval_every == 0 or done == self.rounds):
+            return
+        self.state = state_of()
+        eval_params = local_view(self.algorithm.eval_params(self.state))
+        metrics = _evaluate(self.evaluators, eval_params)
+        if not all(np.isfinite(m["loss"]) for m in metrics.values()):
+            raise TrainingDivergedError(
+                f"training diverged by round {done}: the evaluation loss of the global "
+                f"model is not finite (validation {metrics['val']['loss']}, test "
+                f"{metrics['test']['loss']}). Lower the learning rate (now "
+                f"{self.training.learning_rate:g})."
+            )
+        history.rounds.append(done)
+        history.target_accuracy.append(metrics["test"]["accuracy"])
+        history.target_macro_f1.append(metrics["test"]["macro_f1"])
+        history.val_accuracy.append(metrics["val"]["accuracy"])
+        history.val_macro_f1.append(metrics["val"]["macro_f1"])
+        history.wall_seconds = time.perf_counter() - self._started
+        # The hook first, then the checkpoint: what the hook records (results,
+        # metrics) is never behind the checkpoint a resumed run starts from.
+        if self.on_evaluation is not None:
+            self.on_evaluation(done, {**metrics, "train_loss": loss}, history)
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.state, history)
+
+    def finish(self) -> tuple[ServerState, TrainingHistory]:
+        self.history.wall_seconds = time.perf_counter() - self._started
+        return self.state, self.history
+
+    def lockstep_key(self) -> tuple:
+        """What runs trained together must share (besides the engine's structure)."""
+        return (
+            id(self.dataset.train.x),
+            self.model.num_classes,
+            self.partition.num_clients,
+            self.clients_per_round,
+            self.rounds,
+            self.start_round,
+        )
+
+
+def _stack(trees):
+    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
+    """The runs' client tables on a leading runs axis (rows padded to the widest run)."""
+    width = max(run.partition.client_indices.shape[1] for run in runs)
+    indices = np.stack(
+        [
+            np.pad(
+                run.partition.client_indices,
+                ((0, 0), (0, width - run.partition.client_indices.shape[1])),
+            )
+            for run in runs
+        ]
     )
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, path)
+    first = runs[0].dataset.train
+    return device_data(
+        first.x,
+        first.y,
+        indices,
+        np.stack([run.partition.client_sizes for run in runs]),
+        np.stack([run.partition.client_label_dists for run in runs]),
+    )
 
 
-def _load_checkpoint(path: str, template: ServerState) -> tuple[ServerState, TrainingHistory]:
-    with open(path, "rb") as f:
-        raw = flax.serialization.msgpack_restore(f.read())
-    state = flax.serialization.from_state_dict(template, raw["state"])
-    return state, TrainingHistory(**json.loads(raw["history"]))
+def run_trainings(
+    runs: Sequence[TrainingRun],
+    *,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    mesh: jax.sharding.Mesh | None = None,
+) -> list[tuple[ServerState, TrainingHistory] | Exception]:
+    """Trains several runs together through the engine's runs axis (one program for all).
+
+    The runs must share their structure (model, algorithm kind and
+    hyperparameters compiled into the round, local training, data set, number
+    of clients and participants, rounds, and the round they resume from); they
+    may differ in what lives in the state: seed (initial params, client
+    sample, data order), partition (client tables, padded to a common width),
+    T and lambda. Each run gives the numbers it gives alone, and its hooks and
+    checkpoints run as if alone. A run that diverges (or whose hook raises)
+    gets its exception in its place; the others go on.
+    """
+    if not runs:
+        return []
+    first = runs[0]
+    engine = round_engine(
+        first.algorithm,
+        first.model,
+        first.training,
+        backend=backend,
+        chunk_size=chunk_size,
+        mesh=mesh,
+    )
+    for index, run in enumerate(runs[1:], 1):
+        other = round_engine(
+            run.algorithm,
+            run.model,
+            run.training,
+            backend=backend,
+            chunk_size=chunk_size,
+            mesh=mesh,
+        )
+        if other is not engine or run.lockstep_key() != first.lockstep_key():
+            raise ValueError(
+                f"run {index} cannot train in lockstep with run 0: the runs of one "
+                "run_trainings call must share the model, the algorithm's compiled parts, "
+                "the local training, the data set, the number of clients and participants, "
+                "the rounds and the round they resume from; group them by "
+                "`training_group_key` first."
+            )
+    data = _stacked_client_tables(runs)
+    states = _stack([run.state for run in runs])
+    outcomes: list = [None] * len(runs)
+    for r in range(first.start_round, first.rounds):
+        participants = np.stack([run.participants(r) for run in runs])
+        keys = jnp.stack([run.round_key(r) for run in runs])
+        states, metrics = engine.run_rounds(data, states, participants, keys)
+        for i, run in enumerate(runs):
+            if outcomes[i] is not None:
+                continue  # failed: its slot keeps computing, unread, so the others keep one program
+            run_metrics = {name: value[i] for name, value in metrics.items()}
+            try:
+                run.after_round(r + 1, lambda i=i: _run_slice(states, i), run_metrics)
+            except Exception as error:  # noqa: BLE001 - one run's failure is its own
+                outcomes[i] = error
+        if all(outcome is not None for outcome in outcomes):
+            break
+    return [
+        outcome if outcome is not None else run.finish() for run, outcome in zip(runs, outcomes)
+    ]
+
+
+@jax.jit
+def _run_slice_jit(states, i):
+    return jax.tree_util.tree_map(lambda leaf: leaf[i], states)
+
+
+def _run_slice(states, i: int) -> ServerState:
+    return _run_slice_jit(states, jnp.int32(i))
+
+
+def training_group_key(run: TrainingRun, *, backend: str = "auto", chunk_size: int = 64) -> tuple:
+    """Runs with equal keys can go through one `run_trainings` call."""
+    engine = round_engine(
+        run.algorithm, run.model, run.training, backend=backend, chunk_size=chunk_size
+    )
+    return (id(engine), run.lockstep_key())
 
 
 def run_training(
@@ -119,82 +506,53 @@ def run_training(
     seed: int = 0,
     eval_every: int = 1,
     clients_per_round: int | None = None,
-    strategy: str = "auto",
+    backend: str = "auto",
     chunk_size: int = 64,
     checkpoint_path: str | None = None,
+    checkpointer: CheckpointerProtocol | None = None,
     on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
+    on_round: Callable[[int, float], None] | None = None,
+    max_train_loss: float | None = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
     Every `eval_every` rounds (and after the last) the model of
     `algorithm.eval_params` is evaluated on the target validation and test sets
-    (accuracy and macro-F1) and `on_evaluation(round, metrics, history)` is called. With
-    `checkpoint_path`, the state and history are saved at every evaluation and
-    an existing checkpoint is resumed from.
+    (accuracy and macro-F1) and `on_evaluation(round, metrics, history)` is
+    called; `on_round(round, train_loss)` is called after every round.
+    `backend` and `chunk_size` choose how the engine executes a round
+    (`round_engine`); they do not change the results.
+
+    Checkpoints: with `checkpointer` (see `CheckpointerProtocol`) or `checkpoint_path`
+    (a directory, kept by the orbax `fedjax_pals.Checkpointer`), the state and
+    history are saved at every evaluation and an existing checkpoint is
+    resumed from. A checkpoint at `checkpoint_path` records this run's
+    `run_fingerprint`; one of another run, or one beyond `rounds`, is refused.
+
+    Divergence: a round whose weighted training loss is non-finite or above
+    `max_train_loss` (default `divergence_limit(K, L_0)` = 10 max(log K, L_0),
+    L_0 the initial model's validation loss), or whose
+    evaluation loss is non-finite, raises `TrainingDivergedError`.
+
+    This is `run_trainings` with one run.
     """
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}.")
-    if eval_every < 1:
-        raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
-    num_clients = partition.num_clients
-    clients_per_round = clients_per_round or num_clients
-    sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
-
-    data: DeviceData = device_data(
-        dataset.train.x,
-        dataset.train.y,
-        partition.client_indices,
-        partition.client_sizes,
-        partition.client_label_dists,
+    run = TrainingRun(
+        algorithm,
+        model,
+        dataset,
+        partition,
+        training,
+        rounds=rounds,
+        seed=seed,
+        eval_every=eval_every,
+        clients_per_round=clients_per_round,
+        checkpoint_path=checkpoint_path,
+        checkpointer=checkpointer,
+        on_evaluation=on_evaluation,
+        on_round=on_round,
+        max_train_loss=max_train_loss,
     )
-    engine = round_engine(algorithm, model, training, strategy=strategy, chunk_size=chunk_size)
-    evaluators = {
-        "val": make_evaluator(
-            model.apply,
-            dataset.train.x[partition.target_val_indices],
-            dataset.train.y[partition.target_val_indices],
-            model.num_classes,
-        ),
-        "test": make_evaluator(
-            model.apply,
-            dataset.test.x[partition.target_test_indices],
-            dataset.test.y[partition.target_test_indices],
-            model.num_classes,
-        ),
-    }
-    root = jax.random.PRNGKey(seed)
-    params = model.init(jax.random.fold_in(root, _INIT_STREAM))
-    state = init_server_state(algorithm, params, num_clients)
-    history = TrainingHistory()
-    if checkpoint_path and os.path.exists(checkpoint_path):
-        state, history = _load_checkpoint(checkpoint_path, state)
-
-    round_root = jax.random.fold_in(root, _ROUND_STREAM)
-    started = time.perf_counter() - history.wall_seconds
-    for r in range(int(state.round), rounds):
-        participants = sample_participants(seed, r, num_clients, clients_per_round)
-        state, round_metrics = engine.run_round(
-            data, state, participants, jax.random.fold_in(round_root, r)
-        )
-        loss = float(jnp.sum(round_metrics["train_loss"] * round_metrics["weights"]))
-        if not np.isfinite(loss):
-            raise FloatingPointError(
-                f"training diverged in round {r + 1} (weighted train loss {loss}); "
-                "lower the learning rate."
-            )
-        history.train_loss.append(loss)
-        done = r + 1
-        if done % eval_every == 0 or done == rounds:
-            metrics = _evaluate(evaluators, algorithm.eval_params(state))
-            history.rounds.append(done)
-            history.target_accuracy.append(metrics["test"]["accuracy"])
-            history.target_macro_f1.append(metrics["test"]["macro_f1"])
-            history.val_accuracy.append(metrics["val"]["accuracy"])
-            history.val_macro_f1.append(metrics["val"]["macro_f1"])
-            history.wall_seconds = time.perf_counter() - started
-            if checkpoint_path:
-                _save_checkpoint(checkpoint_path, state, history)
-            if on_evaluation is not None:
-                on_evaluation(done, {**metrics, "train_loss": loss}, history)
-    history.wall_seconds = time.perf_counter() - started
-    return state, history
+    (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

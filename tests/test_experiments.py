@@ -1,4 +1,4 @@
-"""The launchers: results.json, plots, resume, the comparison table, the CLI."""
+"""The command-line mains: experiments.run (config file + workdir) and experiments.demo."""
 
 import json
 import os
@@ -7,121 +7,139 @@ import sys
 
 import pytest
 
-from experiments import compare
-from experiments import run as run_lib
+import fedjax_pals as fjp
+from fedjax_pals.experiment.workdir import Workdir
 
-REQUIRED_KEYS = (
-    "config",
-    "alpha",
-    "ess",
-    "projection_distance",
-    "target_accuracy",
-    "val_accuracy",
-    "final_target_accuracy",
-    "best_val_round",
-    "target_accuracy_at_best_val",
-    "wall_seconds",
-    "rounds",
-    "lam",
-)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(**overrides):
-    config = {key: run_lib.FLAGS[key].default for key in run_lib.CONFIG_KEYS}
-    config.update(dataset="synthetic", rounds=4, eval_every=2, batch_size=8, learning_rate=0.05)
-    config.update(overrides)
-    return config
-
-
-def test_a_run_writes_results_and_a_plot(tmp_path):
-    results = run_lib.run_experiment(_config(algorithm="fedpals"), str(tmp_path))
-    with open(tmp_path / "results.json") as f:
-        saved = json.load(f)
-    for key in REQUIRED_KEYS:
-        assert key in saved, key
-    assert saved["rounds"] == [2, 4]
-    assert saved["final_target_accuracy"] == saved["target_accuracy"][-1]
-    assert saved["best_val_round"] in saved["rounds"]
-    assert abs(sum(saved["alpha"]) - 1) < 1e-5
-    assert results["final_target_accuracy"] == saved["final_target_accuracy"]
-    assert os.path.getsize(tmp_path / "curves.png") > 1000
-
-
-def test_a_finished_run_is_resumed_not_redone_and_a_changed_config_is_refused(tmp_path):
-    first = run_lib.run_experiment(_config(algorithm="fedavg"), str(tmp_path))
-    again = run_lib.run_experiment(_config(algorithm="fedavg"), str(tmp_path))
-    assert again["target_accuracy"] == first["target_accuracy"]
-    with pytest.raises(ValueError, match="another configuration"):
-        run_lib.run_experiment(_config(algorithm="fedavg", seed=5), str(tmp_path))
-    fresh = run_lib.run_experiment(
-        _config(algorithm="fedavg", seed=5), str(tmp_path), overwrite=True
+def _main(module, *args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
-    assert fresh["config"]["seed"] == 5
 
 
-def test_lam_and_ess_fraction_are_exclusive(tmp_path):
-    with pytest.raises(ValueError, match="not both"):
-        run_lib.run_experiment(_config(lam=1.0, ess_fraction=0.5), str(tmp_path))
+def _config_file(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
-def test_ess_fraction_sets_lambda(tmp_path):
-    results = run_lib.run_experiment(_config(algorithm="fedpals", ess_fraction=0.95), str(tmp_path))
-    assert results["lam"] > 0
-    assert abs(results["ess"] / results["total_examples"] - 0.95) < 1e-3
+@pytest.mark.parametrize("name", ["default", "synthetic"])
+def test_the_run_configs_are_valid(name):
+    fjp.validate_config(_config_file(name))
 
 
-def test_comparison_table_lists_every_algorithm(tmp_path):
-    all_results = compare.run_comparison(_config(), ["fedavg", "fedpals"], [0, 1], str(tmp_path))
-    table = compare.write_comparison(
-        all_results, str(tmp_path), compare.comparison_title(all_results)
-    )
-    assert "| fedavg |" in table and "| fedpals |" in table
-    assert "over 2 seed(s)" in table
-    assert os.path.getsize(tmp_path / "comparison.png") > 1000
-    with open(tmp_path / "comparison.json") as f:
-        assert set(json.load(f)["results"]) == {"fedavg", "fedpals"}
+def test_the_demo_config_is_a_sweep_of_two_methods_over_two_seeds():
+    runs = fjp.expand_sweep(_config_file("demo"))
+    assert sorted(name for name, _ in runs) == [
+        "fedavg/seed_0",
+        "fedavg/seed_1",
+        "fedpals/seed_0",
+        "fedpals/seed_1",
+    ]
+    for _, config in runs:
+        resolved = fjp.validate_config(config)
+        assert resolved.dataset.name == "fashion_mnist" and resolved.training.rounds == 4
+        assert resolved.partition.labels_per_client == 3 and resolved.partition.num_clients == 10
 
 
 @pytest.mark.integration
-def test_the_command_line_takes_a_flagfile(tmp_path):
-    flagfile = tmp_path / "run.flags"
-    flagfile.write_text(
-        "--dataset=synthetic\n--algorithm=fedprox\n--weights=fedpals\n"
-        "--rounds=2\n--batch_size=8\n--learning_rate=0.05\n"
-    )
-    out = tmp_path / "out"
-    completed = subprocess.run(
-        [sys.executable, "-m", "experiments.run", f"--flagfile={flagfile}", f"--output_dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+def test_the_command_line_runs_a_config_file_with_overrides_and_refuses_another(tmp_path):
+    workdir = tmp_path / "run"
+    completed = _main(
+        "experiments.run",
+        "--config=configs/synthetic.py",
+        "--config.training.rounds=2",
+        "--config.algorithm.name=fedprox",
+        "--config.algorithm.weights=fedpals",
+        f"--workdir={workdir}",
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "final target accuracy" in completed.stdout
-    with open(out / "results.json") as f:
+    with open(workdir / "results.json") as f:
         saved = json.load(f)
-    assert saved["config"]["algorithm"] == "fedprox" and saved["config"]["weights"] == "fedpals"
+    assert saved["rounds"][-1] == 2
+    assert saved["config"]["algorithm"]["name"] == "fedprox"
+    assert saved["config"]["algorithm"]["weights"] == "fedpals"
+    assert saved["config"]["algorithm"]["lam"] == 0.0
+
+    again = _main(
+        "experiments.run",
+        "--config=configs/synthetic.py",
+        "--config.training.rounds=3",
+        f"--workdir={workdir}",
+        "--quiet",
+    )
+    assert again.returncode == 1
+    assert "error: the checkpoint in" in again.stderr and "training.rounds: 2 -> 3" in again.stderr
+    assert "Traceback" not in again.stderr
+
+
+def test_the_command_line_reports_a_bad_value_in_one_line_and_writes_nothing(tmp_path):
+    completed = _main(
+        "experiments.run",
+        "--config=configs/synthetic.py",
+        "--config.training.eval_every=50",
+        f"--workdir={tmp_path / 'run'}",
+        timeout=120,
+    )
+    assert completed.returncode == 1
+    assert "error: config.training.eval_every must be an integer in [1, 30]" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert not (tmp_path / "run").exists()
+    # A config the data cannot make (an ESS no lambda reaches here) is one line too.
+    completed = _main(
+        "experiments.run",
+        "--config=configs/synthetic.py",
+        "--config.algorithm.ess_fraction=0.5",
+        f"--workdir={tmp_path / 'run'}",
+        timeout=120,
+    )
+    assert completed.returncode == 1
+    assert "error: synthetic, seed 0: ESS fraction 0.5 is out of range" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_a_second_launch_on_a_busy_workdir_fails_at_once(tmp_path):
+    config = _config_file("synthetic")
+    resolved = fjp.validate_config(config)
+    with Workdir(tmp_path, resolved, fjp.config_digest(resolved)):
+        completed = _main(
+            "experiments.run", "--config=configs/synthetic.py", f"--workdir={tmp_path}", timeout=120
+        )
+    assert completed.returncode == 1
+    assert f"error: the workdir {tmp_path} is in use by another run (process {os.getpid()}" in (
+        completed.stderr
+    )
 
 
 @pytest.mark.integration
-def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(
-    tmp_path, monkeypatch, capsys
-):
-    import fedjax_pals as fjp
-    from experiments import demo
-
-    def unavailable(data_dir=None):
-        raise fjp.DatasetUnavailableError("no files (apt-get install dataset-fashion-mnist)")
-
-    monkeypatch.setattr(fjp, "load_fashion_mnist", unavailable)
-    run_lib.FLAGS([sys.argv[0], f"--output_dir={tmp_path}"])
-    try:
-        demo.main([])
-    finally:
-        run_lib.FLAGS.unparse_flags()
-    printed = capsys.readouterr().out
+def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(tmp_path):
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    completed = _main(
+        "experiments.demo",
+        f"--config.dataset.data_dir={empty}",
+        f"--workdir={tmp_path / 'demo'}",
+        "--quiet",
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    printed = completed.stdout
     assert "runs the synthetic task instead" in printed
     assert "apt-get install dataset-fashion-mnist" in printed
-    assert "| fedpals |" in printed and "| fedavg |" in printed
-    assert os.path.getsize(tmp_path / "comparison.png") > 1000
+    assert "FedPALS" in printed and "FedAvg" in printed
+    assert os.path.getsize(tmp_path / "demo" / "comparison.png") > 1000
+    for method in ("fedavg", "fedpals"):
+        with open(tmp_path / "demo" / "runs" / method / "seed_1" / "results.json") as f:
+            saved = json.load(f)
+        assert saved["config"]["dataset"]["name"] == "synthetic"
+        assert saved["rounds"][-1] == 30

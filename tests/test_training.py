@@ -36,17 +36,84 @@ def test_same_seed_gives_identical_results_and_another_seed_does_not():
     assert first.train_loss != other.train_loss
 
 
-def test_a_resumed_run_continues_exactly(tmp_path):
-    path = str(tmp_path / "checkpoint.msgpack")
+def test_a_resumed_run_continues_exactly_from_its_checkpoint(tmp_path):
+    path = str(tmp_path / "checkpoints")
     _, full = _synthetic_run("fedpals", 0.5, seed=1, rounds=6, eval_every=2)
     _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    trained = []
     state, resumed = _synthetic_run(
-        "fedpals", 0.5, seed=1, rounds=6, eval_every=2, checkpoint_path=path
+        "fedpals",
+        0.5,
+        seed=1,
+        rounds=6,
+        eval_every=2,
+        checkpoint_path=path,
+        on_round=lambda done, loss: trained.append(done),
     )
+    assert trained == [5, 6]  # rounds 1-4 came from the checkpoint, not from training again
     assert int(state.round) == 6
     assert resumed.rounds == [2, 4, 6]
     assert resumed.target_accuracy == full.target_accuracy
     assert resumed.train_loss == full.train_loss
+
+
+def test_a_checkpoint_of_another_run_or_beyond_the_rounds_is_refused(tmp_path):
+    path = str(tmp_path / "checkpoints")
+    _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    with pytest.raises(
+        fjp.CheckpointMismatchError, match=r"belongs to another run.*fingerprint\.seed: '1' -> '2'"
+    ):
+        _synthetic_run("fedpals", 0.5, seed=2, rounds=4, checkpoint_path=path)
+    with pytest.raises(
+        fjp.CheckpointMismatchError, match=r"fingerprint\.algorithm: .*fedpals.* -> .*fedavg"
+    ):
+        _synthetic_run("fedavg", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    with pytest.raises(fjp.CheckpointMismatchError, match=r"fingerprint\.partition"):
+        _synthetic_run("fedpals", 0.0, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    with pytest.raises(
+        ValueError, match=r"at round 4, beyond rounds=3: it belongs to a longer run"
+    ):
+        _synthetic_run("fedpals", 0.5, seed=1, rounds=3, eval_every=2, checkpoint_path=path)
+
+
+def test_any_checkpointer_is_saved_to_at_every_evaluation_after_the_hook():
+    events = []
+
+    class Memory:
+        def __init__(self):
+            self.saved = None
+
+        def save(self, state, history):
+            events.append(("save", int(state.round)))
+            self.saved = (state, fjp.TrainingHistory(**history.to_dict()))
+
+        def restore(self, template):
+            return self.saved
+
+    memory = Memory()
+    _synthetic_run(
+        "fedavg",
+        0.5,
+        seed=0,
+        rounds=3,
+        eval_every=2,
+        checkpointer=memory,
+        on_evaluation=lambda done, metrics, history: events.append(("hook", done)),
+    )
+    assert events == [("hook", 2), ("save", 2), ("hook", 3), ("save", 3)]
+    trained = []
+    _synthetic_run(
+        "fedavg",
+        0.5,
+        seed=0,
+        rounds=4,
+        eval_every=2,
+        checkpointer=memory,
+        on_round=lambda done, loss: trained.append(done),
+    )
+    assert trained == [4]
+    with pytest.raises(ValueError, match="checkpoint_path or checkpointer, not both"):
+        _synthetic_run("fedavg", 0.5, 0, rounds=1, checkpointer=memory, checkpoint_path="x")
 
 
 @pytest.mark.integration
@@ -126,15 +193,126 @@ def test_run_training_rejects_bad_settings():
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
     model = fjp.logistic_regression((2,), 3)
     training = fjp.LocalTraining()
-    for kwargs in (
-        dict(rounds=0),
-        dict(rounds=2, eval_every=0),
-        dict(rounds=2, clients_per_round=3),
+    for kwargs, message in (
+        (dict(rounds=0), "rounds must be >= 1"),
+        (dict(rounds=2, eval_every=0), "eval_every must be >= 1"),
+        (dict(rounds=2, clients_per_round=3), r"clients_per_round must be an integer in \[1, 2\]"),
+        # 0 participants is an error, never read as "all".
+        (dict(rounds=2, clients_per_round=0), r"clients_per_round must be an integer in \[1, 2\]"),
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=message):
             fjp.run_training(fjp.fedavg(), model, dataset, partition, training, **kwargs)
 
 
-def test_divergence_is_reported_not_hidden():
-    with pytest.raises(FloatingPointError, match="learning rate"):
+def test_a_non_finite_loss_is_divergence():
+    with pytest.raises(fjp.TrainingDivergedError, match="learning rate"):
         _synthetic_run("fedavg", 0.5, seed=0, rounds=3, learning_rate=1e38)
+
+
+def test_an_exploding_finite_loss_is_divergence():
+    # Logistic regression at learning rate 1e6 keeps finite weights (and fair accuracy) but a
+    # training loss of ~1e5 against an untrained model's ~9.
+    with pytest.raises(
+        fjp.TrainingDivergedError, match=r"diverged in round 1: .* above the divergence limit 9\d\."
+    ):
+        _synthetic_run("fedavg", 0.5, seed=0, rounds=3, learning_rate=1e6)
+    # The limit is a keyword: a generous one lets the same run finish.
+    _, history = _synthetic_run(
+        "fedavg", 0.5, seed=0, rounds=2, learning_rate=1e6, max_train_loss=1e12
+    )
+    assert max(history.train_loss) > 1e4
+
+
+def test_a_workable_learning_rate_is_not_divergence():
+    # lr 50 is far above the task's 0.05 and its loss rises to ~20, still under the limit.
+    _, history = _synthetic_run("fedavg", 0.5, seed=0, rounds=5, learning_rate=50.0)
+    assert max(history.train_loss) > 10
+
+
+def test_the_divergence_limit_is_ten_times_the_untrained_loss():
+    assert fjp.divergence_limit(10) == pytest.approx(10 * np.log(10))
+    assert fjp.divergence_limit(3, initial_loss=9.0) == pytest.approx(90.0)
+    assert fjp.divergence_limit(3, initial_loss=0.5) == pytest.approx(10 * np.log(3))
+    assert fjp.divergence_limit(3, initial_loss=float("nan")) == pytest.approx(10 * np.log(3))
+
+
+def _image_task(seed):
+    """A small 10-class image task; the partition (and so the client tables) follows the seed."""
+    rng = np.random.default_rng(0)
+    train = fjp.LabeledSplit(
+        rng.normal(size=(1200, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 120)
+    )
+    test = fjp.LabeledSplit(
+        rng.normal(size=(600, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 60)
+    )
+    return fjp.Dataset("random", train, test, 10, "test")
+
+
+_IMAGE = {}
+
+
+def _image_run(seed, lam, **kwargs):
+    dataset = _IMAGE.setdefault("dataset", _image_task(0))
+    partition = fjp.sparsity_partition(
+        dataset.train.y,
+        dataset.test.y,
+        num_clients=5,
+        labels_per_client=3,
+        seed=seed,
+        num_classes=10,
+    )
+    return fjp.TrainingRun(
+        fjp.fedpals(partition.target_label_dist, lam),
+        fjp.logistic_regression((8, 8, 1), 10),
+        dataset,
+        partition,
+        fjp.LocalTraining(batch_size=16, learning_rate=0.05),
+        rounds=3,
+        seed=seed,
+        clients_per_round=3,
+        **kwargs,
+    )
+
+
+def test_runs_trained_together_give_their_solo_numbers_in_one_compiled_program():
+    settings = [(seed, lam) for seed in range(4) for lam in (0.0, 5.0)]  # 8 runs
+    solo = [fjp.run_trainings([_image_run(s, lam)])[0] for s, lam in settings]
+    engine = fjp.round_engine(
+        _image_run(0, 0.0).algorithm,
+        fjp.logistic_regression((8, 8, 1), 10),
+        fjp.LocalTraining(batch_size=16, learning_rate=0.05),
+    )
+    before = engine.compilations
+    runs = [_image_run(s, lam) for s, lam in settings]
+    assert len({fjp.training_group_key(run) for run in runs}) == 1
+    together = fjp.run_trainings(runs)
+    # The 8-run program compiles once; a second sweep of runs with the same structure and
+    # client-table shapes (here: other lambdas) compiles nothing.
+    first_sweep = engine.compilations - before
+    assert first_sweep >= 1
+    fjp.run_trainings([_image_run(s, lam + 1.0) for s, lam in settings])
+    assert engine.compilations - before == first_sweep
+    for (state, history), (solo_state, solo_history) in zip(together, solo):
+        np.testing.assert_allclose(history.train_loss, solo_history.train_loss, rtol=1e-5)
+        np.testing.assert_allclose(history.val_accuracy, solo_history.val_accuracy, atol=1e-6)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(solo_state.params)
+        ):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    assert len({tuple(h.train_loss) for _, h in together}) == len(settings)  # the runs differ
+
+
+def test_a_diverging_run_fails_alone_and_runs_of_another_structure_are_refused():
+    runs = [_image_run(0, 0.0), _image_run(1, 0.0, max_train_loss=1e-9)]
+    (state, history), failed = fjp.run_trainings(runs)
+    assert isinstance(failed, fjp.TrainingDivergedError) and len(history.train_loss) == 3
+    other = fjp.TrainingRun(
+        fjp.fedavg(),
+        fjp.logistic_regression((8, 8, 1), 10),
+        runs[0].dataset,
+        runs[0].partition,
+        fjp.LocalTraining(batch_size=16, learning_rate=0.05),
+        rounds=3,
+    )
+    with pytest.raises(ValueError, match="cannot train in lockstep with run 0"):
+        fjp.run_trainings([runs[0], other])

@@ -1,0 +1,43 @@
+"""The experiment layer: configs, train_and_evaluate, workdirs, sweeps, metrics, plots."""
+
+# -- EXP-SWEEP: metric writer, progress bar, plots ---------------------------------------------
+from fedjax_pals.experiment.writers import MetricWriter, flatten_hparams, read_metrics
+from fedjax_pals.experiment.progress import Progress
+from fedjax_pals.experiment.plots import (
+    plot_accuracy_vs_distance,
+    plot_comparison,
+    plot_curves,
+    plot_weights_vs_ess,
+)
+from fedjax_pals.experiment.perturbation import perturb_label_dist
+from fedjax_pals.experiment.protocol import (
+    METHOD_LABELS,
+    PAPER_METHODS,
+    PAPER_TABLE_1,
+    RunRecord,
+    best_val_point,
+    merge_tables,
+    protocol_grid,
+    protocol_table,
+    select_method,
+    table_markdown,
+    write_protocol_report,
+)
+from fedjax_pals.experiment.sweep import SweepRun, execute_runs, expand_sweep, run_sweep
+
+# -- EXP-CORE: config, task, workdir, checkpoints, train_and_evaluate -------------------------
+from fedjax_pals.experiment.config import (
+    ConfigError,
+    config_differences,
+    config_digest,
+    default_config,
+    validate_config,
+)
+from fedjax_pals.experiment.checkpoints import (
+    CheckpointError,
+    CheckpointMismatchError,
+    Checkpointer,
+)
+from fedjax_pals.experiment.task import Task, TaskError, build_task
+from fedjax_pals.experiment.workdir import Workdir, WorkdirError, WorkdirLockedError
+from fedjax_pals.experiment.train import train_and_evaluate

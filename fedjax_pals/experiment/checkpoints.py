@@ -1,0 +1,324 @@
+"""Checkpoints of a run: an orbax `CheckpointManager` keyed by round, with the run's identity.
+
+Each checkpoint (`<directory>/<round>/`) is an orbax Composite of three items:
+
+* `state`: the `ServerState` (as flax's state dict of numpy arrays);
+* `history`: the `TrainingHistory` so far (JSON; floats round-trip exactly);
+* `identity`: what the checkpoint belongs to (JSON): `train_and_evaluate` stores the resolved
+  config and its digest, `run_training(checkpoint_path=...)` the run's fingerprint.
+
+The identity travels with the state, so a checkpoint can never be resumed under another
+run's label, whatever else the directory holds. Orbax writes a checkpoint into a temporary
+directory and renames it when complete, so a run killed while saving leaves the previous
+checkpoint intact. A checkpoint that cannot be read (truncated, emptied, written by something
+else) raises `CheckpointError` naming its path and the remedy, never a raw orbax trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging as _py_logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ITEMS = ("state", "history", "identity")
+# What the messages tell the user to do; "{directory}" is the checkpoint directory.
+DEFAULT_REMEDY = "delete {directory}, or use another checkpoint location"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or one that belongs to another run."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A readable checkpoint of another run (another config or fingerprint)."""
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 160:
+        first = first[:157] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict:
+    if isinstance(tree, Mapping):
+        flat = {}
+        for key, value in tree.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: tree}
+
+
+def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
+    """The keys on which two identities differ, as "key: stored -> current" lines.
+
+    Identities with a `config_digest` are compared by digest, and their differences named
+    from their `config`s (identity keys only: `engine` and `dataset.data_dir` do not count).
+    """
+    if "config_digest" in stored or "config_digest" in current:
+        if stored.get("config_digest") == current.get("config_digest"):
+            return []
+        from fedjax_pals.experiment.config import config_differences
+
+        try:
+            lines = config_differences(stored.get("config") or {}, current.get("config") or {})
+        except Exception:  # a foreign "config": name the digests only
+            lines = []
+        return lines or [
+            f"config_digest: {stored.get('config_digest')!r} -> {current.get('config_digest')!r}"
+        ]
+    a, b = _flatten(dict(stored)), _flatten(dict(current))
+    missing = "<absent>"
+    return [
+        f"{key}: {a.get(key, missing)!r} -> {b.get(key, missing)!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, missing) != b.get(key, missing)
+    ]
+
+
+class _QuietOrbax(_py_logging.Filter):
+    """Drops orbax's chatter (a line per file it writes, warnings about the files of a damaged
+    checkpoint, which `Checkpointer` reports itself) from absl's log; orbax's errors pass."""
+
+    def filter(self, record: _py_logging.LogRecord) -> bool:
+        return record.levelno >= _py_logging.ERROR or "orbax" not in record.pathname
+
+
+_QUIET_FILTER = _QuietOrbax()
+
+
+def _quiet_orbax() -> None:
+    logger = _py_logging.getLogger("absl")
+    if _QUIET_FILTER not in logger.filters:
+        logger.addFilter(_QUIET_FILTER)
+
+
+def _silence_closed_loop_noise() -> None:
+    """After a failed read, orbax's async I/O may still call into its closed event loop, and
+    Python prints that RuntimeError as an "Exception ignored" traceback: our CheckpointError
+    has already said what is wrong, so that one message is dropped."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_fedjax_pals", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._fedjax_pals = True
+    sys.unraisablehook = hook
+
+
+class Checkpointer:
+    """The orbax checkpointer of `run_training`: `save(state, history)`, `restore(template)`.
+
+    Args:
+      directory: the checkpoint directory (created on the first save); one subdirectory per
+        saved round.
+      identity: a JSON-able mapping saved with every checkpoint; `restore` raises
+        `CheckpointMismatchError` (naming the differing keys) when the stored one differs.
+        None: no check.
+      max_to_keep: how many of the latest checkpoints are kept.
+      remedy: what the error messages tell the user to do about a bad checkpoint.
+
+    Every process calls `save`/`restore` (orbax writes from the primary process only).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        identity: Mapping[str, Any] | None = None,
+        max_to_keep: int = 2,
+        remedy: str = DEFAULT_REMEDY,
+    ):
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise TypeError(f"directory must be a non-empty path, got {directory!r}.")
+        if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
+        self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+        if os.path.exists(self.directory) and not os.path.isdir(self.directory):
+            raise CheckpointError(
+                f"{self.directory} is a file, not a checkpoint directory (an old single-file "
+                f"checkpoint?). To start afresh: {remedy.format(directory=self.directory)}."
+            )
+        self.identity = None if identity is None else json.loads(json.dumps(dict(identity)))
+        self.max_to_keep = max_to_keep
+        self.remedy = remedy.format(directory=self.directory)
+        self._manager = None
+
+    def __repr__(self) -> str:
+        return f"Checkpointer({self.directory!r})"
+
+    # -- orbax -------------------------------------------------------------------------------
+
+    def _ocp(self):
+        import orbax.checkpoint as ocp  # deferred: ~1 s to import
+
+        _quiet_orbax()
+        return ocp
+
+    def _mgr(self):
+        if self._manager is None:
+            ocp = self._ocp()
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.max_to_keep,
+                create=False,
+                # Synchronous saves: when save() returns the checkpoint is on disk.
+                enable_async_checkpointing=False,
+                # Leftovers of a save killed half-way are removed, never read.
+                cleanup_tmp_directories=True,
+            )
+            os.makedirs(self.directory, exist_ok=True)
+            try:
+                self._manager = ocp.CheckpointManager(
+                    self.directory, options=options, item_names=ITEMS
+                )
+            except Exception as error:
+                raise CheckpointError(
+                    f"cannot open the checkpoint directory {self.directory} ({_short(error)}). "
+                    f"To start afresh: {self.remedy}."
+                ) from None
+        return self._manager
+
+    def _step_path(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _unreadable(self, step: int, error: BaseException) -> CheckpointError:
+        _silence_closed_loop_noise()
+        return CheckpointError(
+            f"cannot read the checkpoint of round {step} in {self._step_path(step)}: it is "
+            f"truncated, empty or not a fedjax_pals checkpoint ({_short(error)}). To start "
+            f"afresh: {self.remedy}."
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """The saved rounds, oldest first (none when the directory does not exist)."""
+        if not os.path.isdir(self.directory):
+            return []
+        try:
+            return sorted(int(s) for s in self._mgr().all_steps())
+        except CheckpointError:
+            raise
+        except Exception as error:
+            raise CheckpointError(
+                f"cannot list the checkpoints in {self.directory} ({_short(error)}). To start "
+                f"afresh: {self.remedy}."
+            ) from None
+
+    def latest_round(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def read_identity(self, step: int | None = None) -> dict | None:
+        """The identity stored with checkpoint `step` (default: the latest); None if none."""
+        step = self.latest_round() if step is None else step
+        if step is None:
+            return None
+        ocp = self._ocp()
+        try:
+            restored = self._mgr().restore(
+                step, args=ocp.args.Composite(identity=ocp.args.JsonRestore())
+            )
+            identity = restored.identity
+        except Exception as error:
+            raise self._unreadable(step, error) from None
+        if not isinstance(identity, dict):
+            raise self._unreadable(step, TypeError(f"identity is {type(identity).__name__}"))
+        return identity
+
+    def check_identity(self) -> int | None:
+        """Raises `CheckpointMismatchError` if the latest checkpoint belongs to another run;
+        returns its round (None when there is none)."""
+        step = self.latest_round()
+        if step is None or self.identity is None:
+            return step
+        stored = self.read_identity(step)
+        differences = identity_differences(stored, self.identity)
+        if differences:
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
+                f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
+            )
+        return step
+
+    # -- the Checkpointer protocol -----------------------------------------------------------
+
+    def save(self, state: Any, history: Any) -> None:
+        """Saves `state` and `history` as the checkpoint of round `state.round`."""
+        import flax.serialization
+
+        ocp = self._ocp()
+        step = int(state.round)
+        state_dict = flax.serialization.to_state_dict(jax.device_get(state))
+        history_dict = history.to_dict() if hasattr(history, "to_dict") else dict(history)
+        manager = self._mgr()
+        if step in manager.all_steps():
+            return  # a round is saved once; the same run computes the same state
+        manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state_dict),
+                history=ocp.args.JsonSave(history_dict),
+                identity=ocp.args.JsonSave(self.identity or {}),
+            ),
+        )
+        manager.wait_until_finished()
+
+    def restore(self, template: Any) -> tuple[Any, Any] | None:
+        """The latest checkpoint as (state, TrainingHistory), shaped like `template`; None if
+        there is none. Raises `CheckpointMismatchError` for another run's checkpoint and
+        `CheckpointError` for an unreadable one."""
+        import flax.serialization
+
+        from fedjax_pals.training import TrainingHistory
+
+        step = self.check_identity()
+        if step is None:
+            return None
+        ocp = self._ocp()
+        template_dict = flax.serialization.to_state_dict(jax.device_get(template))
+        try:
+            restored = self._mgr().restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(template_dict),
+                    history=ocp.args.JsonRestore(),
+                ),
+            )
+            state = flax.serialization.from_state_dict(template, restored.state)
+            history = TrainingHistory(**restored.history)
+        except Exception as error:
+            raise self._unreadable(step, error) from None
+        template_leaves, treedef = jax.tree_util.tree_flatten(template)
+        leaves = jax.tree_util.tree_leaves(state)
+        if len(leaves) != len(template_leaves) or any(
+            np.shape(a) != np.shape(b) for a, b in zip(leaves, template_leaves)
+        ):
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self._step_path(step)} holds a state of other shapes than "
+                f"this run's model and algorithm. To start afresh: {self.remedy}."
+            )
+        # Back to device arrays of the template's dtypes: the resumed rounds then compute
+        # exactly what the uninterrupted run computed.
+        leaves = [
+            jnp.asarray(a, dtype=jnp.asarray(b).dtype) for a, b in zip(leaves, template_leaves)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, leaves), history
+
+    def close(self) -> None:
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None

@@ -1,0 +1,614 @@
+"""The experiment config: its schema, its validation and its identity digest.
+
+A run is described by an `ml_collections.ConfigDict` (the flax-examples convention: config
+files `configs/*.py` with `get_config()`, overridden on the command line with
+`--config.training.rounds=5`). `default_config()` is the full schema with its defaults:
+
+    seed                        int >= 0: partition, initialisation, data order, client sampling
+    dataset.name                fashion_mnist | cifar10 | synthetic
+    dataset.data_dir            None (search the usual places) or a directory holding the data set
+    dataset.synthetic_delta     synthetic task: T_delta = (1-delta)[.5,.25,.25] + delta[0,.5,.5]
+    partition.scheme            sparsity ("C labels per client") | dirichlet (p_i ~ Dir_K(beta))
+    partition.num_clients       clients INCLUDING the target (the paper's 10 = 9 training + target)
+    partition.labels_per_client C of the sparsity scheme, in [1, K]
+    partition.dirichlet_beta    beta of the Dirichlet scheme, > 0
+    model                       auto (logistic regression on synthetic, LeNet otherwise) | lenet |
+                                logistic_regression
+    algorithm.name              fedavg | fedpals | fedprox | scaffold | afl | fedrs | fedshift |
+                                oracle
+    algorithm.weights           server weights of fedprox / fedrs / fedshift: fedavg | fedpals
+    algorithm.lam               FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))
+    algorithm.ess_fraction      or: the lambda whose weights have ESS = fraction * N (App. B.3)
+    algorithm.target_perturbation  Table 2: FedPALS sees T_p = normalise(T + delta max(eps, 0))
+    algorithm.prox_mu, server_lr, afl_step, fedrs_alpha, fedrs_soft: the baselines' settings
+    training.rounds, local_epochs, batch_size, learning_rate, eval_every
+    training.clients_per_round  participants per round out of the num_clients - 1 training
+    training.client_fraction    clients (give one of the two; neither = all of them)
+    engine.backend, engine.chunk_size   how rounds execute (not part of the run's identity)
+
+`validate_config(config)` checks every value (type, range, consistency) without touching any
+data, in well under a second, and returns the *resolved* config: what the run really uses.
+Keys that do not apply to the run are None (lam for FedAvg, prox_mu for FedPALS, the partition
+keys of the synthetic task, ...), the synthetic task's fixed client count replaces
+num_clients, 'auto' model is resolved, and clients_per_round is the resolved count. A run
+records this resolved config, so it never claims a setting it did not use.
+
+`config_digest(config)` hashes the resolved config's identity: every key except `engine`
+(how rounds execute does not change what is computed) and `dataset.data_dir` (where the files
+are does not change the data set; results.json records the source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+from ml_collections import config_dict
+
+ALGORITHM_NAMES = ("fedavg", "fedpals", "fedprox", "scaffold", "afl", "fedrs", "fedshift", "oracle")
+# Methods that only change local training, and so take either server weighting.
+CLIENT_SIDE_METHODS = ("fedprox", "fedrs", "fedshift")
+WEIGHTINGS = ("fedavg", "fedpals")
+MODELS = ("auto", "lenet", "logistic_regression")
+PARTITION_SCHEMES = ("sparsity", "dirichlet")
+# Keys that are not part of a run's identity (see the module docstring).
+NON_IDENTITY_KEYS = ("engine", "dataset.data_dir")
+# An upper bound that catches typos (1e9 rounds) before they allocate or loop.
+MAX_ROUNDS = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class _DatasetInfo:
+    num_classes: int
+    num_train: int  # training examples: an upper bound on the number of clients
+    images: bool
+
+
+# Static facts of the data sets, so that the config can be checked without loading them.
+DATASETS = {
+    "fashion_mnist": _DatasetInfo(num_classes=10, num_train=60_000, images=True),
+    "cifar10": _DatasetInfo(num_classes=10, num_train=50_000, images=True),
+    "synthetic": _DatasetInfo(num_classes=3, num_train=58, images=False),
+}
+# The synthetic task (App. C.4) has two training clients and the target.
+SYNTHETIC_NUM_CLIENTS = 3
+
+
+class ConfigError(ValueError):
+    """A config value that is missing, of the wrong type, out of range or inconsistent."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The full config schema with its defaults (today's launcher defaults, on Fashion-MNIST).
+
+    The sections are locked: a misspelt key (`config.training.round = 5`) raises at once. The
+    top level stays open so that a sweep config can add `config.sweep`.
+    """
+    placeholder = config_dict.placeholder
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.dataset = ml_collections.ConfigDict(
+        dict(name="fashion_mnist", data_dir=placeholder(str), synthetic_delta=0.5)
+    )
+    config.partition = ml_collections.ConfigDict(
+        dict(scheme="sparsity", num_clients=10, labels_per_client=3, dirichlet_beta=0.1)
+    )
+    config.model = "auto"
+    config.algorithm = ml_collections.ConfigDict(
+        dict(
+            name="fedpals",
+            weights=placeholder(str),
+            lam=placeholder(float),
+            ess_fraction=placeholder(float),
+            target_perturbation=0.0,
+            prox_mu=0.01,
+            server_lr=1.0,
+            afl_step=0.1,
+            fedrs_alpha=0.5,
+            fedrs_soft=False,
+        )
+    )
+    config.training = ml_collections.ConfigDict(
+        dict(
+            rounds=20,
+            local_epochs=1,
+            batch_size=32,
+            learning_rate=0.1,
+            clients_per_round=placeholder(int),
+            client_fraction=placeholder(float),
+            eval_every=1,
+        )
+    )
+    config.engine = ml_collections.ConfigDict(dict(backend="auto", chunk_size=64))
+    for section in ("dataset", "partition", "algorithm", "training", "engine"):
+        config[section].lock()
+    return config
+
+
+# -- conversion -------------------------------------------------------------------------------
+
+
+def as_dict(config: Any) -> dict:
+    """A ConfigDict or nested mapping as plain nested dicts (FieldReferences resolved)."""
+    if isinstance(config, ml_collections.ConfigDict):
+        return config.to_dict()
+    if isinstance(config, Mapping):
+        return {k: as_dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
+    raise ConfigError(
+        f"config must be an ml_collections.ConfigDict or a mapping, got {type(config).__name__}."
+    )
+
+
+def _schema() -> dict:
+    return default_config().to_dict()
+
+
+def _unknown_key(path: str, key: Any, known) -> ConfigError:
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(
+        f"config{path}.{key} is not a known key{hint}; the keys of config{path} are "
+        f"{sorted(known)}."
+    )
+
+
+def _merge(schema: dict, given: dict, path: str = "") -> dict:
+    """`given` laid over `schema`: a partial mapping keeps the defaults of the keys it omits."""
+    merged = dict(schema)
+    for key, value in given.items():
+        if key not in schema:
+            if path == "" and key == "sweep":
+                continue  # a sweep's axes: expanded by run_sweep, not part of a run
+            raise _unknown_key(path, key, schema)
+        if isinstance(schema[key], dict):
+            if hasattr(value, "to_dict"):
+                value = value.to_dict()
+            if not isinstance(value, Mapping):
+                raise ConfigError(
+                    f"config{path}.{key} must be a section (a mapping with keys "
+                    f"{sorted(schema[key])}), got {value!r}."
+                )
+            merged[key] = _merge(schema[key], dict(value), f"{path}.{key}")
+        else:
+            merged[key] = value
+    return merged
+
+
+# -- value checks (each names the key path, the bad value and what is allowed) -----------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def _int(path: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if not _is_int(value):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value!r}.")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value}.")
+    return value
+
+
+def _real(
+    path: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    why: str = "",
+) -> float:
+    if low is not None and high is not None:
+        allowed = (
+            f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        )
+    elif low is not None:
+        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        allowed = "a finite number"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value}.")
+    if low is not None and (value < low or (low_open and value == low)):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value:g}.")
+    if high is not None and (value > high or (high_open and value == high)):
+        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value:g}.")
+    return value
+
+
+def _maybe(check, path: str, value: Any, *args, **kwargs):
+    """`check(path, value, ...)`, or None for None (a key that may not apply to the run)."""
+    return None if value is None else check(path, value, *args, **kwargs)
+
+
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"config.{path} must be True or False, got {value!r}.")
+    return bool(value)
+
+
+def _choice(path: str, value: Any, choices, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    allowed = f"one of {list(choices)}" + (" or None" if optional else "")
+    if not isinstance(value, str):
+        raise ConfigError(f"config.{path} must be {allowed}, got {value!r}.")
+    if value not in choices:
+        close = difflib.get_close_matches(value, list(choices), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"config.{path} must be {allowed}, got {value!r}{hint}.")
+    return value
+
+
+def _dataset_name(value: Any) -> str:
+    # Lenient spelling, as `load_dataset`: "CIFAR-10", "Fashion-MNIST".
+    if isinstance(value, str):
+        canonical = {name.replace("_", ""): name for name in DATASETS}
+        found = canonical.get(value.strip().lower().replace("-", "").replace("_", ""))
+        if found is not None:
+            return found
+    return _choice("dataset.name", value, tuple(DATASETS))
+
+
+_FMNIST_IDX = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def _tfds_prepared(root: str) -> bool:
+    import glob
+
+    return bool(
+        glob.glob(os.path.join(root, "*", "dataset_info.json"))
+        or glob.glob(os.path.join(root, "*", "*", "dataset_info.json"))
+    )
+
+
+def _check_data_dir(name: str, data_dir: Any) -> str:
+    """An explicit data_dir must hold the data set: checked by a few stat calls, no loading."""
+    if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
+        raise ConfigError(
+            f"config.dataset.data_dir must be None or a directory path, got {data_dir!r}."
+        )
+    path = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise ConfigError(
+            f"config.dataset.data_dir={path} {what}; give the directory that holds {name}, or "
+            "leave data_dir unset (None) to search the usual places."
+        )
+    if name == "fashion_mnist":
+        for directory in (
+            path,
+            os.path.join(path, "fashion-mnist"),
+            os.path.join(path, "fashion_mnist"),
+        ):
+            if all(
+                os.path.isfile(os.path.join(directory, stem))
+                or os.path.isfile(os.path.join(directory, stem + ".gz"))
+                for stem in _FMNIST_IDX
+            ):
+                return path
+        if _tfds_prepared(os.path.join(path, "fashion_mnist")):
+            return path
+        missing = [
+            stem + "[.gz]"
+            for stem in _FMNIST_IDX
+            if not (
+                os.path.isfile(os.path.join(path, stem))
+                or os.path.isfile(os.path.join(path, stem + ".gz"))
+            )
+        ]
+        raise ConfigError(
+            f"config.dataset.data_dir={path} does not hold Fashion-MNIST: missing the idx "
+            f"file(s) {missing} (looked in it and in its fashion-mnist/ and fashion_mnist/ "
+            f"subdirectories) and no prepared TFDS copy ({path}/fashion_mnist/<version>/"
+            "dataset_info.json). Put the four official idx files there, or leave data_dir unset "
+            "to use /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)."
+        )
+    if name == "cifar10" and not _tfds_prepared(os.path.join(path, "cifar10")):
+        raise ConfigError(
+            f"config.dataset.data_dir={path} does not hold CIFAR-10: no prepared TFDS copy "
+            f"{path}/cifar10/<version>/dataset_info.json. Prepare it with TensorFlow Datasets "
+            "(tfds.builder('cifar10', data_dir=DIR).download_and_prepare("
+            "file_format='array_record')) on a machine with internet."
+        )
+    return path
+
+
+def _backend_names() -> tuple[str, ...]:
+    from fedjax_pals.engine import BACKENDS
+
+    return tuple(BACKENDS)
+
+
+# -- validation and resolution ----------------------------------------------------------------
+
+
+def validate_config(config: Any) -> ml_collections.ConfigDict:
+    """Checks every value of `config` and returns the resolved config the run will use.
+
+    No data is read (an explicit `dataset.data_dir` is checked with a few `stat` calls), so a
+    bad config fails in milliseconds, before data loading, partitioning, the lambda search or
+    training. A partial mapping is laid over `default_config()`. A top-level `sweep` section
+    is ignored (it is expanded by `run_sweep`) and is not part of the result.
+
+    Returns:
+      A new ConfigDict with every key of the schema: validated, normalised (canonical data set
+      name, floats as float) and resolved (keys that do not apply set to None; see the module
+      docstring).
+
+    Raises:
+      ConfigError (a ValueError): the first bad value, naming its key path, the value and the
+        allowed values.
+    """
+    return _validate(config, check_paths=True)
+
+
+def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
+    c = _merge(_schema(), as_dict(config))
+    r: dict[str, Any] = {}
+    r["seed"] = _int("seed", c["seed"], 0, 2**32 - 1)
+
+    # -- data set and partition
+    d, p = c["dataset"], c["partition"]
+    name = _dataset_name(d["name"])
+    info = DATASETS[name]
+    synthetic = name == "synthetic"
+    delta = _maybe(_real, "dataset.synthetic_delta", d["synthetic_delta"], low=0.0, high=1.0)
+    if synthetic and delta is None:
+        raise ConfigError(
+            "config.dataset.synthetic_delta is None, but the synthetic task needs it."
+        )
+    data_dir = d["data_dir"]
+    if synthetic:
+        data_dir = None
+    elif data_dir is not None and check_paths:
+        data_dir = _check_data_dir(name, data_dir)
+    r["dataset"] = dict(name=name, data_dir=data_dir, synthetic_delta=delta if synthetic else None)
+
+    scheme = _choice("partition.scheme", p["scheme"], PARTITION_SCHEMES, optional=synthetic)
+    num_clients = _maybe(
+        _int,
+        "partition.num_clients",
+        p["num_clients"],
+        2,
+        info.num_train,
+        why=" (it counts the target client too; at most the training examples)",
+    )
+    labels = p["labels_per_client"]
+    beta = p["dirichlet_beta"]
+    if labels is not None:
+        labels = _int("partition.labels_per_client", labels, 1)
+    if beta is not None:
+        beta = _real("partition.dirichlet_beta", beta, low=0.0, low_open=True)
+    if num_clients is None and not synthetic:
+        raise ConfigError("config.partition.num_clients is None; give the number of clients.")
+    if synthetic:
+        # The task's clients are fixed (App. C.4): record what the run uses.
+        r["partition"] = dict(
+            scheme=None,
+            num_clients=SYNTHETIC_NUM_CLIENTS,
+            labels_per_client=None,
+            dirichlet_beta=None,
+        )
+    else:
+        if scheme == "sparsity":
+            labels = _int(
+                "partition.labels_per_client",
+                labels,
+                1,
+                info.num_classes,
+                why=f" ({name} has K={info.num_classes} classes)",
+            )
+        else:
+            beta = _real("partition.dirichlet_beta", beta, low=0.0, low_open=True)
+        r["partition"] = dict(
+            scheme=scheme,
+            num_clients=num_clients,
+            labels_per_client=labels if scheme == "sparsity" else None,
+            dirichlet_beta=beta if scheme == "dirichlet" else None,
+        )
+    training_clients = r["partition"]["num_clients"] - 1
+
+    # -- model
+    model = _choice("model", c["model"], MODELS)
+    if model == "auto":
+        model = "lenet" if info.images else "logistic_regression"
+    if model == "lenet" and not info.images:
+        raise ConfigError(
+            f"config.model='lenet' needs image inputs, but dataset {name!r} has 2-D feature "
+            "vectors; use 'logistic_regression' or 'auto'."
+        )
+    r["model"] = model
+
+    # -- algorithm
+    a = c["algorithm"]
+    algorithm = _choice("algorithm.name", a["name"], ALGORITHM_NAMES)
+    weights = _choice("algorithm.weights", a["weights"], WEIGHTINGS, optional=True)
+    if algorithm == "fedpals" and weights == "fedavg":
+        raise ConfigError(
+            "config.algorithm.weights='fedavg' contradicts algorithm.name='fedpals' (FedPALS "
+            "weights); use algorithm.name='fedavg' for FedAvg."
+        )
+    if weights == "fedpals" and algorithm not in CLIENT_SIDE_METHODS + ("fedpals",):
+        raise ConfigError(
+            f"config.algorithm.weights='fedpals' applies only to {list(CLIENT_SIDE_METHODS)} "
+            f"(client-side methods); {algorithm!r} has its own server weights. Use "
+            "algorithm.name='fedpals' for FedPALS."
+        )
+    if algorithm in CLIENT_SIDE_METHODS:
+        weights = weights or "fedavg"
+    else:
+        weights = None
+    uses_fedpals = algorithm == "fedpals" or weights == "fedpals"
+
+    lam, ess = a["lam"], a["ess_fraction"]
+    if lam is not None:
+        if isinstance(lam, (float, np.floating)) and math.isinf(lam) and lam > 0:
+            raise ConfigError(
+                "config.algorithm.lam must be a finite number >= 0, got inf (lam -> infinity "
+                "is FedAvg: use algorithm.name='fedavg')."
+            )
+        lam = _real("algorithm.lam", lam, low=0.0)
+    if ess is not None:
+        ess = _real(
+            "algorithm.ess_fraction",
+            ess,
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            high_open=True,
+            why=" (ESS = N is FedAvg: use algorithm.name='fedavg')",
+        )
+    if lam is not None and ess is not None:
+        raise ConfigError(
+            f"config.algorithm.lam={lam:g} and config.algorithm.ess_fraction={ess:g} are both "
+            "set; give one of them (lam directly, or ess_fraction to choose lam by ESS), not both."
+        )
+    perturbation = _maybe(_real, "algorithm.target_perturbation", a["target_perturbation"], low=0.0)
+    prox_mu = _maybe(_real, "algorithm.prox_mu", a["prox_mu"], low=0.0)
+    server_lr = _maybe(_real, "algorithm.server_lr", a["server_lr"], low=0.0, low_open=True)
+    afl_step = _maybe(_real, "algorithm.afl_step", a["afl_step"], low=0.0, low_open=True)
+    fedrs_alpha = _maybe(
+        _real, "algorithm.fedrs_alpha", a["fedrs_alpha"], low=0.0, high=1.0, low_open=True
+    )
+    fedrs_soft = _maybe(_bool, "algorithm.fedrs_soft", a["fedrs_soft"])
+    for key, value, needed in (
+        ("target_perturbation", perturbation, uses_fedpals),
+        ("prox_mu", prox_mu, algorithm == "fedprox"),
+        ("server_lr", server_lr, algorithm == "scaffold"),
+        ("afl_step", afl_step, algorithm == "afl"),
+        ("fedrs_alpha", fedrs_alpha, algorithm == "fedrs"),
+        ("fedrs_soft", fedrs_soft, algorithm == "fedrs"),
+    ):
+        if needed and value is None:
+            raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
+    if uses_fedpals and lam is None and ess is None:
+        lam = 0.0  # alpha^0: the projection of T onto Conv(S) (eq. 7)
+    r["algorithm"] = dict(
+        name=algorithm,
+        weights=weights,
+        lam=lam if uses_fedpals else None,
+        ess_fraction=ess if uses_fedpals else None,
+        target_perturbation=perturbation if uses_fedpals else None,
+        prox_mu=prox_mu if algorithm == "fedprox" else None,
+        server_lr=server_lr if algorithm == "scaffold" else None,
+        afl_step=afl_step if algorithm == "afl" else None,
+        fedrs_alpha=fedrs_alpha if algorithm == "fedrs" else None,
+        fedrs_soft=fedrs_soft if algorithm == "fedrs" else None,
+    )
+
+    # -- training
+    t = c["training"]
+    rounds = _int("training.rounds", t["rounds"], 1, MAX_ROUNDS)
+    count, fraction = t["clients_per_round"], t["client_fraction"]
+    if count is not None:
+        count = _int(
+            "training.clients_per_round",
+            count,
+            1,
+            training_clients,
+            why=f" (the {training_clients} training clients; the target does not train)",
+        )
+    if fraction is not None:
+        fraction = _real("training.client_fraction", fraction, low=0.0, high=1.0, low_open=True)
+    if count is not None and fraction is not None:
+        raise ConfigError(
+            f"config.training.clients_per_round={count} and config.training.client_fraction="
+            f"{fraction:g} are both set; give one of them, not both."
+        )
+    if fraction is not None:
+        count = max(1, int(round(fraction * training_clients)))
+    r["training"] = dict(
+        rounds=rounds,
+        local_epochs=_int("training.local_epochs", t["local_epochs"], 1, 10_000),
+        batch_size=_int("training.batch_size", t["batch_size"], 1, 1_000_000),
+        learning_rate=_real("training.learning_rate", t["learning_rate"], low=0.0, low_open=True),
+        clients_per_round=training_clients if count is None else count,
+        client_fraction=None,
+        eval_every=_int(
+            "training.eval_every",
+            t["eval_every"],
+            1,
+            rounds,
+            why=f" (training.rounds={rounds}; the last round is always evaluated)",
+        ),
+    )
+
+    # -- engine
+    e = c["engine"]
+    backends = _backend_names()
+    r["engine"] = dict(
+        backend=_choice("engine.backend", e["backend"], ("auto",) + backends),
+        chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
+    )
+
+    resolved = ml_collections.ConfigDict(r)
+    for section in ("dataset", "partition", "algorithm", "training", "engine"):
+        resolved[section].lock()
+    return resolved
+
+
+# -- identity ---------------------------------------------------------------------------------
+
+
+def config_identity(config: Any) -> dict:
+    """The part of a resolved config that identifies the run (all but `NON_IDENTITY_KEYS`)."""
+    plain = as_dict(config)
+    identity = {k: (dict(v) if isinstance(v, dict) else v) for k, v in plain.items()}
+    for key in NON_IDENTITY_KEYS:
+        section, _, leaf = key.partition(".")
+        if leaf:
+            identity.get(section, {}).pop(leaf, None)
+        else:
+            identity.pop(section, None)
+    identity.pop("sweep", None)
+    return identity
+
+
+def config_digest(config: Any) -> str:
+    """A 16-hex-digit digest of the run's identity (the resolved config without `engine` and
+    `dataset.data_dir`). Pass a resolved config (`validate_config`); an unresolved one is
+    resolved first, so equal runs always get equal digests."""
+    identity = config_identity(_validate(config, check_paths=False))
+    payload = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict:
+    if isinstance(tree, Mapping):
+        flat = {}
+        for key, value in tree.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: tree}
+
+
+def config_differences(old: Any, new: Any) -> list[str]:
+    """The identity keys on which two (resolved) configs differ, as "key: old -> new" lines."""
+    a, b = _flatten(config_identity(old)), _flatten(config_identity(new))
+    return [
+        f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, "<absent>") != b.get(key, "<absent>")
+    ]

@@ -1,0 +1,538 @@
+"""The paper's model-selection protocol and its Table-1-shaped report.
+
+The FedPALS paper (Sec. 5, App. B.3) tunes "early stopping, model hyperparameters, and lambda in
+FedPALS ... using a validation set that reflects the target distribution" and reports the mean
+and standard deviation of the target test accuracy over 8 seeds (Table 1). It does not say how
+the selection combines seeds; this module implements one rule, stated here and recorded in every
+table it writes:
+
+1. Early stopping, per run: a run (one method, one hyperparameter point, one seed) is read at
+   its *best-validation round* r* = argmax_r val_accuracy(r), the earliest on ties (what
+   `train_and_evaluate` reports as `best_val_round`). Its validation score is
+   val_accuracy(r*), its test scores target_accuracy(r*) and target_macro_f1(r*).
+2. Hyperparameters, per method and per table row: among the grid points h run for every seed
+   of the row, choose h* = argmax_h mean_seeds val_accuracy(r*_{h,seed}) (`"mean_over_seeds"`,
+   the default; ties: the earliest point in the sweep's grid order). A point with a run that
+   failed or diverged, or lacks a seed, is not eligible. The grid covers, as the paper's
+   protocol: FedPALS' lambda (lambda -> 0+, i.e. lam = 0, and the lambda giving ESS of 10, 25,
+   50 and 75 % of N, `lambda_for_ess`), every method's learning rate, FedProx' mu, SCAFFOLD's
+   server learning rate, AFL's step size and FedRS' alpha (see `configs/`).
+   `selection="per_seed"` instead chooses h*_seed = argmax_h val_accuracy(r*_{h,seed}) for each
+   seed separately.
+3. Reported: for each method, the target test accuracy (and macro-F1) at (h*, r*) of each seed;
+   the table cell is mean +- std over seeds, std the population standard deviation (NumPy's
+   default, ddof = 0), in percent.
+
+Test metrics never enter a choice. The inputs are `RunRecord`s: where a run sits in the sweep
+(row, method, grid point, seed) and the results dict of `train_and_evaluate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+SELECTIONS = ("mean_over_seeds", "per_seed")
+
+# Column headers of the methods (the paper's names); other method keys are shown as they are.
+METHOD_LABELS = {
+    "fedpals": "FedPALS",
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "scaffold": "SCAFFOLD",
+    "afl": "AFL",
+    "fedrs": "FedRS",
+    "fedshift": "FedShift",
+    "oracle": "Oracle",
+    "fedprox_fedpals": "FedProx+FedPALS",
+    "fedrs_fedpals": "FedRS+FedPALS",
+    "fedshift_fedpals": "FedShift+FedPALS",
+}
+# Methods that are not competitors (bold marks the best of the others).
+REFERENCE_METHODS = ("oracle",)
+
+
+# The paper's Table 1 (mean %, std %) over 8 seeds, 10 clients (9 training + the target).
+PAPER_TABLE_1 = {
+    "Fashion-MNIST C=3": {
+        "fedpals": (92.4, 2.1),
+        "fedavg": (67.1, 22.0),
+        "fedprox": (66.9, 20.8),
+        "scaffold": (69.5, 19.3),
+        "afl": (78.9, 14.7),
+        "fedrs": (85.3, 13.5),
+        "oracle": (97.6, 2.1),
+    },
+    "Fashion-MNIST C=2": {
+        "fedpals": (80.6, 23.7),
+        "fedavg": (53.9, 36.2),
+        "fedprox": (52.9, 35.7),
+        "scaffold": (54.9, 36.8),
+        "afl": (78.6, 20.0),
+        "fedrs": (63.14, 20.2),
+        "oracle": (97.5, 4.0),
+    },
+    "CIFAR-10 C=3": {
+        "fedpals": (65.6, 10.1),
+        "fedavg": (44.0, 8.4),
+        "fedprox": (43.5, 7.2),
+        "scaffold": (43.3, 7.4),
+        "afl": (53.2, 0.9),
+        "fedrs": (44.0, 8.0),
+        "oracle": (85.5, 5.0),
+    },
+    "CIFAR-10 C=2": {
+        "fedpals": (72.8, 17.4),
+        "fedavg": (46.7, 15.8),
+        "fedprox": (47.7, 15.6),
+        "scaffold": (46.7, 14.9),
+        "afl": (54.7, 0.1),
+        "fedrs": (49.4, 9.5),
+        "oracle": (89.2, 3.9),
+    },
+    "CIFAR-10 beta=0.1": {
+        "fedpals": (62.6, 17.9),
+        "fedavg": (40.8, 9.2),
+        "fedprox": (41.9, 9.7),
+        "scaffold": (43.5, 10.5),
+        "afl": (53.4, 11.5),
+        "fedrs": (57.1, 11.2),
+        "oracle": (79.2, 3.7),
+    },
+}
+# The methods of the paper's Table 1, and FedProx with FedPALS' weights (Sec. 5, iWildCam).
+PAPER_METHODS = (
+    "fedpals",
+    "fedavg",
+    "fedprox",
+    "scaffold",
+    "afl",
+    "fedrs",
+    "oracle",
+    "fedprox_fedpals",
+)
+
+
+def protocol_grid() -> "ml_collections.ConfigDict":
+    """The hyperparameter grids of the selection protocol, as a `config.sweep.grid` section.
+
+    The first value of each grid is the conventional default (ties go to the first point).
+
+    * FedPALS' lambda (App. B.3): lam = 0 (the lambda -> 0+ end: the projection of T onto
+      Conv(S), eq. 7) and the lambdas giving ESS = 10, 25, 50, 75 % of N (`lambda_for_ess`;
+      a fraction below ESS(alpha^{0+}) / N is out of reach for that partition and its runs
+      end "unreachable", not eligible).
+    * Learning rate, every method: 0.1, 0.01, 0.001 (decades below plain SGD's usual 0.1 for a
+      LeNet; the paper tunes "model hyperparameters" without listing them).
+    * FedProx' mu: 0.01, 0.001, 0.1, 1 (the candidate set of Li et al., 2020, FedProx).
+    * SCAFFOLD's server learning rate eta_g: 1, 0.5 (Karimireddy et al., 2020, use eta_g = 1).
+    * AFL's step size gamma_lambda: 0.1, 0.01, 0.001, 1 (Mohri et al., 2019 leave it free).
+    * FedRS' alpha: 0.5, 0.9, 0.1 (Li & Zhan, 2021).
+    """
+    import ml_collections
+
+    return ml_collections.ConfigDict(
+        dict(
+            training=dict(learning_rate=(0.1, 0.01, 0.001)),
+            algorithm=dict(
+                lam=(0.0,),
+                ess_fraction=(0.1, 0.25, 0.5, 0.75),
+                prox_mu=(0.01, 0.001, 0.1, 1.0),
+                server_lr=(1.0, 0.5),
+                afl_step=(0.1, 0.01, 0.001, 1.0),
+                fedrs_alpha=(0.5, 0.9, 0.1),
+            ),
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """One finished run and its place in a sweep.
+
+    Attributes:
+      row: the table row (data set / split, plus any task axis), e.g. "Fashion-MNIST C=3".
+      method: the method's key, e.g. "fedprox_fedpals".
+      hparams: the grid point, as ((name, value), ...) in grid order, e.g.
+        (("learning_rate", 0.1), ("prox_mu", 0.01)); () for a method without a grid.
+      seed: the run's seed.
+      results: the results dict of `train_and_evaluate` (needs rounds, val_accuracy,
+        target_accuracy, target_macro_f1; best_val_round if present).
+    """
+
+    row: str
+    method: str
+    hparams: tuple
+    seed: int
+    results: Mapping[str, Any]
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def hparams_label(hparams: Sequence) -> str:
+    """("learning_rate", 0.1), ("prox_mu", 0.01) -> "learning_rate=0.1, prox_mu=0.01"."""
+    if not hparams:
+        return "(defaults)"
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in hparams)
+
+
+def best_val_point(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Early stopping of one run: its scores at the round of best validation accuracy.
+
+    Returns {"round", "val_accuracy", "target_accuracy", "target_macro_f1"} at r* =
+    argmax_r val_accuracy(r) (earliest on ties); `results["best_val_round"]`, when present,
+    must agree.
+    """
+    rounds = list(results["rounds"])
+    val = np.asarray(results["val_accuracy"], dtype=float)
+    if not rounds or val.shape != (len(rounds),):
+        raise ValueError(
+            f"results need one val_accuracy per evaluated round; got {len(rounds)} rounds and "
+            f"{val.shape[0] if val.ndim else 0} values."
+        )
+    if not np.isfinite(val).any():
+        raise ValueError("results have no finite validation accuracy.")
+    index = int(np.nanargmax(np.where(np.isfinite(val), val, -np.inf)))
+    given = results.get("best_val_round")
+    if given is not None and given != rounds[index]:
+        raise ValueError(
+            f"results' best_val_round {given} disagrees with its val_accuracy, whose "
+            f"(first) maximum is at round {rounds[index]}."
+        )
+    return {
+        "round": int(rounds[index]),
+        "val_accuracy": float(val[index]),
+        "target_accuracy": float(results["target_accuracy"][index]),
+        "target_macro_f1": float(results["target_macro_f1"][index]),
+    }
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=float)
+    return float(array.mean()), float(array.std())
+
+
+def _group(records: Iterable[RunRecord]):
+    """{row: {method: {hparams: {seed: record}}}} keeping first-seen order at every level."""
+    grouped: dict = {}
+    for record in records:
+        if not isinstance(record, RunRecord):
+            raise TypeError(f"records must be RunRecords, got {type(record).__name__}.")
+        runs = grouped.setdefault(record.row, {}).setdefault(record.method, {})
+        seeds = runs.setdefault(tuple(record.hparams), {})
+        if record.seed in seeds:
+            raise ValueError(
+                f"two runs for row {record.row!r}, method {record.method!r}, "
+                f"{hparams_label(record.hparams)}, seed {record.seed}."
+            )
+        seeds[record.seed] = record
+    return grouped
+
+
+def select_method(
+    runs: Mapping[tuple, Mapping[int, RunRecord]],
+    seeds: Sequence[int],
+    *,
+    selection: str = "mean_over_seeds",
+) -> dict[str, Any]:
+    """The protocol for one method in one row (see the module docstring).
+
+    Args:
+      runs: grid point -> {seed: record}, in grid order.
+      seeds: the row's seeds; a grid point needs a finished run for each.
+      selection: "mean_over_seeds" or "per_seed".
+
+    Returns:
+      {"selected": grid point(s), "per_seed": [{seed, hparams, round, val_accuracy,
+      target_accuracy, target_macro_f1}], "target_accuracy": {"mean", "std", "n"},
+      "target_macro_f1": {...}, "val_accuracy": {...}, "candidates": [{hparams, mean_val,
+      eligible}]}; or {"selected": None, ...} when no grid point is eligible.
+    """
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {list(SELECTIONS)}, got {selection!r}.")
+    points = {
+        h: {s: best_val_point(r.results) for s, r in by_seed.items()} for h, by_seed in runs.items()
+    }
+    candidates = []
+    for h, by_seed in points.items():
+        eligible = all(s in by_seed for s in seeds)
+        mean_val = float(np.mean([by_seed[s]["val_accuracy"] for s in seeds])) if eligible else None
+        candidates.append(
+            {"hparams": [list(kv) for kv in h], "mean_val": mean_val, "eligible": eligible}
+        )
+    chosen: list[tuple[int, tuple]] = []
+    if selection == "mean_over_seeds":
+        best = None
+        for h, candidate in zip(points, candidates):
+            if candidate["eligible"] and (best is None or candidate["mean_val"] > best[1]):
+                best = (h, candidate["mean_val"])
+        if best is not None:
+            chosen = [(s, best[0]) for s in seeds]
+    else:
+        for s in seeds:
+            best = None
+            for h, by_seed in points.items():
+                if s in by_seed and (best is None or by_seed[s]["val_accuracy"] > best[1]):
+                    best = (h, by_seed[s]["val_accuracy"])
+            if best is None:
+                chosen = []
+                break
+            chosen.append((s, best[0]))
+    if not chosen:
+        return {"selected": None, "per_seed": [], "candidates": candidates}
+    per_seed = [{"seed": s, "hparams": [list(kv) for kv in h], **points[h][s]} for s, h in chosen]
+    out: dict[str, Any] = {
+        "selected": (
+            [list(kv) for kv in chosen[0][1]]
+            if selection == "mean_over_seeds"
+            else [row["hparams"] for row in per_seed]
+        ),
+        "per_seed": per_seed,
+        "candidates": candidates,
+    }
+    for metric in ("target_accuracy", "target_macro_f1", "val_accuracy"):
+        mean, std = _mean_std([row[metric] for row in per_seed])
+        out[metric] = {"mean": mean, "std": std, "n": len(per_seed)}
+    return out
+
+
+def protocol_table(
+    records: Iterable[RunRecord],
+    *,
+    methods: Sequence[str] | None = None,
+    selection: str = "mean_over_seeds",
+    paper: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    title: str = "",
+) -> dict[str, Any]:
+    """Applies the protocol to every (row, method) and returns the table as a JSON-able dict.
+
+    Args:
+      records: the sweep's finished runs.
+      methods: column order (default: first-seen order).
+      selection: see `select_method`.
+      paper: row -> method -> (mean %, std %), the paper's numbers to show beside ours.
+      title: a caption.
+
+    Returns:
+      {"title", "selection", "protocol" (the rule in words), "methods", "labels",
+       "rows": [{"row", "seeds", "projection_distance", "cells": {method: select_method(...)
+       with "mean"/"std" of the target accuracy lifted to the cell}, "paper": {method:
+       {"mean", "std"}} as fractions}]}
+    """
+    grouped = _group(records)
+    seen = [m for by_method in grouped.values() for m in by_method]
+    order = list(methods) if methods is not None else list(dict.fromkeys(seen))
+    rows = []
+    for row, by_method in grouped.items():
+        seeds = sorted(
+            {s for runs in by_method.values() for by_seed in runs.values() for s in by_seed}
+        )
+        cells = {}
+        distances = []
+        for method in order:
+            if method not in by_method:
+                continue
+            cell = select_method(by_method[method], seeds, selection=selection)
+            if cell["selected"] is not None:
+                cell["mean"] = cell["target_accuracy"]["mean"]
+                cell["std"] = cell["target_accuracy"]["std"]
+            cells[method] = cell
+            for by_seed in by_method[method].values():
+                for record in by_seed.values():
+                    d = record.results.get("projection_distance")
+                    if d is not None and math.isfinite(d):
+                        distances.append(float(d))
+        entry = {
+            "row": row,
+            "seeds": seeds,
+            "projection_distance": float(np.mean(distances)) if distances else None,
+            "cells": cells,
+        }
+        row_paper = (paper or {}).get(row)
+        if row_paper:
+            entry["paper"] = {
+                m: {"mean": float(v[0]) / 100, "std": float(v[1]) / 100}
+                for m, v in row_paper.items()
+            }
+        rows.append(entry)
+    return {
+        "title": title,
+        "selection": selection,
+        "protocol": _PROTOCOL_TEXT[selection],
+        "methods": order,
+        "labels": {m: method_label(m) for m in order},
+        "rows": rows,
+    }
+
+
+_PROTOCOL_TEXT = {
+    "mean_over_seeds": (
+        "target test accuracy (%) at each run's best-validation round; per method and row the "
+        "grid point with the best mean-over-seeds validation accuracy; mean ± std (ddof 0) "
+        "over seeds"
+    ),
+    "per_seed": (
+        "target test accuracy (%) at each run's best-validation round; per method, row and "
+        "seed the grid point with the best validation accuracy; mean ± std (ddof 0) over seeds"
+    ),
+}
+
+
+def _cell_text(cell: Mapping[str, Any] | None, metric: str = "target_accuracy") -> str:
+    if cell is None:
+        return ""
+    if cell.get("selected") is None:
+        return "n/a"
+    stats = cell[metric]
+    return f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
+
+
+def table_markdown(table: Mapping[str, Any]) -> str:
+    """The table in markdown, shaped like the paper's Table 1 (rows: data / split; columns:
+    methods), then the macro-F1 table, the selected grid points, and the rule used."""
+    methods = [m for m in table["methods"] if any(m in r["cells"] for r in table["rows"])]
+    labels = [table["labels"].get(m, m) for m in methods]
+    n_seeds = sorted({len(r["seeds"]) for r in table["rows"]})
+    lines = []
+    if table.get("title"):
+        lines += [f"**{table['title']}**", ""]
+    header = "| data / split | " + " | ".join(labels) + " |"
+    rule = "|---|" + "---|" * len(methods)
+    lines += ["Target test accuracy (%), mean ± std over seeds", "", header, rule]
+    for row in table["rows"]:
+        competitors = {
+            m: c["mean"]
+            for m, c in row["cells"].items()
+            if m not in REFERENCE_METHODS and c.get("selected") is not None
+        }
+        best = max(competitors.values()) if competitors else None
+        cells = []
+        for m in methods:
+            text = _cell_text(row["cells"].get(m))
+            if best is not None and competitors.get(m) == best:
+                text = f"**{text}**"
+            cells.append(text)
+        lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
+        if row.get("paper"):
+            paper = [
+                (
+                    f"{100 * row['paper'][m]['mean']:.1f} ± {100 * row['paper'][m]['std']:.1f}"
+                    if m in row["paper"]
+                    else ""
+                )
+                for m in methods
+            ]
+            lines.append("| ↳ paper | " + " | ".join(paper) + " |")
+    lines += ["", "Target test macro-F1 (%), mean ± std over seeds", "", header, rule]
+    for row in table["rows"]:
+        cells = [_cell_text(row["cells"].get(m), "target_macro_f1") for m in methods]
+        lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Selected on the target validation set",
+        "",
+        "| data / split | method | selected | val acc (%) | best-val rounds |",
+        "|---|---|---|---|---|",
+    ]
+    for row in table["rows"]:
+        for m in methods:
+            cell = row["cells"].get(m)
+            if cell is None:
+                continue
+            if cell["selected"] is None:
+                lines.append(f"| {row['row']} | {table['labels'].get(m, m)} | none eligible | | |")
+                continue
+            if table["selection"] == "mean_over_seeds":
+                selected = hparams_label(cell["selected"])
+            else:
+                selected = "; ".join(hparams_label(h) for h in cell["selected"])
+            rounds = ", ".join(str(p["round"]) for p in cell["per_seed"])
+            lines.append(
+                f"| {row['row']} | {table['labels'].get(m, m)} | {selected} | "
+                f"{100 * cell['val_accuracy']['mean']:.1f} | {rounds} |"
+            )
+    seeds_text = "/".join(str(n) for n in n_seeds)
+    lines += ["", f"Protocol: {table['protocol']} ({seeds_text} seeds per row)."]
+    runs = table.get("runs")
+    if runs and runs.get("not_finished"):
+        counts: dict[str, int] = {}
+        for status in runs["not_finished"].values():
+            counts[status] = counts.get(status, 0) + 1
+        listed = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        lines.append(
+            f"Runs: {runs['total']} in the sweep; not eligible: {listed} (names in table.json)."
+        )
+    return "\n".join(lines)
+
+
+def write_protocol_report(
+    directory: str, table: Mapping[str, Any], *, plot: bool = True
+) -> dict[str, str]:
+    """Writes `table.md`, `table.json` and (plot=True) `comparison.png` to `directory`;
+    returns their paths."""
+    from fedjax_pals.experiment.plots import plot_comparison
+
+    os.makedirs(directory, exist_ok=True)
+    paths = {
+        "markdown": os.path.join(directory, "table.md"),
+        "json": os.path.join(directory, "table.json"),
+    }
+    _atomic_write(paths["markdown"], table_markdown(table) + "\n")
+    _atomic_write(paths["json"], json.dumps(table, indent=2) + "\n")
+    rows = [
+        r for r in table["rows"] if any(c.get("selected") is not None for c in r["cells"].values())
+    ]
+    if plot and rows:
+        paths["comparison"] = os.path.join(directory, "comparison.png")
+        plot_rows = [
+            {
+                "row": r["row"],
+                "cells": {
+                    table["labels"].get(m, m): c
+                    for m, c in r["cells"].items()
+                    if c.get("selected") is not None
+                },
+                "paper": {table["labels"].get(m, m): p for m, p in (r.get("paper") or {}).items()},
+            }
+            for r in rows
+        ]
+        plot_comparison(
+            paths["comparison"], plot_rows, table.get("title") or "target test accuracy"
+        )
+    return paths
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def merge_tables(tables: Sequence[Mapping[str, Any]], *, title: str = "") -> dict[str, Any]:
+    """Several tables (e.g. one per Table-1 row config) as one: rows concatenated, methods in
+    first-seen order. The tables must use the same selection rule."""
+    if not tables:
+        raise ValueError("merge_tables needs at least one table.")
+    selections = {t["selection"] for t in tables}
+    if len(selections) != 1:
+        raise ValueError(f"the tables use different selection rules: {sorted(selections)}.")
+    methods = list(dict.fromkeys(m for t in tables for m in t["methods"]))
+    labels = {m: method_label(m) for m in methods}
+    for t in tables:
+        labels.update(t.get("labels", {}))
+    return {
+        "title": title,
+        "selection": tables[0]["selection"],
+        "protocol": tables[0]["protocol"],
+        "methods": methods,
+        "labels": labels,
+        "rows": [row for t in tables for row in t["rows"]],
+    }

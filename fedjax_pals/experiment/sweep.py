@@ -1,0 +1,733 @@
+"""Sweeps: a base config plus `config.sweep` naming its axes, expanded into runs and executed.
+
+A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `sweep` section:
+
+    sweep.row       label of the table row, e.g. "Fashion-MNIST C=3" (default: from the data set
+                    and partition)
+    sweep.seeds     tuple of seeds, e.g. (0, ..., 7): every grid point runs once per seed
+    sweep.methods   tuple of method keys (columns of the table): an algorithm name (fedavg,
+                    fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle) or
+                    "<client-side method>_fedpals" for that method with FedPALS' server weights
+                    (fedprox_fedpals is the paper's FedProx+FedPALS). Default: the base config's
+                    algorithm as it is.
+    sweep.grid      nested like the config, tuples at the leaves: hyperparameters to select on
+                    the target validation set, e.g. grid.training.learning_rate = (0.1, 0.01).
+                    A grid key that a method does not use (validate_config resolves it to None,
+                    e.g. prox_mu for FedAvg) is dropped for that method, so each method runs
+                    only its own grid. grid.algorithm.lam and grid.algorithm.ess_fraction are
+                    the two ways to give FedPALS' lambda and form ONE axis, concatenated, not
+                    crossed: lam = (0.0,) with ess_fraction = (0.1, 0.25, 0.5, 0.75) is the
+                    paper's grid "lambda -> 0+ and ESS 10/25/50/75 % of N" (App. B.3).
+    sweep.axes      nested like the config, tuples at the leaves: task axes. Each combination is
+                    its own table row (e.g. axes.dataset.synthetic_delta, Fig. 9); nothing is
+                    selected across rows.
+    sweep.zip_axes  False: rows are the cartesian product of the axes; True: the axes are zipped
+                    (equal lengths), e.g. local_epochs with rounds = 150 / E (Fig. 8b).
+    sweep.protocol  True: after the runs, select per method on the validation set and write the
+                    Table-1-shaped report (`protocol.py`): table.md, table.json, comparison.png.
+    sweep.selection "mean_over_seeds" (default) or "per_seed" (see `protocol.py`).
+    sweep.paper     optional: method -> (mean %, std %) of the paper, shown beside ours
+                    (single-row sweeps).
+    sweep.figures   extra figures: "curves" (accuracy per round of each selected method, mean
+                    +- std over seeds, per row), "weights" (FedPALS' alpha per lambda vs FedAvg,
+                    Fig. 4 kind, per row, first seed), "accuracy_vs_distance" (Fig. 9).
+
+Every run's config is validated before any run starts (a bad value fails in well under 2 s,
+naming the run and the key). Run r goes to `<workdir>/runs/<name>/`, its name
+`[<row axes>/]<method>/[<grid point>/]seed_<s>`. A sweep is resumable: a run whose
+results.json has the run's config digest and its last round is skipped; the others are
+(re)started and resume from their own checkpoints. A run that raises does not stop the sweep:
+"diverged" (TrainingDivergedError) and "unreachable" (an ESS fraction out of reach for that
+partition) are outcomes of a grid, that point is just not eligible for selection; anything else
+is "failed" and reported (traceback in the run's error.txt).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import itertools
+import json
+import os
+import traceback
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+
+from fedjax_pals.experiment import config as config_lib
+from fedjax_pals.experiment import protocol as protocol_lib
+from fedjax_pals.experiment.progress import Progress
+from fedjax_pals.experiment.workdir import write_json
+from fedjax_pals.runtime import is_main_process
+
+ConfigError = config_lib.ConfigError
+
+SWEEP_KEYS = (
+    "row",
+    "seeds",
+    "methods",
+    "grid",
+    "axes",
+    "zip_axes",
+    "protocol",
+    "selection",
+    "paper",
+    "figures",
+)
+FIGURES = ("curves", "weights", "accuracy_vs_distance")
+# How a run that returned no results ended (see `_failure_status`).
+FAILURE_STATUSES = ("diverged", "unreachable", "failed")
+# The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
+LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
+# Keys that are not hyperparameters or task axes of a sweep.
+_NOT_AXES = ("seed", "algorithm.name", "algorithm.weights", "engine.backend", "engine.chunk_size")
+_DATASET_LABELS = {
+    "fashion_mnist": "Fashion-MNIST",
+    "cifar10": "CIFAR-10",
+    "synthetic": "Synthetic",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep: its name, where it sits in the sweep, its config."""
+
+    name: str
+    row: str
+    method: str
+    hparams: tuple  # ((leaf name, value), ...) of the grid point
+    seed: int
+    config: dict  # the run's config as nested dicts (unresolved; no `sweep` section)
+    resolved: dict  # validate_config(config), as nested dicts
+    digest: str  # config_digest(config)
+
+
+def _digest(resolved: Mapping[str, Any]) -> str:
+    """`config_digest` of an already resolved config (as `config_digest` hashes it, without
+    resolving it again: a sweep digests hundreds of runs; tests check the two agree)."""
+    identity = config_lib.config_identity(resolved)
+    payload = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# -- the sweep section ------------------------------------------------------------------------
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if hasattr(tree, "to_dict"):
+        tree = tree.to_dict()
+    if isinstance(tree, Mapping):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: tree}
+
+
+def _schema_paths() -> set[str]:
+    return set(_flatten(config_lib.default_config()))
+
+
+def _axis(where: str, path: str, values: Any, known: set[str]) -> tuple:
+    if path not in known:
+        close = difflib.get_close_matches(path, sorted(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"config.sweep.{where}.{path}: {path!r} is not a config key{hint}.")
+    if path in _NOT_AXES:
+        use = "sweep.seeds" if path == "seed" else "sweep.methods"
+        if path.startswith("engine"):
+            raise ConfigError(
+                f"config.sweep.{where}.{path}: the engine is not part of a run's identity; "
+                "set config.engine for the whole sweep."
+            )
+        raise ConfigError(f"config.sweep.{where}.{path} cannot be an axis; use config.{use}.")
+    if isinstance(values, list):
+        values = tuple(values)
+    if not isinstance(values, tuple) or not values:
+        raise ConfigError(
+            f"config.sweep.{where}.{path} must be a non-empty tuple of values, got {values!r}."
+        )
+    return values
+
+
+def _sweep_section(config: Any) -> dict[str, Any]:
+    """The validated `sweep` section, with defaults filled in."""
+    raw = config_lib.as_dict(config).get("sweep")
+    if raw is None:
+        raise ConfigError(
+            "config.sweep is missing: a sweep config names its axes in config.sweep (seeds, "
+            "methods, grid, axes; see fedjax_pals/experiment/sweep.py)."
+        )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config.sweep must be a section (a mapping), got {raw!r}.")
+    for key in raw:
+        if key not in SWEEP_KEYS:
+            raise ConfigError(
+                f"config.sweep.{key} is not a sweep key; the keys are {list(SWEEP_KEYS)}."
+            )
+    known = _schema_paths()
+    seeds = raw.get("seeds")
+    if seeds is None:
+        seeds = (config_lib.as_dict(config).get("seed", 0),)
+    if isinstance(seeds, list):
+        seeds = tuple(seeds)
+    if not isinstance(seeds, tuple) or not seeds:
+        raise ConfigError(f"config.sweep.seeds must be a non-empty tuple of seeds, got {seeds!r}.")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+            raise ConfigError(
+                f"config.sweep.seeds[...] must be integers in [0, 2**32 - 1], got {seed!r}."
+            )
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"config.sweep.seeds has repeated seeds: {seeds}.")
+    methods = raw.get("methods")
+    if methods is not None:
+        if isinstance(methods, list):
+            methods = tuple(methods)
+        if not isinstance(methods, tuple) or not methods:
+            raise ConfigError(
+                f"config.sweep.methods must be a non-empty tuple of method keys, got {methods!r}."
+            )
+        for method in methods:
+            _method_overrides(method)
+        if len(set(methods)) != len(methods):
+            raise ConfigError(f"config.sweep.methods has repeated methods: {methods}.")
+    grid = {p: _axis("grid", p, v, known) for p, v in _flatten(raw.get("grid") or {}).items()}
+    axes = {p: _axis("axes", p, v, known) for p, v in _flatten(raw.get("axes") or {}).items()}
+    both = sorted(set(grid) & set(axes))
+    if both:
+        raise ConfigError(f"config.sweep: {both[0]} is both a grid key and a task axis.")
+    zip_axes = raw.get("zip_axes", False)
+    if not isinstance(zip_axes, bool):
+        raise ConfigError(f"config.sweep.zip_axes must be True or False, got {zip_axes!r}.")
+    if zip_axes and len({len(v) for v in axes.values()}) > 1:
+        lengths = {p: len(v) for p, v in axes.items()}
+        raise ConfigError(f"config.sweep.zip_axes=True needs axes of equal length, got {lengths}.")
+    protocol = raw.get("protocol", True)
+    if not isinstance(protocol, bool):
+        raise ConfigError(f"config.sweep.protocol must be True or False, got {protocol!r}.")
+    selection = raw.get("selection") or "mean_over_seeds"
+    if selection not in protocol_lib.SELECTIONS:
+        raise ConfigError(
+            f"config.sweep.selection must be one of {list(protocol_lib.SELECTIONS)}, got "
+            f"{selection!r}."
+        )
+    figures = raw.get("figures") or ()
+    if isinstance(figures, str):
+        figures = (figures,)
+    for figure in figures:
+        if figure not in FIGURES:
+            raise ConfigError(
+                f"config.sweep.figures: {figure!r} is not a figure; choose from {list(FIGURES)}."
+            )
+    paper = raw.get("paper") or {}
+    for method, value in paper.items():
+        if not (isinstance(value, (tuple, list)) and len(value) == 2):
+            raise ConfigError(
+                f"config.sweep.paper.{method} must be (mean %, std %), got {value!r}."
+            )
+    row = raw.get("row")
+    if row is not None and (not isinstance(row, str) or not row.strip()):
+        raise ConfigError(f"config.sweep.row must be a non-empty string, got {row!r}.")
+    return dict(
+        row=row,
+        seeds=tuple(int(s) for s in seeds),
+        methods=methods,
+        grid=grid,
+        axes=axes,
+        zip_axes=zip_axes,
+        protocol=protocol,
+        selection=selection,
+        paper=dict(paper),
+        figures=tuple(figures),
+    )
+
+
+def _method_overrides(method: Any) -> dict[str, Any]:
+    """Method key -> {"algorithm.name": ..., "algorithm.weights": ...}."""
+    if not isinstance(method, str):
+        raise ConfigError(f"config.sweep.methods: a method must be a string, got {method!r}.")
+    name, weights = method, None
+    if method.endswith("_fedpals"):
+        name, weights = method[: -len("_fedpals")], "fedpals"
+        if name not in config_lib.CLIENT_SIDE_METHODS:
+            raise ConfigError(
+                f"config.sweep.methods: {method!r} combines FedPALS' weights with {name!r}, but "
+                f"only the client-side methods {list(config_lib.CLIENT_SIDE_METHODS)} combine."
+            )
+    elif method not in config_lib.ALGORITHM_NAMES:
+        raise ConfigError(
+            f"config.sweep.methods: unknown method {method!r}; use one of "
+            f"{list(config_lib.ALGORITHM_NAMES)} or '<client-side method>_fedpals'."
+        )
+    return {"algorithm.name": name, "algorithm.weights": weights}
+
+
+# -- expansion --------------------------------------------------------------------------------
+
+
+def _set(tree: dict, path: str, value: Any) -> None:
+    *sections, leaf = path.split(".")
+    for section in sections:
+        tree = tree.setdefault(section, {})
+    tree[leaf] = value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).replace("/", "_").replace(" ", "_")
+
+
+def _leaf_names(paths: Sequence[str]) -> dict[str, str]:
+    """Short names: the leaf, or the full path where two paths share a leaf."""
+    leaves = [p.split(".")[-1] for p in paths]
+    return {p: (l if leaves.count(l) == 1 else p) for p, l in zip(paths, leaves)}
+
+
+def _default_row(base: Mapping[str, Any]) -> str:
+    resolved = config_lib.validate_config(base)
+    name = resolved.dataset.name
+    label = _DATASET_LABELS.get(name, name)
+    p = resolved.partition
+    if name == "synthetic":
+        return label
+    if p.scheme == "sparsity":
+        return f"{label} C={p.labels_per_client}"
+    return f"{label} beta={p.dirichlet_beta:g}"
+
+
+def _grid_points(grid: Mapping[str, tuple]) -> list[tuple[tuple[str, Any], ...]]:
+    """The grid's points as ((path, value), ...), the lambda keys forming one axis."""
+    lambda_values = [(p, v) for p in LAMBDA_KEYS if p in grid for v in grid[p]]
+    axes = [[(p, v) for v in values] for p, values in grid.items() if p not in LAMBDA_KEYS]
+    if lambda_values:
+        # The lambda axis sits where its first key sits in the grid's order.
+        first = min(list(grid).index(p) for p in LAMBDA_KEYS if p in grid)
+        position = sum(1 for p in list(grid)[:first] if p not in LAMBDA_KEYS)
+        axes.insert(position, lambda_values)
+    return [tuple(point) for point in itertools.product(*axes)]
+
+
+def _used_grid(
+    base: Mapping[str, Any], fixed: Sequence, grid: Mapping[str, tuple], seed: int
+) -> dict[str, tuple]:
+    """The part of `grid` that the run `base` + `fixed` uses (its resolved value is not None)."""
+    if not grid:
+        return {}
+    tree = copy.deepcopy(base)
+    for path, value in fixed:
+        _set(tree, path, value)
+    for path, values in grid.items():
+        if path not in LAMBDA_KEYS:
+            _set(tree, path, values[0])
+    tree["seed"] = seed
+    try:
+        flat = _flatten(config_lib.validate_config(tree))
+    except (ValueError, TypeError):
+        return dict(grid)  # the runs' own validation names the problem
+    uses_lambda = any(flat.get(p) is not None for p in LAMBDA_KEYS) or (
+        flat.get("algorithm.name") == "fedpals" or flat.get("algorithm.weights") == "fedpals"
+    )
+    return {
+        path: values
+        for path, values in grid.items()
+        if (uses_lambda if path in LAMBDA_KEYS else flat.get(path) is not None)
+    }
+
+
+def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
+    sweep = _sweep_section(config)
+    base = config_lib.as_dict(config)
+    base.pop("sweep", None)
+    if "algorithm" in base:
+        # A base lam/ess_fraction would collide with the lambda axis of the grid.
+        for path in LAMBDA_KEYS:
+            if path in sweep["grid"]:
+                for other in LAMBDA_KEYS:
+                    base["algorithm"][other.split(".")[1]] = None
+    try:
+        base_label = sweep["row"] or _default_row(base)
+    except ConfigError as error:
+        raise ConfigError(f"sweep base config: {error}") from None
+    axis_paths = list(sweep["axes"])
+    axis_names = _leaf_names(axis_paths)
+    if sweep["zip_axes"] and axis_paths:
+        row_points = list(zip(*sweep["axes"].values()))
+    else:
+        row_points = list(itertools.product(*sweep["axes"].values()))
+    grid_names = _leaf_names(list(sweep["grid"]))
+    methods = sweep["methods"] or (None,)
+    runs: list[SweepRun] = []
+    names: set[str] = set()
+    digests: set[str] = set()
+    for row_values in row_points:
+        row_overrides = list(zip(axis_paths, row_values))
+        row_part = ",".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides)
+        row = base_label
+        if row_overrides:
+            row += " (" + ", ".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides) + ")"
+        for method in methods:
+            method_overrides = _method_overrides(method) if method is not None else {}
+            method_key = method or base.get("algorithm", {}).get("name", "run")
+            fixed = [*row_overrides, *method_overrides.items()]
+            # Only the grid keys this method uses span its grid (the others would resolve to
+            # None and repeat the same run): a probe config tells which.
+            grid = _used_grid(base, fixed, sweep["grid"], sweep["seeds"][0])
+            for point in _grid_points(grid):
+                tree = copy.deepcopy(base)
+                for path, value in [*fixed, *point]:
+                    _set(tree, path, value)
+                grid_part = ",".join(f"{grid_names[p]}={_fmt(v)}" for p, v in point)
+                where = "/".join(x for x in (row_part, method_key, grid_part) if x)
+                # The seed enters validation only as itself (checked with sweep.seeds), so one
+                # validation per grid point covers its seeds.
+                tree["seed"] = sweep["seeds"][0]
+                try:
+                    resolved = config_lib.as_dict(config_lib.validate_config(tree))
+                except (ValueError, TypeError) as error:
+                    raise type(error)(f"sweep run {where}/seed_{tree['seed']}: {error}") from None
+                for seed in sweep["seeds"]:
+                    name = f"{where}/seed_{seed}"
+                    run_tree = {**tree, "seed": seed}
+                    run_resolved = {**resolved, "seed": seed}
+                    digest = _digest(run_resolved)
+                    if name in names or digest in digests:
+                        continue  # the same run reached twice (e.g. a method listed twice)
+                    names.add(name)
+                    digests.add(digest)
+                    runs.append(
+                        SweepRun(
+                            name=name,
+                            row=row,
+                            method=method_key,
+                            hparams=tuple((grid_names[p], v) for p, v in point),
+                            seed=seed,
+                            config=run_tree,
+                            resolved=run_resolved,
+                            digest=digest,
+                        )
+                    )
+    sweep["row_label"] = base_label
+    return runs, sweep
+
+
+def expand_sweep(config: Any) -> list[tuple[str, ml_collections.ConfigDict]]:
+    """The runs of a sweep config, as (name, run config), each config validated.
+
+    Raises ConfigError (a ValueError) naming the sweep key, or the run and the config key, of
+    the first bad value; no data is read.
+    """
+    runs, _ = _runs(config)
+    return [(run.name, ml_collections.ConfigDict(run.config)) for run in runs]
+
+
+# -- execution --------------------------------------------------------------------------------
+
+
+def _read_results(run_dir: str) -> dict | None:
+    path = os.path.join(run_dir, "results.json")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _finished(run: SweepRun, results: Mapping[str, Any] | None) -> bool:
+    return (
+        results is not None
+        and results.get("config_digest") == run.digest
+        and bool(results.get("rounds"))
+        and results["rounds"][-1] == run.resolved["training"]["rounds"]
+    )
+
+
+def execute_runs(
+    configs: Sequence[Mapping[str, Any]],
+    workdirs: Sequence[str],
+    *,
+    quiet: bool = False,
+    overwrite: bool = False,
+    names: Sequence[str] | None = None,
+) -> list[dict | BaseException]:
+    """Runs `configs[i]` in `workdirs[i]`; the one place a sweep executes its runs.
+
+    Through `train_and_evaluate_many`: runs that share their structure go through the
+    engine's runs axis together (one compiled program), each run quiet; one progress bar
+    over the runs. A failed run does not stop the
+    others: its exception is returned in its place (and its traceback written to
+    `<workdir>/error.txt`). KeyboardInterrupt stops the sweep.
+
+    Args:
+      configs: run configs (ConfigDicts or nested mappings, without a `sweep` section).
+      workdirs: one directory per run.
+      quiet: no progress bar.
+      overwrite: passed to `train_and_evaluate` (replace a run of another config).
+      names: labels of the runs for the progress bar (default: the workdirs' names).
+
+    Returns:
+      Per run, its results dict or the exception it raised.
+    """
+    import fedjax_pals as fjp
+
+    if len(configs) != len(workdirs):
+        raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
+    names = list(names) if names is not None else [os.path.basename(w) for w in workdirs]
+    with Progress(len(configs), desc="sweep", unit="run", quiet=quiet) as bar:
+
+        def on_done(index: int, outcome) -> None:
+            workdir, name = workdirs[index], names[index]
+            if isinstance(outcome, BaseException):
+                if is_main_process():
+                    os.makedirs(workdir, exist_ok=True)
+                    with open(os.path.join(workdir, "error.txt"), "w") as f:
+                        f.write("".join(traceback.format_exception(outcome)))
+                bar.write(f"{name}: {type(outcome).__name__}: {outcome}")
+                bar.update(1)
+                return
+            stale = os.path.join(workdir, "error.txt")
+            if is_main_process() and os.path.exists(stale):
+                os.remove(stale)  # an earlier attempt's failure, now resolved
+            bar.update(
+                1, run=name, test_acc=outcome.get("target_accuracy_at_best_val", float("nan"))
+            )
+
+        return fjp.train_and_evaluate_many(
+            configs, workdirs, overwrite=overwrite, quiet=True, on_done=on_done
+        )
+
+
+def _check_workdir(workdir: str) -> None:
+    try:
+        os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
+        probe = os.path.join(workdir, f".write_probe.{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("")
+        os.remove(probe)
+    except OSError as error:
+        raise ConfigError(f"the sweep workdir {workdir!r} cannot be written: {error}.") from None
+
+
+def run_sweep(
+    config: Any, workdir: str, *, quiet: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
+    """Runs every run of the sweep `config` in `<workdir>/runs/<name>/`, then the protocol.
+
+    Every run's config is validated first (nothing runs if one is bad); then a run already
+    finished with the same config is skipped, and one holding another config is refused
+    before anything runs (pass overwrite=True to replace them). With `sweep.protocol`, the
+    report (`protocol.py`) goes to `<workdir>/`: table.md, table.json, comparison.png, plus
+    the figures named in `sweep.figures`.
+
+    Returns:
+      {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed"},
+       "errors": {name: message},
+       "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
+    """
+    import fedjax_pals as fjp
+
+    runs, sweep = _runs(config)
+    workdir = os.fspath(workdir)
+    _check_workdir(workdir)
+    run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
+    previous = [_read_results(d) for d in run_dirs]
+    if not overwrite:
+        foreign = [
+            (run, results)
+            for run, results in zip(runs, previous)
+            if results is not None and results.get("config_digest") not in (None, run.digest)
+        ]
+        if foreign:
+            run, results = foreign[0]
+            differences = config_lib.config_differences(results.get("config", {}), run.resolved)
+            raise ConfigError(
+                f"{len(foreign)} run(s) in {workdir}/runs hold another configuration, e.g. "
+                f"{run.name}: {'; '.join(differences[:5]) or 'different digest'}. Use another "
+                "workdir, or overwrite=True (--overwrite) to replace them."
+            )
+    if is_main_process():
+        write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
+    todo = [
+        i for i, (run, results) in enumerate(zip(runs, previous)) if not _finished(run, results)
+    ]
+    outcomes = execute_runs(
+        [runs[i].config for i in todo],
+        [run_dirs[i] for i in todo],
+        quiet=quiet,
+        overwrite=overwrite,
+        names=[runs[i].name for i in todo],
+    )
+    status: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    results_by_run: dict[int, Mapping[str, Any]] = {}
+    for i, results in enumerate(previous):
+        if i not in todo:
+            status[runs[i].name] = "skipped"
+            results_by_run[i] = results
+    for i, outcome in zip(todo, outcomes):
+        name = runs[i].name
+        if isinstance(outcome, BaseException):
+            status[name] = _failure_status(outcome)
+            errors[name] = f"{type(outcome).__name__}: {outcome}"
+        else:
+            status[name] = "done"
+            results_by_run[i] = outcome
+    summary: dict[str, Any] = {
+        "runs": {run.name: status[run.name] for run in runs},
+        "errors": errors,
+        "table": None,
+        "markdown": None,
+        "files": {},
+    }
+    if not sweep["protocol"] or not results_by_run or not is_main_process():
+        return summary
+    records = [
+        protocol_lib.RunRecord(
+            row=runs[i].row,
+            method=runs[i].method,
+            hparams=runs[i].hparams,
+            seed=runs[i].seed,
+            results=results_by_run[i],
+        )
+        for i in sorted(results_by_run)
+    ]
+    paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
+    if paper and len({run.row for run in runs}) == 1:
+        paper = {runs[0].row: sweep["paper"]}
+    table = protocol_lib.protocol_table(
+        records,
+        methods=[m for m in dict.fromkeys(run.method for run in runs)],
+        selection=sweep["selection"],
+        paper=paper,
+        title=_title(runs, sweep),
+    )
+    table["runs"] = {
+        "total": len(runs),
+        "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
+    }
+    files = protocol_lib.write_protocol_report(workdir, table)
+    files.update(_figures(workdir, sweep, table, records))
+    summary.update(table=table, markdown=protocol_lib.table_markdown(table), files=files)
+    return summary
+
+
+def _failure_status(error: BaseException) -> str:
+    """How a run ended that returned no results.
+
+    "diverged" (TrainingDivergedError, a FloatingPointError) and "unreachable" (an ESS fraction
+    below ESS(alpha^{0+}) / N for this partition, `lambda_for_ess`) are outcomes of a grid: the
+    point is simply not eligible, as in the paper's "ESS of 10, 25, 50, 75 %" where reachable.
+    Anything else is "failed", a problem to report.
+    """
+    if isinstance(error, FloatingPointError):
+        return "diverged"
+    text = str(error)
+    if isinstance(error, ValueError) and "ESS fraction" in text and "out of range" in text:
+        return "unreachable"
+    return "failed"
+
+
+def _title(runs: Sequence[SweepRun], sweep: Mapping[str, Any]) -> str:
+    def values(section: str, key: str) -> str:
+        found = dict.fromkeys(run.resolved[section][key] for run in runs)
+        return "/".join(str(v) for v in found)
+
+    return (
+        f"{sweep['row_label']}: {values('partition', 'num_clients')} clients (incl. target), "
+        f"{values('training', 'rounds')} rounds, E={values('training', 'local_epochs')}, "
+        f"{len(sweep['seeds'])} seed(s)"
+    )
+
+
+def _figures(
+    workdir: str,
+    sweep: Mapping[str, Any],
+    table: Mapping[str, Any],
+    records: Sequence[protocol_lib.RunRecord],
+) -> dict[str, str]:
+    from fedjax_pals.experiment import plots
+
+    files: dict[str, str] = {}
+    rows = list(dict.fromkeys(r.row for r in records))
+    slug = {row: _fmt(row).replace("(", "").replace(")", "").replace(",", "") for row in rows}
+    by_key = {(r.row, r.method, tuple(r.hparams), r.seed): r for r in records}
+    if "curves" in sweep["figures"]:
+        os.makedirs(os.path.join(workdir, "curves"), exist_ok=True)
+        for row in table["rows"]:
+            curves = {}
+            for method, cell in row["cells"].items():
+                if cell.get("selected") is None:
+                    continue
+                per_seed = [
+                    by_key[(row["row"], method, tuple(tuple(kv) for kv in p["hparams"]), p["seed"])]
+                    for p in cell["per_seed"]
+                ]
+                lengths = {len(r.results["rounds"]) for r in per_seed}
+                if len(lengths) != 1:
+                    continue
+                curves[table["labels"].get(method, method)] = {
+                    "rounds": per_seed[0].results["rounds"],
+                    "target_accuracy": [r.results["target_accuracy"] for r in per_seed],
+                    "val_accuracy": [r.results["val_accuracy"] for r in per_seed],
+                }
+            if curves:
+                path = os.path.join(workdir, "curves", f"{slug[row['row']]}.png")
+                plots.plot_curves(path, curves, f"{row['row']}: selected configurations")
+                files[f"curves:{row['row']}"] = path
+    if "weights" in sweep["figures"]:
+        os.makedirs(os.path.join(workdir, "weights"), exist_ok=True)
+        for row in rows:
+            fedpals = [r for r in records if r.row == row and r.method == "fedpals"]
+            if not fedpals:
+                continue
+            seed = min(r.seed for r in fedpals)
+            alphas = {}
+            first = None
+            for r in fedpals:
+                if r.seed != seed or "alpha" not in r.results:
+                    continue
+                lam_part = [kv for kv in r.hparams if kv[0] in ("lam", "ess_fraction")]
+                other = [kv for kv in r.hparams if kv[0] not in ("lam", "ess_fraction")]
+                if first is None:
+                    first = other
+                if other != first:
+                    continue  # one curve per lambda: the first point of the other axes
+                ess = r.results.get("ess")
+                total = r.results.get("total_examples")
+                label = protocol_lib.hparams_label(lam_part)
+                if ess is not None and total:
+                    label += f" (ESS {100 * ess / total:.0f} %)"
+                alphas[label] = r.results["alpha"]
+            sizes = fedpals[0].results.get("partition", {}).get("client_sizes")
+            if alphas and sizes:
+                path = os.path.join(workdir, "weights", f"{slug[row]}.png")
+                plots.plot_weights_vs_ess(
+                    path, sizes, alphas, title=f"{row}, seed {seed}: FedPALS weights vs FedAvg"
+                )
+                files[f"weights:{row}"] = path
+    if "accuracy_vs_distance" in sweep["figures"]:
+        points: dict[str, list] = {}
+        for row in table["rows"]:
+            if row["projection_distance"] is None:
+                continue
+            for method, cell in row["cells"].items():
+                if cell.get("selected") is None:
+                    continue
+                points.setdefault(table["labels"].get(method, method), []).append(
+                    {
+                        "projection_distance": row["projection_distance"],
+                        "target_accuracy": [p["target_accuracy"] for p in cell["per_seed"]],
+                    }
+                )
+        if points:
+            path = os.path.join(workdir, "accuracy_vs_distance.png")
+            plots.plot_accuracy_vs_distance(
+                path, points, f"{sweep['row_label']}: target accuracy vs d(T, S)"
+            )
+            files["accuracy_vs_distance"] = path
+    return files

@@ -1,0 +1,201 @@
+"""A run's ingredients built from its resolved config: data, partition, algorithm, model.
+
+`build_task(config)` does, in order: load the data set, draw the label-shift partition,
+choose FedPALS' lambda (directly, or from an ESS fraction by bisection, App. B.3), build the
+algorithm, the model and the local training. Every error of the data (a data set that is not
+there, a partition that cannot be drawn, a target test set the test split cannot supply, an
+ESS fraction out of reach) surfaces here, before any training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state
+from fedjax_pals.baselines import make_algorithm, oracle_partition
+from fedjax_pals.data import (
+    Dataset,
+    FederatedPartition,
+    dirichlet_partition,
+    load_cifar10,
+    load_fashion_mnist,
+    sparsity_partition,
+    synthetic_label_shift_task,
+)
+from fedjax_pals.engine import LocalTraining
+from fedjax_pals.experiment.config import validate_config
+from fedjax_pals.experiment.perturbation import perturb_label_dist
+from fedjax_pals.models import Model, make_model
+from fedjax_pals.server_weights import effective_sample_size, lambda_for_ess
+
+# Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
+MIN_TARGET_TEST_EXAMPLES = 100
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Task:
+    """What `train_and_evaluate` trains: built by `build_task` from a resolved config.
+
+    `partition` is the one the clients train on (the Oracle's is resampled to T, App. B.5)
+    and whose target sets evaluate the run. `target_label_dist` is the T the server's weights
+    use (T itself, or Table 2's perturbed T_p). `lam` is FedPALS' lambda (None when unused).
+    """
+
+    config: ml_collections.ConfigDict
+    dataset: Dataset
+    partition: FederatedPartition
+    algorithm: FederatedAlgorithm
+    model: Model
+    training: LocalTraining
+    lam: float | None
+    target_label_dist: np.ndarray
+    clients_per_round: int
+
+
+@functools.lru_cache(maxsize=2)
+def _load_image_dataset(name: str, data_dir: str | None) -> Dataset:
+    """Loaded once per process: the runs of a sweep share one copy (and one device copy)."""
+    if name == "fashion_mnist":
+        return load_fashion_mnist(data_dir, search_debian=data_dir is None)
+    return load_cifar10(data_dir)
+
+
+def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPartition]:
+    """The data set and its label-shift partition, as the resolved config describes.
+
+    An explicit `dataset.data_dir` is the only place searched: a data set missing there is an
+    error, never a silent fallback to another copy.
+    """
+    d, p = config.dataset, config.partition
+    if d.name == "synthetic":
+        return synthetic_label_shift_task(d.synthetic_delta, seed=config.seed)
+    dataset = _load_image_dataset(d.name, d.data_dir)
+    common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
+    if p.scheme == "sparsity":
+        partition = sparsity_partition(
+            dataset.train.y, dataset.test.y, labels_per_client=p.labels_per_client, **common
+        )
+    else:
+        partition = dirichlet_partition(
+            dataset.train.y, dataset.test.y, beta=p.dirichlet_beta, **common
+        )
+    return dataset, partition
+
+
+def _check_target_sets(partition: FederatedPartition) -> None:
+    n_test = len(partition.target_test_indices)
+    if n_test < MIN_TARGET_TEST_EXAMPLES:
+        raise TaskError(
+            f"the target test set has only {n_test} examples (the test split cannot supply more "
+            f"with T = {np.round(partition.target_label_dist, 4).tolist()}); accuracy on fewer "
+            f"than {MIN_TARGET_TEST_EXAMPLES} is noise. Use another seed or partition."
+        )
+    if len(partition.target_val_indices) == 0:
+        raise TaskError("the target validation set is empty; use another seed or partition.")
+
+
+class TaskError(ValueError):
+    """The data cannot make the run the config asks for (see `build_task`)."""
+
+
+def build_task(config: Any) -> Task:
+    """Builds the run of `config` (validated and resolved first, see `validate_config`).
+
+    Raises:
+      ConfigError: a bad config (before anything is loaded).
+      DatasetUnavailableError: the data set is not available locally.
+      TaskError (a ValueError): the partition cannot be drawn, the target test set would be
+        too small, or the ESS fraction is out of reach for these clients (the message gives
+        the range).
+    """
+    config = validate_config(config)
+    try:
+        return _build_task(config)
+    except TaskError:
+        raise
+    except ValueError as error:
+        raise TaskError(f"{config.dataset.name}, seed {config.seed}: {error}") from error
+
+
+def _build_task(config: ml_collections.ConfigDict) -> Task:
+    a = config.algorithm
+    dataset, partition = load_data(config)
+    _check_target_sets(partition)
+    target = np.asarray(partition.target_label_dist, np.float64)
+    if a.target_perturbation:  # None (unused) or 0: T itself
+        # Table 2: the server knows only T_p; the target's own sets still follow T.
+        target = perturb_label_dist(target, a.target_perturbation, config.seed)
+
+    lam = a.lam
+    if a.ess_fraction is not None:
+        lam = float(
+            lambda_for_ess(
+                partition.client_label_dists, target, partition.client_sizes, a.ess_fraction
+            )
+        )
+    training_partition = partition
+    if a.name == "oracle":
+        # FedAvg on clients resampled to the target label distribution (App. B.5).
+        training_partition = oracle_partition(partition, dataset.train.y, seed=config.seed)
+    weights_partition = dataclasses.replace(training_partition, target_label_dist=target)
+    algorithm = make_algorithm(
+        a.name,
+        partition=weights_partition,
+        lam=lam,
+        prox_mu=a.prox_mu,
+        server_lr=1.0 if a.server_lr is None else a.server_lr,
+        afl_step=a.afl_step,
+        fedrs_alpha=0.5 if a.fedrs_alpha is None else a.fedrs_alpha,
+        fedrs_soft=bool(a.fedrs_soft),
+        weights=a.weights,
+    )
+    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
+    t = config.training
+    training = LocalTraining(
+        local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate
+    )
+    return Task(
+        config=config,
+        dataset=dataset,
+        partition=training_partition,
+        algorithm=algorithm,
+        model=model,
+        training=training,
+        lam=lam,
+        target_label_dist=target,
+        clients_per_round=t.clients_per_round,
+    )
+
+
+def task_summary(task: Task) -> dict:
+    """What results.json records about the task: the data source, the partition, lambda, the
+    server weights alpha with every client taking part at the initial state (AFL's move from
+    round to round), their ESS, N, d(T, S) and the participants per round."""
+    partition = task.partition
+    sizes, dists = partition.client_sizes, partition.client_label_dists
+    initial = init_server_state(
+        task.algorithm, task.model.init(jax.random.PRNGKey(0)), partition.num_clients
+    )
+    weighting = task.algorithm.weighting
+    everyone = (np.arange(partition.num_clients),) if weighting.uses_participants else ()
+    alpha = weighting.weights(
+        jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32), initial, *everyone
+    )
+    summary = partition.summary()
+    return {
+        "dataset_source": task.dataset.source,
+        "partition": summary,
+        "lam": task.lam,
+        "alpha": np.asarray(alpha).tolist(),
+        "ess": float(effective_sample_size(alpha, sizes)),
+        "total_examples": int(np.sum(sizes)),
+        "projection_distance": summary["projection_distance"],
+        "clients_per_round": task.clients_per_round,
+    }

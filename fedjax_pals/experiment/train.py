@@ -1,0 +1,337 @@
+"""`train_and_evaluate(config, workdir)`: one run from its config, resumable, in its workdir.
+
+The order of work is chosen so that every mistake costs as little as possible:
+
+1. the config is validated and resolved (milliseconds, no data: `validate_config`);
+2. the workdir is created, checked writable and locked; a run it already holds must have
+   the same config (else refused, naming the differing keys, unless `overwrite`);
+3. the task is built (data, partition, lambda, algorithm, model: `build_task`), so data
+   errors come before training and before `overwrite` deletes anything;
+4. training resumes from the latest checkpoint (or starts); at every evaluation the metrics
+   go to TensorBoard and metrics.jsonl, results.json is rewritten, then the checkpoint is
+   saved (config and digest inside it); curves.png is drawn at the end.
+
+A run killed at any moment and started again with the same config continues from its last
+checkpoint and computes bit-identical results (only `wall_seconds` differs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import ml_collections
+from absl import logging
+
+from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
+from fedjax_pals.experiment.plots import plot_curves
+from fedjax_pals.experiment.progress import Progress
+from fedjax_pals.experiment.task import build_task, task_summary
+from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
+from fedjax_pals.experiment.writers import MetricWriter
+from fedjax_pals.runtime import is_main_process
+from fedjax_pals.training import (
+    TrainingHistory,
+    TrainingRun,
+    run_trainings,
+    training_group_key,
+)
+
+
+def _sync(name: str) -> None:
+    """A barrier across processes (a no-op in a single-process run)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _resolved_backend(backend: str, model) -> str:
+    from fedjax_pals import engine
+
+    return engine.resolve_backend(backend, model)
+
+
+def _has_sweep(config: Any) -> bool:
+    if isinstance(config, ml_collections.ConfigDict):
+        return "sweep" in config and bool(config.sweep)
+    return isinstance(config, dict) and bool(config.get("sweep"))
+
+
+class _PreparedRun:
+    """One run between preparation and its results: its workdir, writer, progress and loop.
+
+    Preparation does steps 1-3 of the module docstring and opens the run's
+    resources (lock, metric writer, progress bar, checkpointer) in `self.stack`;
+    `finish` writes the final results and closes them.
+    """
+
+    def __init__(self, config: Any, workdir, *, overwrite: bool, quiet: bool):
+        if _has_sweep(config):
+            raise ConfigError(
+                "config.sweep is set: this config describes a sweep of runs; run it with "
+                "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
+            )
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be True or False, got {overwrite!r}.")
+        resolved = validate_config(config)
+        digest = config_digest(resolved)
+        self.config, self.plain = resolved, as_dict(resolved)
+        self.main = main = is_main_process()
+        quiet = quiet or not main
+        self.stack = stack = contextlib.ExitStack()
+        try:
+            self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, digest, lock=main))
+            if main and not overwrite:
+                wd.check_reusable()
+            self.task = task = build_task(resolved)
+            if main and overwrite:
+                removed = wd.clear()
+                if removed and not quiet:
+                    logging.info("overwrite: removed %s from %s", ", ".join(removed), wd.path)
+            _sync("fedjax_pals.train_and_evaluate.workdir_ready")
+            checkpointer = wd.checkpointer()
+            stack.callback(checkpointer.close)
+            start_round = checkpointer.check_identity() or 0
+            summary = task_summary(task)
+            self.backend = _resolved_backend(resolved.engine.backend, task.model)
+            rounds = resolved.training.rounds
+            self.title = f"{resolved.algorithm.name} on {task.partition.description}"
+            self.header = {
+                "config": self.plain,
+                "config_digest": digest,
+                **summary,
+                "backend": self.backend,
+            }
+            self.writer = writer = stack.enter_context(
+                MetricWriter(wd.path, enabled=main, resume_step=start_round)
+            )
+            self.progress = progress = stack.enter_context(
+                Progress(
+                    rounds,
+                    desc=f"{resolved.algorithm.name} seed {resolved.seed}",
+                    initial=start_round,
+                    quiet=quiet,
+                )
+            )
+            writer.write_hparams(self.plain)
+            lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
+            progress.write(
+                f"{self.title}: lam={lam} ESS={summary['ess']:.0f}/{summary['total_examples']} "
+                f"d(T,S)={summary['projection_distance']:.4g}, {rounds} rounds, backend "
+                f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
+            )
+            self.run = TrainingRun(
+                task.algorithm,
+                task.model,
+                task.dataset,
+                task.partition,
+                task.training,
+                rounds=rounds,
+                seed=resolved.seed,
+                eval_every=resolved.training.eval_every,
+                clients_per_round=task.clients_per_round,
+                checkpointer=checkpointer,
+                on_evaluation=self._on_evaluation,
+                on_round=self._on_round,
+            )
+        except BaseException:
+            stack.close()
+            raise
+
+    def results_of(self, history: TrainingHistory) -> dict:
+        best = history.best_val_index()
+        return {
+            **self.header,
+            **history.to_dict(),
+            "final_target_accuracy": history.target_accuracy[-1],
+            "final_target_macro_f1": history.target_macro_f1[-1],
+            "best_val_round": history.rounds[best],
+            "target_accuracy_at_best_val": history.target_accuracy[best],
+            "target_macro_f1_at_best_val": history.target_macro_f1[best],
+        }
+
+    def _on_round(self, done: int, loss: float) -> None:
+        self.writer.write_scalars(done, {"train_loss": loss})
+        self.progress.update(1, loss=loss)
+
+    def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
+        self.writer.write_scalars(
+            done,
+            {
+                "target_accuracy": metrics["test"]["accuracy"],
+                "target_macro_f1": metrics["test"]["macro_f1"],
+                "target_loss": metrics["test"]["loss"],
+                "val_accuracy": metrics["val"]["accuracy"],
+                "val_macro_f1": metrics["val"]["macro_f1"],
+                "val_loss": metrics["val"]["loss"],
+            },
+        )
+        self.writer.flush()
+        if self.main:
+            write_json(self.workdir.file(RESULTS_FILE), self.results_of(history))
+        self.progress.update(0, acc=metrics["test"]["accuracy"], val=metrics["val"]["accuracy"])
+
+    def finish(self, outcome) -> dict | BaseException:
+        """Final results (results.json, curves.png) or the run's exception; closes its resources."""
+        try:
+            if isinstance(outcome, BaseException):
+                return outcome
+            _, history = outcome
+            results = self.results_of(history)
+            if self.main:
+                write_json(self.workdir.file(RESULTS_FILE), results)
+                plot_curves(
+                    self.workdir.file("curves.png"),
+                    {self.config.algorithm.name: results},
+                    self.title,
+                )
+            return results
+        finally:
+            self.stack.close()
+
+
+def train_and_evaluate(
+    config: Any, workdir: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False
+) -> dict:
+    """Trains and evaluates the run described by `config` in `workdir`; returns its results.
+
+    Args:
+      config: an `ml_collections.ConfigDict` of the `default_config()` schema (or a partial
+        mapping laid over it); validated and resolved before anything else happens.
+      workdir: the run's directory: checkpoints/, results.json, metrics.jsonl, tensorboard/,
+        hparams.json, curves.png. A run it already holds is resumed if it has the same config.
+      overwrite: replace a run of another config held in `workdir` (its files are deleted only
+        after the new config is validated and its data loaded).
+      quiet: no progress bar and no log lines.
+
+    Returns:
+      The results (also in results.json): config (resolved), config_digest, dataset_source,
+      partition, lam, alpha, ess, total_examples, projection_distance, clients_per_round,
+      backend, rounds, target_accuracy, target_macro_f1, val_accuracy, val_macro_f1,
+      train_loss, wall_seconds, final_target_accuracy, final_target_macro_f1, best_val_round,
+      target_accuracy_at_best_val, target_macro_f1_at_best_val.
+
+    Raises:
+      ConfigError: a bad config (before any data loading).
+      WorkdirError: a workdir that cannot be written, is locked by another launch, or holds
+        another config's run; CheckpointError: an unreadable checkpoint (path and remedy).
+      DatasetUnavailableError, TaskError: data that cannot be had, or cannot make this run.
+      TrainingDivergedError: the training loss became non-finite or exploded.
+    """
+    prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
+    engine = prepared.config.engine
+    try:
+        (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
+    except BaseException:
+        prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
+        raise
+    outcome = prepared.finish(outcome)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _train_group(prepared: Sequence[_PreparedRun], backend: str, chunk_size: int) -> list:
+    outcomes = run_trainings([p.run for p in prepared], backend=backend, chunk_size=chunk_size)
+    return outcomes
+
+
+# A runs axis of this many runs at most per program: each holds a workdir lock, a metric
+# writer and its device state while it trains.
+MAX_RUNS_PER_PROGRAM = 16
+
+
+def train_and_evaluate_many(
+    configs: Sequence[Any],
+    workdirs: Sequence[str | os.PathLike],
+    *,
+    overwrite: bool = False,
+    quiet: bool = True,
+    max_runs_per_program: int = MAX_RUNS_PER_PROGRAM,
+    on_done: Callable[[int, dict | BaseException], None] | None = None,
+) -> list[dict | BaseException]:
+    """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
+
+    Runs whose configs differ only in what the engine keeps in the state (seed,
+    lambda or ESS fraction, target perturbation) and whose tasks share the data
+    set are trained together on the engine's runs axis, `max_runs_per_program`
+    at a time, in one compiled program; each run's numbers, files and
+    checkpoints are those it gets alone. A failed run does not stop the others:
+    its exception is returned in its place. `on_done(index, outcome)` is called
+    as each run ends.
+    """
+    if len(configs) != len(workdirs):
+        raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
+    if (
+        isinstance(max_runs_per_program, bool)
+        or not isinstance(max_runs_per_program, int)
+        or max_runs_per_program < 1
+    ):
+        raise ValueError(
+            f"max_runs_per_program must be an integer >= 1, got {max_runs_per_program!r}."
+        )
+    outcomes: list = [None] * len(configs)
+
+    def done(index: int, outcome) -> None:
+        outcomes[index] = outcome
+        if on_done is not None:
+            on_done(index, outcome)
+
+    groups: dict = {}
+    for index, config in enumerate(configs):
+        try:
+            key = _structure_of(validate_config(config))
+        except Exception as error:  # noqa: BLE001 - reported in its place
+            done(index, error)
+            continue
+        groups.setdefault(key, []).append(index)
+    for indices in groups.values():
+        for start in range(0, len(indices), max_runs_per_program):
+            chunk = indices[start : start + max_runs_per_program]
+            prepared = {}
+            for index in chunk:
+                try:
+                    prepared[index] = _PreparedRun(
+                        configs[index], workdirs[index], overwrite=overwrite, quiet=quiet
+                    )
+                except Exception as error:  # noqa: BLE001
+                    done(index, error)
+            # Tasks can still differ (a synthetic data set is drawn per seed): lockstep by key.
+            lockstep: dict = {}
+            for index, run in prepared.items():
+                engine = run.config.engine
+                key = training_group_key(
+                    run.run, backend=engine.backend, chunk_size=engine.chunk_size
+                )
+                lockstep.setdefault(key, []).append(index)
+            for members in lockstep.values():
+                engine = prepared[members[0]].config.engine
+                try:
+                    results = _train_group(
+                        [prepared[i] for i in members], engine.backend, engine.chunk_size
+                    )
+                except BaseException as error:
+                    for i in members:
+                        prepared[i].finish(error)
+                    if not isinstance(error, Exception):
+                        raise
+                    for i in members:
+                        done(i, error)
+                    continue
+                for i, outcome in zip(members, results):
+                    done(i, prepared[i].finish(outcome))
+    return outcomes
+
+
+def _structure_of(resolved: ml_collections.ConfigDict) -> str:
+    """The config with what the engine holds in the state removed: equal for runs that can share."""
+    plain = as_dict(resolved)
+    plain.pop("seed", None)
+    for key in ("lam", "ess_fraction", "target_perturbation"):
+        plain.get("algorithm", {}).pop(key, None)
+    return json.dumps(plain, sort_keys=True, default=str)

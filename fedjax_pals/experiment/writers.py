@@ -1,0 +1,241 @@
+"""Metric writer: TensorBoard event files (tensorboardX, no TensorFlow) and a JSONL log.
+
+A run's `logdir` gets
+
+* `metrics.jsonl`: one JSON object per `write_scalars` call, `{"step": s, name: value, ...}`,
+  flushed at every call so a killed run loses nothing that was written;
+* `hparams.json`: the run's hyperparameters (flattened, written once per run);
+* `tensorboard/`: event files for `tensorboard --logdir <workdir>` (scalars under their own
+  names, hyperparameters through TensorBoard's HParams plugin).
+
+Resume: a run killed after its last checkpoint re-does the rounds after it, so a new writer
+on the same `logdir` rewinds the log at its first `write_scalars(step, ...)`: JSONL lines with
+a step >= `step` are dropped, and a TensorBoard `SessionLog.START` event at `step` makes
+TensorBoard purge the old events from that step on (the mechanism behind tensorboardX's
+`purge_step`). Passing `resume_step=r` rewinds at once to the lines with step <= r. Either way a
+resumed run's log never holds a round twice. Within one writer steps must not decrease; a step
+may be written by several calls (e.g. the training loss, then the evaluation, of one round).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import uuid
+from typing import Any, Mapping
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+HPARAMS_FILE = "hparams.json"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"step must be an integer >= 0, got {step!r} ({type(step).__name__}).")
+    if step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step}.")
+    return int(step)
+
+
+def _scalar(name: str, value: Any) -> float:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"scalar names must be non-empty strings, got {name!r}.")
+    if name == "step":
+        raise ValueError("'step' is reserved for the step of a metrics.jsonl line.")
+    array = np.asarray(value)
+    if array.ndim != 0 or array.dtype.kind not in "biuf":
+        raise TypeError(f"scalar {name!r} must be a real number, got {value!r}.")
+    return float(array)
+
+
+def _hparam_value(value: Any) -> bool | int | float | str:
+    # TensorBoard's HParams plugin takes bool, number or string values only.
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def flatten_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings (e.g. a ConfigDict's `to_dict()`) as one level: `{"a.b": v}`."""
+    flat: dict[str, Any] = {}
+    for key, value in hparams.items():
+        name = f"{prefix}{key}"
+        if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
+            value = value.to_dict()
+        if isinstance(value, Mapping):
+            flat.update(flatten_hparams(value, name + "."))
+        else:
+            flat[name] = _hparam_value(value)
+    return flat
+
+
+def read_metrics(logdir: str) -> list[dict[str, Any]]:
+    """The lines of `<logdir>/metrics.jsonl` (empty if there is none); a torn last line
+    (a kill in the middle of a write) is skipped."""
+    path = os.path.join(logdir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                records.append(record)
+    return records
+
+
+class MetricWriter:
+    """Scalars to TensorBoard event files and `metrics.jsonl`; hyperparameters once per run.
+
+    Args:
+      logdir: the run's directory (created if missing).
+      enabled: False writes nothing at all (processes other than the main one).
+      resume_step: when resuming from a checkpoint of round r, pass r to drop at once every
+        logged step > r; without it the log is rewound at the first write (see module doc).
+    """
+
+    def __init__(self, logdir: str, *, enabled: bool = True, resume_step: int | None = None):
+        if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):
+            raise TypeError(f"logdir must be a non-empty path, got {logdir!r}.")
+        self.logdir = str(logdir)
+        self.enabled = bool(enabled)
+        self._tb = None
+        self._file = None
+        self._last_step: int | None = None
+        self._closed = False
+        if not self.enabled:
+            return
+        os.makedirs(self.logdir, exist_ok=True)
+        self._jsonl_path = os.path.join(self.logdir, METRICS_FILE)
+        self._tb_dir = os.path.join(self.logdir, TENSORBOARD_DIR)
+        self._had_events = os.path.isdir(self._tb_dir) and bool(os.listdir(self._tb_dir))
+        if resume_step is not None:
+            self._rewind(_check_step(resume_step) + 1)
+
+    # -- internals -------------------------------------------------------------
+
+    def _writer(self):
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            # Event files are named by the second they were opened in; the suffix keeps a
+            # resumed writer opened within the same second from overwriting the first file.
+            suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            self._tb = SummaryWriter(logdir=self._tb_dir, flush_secs=30, filename_suffix=suffix)
+        return self._tb
+
+    def _rewind(self, step: int) -> None:
+        """Drops every logged step >= `step` (JSONL rewritten atomically; TensorBoard purge)."""
+        kept = [r for r in read_metrics(self.logdir) if r["step"] < step]
+        if os.path.exists(self._jsonl_path):
+            tmp = self._jsonl_path + ".tmp"
+            with open(tmp, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(tmp, self._jsonl_path)
+        if self._had_events:
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+            # TensorBoard drops events of step >= this one written before it.
+            self._writer().file_writer.add_event(
+                Event(step=step, session_log=SessionLog(status=SessionLog.START))
+            )
+        self._had_events = False  # purged once: later rewinds need no second event
+
+    # -- public ----------------------------------------------------------------
+
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Writes the run's hyperparameters (nested mappings flattened to "a.b" keys) to
+        `hparams.json` and TensorBoard's HParams plugin; a resumed run with the same ones
+        writes nothing again."""
+        if not isinstance(hparams, Mapping) and not hasattr(hparams, "to_dict"):
+            raise TypeError(f"hparams must be a mapping, got {type(hparams).__name__}.")
+        self._check_open()
+        if not self.enabled:
+            return
+        flat = flatten_hparams(hparams.to_dict() if hasattr(hparams, "to_dict") else hparams)
+        path = os.path.join(self.logdir, HPARAMS_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                try:
+                    if json.load(f) == json.loads(json.dumps(flat)):
+                        return
+                except json.JSONDecodeError:
+                    pass
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(flat, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+        from tensorboardX.summary import hparams as hparams_summary
+
+        # No experiment summary: the HParams plugin then builds one from this session and
+        # lists every scalar tag of the run as a metric.
+        _, session_start, session_end = hparams_summary(flat, {})
+        self._writer().file_writer.add_summary(session_start)
+        self._writer().file_writer.add_summary(session_end)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Logs `scalars` at `step` (one JSONL line, one TensorBoard scalar each)."""
+        step = _check_step(step)
+        if not isinstance(scalars, Mapping):
+            raise TypeError(f"scalars must be a mapping name -> number, got {scalars!r}.")
+        values = {name: _scalar(name, value) for name, value in scalars.items()}
+        self._check_open()
+        if self._last_step is not None and step < self._last_step:
+            raise ValueError(
+                f"step must not decrease within a run: got {step} after {self._last_step}."
+            )
+        if not self.enabled:
+            self._last_step = step
+            return
+        if self._last_step is None:
+            self._rewind(step)  # a resumed run re-does the rounds from `step` on
+        self._last_step = step
+        if self._file is None:
+            self._file = open(self._jsonl_path, "a")
+        self._file.write(json.dumps({"step": step, **values}) + "\n")
+        self._file.flush()
+        writer = self._writer()
+        for name, value in values.items():
+            if math.isfinite(value):  # TensorBoard cannot draw NaN / inf
+                writer.add_scalar(name, value, step)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"this MetricWriter for {self.logdir} is closed.")
+
+    def __enter__(self) -> "MetricWriter":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

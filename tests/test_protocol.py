@@ -1,0 +1,172 @@
+"""The selection protocol on hand-made histories; the table's numbers against NumPy."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_pals.experiment import protocol
+from fedjax_pals.experiment.protocol import RunRecord
+
+
+def _results(val, test, f1=None, *, distance=0.0):
+    rounds = list(range(1, len(val) + 1))
+    return {
+        "rounds": rounds,
+        "val_accuracy": list(val),
+        "target_accuracy": list(test),
+        "target_macro_f1": list(f1 if f1 is not None else np.asarray(test) / 2),
+        "projection_distance": distance,
+    }
+
+
+def _record(method, hparams, seed, val, test, row="FMNIST C=3", **kwargs):
+    return RunRecord(row, method, tuple(hparams), seed, _results(val, test, **kwargs))
+
+
+def test_early_stopping_reads_test_at_the_first_best_validation_round():
+    point = protocol.best_val_point(_results([0.2, 0.9, 0.5, 0.9], [0.1, 0.7, 0.99, 0.8]))
+    assert point == {
+        "round": 2,
+        "val_accuracy": 0.9,
+        "target_accuracy": 0.7,
+        "target_macro_f1": 0.35,
+    }
+
+
+def test_a_best_val_round_that_disagrees_with_the_history_is_refused():
+    results = {**_results([0.2, 0.9], [0.1, 0.7]), "best_val_round": 1}
+    with pytest.raises(ValueError, match="best_val_round 1 disagrees.*round 2"):
+        protocol.best_val_point(results)
+
+
+def _two_point_grid():
+    # lr=0.1 wins on seed 0's validation but loses on the mean over seeds; lr=0.01 has the
+    # best mean validation accuracy; lr=0.001 has the best TEST accuracy (must not matter).
+    return [
+        _record("fedprox", [("learning_rate", 0.1)], 0, [0.5, 0.95], [0.4, 0.60]),
+        _record("fedprox", [("learning_rate", 0.1)], 1, [0.3, 0.40], [0.3, 0.35]),
+        _record("fedprox", [("learning_rate", 0.01)], 0, [0.9, 0.80], [0.81, 0.5]),
+        _record("fedprox", [("learning_rate", 0.01)], 1, [0.7, 0.85], [0.6, 0.77]),
+        _record("fedprox", [("learning_rate", 0.001)], 0, [0.1, 0.20], [0.99, 0.99]),
+        _record("fedprox", [("learning_rate", 0.001)], 1, [0.1, 0.20], [0.99, 0.99]),
+    ]
+
+
+def test_mean_over_seeds_selects_the_point_with_the_best_mean_validation_accuracy():
+    table = protocol.protocol_table(_two_point_grid())
+    cell = table["rows"][0]["cells"]["fedprox"]
+    assert cell["selected"] == [["learning_rate", 0.01]]
+    # Seed 0 stops at round 1 (val 0.9), seed 1 at round 2 (val 0.85).
+    assert [p["round"] for p in cell["per_seed"]] == [1, 2]
+    tests = np.array([0.81, 0.77])
+    assert cell["mean"] == pytest.approx(tests.mean()) and cell["std"] == pytest.approx(tests.std())
+    assert cell["target_macro_f1"]["mean"] == pytest.approx((tests / 2).mean())
+    assert cell["val_accuracy"]["mean"] == pytest.approx(np.mean([0.9, 0.85]))
+    mean_vals = {c["hparams"][0][1]: c["mean_val"] for c in cell["candidates"]}
+    assert mean_vals == pytest.approx({0.1: 0.675, 0.01: 0.875, 0.001: 0.2})
+
+
+def test_per_seed_selection_chooses_for_each_seed_on_its_own_validation():
+    table = protocol.protocol_table(_two_point_grid(), selection="per_seed")
+    cell = table["rows"][0]["cells"]["fedprox"]
+    assert cell["selected"] == [[["learning_rate", 0.1]], [["learning_rate", 0.01]]]
+    assert cell["mean"] == pytest.approx(np.mean([0.60, 0.77]))
+
+
+def test_a_grid_point_missing_a_seed_is_not_eligible():
+    records = [
+        _record("fedavg", [("learning_rate", 0.1)], 0, [0.99], [0.9]),  # seed 1 failed
+        _record("fedavg", [("learning_rate", 0.01)], 0, [0.5], [0.5]),
+        _record("fedavg", [("learning_rate", 0.01)], 1, [0.6], [0.4]),
+    ]
+    cell = protocol.protocol_table(records)["rows"][0]["cells"]["fedavg"]
+    assert cell["selected"] == [["learning_rate", 0.01]]
+    assert [c["eligible"] for c in cell["candidates"]] == [False, True]
+
+
+def test_ties_go_to_the_first_grid_point():
+    records = [
+        _record("fedavg", [("learning_rate", 0.1)], 0, [0.5], [0.1]),
+        _record("fedavg", [("learning_rate", 0.01)], 0, [0.5], [0.9]),
+    ]
+    cell = protocol.protocol_table(records)["rows"][0]["cells"]["fedavg"]
+    assert cell["selected"] == [["learning_rate", 0.1]]
+
+
+def _table_1_records():
+    rng = np.random.default_rng(0)
+    records = []
+    for row in ("FMNIST C=3", "FMNIST C=2"):
+        for method in ("fedpals", "fedavg", "oracle"):
+            for seed in range(3):
+                test = rng.uniform(0.3, 0.99)
+                records.append(_record(method, [], seed, [0.5], [test], row=row))
+    return records
+
+
+def test_the_table_holds_numpy_mean_and_std_and_the_markdown_shows_them():
+    records = _table_1_records()
+    table = protocol.protocol_table(
+        records, paper={"FMNIST C=3": {"fedpals": (92.4, 2.1)}}, title="Table 1"
+    )
+    assert [r["row"] for r in table["rows"]] == ["FMNIST C=3", "FMNIST C=2"]
+    assert table["methods"] == ["fedpals", "fedavg", "oracle"]
+    text = protocol.table_markdown(table)
+    assert "| data / split | FedPALS | FedAvg | Oracle |" in text
+    for row in table["rows"]:
+        cells = []
+        competitors = {}
+        for method in ("fedpals", "fedavg", "oracle"):
+            values = np.array(
+                [
+                    r.results["target_accuracy"][0]
+                    for r in records
+                    if r.row == row["row"] and r.method == method
+                ]
+            )
+            assert row["cells"][method]["mean"] == pytest.approx(values.mean())
+            assert row["cells"][method]["std"] == pytest.approx(values.std())
+            cells.append(f"{100 * values.mean():.1f} ± {100 * values.std():.1f}")
+            if method != "oracle":
+                competitors[method] = values.mean()
+        best = max(competitors, key=competitors.get)
+        index = ["fedpals", "fedavg", "oracle"].index(best)
+        cells[index] = f"**{cells[index]}**"  # the best non-oracle method is bold
+        assert f"| {row['row']} | " + " | ".join(cells) + " |" in text
+    assert "| ↳ paper | 92.4 ± 2.1 |  |  |" in text
+    assert table["rows"][0]["paper"]["fedpals"] == pytest.approx({"mean": 0.924, "std": 0.021})
+    assert "best mean-over-seeds validation accuracy" in text
+
+
+def test_the_report_files_are_written(tmp_path):
+    table = protocol.protocol_table(_table_1_records(), title="t")
+    paths = protocol.write_protocol_report(str(tmp_path), table)
+    assert set(paths) == {"markdown", "json", "comparison"}
+    with open(paths["json"]) as f:
+        assert json.load(f)["rows"][1]["row"] == "FMNIST C=2"
+    assert (tmp_path / "table.md").read_text().startswith("**t**")
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+
+
+def test_merged_tables_keep_every_row_and_method():
+    first = protocol.protocol_table([r for r in _table_1_records() if r.row == "FMNIST C=3"])
+    second = protocol.protocol_table(
+        [r for r in _table_1_records() if r.row == "FMNIST C=2" and r.method != "oracle"]
+    )
+    merged = protocol.merge_tables([second, first])
+    assert [r["row"] for r in merged["rows"]] == ["FMNIST C=2", "FMNIST C=3"]
+    assert merged["methods"] == ["fedpals", "fedavg", "oracle"]
+    assert "| FMNIST C=2 |" in protocol.table_markdown(merged)
+    with pytest.raises(ValueError, match="different selection rules"):
+        protocol.merge_tables([first, {**second, "selection": "per_seed"}])
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="selection must be one of"):
+        protocol.protocol_table(_two_point_grid(), selection="best")
+    duplicate = _two_point_grid()[:1] * 2
+    with pytest.raises(ValueError, match="two runs for row 'FMNIST C=3', method 'fedprox'"):
+        protocol.protocol_table(duplicate)
+    with pytest.raises(ValueError, match="no finite validation accuracy"):
+        protocol.best_val_point(_results([float("nan")], [0.5]))

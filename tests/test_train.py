@@ -1,0 +1,283 @@
+"""train_and_evaluate: what a run writes, resume after a kill at any moment, data errors before
+training, divergence, and build_task for every algorithm."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.experiment import task as task_lib
+from fedjax_pals.experiment import train as train_lib
+
+CONFIG = {
+    "dataset": {"name": "synthetic"},
+    "training": {"rounds": 6, "eval_every": 2, "batch_size": 8, "learning_rate": 0.05},
+}
+RESULT_KEYS = (
+    "config config_digest dataset_source partition lam alpha ess total_examples "
+    "projection_distance clients_per_round backend rounds target_accuracy target_macro_f1 "
+    "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
+    "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
+    "target_macro_f1_at_best_val"
+).split()
+
+
+def _config(**training):
+    return {**CONFIG, "training": {**CONFIG["training"], **training}}
+
+
+_TRAINING_RUN = train_lib.TrainingRun
+
+
+class Killed(BaseException):
+    """A kill -9 stand-in: nothing after it runs, no except-clause catches it."""
+
+
+def _instrument(monkeypatch, kill=None):
+    """Wraps the training loop of train_and_evaluate: counts the rounds it trains and, with
+    kill=(where, round), stops the process there. Returns the list of trained rounds."""
+    trained = []
+    real = _TRAINING_RUN
+
+    def wrapper(*args, on_round, on_evaluation, checkpointer, **kwargs):
+        where, at = kill or (None, None)
+
+        def round_hook(done, loss):
+            trained.append(done)
+            on_round(done, loss)
+            if where == "after_round" and done == at:
+                raise Killed
+
+        def evaluation_hook(done, metrics, history):
+            on_evaluation(done, metrics, history)
+            if where == "after_results" and done == at:
+                raise Killed  # results.json and metrics written, the checkpoint not
+
+        class Saver:
+            def save(self, state, history):
+                if where == "while_saving" and int(state.round) == at:
+                    # Orbax writes into a temporary directory renamed when complete.
+                    partial = os.path.join(checkpointer.directory, f"{at}.orbax-checkpoint-tmp-1")
+                    os.makedirs(os.path.join(partial, "state"))
+                    raise Killed
+                checkpointer.save(state, history)
+                if where == "after_checkpoint" and int(state.round) == at:
+                    raise Killed
+
+            def restore(self, template):
+                return checkpointer.restore(template)
+
+        return real(
+            *args,
+            on_round=round_hook,
+            on_evaluation=evaluation_hook,
+            checkpointer=Saver(),
+            **kwargs,
+        )
+
+    monkeypatch.setattr(train_lib, "TrainingRun", wrapper)
+    return trained
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    results = fjp.train_and_evaluate(_config(), str(workdir), quiet=True)
+    return workdir, results
+
+
+def _metrics(workdir):
+    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
+    workdir, results = uninterrupted
+    with open(workdir / "results.json") as f:
+        saved = json.load(f)
+    assert list(saved) == RESULT_KEYS
+    assert saved == json.loads(json.dumps(results))
+    assert saved["rounds"] == [2, 4, 6] and len(saved["train_loss"]) == 6
+    assert saved["config"] == fjp.validate_config(_config()).to_dict()
+    assert saved["config_digest"] == fjp.config_digest(_config())
+    assert saved["config"]["partition"]["num_clients"] == 3  # what the synthetic task used
+    assert saved["final_target_accuracy"] == saved["target_accuracy"][-1]
+    assert saved["best_val_round"] in saved["rounds"]
+    assert abs(sum(saved["alpha"]) - 1) < 1e-5 and saved["lam"] == 0.0
+    assert saved["backend"] in fjp.BACKENDS
+    lines = _metrics(workdir)
+    assert [line["step"] for line in lines if "train_loss" in line] == [1, 2, 3, 4, 5, 6]
+    assert [line["step"] for line in lines if "target_accuracy" in line] == [2, 4, 6]
+    with open(workdir / "hparams.json") as f:
+        assert json.load(f)["training.learning_rate"] == 0.05
+    assert os.listdir(workdir / "tensorboard")
+    assert os.path.getsize(workdir / "curves.png") > 1000
+    checkpoints = fjp.Checkpointer(workdir / "checkpoints")
+    assert checkpoints.steps() == [4, 6]
+    assert checkpoints.read_identity() == {
+        "config_digest": saved["config_digest"],
+        "config": saved["config"],
+    }
+
+
+def test_a_finished_run_is_not_trained_again(uninterrupted, monkeypatch):
+    workdir, results = uninterrupted
+    trained = _instrument(monkeypatch)
+    again = fjp.train_and_evaluate(_config(), str(workdir), quiet=True)
+    assert trained == []
+    assert {k: v for k, v in again.items() if k != "wall_seconds"} == {
+        k: v for k, v in results.items() if k != "wall_seconds"
+    }
+
+
+# (where the process dies, in which round, the round of the checkpoint it leaves)
+KILLS = [
+    ("after_round", 1, None),  # before the first checkpoint
+    ("after_results", 4, 2),  # results.json and metrics at round 4, checkpoint still at 2
+    ("while_saving", 4, 2),  # a half-written checkpoint
+    ("after_checkpoint", 4, 4),
+    ("after_round", 5, 4),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where, at, checkpoint", KILLS)
+def test_a_run_killed_at_any_moment_resumes_bit_identically(
+    where, at, checkpoint, uninterrupted, tmp_path, monkeypatch
+):
+    _, expected = uninterrupted
+    workdir = str(tmp_path / "run")
+    _instrument(monkeypatch, kill=(where, at))
+    with pytest.raises(Killed):
+        fjp.train_and_evaluate(_config(), workdir, quiet=True)
+    assert fjp.Checkpointer(os.path.join(workdir, "checkpoints")).latest_round() == checkpoint
+
+    trained = _instrument(monkeypatch)
+    resumed = fjp.train_and_evaluate(_config(), workdir, quiet=True)
+    # Only the rounds after the checkpoint are trained again: the state really came from it.
+    assert trained == list(range((checkpoint or 0) + 1, 7))
+    for key in RESULT_KEYS:
+        if key != "wall_seconds":
+            assert resumed[key] == expected[key], key
+    assert _metrics(workdir) == _metrics(uninterrupted[0])  # every round logged once, same numbers
+    assert not [p for p in os.listdir(os.path.join(workdir, "checkpoints")) if "tmp" in p]
+
+
+def test_ess_fraction_sets_lambda(tmp_path):
+    results = fjp.train_and_evaluate(
+        _config(rounds=1, eval_every=1) | {"algorithm": {"ess_fraction": 0.95}},
+        str(tmp_path),
+        quiet=True,
+    )
+    assert results["lam"] > 0 and results["config"]["algorithm"]["lam"] is None
+    assert abs(results["ess"] / results["total_examples"] - 0.95) < 1e-3
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    monkeypatch.setattr(
+        train_lib, "run_trainings", lambda *a, **k: pytest.fail("training was reached")
+    )
+
+
+def test_an_unreachable_ess_fraction_fails_before_training(tmp_path, no_training):
+    # Two clients of 40 and 18 examples: alpha^0 = (.5, .5) already has ESS = 0.856 N.
+    config = _config() | {"algorithm": {"ess_fraction": 0.5}}
+    with pytest.raises(fjp.TaskError, match=r"ESS fraction 0\.5 is out of range.*\[0\.856"):
+        fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+
+
+def test_a_target_test_set_too_small_to_measure_fails_before_training(
+    tmp_path, monkeypatch, no_training
+):
+    small = fjp.synthetic_label_shift_task(0.5, seed=0, num_test=40)
+    monkeypatch.setattr(task_lib, "load_data", lambda config: small)
+    with pytest.raises(
+        fjp.TaskError, match=r"target test set has only 40 examples.*fewer than 100"
+    ):
+        fjp.train_and_evaluate(_config(), str(tmp_path), quiet=True)
+
+
+def test_an_exploding_loss_is_divergence_not_a_result(tmp_path):
+    # Logistic regression at learning rate 1e6 trains to a loss of ~1e5 with finite numbers.
+    with pytest.raises(fjp.TrainingDivergedError, match=r"diverged in round 1: .*learning rate"):
+        fjp.train_and_evaluate(_config(learning_rate=1e6), str(tmp_path), quiet=True)
+
+
+def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd):
+    fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "q"), quiet=True)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "loud"))
+    out, err = capfd.readouterr()
+    assert "fedpals on synthetic label shift" in err and "1/1" in err
+
+
+@pytest.mark.parametrize("name", fjp.ALGORITHMS)
+def test_build_task_makes_every_algorithm(name):
+    config = {"dataset": {"name": "synthetic"}, "algorithm": {"name": name}}
+    task = fjp.build_task(config)
+    assert task.algorithm.name.startswith(name)
+    assert task.model.num_classes == 3 and task.clients_per_round == 2
+    assert (task.lam is not None) == (name == "fedpals")
+    if name == "oracle":  # clients resampled to T (App. B.5)
+        np.testing.assert_allclose(
+            task.partition.client_label_dists, np.tile(task.target_label_dist, (2, 1)), atol=0.05
+        )
+
+
+def test_a_perturbed_target_reaches_the_weights_but_not_the_evaluation():
+    exact = fjp.build_task({"dataset": {"name": "synthetic"}})
+    noisy = fjp.build_task(
+        {"dataset": {"name": "synthetic"}, "algorithm": {"target_perturbation": 0.5}}
+    )
+    truth = exact.partition.target_label_dist
+    np.testing.assert_array_equal(exact.target_label_dist, truth)
+    expected = fjp.experiment.perturbation.perturb_label_dist(truth, 0.5, 0)
+    np.testing.assert_allclose(noisy.target_label_dist, expected)
+    state = fjp.init_server_state(noisy.algorithm, noisy.model.init(jax.random.PRNGKey(0)), 2)
+    np.testing.assert_allclose(state.weighting_state["target_label_dist"], expected, rtol=1e-6)
+    np.testing.assert_array_equal(
+        noisy.partition.target_test_indices, exact.partition.target_test_indices
+    )
+
+
+def _fmnist_config(seed, lam):
+    return {
+        "seed": seed,
+        "dataset": {"name": "fashion_mnist"},
+        "algorithm": {"name": "fedpals", "lam": lam},
+        "model": "logistic_regression",
+        "training": {"rounds": 2, "batch_size": 64, "learning_rate": 0.05},
+    }
+
+
+@pytest.mark.integration
+def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_path, monkeypatch):
+    try:
+        fjp.load_fashion_mnist()
+    except fjp.DatasetUnavailableError:
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+    configs = [_fmnist_config(seed, lam) for seed in (0, 1) for lam in (0.0, 2.0)]
+    configs.append({**_fmnist_config(0, 0.0), "training": {"rounds": 2, "batch_size": 32}})
+    solo = [
+        fjp.train_and_evaluate(c, str(tmp_path / f"solo{i}"), quiet=True)
+        for i, c in enumerate(configs)
+    ]
+    groups = []
+    real = train_lib.run_trainings
+    monkeypatch.setattr(
+        train_lib, "run_trainings", lambda runs, **kw: groups.append(len(runs)) or real(runs, **kw)
+    )
+    together = fjp.train_and_evaluate_many(
+        configs, [str(tmp_path / f"many{i}") for i in range(len(configs))]
+    )
+    assert sorted(groups) == [1, 4]  # another batch size is another program
+    for alone, with_others in zip(solo, together):
+        np.testing.assert_allclose(with_others["train_loss"], alone["train_loss"], rtol=1e-5)
+        np.testing.assert_allclose(
+            with_others["target_accuracy"], alone["target_accuracy"], atol=1e-3
+        )
+        assert with_others["config_digest"] == alone["config_digest"]

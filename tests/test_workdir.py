@@ -1,0 +1,268 @@
+"""Checkpoints (orbax, with the run's identity inside) and workdirs (one config, one writer)."""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.experiment import task as task_lib
+from fedjax_pals.experiment.workdir import Workdir
+
+# -- Checkpointer ----------------------------------------------------------------------------
+
+
+def _state(round_=2, value=1.5):
+    return fjp.ServerState(
+        params={"dense": {"w": jnp.full((2, 3), value, jnp.float32), "b": jnp.zeros(3)}},
+        client_states={"c": jnp.arange(4, dtype=jnp.float32)},
+        algorithm_state=(),
+        weighting_state={"lam": jnp.float32(0.25), "target": jnp.asarray([0.5, 0.5])},
+        round=jnp.asarray(round_, jnp.int32),
+    )
+
+
+def _history(rounds=2):
+    return fjp.TrainingHistory(
+        rounds=[rounds],
+        target_accuracy=[0.1 + 1e-9],
+        target_macro_f1=[1 / 3],
+        val_accuracy=[0.2],
+        val_macro_f1=[0.3],
+        train_loss=[2.0 / 3.0] * rounds,
+        wall_seconds=1.25,
+    )
+
+
+def test_a_checkpoint_round_trips_exactly(tmp_path):
+    checkpointer = fjp.Checkpointer(tmp_path / "ck", identity={"fingerprint": {"seed": "0"}})
+    assert checkpointer.restore(_state(0, 0.0)) is None  # nothing saved yet
+    checkpointer.save(_state(), _history())
+    state, history = fjp.Checkpointer(
+        tmp_path / "ck", identity={"fingerprint": {"seed": "0"}}
+    ).restore(_state(0, 0.0))
+    assert history == _history()
+    expected = _state()
+    for leaf, want in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(expected)):
+        assert leaf.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(want))
+    assert int(state.round) == 2
+
+
+def test_another_runs_checkpoint_is_refused_naming_the_differences(tmp_path):
+    fjp.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "0", "model": "a"}}).save(
+        _state(), _history()
+    )
+    other = fjp.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "1", "model": "a"}})
+    with pytest.raises(fjp.CheckpointMismatchError, match=r"fingerprint\.seed: '0' -> '1'") as info:
+        other.restore(_state(0))
+    assert "model" not in str(info.value)
+    assert f"{tmp_path}/2" in str(info.value)
+
+
+def _corrupt(directory, how):
+    step = os.path.join(directory, "2")
+    if how == "truncated":
+        for path in glob.glob(os.path.join(step, "state", "**", "d", "*"), recursive=True):
+            with open(path, "r+b") as f:
+                f.truncate(3)
+    elif how == "emptied":
+        shutil.rmtree(step)
+        os.makedirs(step)
+    elif how == "empty_item":
+        shutil.rmtree(os.path.join(step, "state"))
+        os.makedirs(os.path.join(step, "state"))
+    elif how == "garbled_history":
+        for path in glob.glob(os.path.join(step, "history", "*metadata")):
+            with open(path, "w") as f:
+                f.write("{not json")
+    elif how == "foreign":
+        shutil.rmtree(directory)
+        os.makedirs(os.path.join(step, "model"))
+        with open(os.path.join(step, "model", "weights.msgpack"), "wb") as f:
+            f.write(b"\x81\xa1a\x01")
+
+
+@pytest.mark.parametrize(
+    "how", ["truncated", "emptied", "empty_item", "garbled_history", "foreign"]
+)
+def test_a_damaged_checkpoint_is_reported_with_its_path_and_remedy(tmp_path, how):
+    directory = str(tmp_path / "ck")
+    fjp.Checkpointer(directory, identity={"a": 1}).save(_state(), _history())
+    _corrupt(directory, how)
+    with pytest.raises(fjp.CheckpointError) as info:
+        fjp.Checkpointer(directory, identity={"a": 1}).restore(_state(0))
+    message = str(info.value)
+    assert f"cannot read the checkpoint of round 2 in {directory}/2" in message
+    assert f"To start afresh: delete {directory}" in message
+    # The orbax error is summarised in the message, its traceback suppressed.
+    assert info.value.__suppress_context__ and info.value.__cause__ is None
+
+
+def test_a_file_where_the_checkpoint_directory_should_be_is_refused(tmp_path):
+    (tmp_path / "checkpoint.msgpack").write_bytes(b"\x80")
+    with pytest.raises(fjp.CheckpointError, match=r"is a file, not a checkpoint directory"):
+        fjp.Checkpointer(tmp_path / "checkpoint.msgpack")
+
+
+# -- Workdir: lock, identity, overwrite ---------------------------------------------------------
+
+SYNTHETIC = {
+    "dataset": {"name": "synthetic"},
+    "training": {"rounds": 2, "batch_size": 8, "learning_rate": 0.05},
+}
+
+
+def _resolved(**training):
+    config = {**SYNTHETIC, "training": {**SYNTHETIC["training"], **training}}
+    resolved = fjp.validate_config(config)
+    return config, resolved, fjp.config_digest(resolved)
+
+
+def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_holder(tmp_path):
+    _, resolved, digest = _resolved()
+    with Workdir(tmp_path, resolved, digest):
+        with pytest.raises(
+            fjp.WorkdirLockedError, match=rf"in use by another run \(process {os.getpid()} holds"
+        ):
+            Workdir(tmp_path, resolved, digest).open()
+    Workdir(tmp_path, resolved, digest).open().close()  # released on close
+
+    # A process that holds the lock and is killed leaves the workdir usable.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+                import sys, time
+                import fedjax_pals as fjp
+                from fedjax_pals.experiment.workdir import Workdir
+                resolved = fjp.validate_config({SYNTHETIC!r})
+                Workdir({str(tmp_path)!r}, resolved, fjp.config_digest(resolved)).open()
+                print("locked", flush=True)
+                time.sleep(600)
+                """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(fjp.WorkdirLockedError, match=rf"process {holder.pid} holds"):
+            Workdir(tmp_path, resolved, digest).open()
+    finally:
+        holder.kill()
+        holder.wait()
+    Workdir(tmp_path, resolved, digest).open().close()
+
+
+def test_a_locked_workdir_stops_a_launch_before_data_loading(tmp_path, monkeypatch):
+    config, resolved, digest = _resolved()
+    monkeypatch.setattr(task_lib, "load_data", lambda *a: pytest.fail("data loading was reached"))
+    with Workdir(tmp_path, resolved, digest):
+        with pytest.raises(fjp.WorkdirLockedError, match="in use by another run"):
+            fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-round synthetic run (its workdir is copied by each test)."""
+    workdir = tmp_path_factory.mktemp("finished")
+    config, _, _ = _resolved()
+    results = fjp.train_and_evaluate(config, str(workdir), quiet=True)
+    return workdir, config, results
+
+
+def _copy(finished_run, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run[0], workdir)
+    return workdir
+
+
+def test_another_config_in_the_workdir_is_refused_naming_the_differences(finished_run, tmp_path):
+    workdir = _copy(finished_run, tmp_path)
+    config, _, _ = _resolved(learning_rate=0.1)
+    with pytest.raises(
+        fjp.CheckpointMismatchError,
+        match=r"checkpoints/2 belongs to another run; it differs in: training\.learning_rate: "
+        r"0\.05 -> 0\.1\. To start afresh: pass --overwrite",
+    ):
+        fjp.train_and_evaluate(config, str(workdir), quiet=True)
+    # Its results alone (no checkpoint) are refused the same way: they are not overwritten.
+    shutil.rmtree(workdir / "checkpoints")
+    with pytest.raises(
+        fjp.WorkdirError, match=r"holds the results of another config .*learning_rate"
+    ):
+        fjp.train_and_evaluate(config, str(workdir), quiet=True)
+
+
+def test_a_foreign_checkpoint_next_to_this_runs_results_is_refused(finished_run, tmp_path):
+    workdir = _copy(finished_run, tmp_path)
+    other = tmp_path / "other"
+    config, _, _ = _resolved(learning_rate=0.1)
+    fjp.train_and_evaluate(config, str(other), quiet=True)
+    shutil.rmtree(workdir / "checkpoints")
+    shutil.copytree(other / "checkpoints", workdir / "checkpoints")
+    with pytest.raises(
+        fjp.CheckpointMismatchError,
+        match=r"checkpoints/2 belongs to another run; it differs in: "
+        r"training\.learning_rate: 0\.1 -> 0\.05",
+    ):
+        fjp.train_and_evaluate(finished_run[1], str(workdir), quiet=True)
+
+
+def test_overwrite_deletes_nothing_until_the_new_config_and_its_data_are_good(
+    finished_run, tmp_path, monkeypatch
+):
+    workdir = _copy(finished_run, tmp_path)
+    (workdir / "notes.txt").write_text("mine")
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(fjp.ConfigError, match="learning_rate"):
+        fjp.train_and_evaluate(
+            {**SYNTHETIC, "training": {"learning_rate": -1.0}}, str(workdir), overwrite=True
+        )
+
+    def unavailable(config):
+        raise fjp.DatasetUnavailableError("no data here")
+
+    monkeypatch.setattr(task_lib, "load_data", unavailable)
+    with pytest.raises(fjp.DatasetUnavailableError, match="no data here"):
+        fjp.train_and_evaluate(_resolved(learning_rate=0.1)[0], str(workdir), overwrite=True)
+    assert sorted(os.listdir(workdir)) == before
+    monkeypatch.undo()
+
+    config, _, digest = _resolved(learning_rate=0.1)
+    results = fjp.train_and_evaluate(config, str(workdir), overwrite=True, quiet=True)
+    assert results["config_digest"] == digest
+    assert (workdir / "notes.txt").read_text() == "mine"  # not a run file: kept
+    assert fjp.Checkpointer(workdir / "checkpoints").read_identity()["config_digest"] == digest
+
+
+def test_an_old_single_file_checkpoint_is_refused_with_the_remedy(tmp_path):
+    (tmp_path / "checkpoint.msgpack").write_bytes(b"\x80")
+    with pytest.raises(fjp.WorkdirError, match=r"checkpoint of an older fedjax_pals .*--overwrite"):
+        fjp.train_and_evaluate(SYNTHETIC, str(tmp_path), quiet=True)
+
+
+def test_an_unreadable_results_file_is_refused(tmp_path):
+    (tmp_path / "results.json").write_text('{"config_digest": ')
+    with pytest.raises(fjp.WorkdirError, match=r"cannot read .*results\.json .*--overwrite"):
+        fjp.train_and_evaluate(SYNTHETIC, str(tmp_path), quiet=True)
+
+
+def test_a_truncated_checkpoint_in_a_workdir_names_its_path_and_overwrite(finished_run, tmp_path):
+    workdir = _copy(finished_run, tmp_path)
+    _corrupt(str(workdir / "checkpoints"), "emptied")
+    with pytest.raises(
+        fjp.CheckpointError,
+        match=rf"{workdir}/checkpoints/2: it is truncated, empty "
+        r".*To start afresh: pass --overwrite",
+    ):
+        fjp.train_and_evaluate(finished_run[1], str(workdir), quiet=True)
