@@ -143,3 +143,36 @@ def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(tmp_pat
             saved = json.load(f)
         assert saved["config"]["dataset"]["name"] == "synthetic"
         assert saved["rounds"][-1] == 30
+
+
+@pytest.mark.integration
+def test_two_local_processes_give_the_results_of_one(tmp_path):
+    args = ["--config=configs/synthetic.py", "--config.training.rounds=3", "--quiet"]
+    one = _main("experiments.run", *args, f"--workdir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedjax_pals.launch",
+            "--num_processes=2",
+            "--",
+            sys.executable,
+            "-m",
+            "experiments.run",
+            *args,
+            f"--workdir={tmp_path / 'two'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert two.returncode == 0, two.stdout[-3000:]
+    assert "Rank 1 is connected" in two.stdout  # both processes joined one program
+    with open(tmp_path / "one" / "results.json") as f:
+        alone = json.load(f)
+    with open(tmp_path / "two" / "results.json") as f:
+        together = json.load(f)
+    assert together["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-5)
+    assert together["target_accuracy"] == alone["target_accuracy"]

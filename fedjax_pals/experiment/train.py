@@ -86,7 +86,8 @@ class _PreparedRun:
         self.stack = stack = contextlib.ExitStack()
         try:
             self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, digest, lock=main))
-            if main and not overwrite:
+            if not overwrite:
+                # Every process reads (and so raises) alike: their orbax barriers line up.
                 wd.check_reusable()
             self.task = task = build_task(resolved)
             if main and overwrite:

@@ -172,7 +172,11 @@ class Workdir:
                 f"{checkpoints} is not a directory, so it holds no checkpoints of this library; "
                 f"{OVERWRITE_REMEDY}."
             )
-        step = self.checkpointer().check_identity()
+        checkpointer = self.checkpointer()
+        try:
+            step = checkpointer.check_identity()
+        finally:
+            checkpointer.close()
         results = self.file(RESULTS_FILE)
         if os.path.exists(results):
             try:
