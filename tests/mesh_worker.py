@@ -51,23 +51,24 @@ def algorithms():
     }
 
 
-def cases(full: bool = True):
-    """(name, model name, algorithm name, backend).
+def cases(size: str = "full"):
+    """(name, model name, algorithm name, backend) of the case set `size`.
 
-    Every backend with FedPALS, and the stateful algorithms on the CPU default;
-    `full` adds every algorithm on the accelerator default.
+    "minimal": every backend with FedPALS; "quick": also the stateful
+    algorithms (SCAFFOLD, AFL) and FedAvg on the CPU default; "full": also every
+    algorithm on the accelerator default.
     """
     import fedjax_pals as fjp
 
     out = [(f"logreg/fedpals/{b}", "logreg", "fedpals", b) for b in fjp.BACKENDS]
-    out += [(f"logreg/{a}/host_loop", "logreg", a, "host_loop") for a in algorithms()]
-    if full:
+    if size in ("quick", "full"):
+        out += [(f"logreg/{a}/host_loop", "logreg", a, "host_loop") for a in algorithms()]
+    if size == "full":
         out += [(f"logreg/{a}/vmap_scan", "logreg", a, "vmap_scan") for a in algorithms()]
     return list(dict.fromkeys(out))
-    return out
 
 
-def run_cases(full: bool = True) -> dict[str, list[float]]:
+def run_cases(size: str = "full") -> dict[str, list[float]]:
     import jax
     import numpy as np
 
@@ -77,13 +78,16 @@ def run_cases(full: bool = True) -> dict[str, list[float]]:
     results = {}
     import time
 
-    for name, model_name, algorithm_name, backend in cases(full):
+    for name, model_name, algorithm_name, backend in cases(size):
         started = time.perf_counter()
         model, shape = models[model_name]
         x, y, rows, sizes, dists = _task(0, SIZES, shape)
         algorithm = algorithms()[algorithm_name]
         training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=0.1)
-        engine = fjp.round_engine(algorithm, model, training, backend=backend, chunk_size=3)
+        # min_clients_per_device=1: split even these few clients over the devices.
+        engine = fjp.round_engine(
+            algorithm, model, training, backend=backend, chunk_size=3, min_clients_per_device=1
+        )
         data = fjp.device_data(x, y, rows, sizes, dists)
         state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(1)), len(SIZES))
         for r, who in enumerate(PARTICIPANTS):
@@ -103,8 +107,8 @@ def run_cases(full: bool = True) -> dict[str, list[float]]:
 RUNS_BACKENDS = ("vmap_scan", "host_loop")
 
 
-def num_results(full: bool) -> int:
-    return len(cases(full)) + len(RUNS_BACKENDS)
+def num_results(size: str) -> int:
+    return len(cases(size)) + len(RUNS_BACKENDS)
 
 
 def _runs_case(backend: str) -> list[float]:
@@ -120,7 +124,9 @@ def _runs_case(backend: str) -> list[float]:
     targets = [np.array([0.6, 0.3, 0.1]), np.array([0.2, 0.2, 0.6]), np.array([1 / 3] * 3)]
     runs = [fjp.fedpals(t, lam) for t, lam in zip(targets, [0.0, 0.05, 1.0])]
     training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=0.1)
-    engine = fjp.round_engine(runs[0], model, training, backend=backend, chunk_size=3)
+    engine = fjp.round_engine(
+        runs[0], model, training, backend=backend, chunk_size=3, min_clients_per_device=1
+    )
     stack = lambda *trees: jax.tree_util.tree_map(lambda *l: jnp.stack(l), *trees)
     states = stack(
         *[
@@ -139,14 +145,14 @@ def _runs_case(backend: str) -> list[float]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu_devices", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="the smaller set of cases")
+    parser.add_argument("--cases", choices=("minimal", "quick", "full"), default="full")
     args = parser.parse_args(argv)
     from fedjax_pals import runtime
 
     runtime.configure_runtime(cpu_devices=args.cpu_devices)
     import jax
 
-    results = run_cases(full=not args.quick)
+    results = run_cases(args.cases)
     print(
         json.dumps(
             {

@@ -15,9 +15,10 @@ from fedjax_pals.engine.backends import host_loop
 from test_engine import _max_diff, _random_task
 
 
-def test_host_loop_cuts_active_steps_into_full_blocks_then_single_steps():
-    blocks = host_loop._blocks(np.array([0, 1, 2, 5, 6, 7, 8]), 3)
-    assert [b.tolist() for b in blocks] == [[0, 1, 2], [5, 6, 7], [8]]
+def test_host_loop_cuts_active_steps_into_full_blocks_then_halving_powers_of_two():
+    blocks = host_loop._blocks(np.array([0, 1, 2, 5, 6, 7, 8, 9, 10, 11, 12]), 4)
+    assert [b.tolist() for b in blocks] == [[0, 1, 2, 5], [6, 7, 8, 9], [10, 11], [12]]
+    assert [b.tolist() for b in host_loop._blocks(np.arange(3), 8)] == [[0, 1], [2]]
     assert host_loop._blocks(np.array([], np.int32), 4) == []
 
 

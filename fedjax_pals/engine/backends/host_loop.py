@@ -58,10 +58,17 @@ def _run(tree, r):
 
 
 def _blocks(active_steps: np.ndarray, k: int) -> list[np.ndarray]:
-    """The active step indices cut into blocks of k, then single steps."""
-    full = len(active_steps) // k * k
-    blocks = [active_steps[i : i + k] for i in range(0, full, k)]
-    return blocks + [active_steps[i : i + 1] for i in range(full, len(active_steps))]
+    """The active step indices cut into blocks of k, then of halving powers of two.
+
+    A client with fewer than k steps left still takes them in few calls (2
+    steps: one call, not two); at most log2(k) + 1 block sizes are compiled.
+    """
+    blocks, start = [], 0
+    while start < len(active_steps):
+        size = min(k, 1 << (len(active_steps) - start).bit_length() - 1)
+        blocks.append(active_steps[start : start + size])
+        start += size
+    return blocks
 
 
 class _BoundHostLoop:
