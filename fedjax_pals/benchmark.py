@@ -492,40 +492,36 @@ def markdown_table(records: Sequence[dict]) -> str:
 # ----------------------------------------------------------------------------
 # Measurement helpers (used inside the children)
 
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-
 
 class CompileTimer:
-    """Sums the trace + lowering + XLA compile seconds that JAX reports.
+    """Trace + lowering + XLA compile seconds, and XLA compilations, from now until `close()`.
 
-    Listens to `jax.monitoring` duration events (public API); `count` is the number
-    of XLA compilations (one `backend_compile_duration` event each). Use as a
-    context manager, or call `close()` to stop listening.
+    The engine's `CompilationCounter` (public `jax.monitoring` events) tracking
+    everything this thread runs; a context manager, or call `close()` to stop.
     """
 
     def __init__(self):
-        import jax
+        from fedjax_pals.engine.compilation import CompilationCounter
 
-        self.seconds = 0.0
-        self.count = 0
-        self._jax = jax
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        self._counter = CompilationCounter()
+        self._tracking = self._counter.track()
+        self._tracking.__enter__()
 
-    def _listen(self, event, duration, **kwargs):
-        if event in _COMPILE_EVENTS:
-            self.seconds += duration
-            if event == _COMPILE_EVENTS[-1]:
-                self.count += 1
+    @property
+    def seconds(self) -> float:
+        return self._counter.compile_seconds
+
+    @property
+    def count(self) -> int:
+        return self._counter.compilations
 
     def snapshot(self) -> tuple[float, int]:
         return self.seconds, self.count
 
     def close(self) -> None:
-        self._jax.monitoring.unregister_event_duration_listener(self._listen)
+        if self._tracking is not None:
+            self._tracking.__exit__(None, None, None)
+            self._tracking = None
 
     def __enter__(self) -> "CompileTimer":
         return self
