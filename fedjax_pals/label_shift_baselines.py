@@ -1,0 +1,295 @@
+"""Two label-shift methods beyond the FedPALS paper's baselines: FedDisco and FedLC.
+
+Both are pieces of `fedjax_pals.algorithms`, composable like the others:
+
+* FedDisco (Ye et al., "FedDisco: Federated Learning with Discrepancy-Aware Collaboration",
+  ICML 2023; reference code MediaBrain-SJTU/FedDisco, `disco.py`) is a *weighting*: the
+  server weighs client k by its relative dataset size and by the discrepancy d_k between
+  its label distribution and a global one. It uses the same server-side information as
+  FedPALS (the clients' S_k(Y) and the target's T(Y)), so it is FedPALS' natural
+  head-to-head.
+* FedLC (Zhang et al., "Federated Learning with Label Distribution Skew via Logits
+  Calibration", ICML 2022) is a *client method*: during local training every logit is
+  calibrated by the client's count of that label.
+
+`fjp.combine(fedlc_client(tau), feddisco_weighting(T))` is FedLC's local training with
+FedDisco's weights; `fjp.combine(fedlc_client(tau), fjp.fedpals_weighting(T, lam))` is
+FedLC+FedPALS. As everywhere in the package, per-run data (the global distribution, a and b)
+lives in `ServerState.weighting_state`; only the hashable hyperparameters that change the
+traced program (the discrepancy metric, tau) select a cached function, so runs that differ
+only in their data share one compiled round.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pals import _validation
+from fedjax_pals.algorithms import (
+    ClientInfo,
+    ClientMethod,
+    FederatedAlgorithm,
+    ServerState,
+    Weighting,
+    plain_sgd,
+)
+
+DISCREPANCY_METRICS = ("kl", "l2")
+# FedDisco's defaults in the reference code (args.py: --disco_a 0.5, --disco_b 0.1,
+# --measure_difference kl).
+FEDDISCO_DEFAULT_A = 0.5
+FEDDISCO_DEFAULT_B = 0.1
+FEDDISCO_DEFAULT_METRIC = "kl"
+# FedLC: the count of a class the client does not hold is floored at this value before the
+# power -1/4, as in the public implementations (FL-bench `src/client/fedlc.py`, fluke
+# `fluke/algorithms/fedlc.py`: max(1e-8, count)); the shift of an absent class is then
+# tau * (1e-8)^(-1/4) = 100 tau.
+FEDLC_MIN_COUNT = 1e-8
+FEDLC_DEFAULT_TAU = 1.0
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"{name} must be a real number, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}.")
+    return value
+
+
+def _nonnegative(name: str, value: Any) -> float:
+    value = _real(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}.")
+    return value
+
+
+def _metric(metric: Any) -> str:
+    if metric not in DISCREPANCY_METRICS:
+        raise ValueError(
+            f"unknown FedDisco discrepancy metric {metric!r}; choose one of {DISCREPANCY_METRICS}."
+        )
+    return metric
+
+
+# -- FedDisco -----------------------------------------------------------------------------------
+
+
+def feddisco_discrepancy(
+    label_dists: chex.ArrayLike, global_label_dist: chex.ArrayLike, metric: str = "kl"
+) -> jax.Array:
+    """FedDisco's discrepancy d_k between each client's S_k(Y) and the global G(Y).
+
+    metric "l2":  d_k = ||S_k - G||_2                      (reference `disco.py`, metric 'l2')
+    metric "kl":  d_k = KL(S_k || G) / sum_j KL(S_j || G)   (reference `disco.py`, metric 'kl')
+
+    with KL(S || G) = sum_y S_y log(S_y / G_y) (0 log 0 = 0) and the sum over the clients
+    given (a round's participants, as the reference does); d = 0 when every KL is 0.
+
+    The reference's global distribution is the test set's (uniform, or the imbalanced test
+    distribution); in the FedPALS setting that is the target's T(Y), which puts no mass on
+    some classes. A client with mass m_k = sum_{y: G_y = 0} S_ky > 0 off G's support has
+    KL = +inf, and the reference's normalised d becomes inf / inf = NaN. Here d is the
+    limit of the normalised KL against G_eps = (1 - eps) G + eps / K as eps -> 0+: each
+    such KL grows like m_k log(1 / eps), so
+
+        d_k = m_k / sum_j m_j     when some client has mass off G's support,
+
+    and the clients without such mass get d_k = 0 (relative to the others, their KL is
+    negligible). Without off-support mass this is the reference's formula exactly.
+
+    Args:
+      label_dists: (m, K) client label distributions S_k(Y).
+      global_label_dist: (K,) the global distribution G(Y).
+      metric: "kl" (the reference's default) or "l2".
+
+    Returns:
+      (m,) discrepancies d_k >= 0 (for "kl", summing to 1 or all 0).
+    """
+    metric = _metric(metric)
+    dists = jnp.asarray(label_dists, jnp.float32)
+    target = jnp.asarray(global_label_dist, jnp.float32)
+    return _discrepancy(dists, target, metric)
+
+
+def _discrepancy(dists: jax.Array, target: jax.Array, metric: str) -> jax.Array:
+    target = target.astype(dists.dtype)
+    if metric == "l2":
+        return jnp.sqrt(jnp.sum(jnp.square(dists - target[None, :]), axis=1))
+    present = dists > 0
+    inside = present & (target[None, :] > 0)
+    off_support = jnp.sum(jnp.where(present & ~inside, dists, 0.0), axis=1)
+    safe_ratio = jnp.where(inside, dists / jnp.where(inside, target[None, :], 1.0), 1.0)
+    kl = jnp.maximum(jnp.sum(jnp.where(inside, dists * jnp.log(safe_ratio), 0.0), axis=1), 0.0)
+    total_off, total_kl = jnp.sum(off_support), jnp.sum(kl)
+    from_off = off_support / jnp.where(total_off > 0, total_off, 1.0)
+    from_kl = jnp.where(total_kl > 0, kl / jnp.where(total_kl > 0, total_kl, 1.0), 0.0)
+    return jnp.where(total_off > 0, from_off, from_kl)
+
+
+def feddisco_weights(
+    label_dists: chex.ArrayLike,
+    client_sizes: chex.ArrayLike,
+    global_label_dist: chex.ArrayLike,
+    a: float = FEDDISCO_DEFAULT_A,
+    b: float = FEDDISCO_DEFAULT_B,
+    metric: str = FEDDISCO_DEFAULT_METRIC,
+) -> jax.Array:
+    """FedDisco's aggregation weights (Ye et al., 2023, Sec. 4; reference `disco.py`).
+
+        p_k = ReLU(n_k / N - a d_k + b) / sum_j ReLU(n_j / N - a d_j + b),
+
+    N = sum_j n_j over the clients given (a round's participants), d_k from
+    `feddisco_discrepancy`. a >= 0 trades size for agreement with the global distribution,
+    b lifts every client (b -> infinity: uniform weights). When every ReLU is 0 (the
+    reference divides by zero there) the weights fall back to FedAvg's n_k / N.
+
+    Limits: a = b = 0 is FedAvg; identical discrepancies for all clients (e.g. S_k = G)
+    give p_k = (n_k / N + c) / (1 + m c), c = b - a d, which is FedAvg when c = 0 and
+    uniform when the sizes are equal.
+
+    Returns:
+      (m,) weights on the simplex.
+    """
+    dists = jnp.asarray(label_dists, jnp.float32)
+    sizes = jnp.asarray(client_sizes, jnp.float32)
+    target = jnp.asarray(global_label_dist, jnp.float32)
+    return _disco_weights(
+        dists,
+        sizes,
+        target,
+        jnp.float32(_nonnegative("a", a)),
+        jnp.float32(_real("b", b)),
+        _metric(metric),
+    )
+
+
+def _disco_weights(dists, sizes, target, a, b, metric: str) -> jax.Array:
+    relative = sizes / jnp.sum(sizes)
+    raw = relative - a * _discrepancy(dists, target, metric) + b
+    clipped = jnp.maximum(raw, 0.0)
+    total = jnp.sum(clipped)
+    return jnp.where(total > 0, clipped / jnp.where(total > 0, total, 1.0), relative)
+
+
+@functools.cache
+def _feddisco_weights_fn(metric: str):
+    def weights(label_dists, sizes, state: ServerState):
+        data = state.weighting_state
+        if not isinstance(data, dict) or "global_label_dist" not in data:
+            raise ValueError(
+                "the FedDisco weighting reads ServerState.weighting_state['global_label_dist'], "
+                "which this state does not hold; build the algorithm with feddisco(...) or "
+                "combine(client_method, feddisco_weighting(...))."
+            )
+        return _disco_weights(
+            label_dists, sizes, data["global_label_dist"], data["a"], data["b"], metric
+        )
+
+    return weights
+
+
+def feddisco_weighting(
+    global_label_dist: chex.ArrayLike,
+    a: float = FEDDISCO_DEFAULT_A,
+    b: float = FEDDISCO_DEFAULT_B,
+    metric: str = FEDDISCO_DEFAULT_METRIC,
+) -> Weighting:
+    """FedDisco's discrepancy-aware weights over each round's participants (`feddisco_weights`).
+
+    Args:
+      global_label_dist: G(Y), the distribution the discrepancies are measured against. In
+        the FedPALS setting pass the target's T(Y) (what FedPALS' eq. 8 uses); the FedDisco
+        paper's balanced test set is G = uniform.
+      a: the discrepancy coefficient, >= 0 (reference default 0.5).
+      b: the offset (reference default 0.1).
+      metric: "kl" (reference default) or "l2".
+
+    G, a and b are per-run data in `ServerState.weighting_state`; the metric selects the
+    (cached) weights function.
+    """
+    dist = _validation.check_distribution("global_label_dist", global_label_dist)
+    data = {
+        "global_label_dist": jnp.asarray(dist, jnp.float32),
+        "a": jnp.asarray(_nonnegative("a", a), jnp.float32),
+        "b": jnp.asarray(_real("b", b), jnp.float32),
+    }
+    return Weighting("feddisco", lambda: data, _feddisco_weights_fn(_metric(metric)))
+
+
+def feddisco(
+    global_label_dist: chex.ArrayLike,
+    a: float = FEDDISCO_DEFAULT_A,
+    b: float = FEDDISCO_DEFAULT_B,
+    metric: str = FEDDISCO_DEFAULT_METRIC,
+    client_method: ClientMethod | None = None,
+) -> FederatedAlgorithm:
+    """FedDisco (Ye et al., ICML 2023): plain local SGD (or `client_method`, e.g.
+    `fedlc_client(tau)`) with FedDisco's weights (`feddisco_weighting`)."""
+    from fedjax_pals.baselines import combine
+
+    weighting = feddisco_weighting(global_label_dist, a, b, metric)
+    client = client_method if client_method is not None else plain_sgd()
+    name = "feddisco" if client_method is None else f"{client.name}+feddisco"
+    return combine(client, weighting, name)
+
+
+# -- FedLC --------------------------------------------------------------------------------------
+
+
+def fedlc_calibrated_logits(
+    logits: chex.ArrayLike, label_counts: chex.ArrayLike, tau: float
+) -> jax.Array:
+    """FedLC's calibrated logits (Zhang et al., 2022, Sec. 4, the calibrated loss):
+
+        f~_y(x) = f_y(x) - tau * n_{k,y}^{-1/4},
+
+    n_{k,y} the client's count of label y, floored at `FEDLC_MIN_COUNT` = 1e-8 for absent
+    labels (the public implementations' choice). The local loss is the softmax
+    cross-entropy of f~, as FL-bench and fluke compute it:
+
+        L_cal(x, y) = -log( exp(f~_y(x)) / sum_{y'} exp(f~_{y'}(x)) ),
+
+    so the pair (y, y') gets the margin tau (n_{k,y}^{-1/4} - n_{k,y'}^{-1/4}): a rare
+    label must beat a frequent one by more. tau = 0 is the plain cross-entropy.
+    """
+    tau = _nonnegative("tau", tau)
+    logits = jnp.asarray(logits)
+    counts = jnp.maximum(jnp.asarray(label_counts, logits.dtype), FEDLC_MIN_COUNT)
+    return logits - jnp.asarray(tau, logits.dtype) * counts ** jnp.asarray(-0.25, logits.dtype)
+
+
+@functools.cache
+def _fedlc_client(tau: float) -> ClientMethod:
+    def adjust_logits(logits, info: ClientInfo, state: ServerState):
+        counts = info.label_dist.astype(logits.dtype) * info.num_examples.astype(logits.dtype)
+        return fedlc_calibrated_logits(logits, counts, tau)
+
+    return plain_sgd()._replace(name=f"fedlc(tau={tau:g})", adjust_logits=adjust_logits)
+
+
+def fedlc_client(tau: float = FEDLC_DEFAULT_TAU) -> ClientMethod:
+    """FedLC's logit calibration during local training (`fedlc_calibrated_logits`).
+
+    The client's label counts n_{k,y} = S_k(y) n_k come from its ClientInfo; evaluation uses
+    the uncalibrated logits. tau >= 0; tau = 0 is plain local SGD (FedAvg's client).
+    """
+    return _fedlc_client(_nonnegative("tau", tau))
+
+
+def fedlc(tau: float = FEDLC_DEFAULT_TAU, weighting: Weighting | None = None) -> FederatedAlgorithm:
+    """FedLC (Zhang et al., ICML 2022) with FedAvg weights, or `weighting` (e.g. FedPALS' or
+    FedDisco's)."""
+    from fedjax_pals.baselines import combine
+
+    name = "fedlc" if weighting is None or weighting.name == "fedavg" else f"fedlc+{weighting.name}"
+    return combine(fedlc_client(tau), weighting, name)

@@ -1,0 +1,310 @@
+"""Estimating the target's label distribution T(Y) from unlabeled target data.
+
+FedPALS assumes the server knows T(Y) exactly. Under label shift, S(X|Y) = T(X|Y), a
+classifier trained on the clients' data can estimate T from the target's *unlabeled*
+inputs. Two classical estimators, both in float64 NumPy (they run on the host, on the
+model's outputs):
+
+* Black-box shift estimation, BBSE (Lipton, Wang & Smola, ICML 2018, eq. 3 / Alg. 1): with
+  hard predictions yhat = argmax f(x), C[i, j] = P_S(yhat = i, y = j) on labeled source data
+  and mu[i] = P_T(yhat = i) on the target, label shift gives C w = mu for the importance
+  weights w_y = T(y) / S(y). Solve w = C^+ mu (least squares; C^{-1} mu when C is
+  invertible), set T^ = S(y) w_y and map it onto the simplex (Euclidean projection). The
+  soft variant uses the predicted probabilities in place of the one-hot predictions
+  (C[i, j] = E_S[f_i(x) 1{y = j}], mu = E_T[f(x)]); the same identity holds.
+* EM re-weighting of the posteriors (Saerens, Latinne & Decaestecker, Neural Computation
+  2002, eqs. 2.9-2.10): from the training prior S(y) of a calibrated classifier p_S(y|x),
+      p_T^{(s)}(y|x) = [T^{(s)}(y) / S(y)] p_S(y|x) / sum_j [T^{(s)}(j) / S(j)] p_S(j|x),
+      T^{(s+1)}(y)   = mean_x p_T^{(s)}(y|x),
+  the EM iteration for the maximum-likelihood T of the unlabeled target sample. Classes
+  with S(y) = 0 are not identifiable from the classifier and get T^(y) = 0.
+
+Both are consistent under label shift (BBSE needs C invertible; EM needs calibrated
+posteriors). `model_probabilities` computes a model's softmax outputs in batches;
+`estimate_target_label_dist` dispatches on the method.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pals import _validation
+from fedjax_pals.privacy import project_to_simplex
+
+METHODS = ("em", "bbse", "bbse_soft")
+EM_DEFAULT_MAX_ITER = 10_000
+EM_DEFAULT_TOL = 1e-10
+
+
+def _probs(name: str, probs: Any) -> np.ndarray:
+    array = np.asarray(probs, np.float64)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
+        raise ValueError(f"{name} must be an (n, K) matrix with n >= 1, K >= 2, got {array.shape}.")
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"{name} must be finite and >= 0.")
+    sums = array.sum(axis=1)
+    if np.any(np.abs(sums - 1.0) > 1e-4):
+        raise ValueError(
+            f"every row of {name} must be a probability vector (softmax outputs); row sums "
+            f"range over [{sums.min()}, {sums.max()}]."
+        )
+    return array / sums[:, None]
+
+
+def _labels(labels: Any, n: int, num_classes: int) -> np.ndarray:
+    array = np.asarray(labels)
+    if array.shape != (n,) or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"source_labels must be ({n},) integers, got {array.dtype} {array.shape}.")
+    if np.any(array < 0) or np.any(array >= num_classes):
+        raise ValueError(f"source_labels must lie in [0, {num_classes}).")
+    return array
+
+
+def bbse_confusion(
+    source_probs: Any, source_labels: Any, soft: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """BBSE's joint confusion matrix C[i, j] = P_S(yhat = i, y = j) (soft: E_S[f_i(x) 1{y=j}])
+    and the source label marginal S(j) = sum_i C[i, j], from labeled source data."""
+    probs = _probs("source_probs", source_probs)
+    n, k = probs.shape
+    labels = _labels(source_labels, n, k)
+    predicted = probs if soft else np.eye(k)[np.argmax(probs, axis=1)]
+    confusion = predicted.T @ np.eye(k)[labels] / n
+    return confusion, confusion.sum(axis=0)
+
+
+def bbse_label_dist(
+    source_probs: Any, source_labels: Any, target_probs: Any, *, soft: bool = False
+) -> np.ndarray:
+    """T^ by black-box shift estimation (Lipton et al., 2018): w = C^+ mu, T^ = Proj(S * w).
+
+    Args:
+      source_probs: (n_s, K) the model's probabilities on held-out labeled source data (the
+        clients' data, or any data whose p(x|y) is the target's).
+      source_labels: (n_s,) their labels.
+      target_probs: (n_t, K) the model's probabilities on the unlabeled target data.
+      soft: use probabilities instead of hard predictions.
+
+    Returns:
+      (K,) float64 on the simplex. Classes absent from the source data get weight 0 in S * w.
+    """
+    confusion, source = bbse_confusion(source_probs, source_labels, soft)
+    target = _probs("target_probs", target_probs)
+    if target.shape[1] != confusion.shape[0]:
+        raise ValueError(
+            f"target_probs has {target.shape[1]} classes, source_probs {confusion.shape[0]}."
+        )
+    predicted = target if soft else np.eye(target.shape[1])[np.argmax(target, axis=1)]
+    mu = predicted.mean(axis=0)
+    w = np.linalg.lstsq(confusion, mu, rcond=None)[0]
+    return project_to_simplex(source * w)
+
+
+def em_label_dist(
+    target_probs: Any,
+    source_label_dist: Any,
+    *,
+    max_iter: int = EM_DEFAULT_MAX_ITER,
+    tol: float = EM_DEFAULT_TOL,
+) -> np.ndarray:
+    """T^ by EM re-weighting of the posteriors (Saerens et al., 2002, eqs. 2.9-2.10).
+
+    Iterates T <- mean_x normalise(T / S * p_S(.|x)) from T = S until max_k |dT_k| < tol.
+    The fixed point maximises the target sample's likelihood sum_x log sum_y T(y)/S(y)
+    p_S(y|x) over the simplex (restricted to supp S).
+
+    Args:
+      target_probs: (n_t, K) the calibrated model's posteriors p_S(y|x) on the target data.
+      source_label_dist: (K,) the label prior the posteriors were trained under (for a
+        federated model, e.g. the aggregate sum_i alpha_i S_i of its server weights).
+      max_iter, tol: the iteration budget and stopping tolerance.
+
+    Returns:
+      (K,) float64 on the simplex.
+    """
+    probs = _probs("target_probs", target_probs)
+    source = _validation.check_distribution("source_label_dist", source_label_dist)
+    if source.shape[0] != probs.shape[1]:
+        raise ValueError(
+            f"source_label_dist has {source.shape[0]} classes, target_probs {probs.shape[1]}."
+        )
+    _validation.check_positive_int("max_iter", max_iter)
+    _validation.check_positive_float("tol", tol)
+    support = source > 0
+    base = np.where(support[None, :], probs / np.where(support, source, 1.0)[None, :], 0.0)
+    estimate = source.copy()
+    for _ in range(max_iter):
+        joint = base * estimate[None, :]
+        norm = joint.sum(axis=1, keepdims=True)
+        posterior = joint / np.where(norm > 0, norm, 1.0)
+        updated = posterior.mean(axis=0)
+        updated /= updated.sum()
+        converged = np.max(np.abs(updated - estimate)) < tol
+        estimate = updated
+        if converged:
+            break
+    return estimate
+
+
+def estimate_target_label_dist(
+    target_probs: Any,
+    *,
+    method: str = "em",
+    source_probs: Any = None,
+    source_labels: Any = None,
+    source_label_dist: Any = None,
+    max_iter: int = EM_DEFAULT_MAX_ITER,
+    tol: float = EM_DEFAULT_TOL,
+) -> np.ndarray:
+    """T^(Y) from a model's outputs on unlabeled target data.
+
+    method "em" (Saerens et al., 2002; `em_label_dist`) needs `source_label_dist`, or
+    `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
+    (Lipton et al., 2018; `bbse_label_dist`) need `source_probs` and `source_labels`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
+    if method == "em":
+        if source_label_dist is None:
+            if source_labels is None:
+                raise ValueError("method='em' needs source_label_dist (or source_labels).")
+            k = np.asarray(target_probs).shape[-1]
+            labels = np.asarray(source_labels)
+            source_label_dist = np.bincount(labels, minlength=k) / labels.size
+        return em_label_dist(target_probs, source_label_dist, max_iter=max_iter, tol=tol)
+    if source_probs is None or source_labels is None:
+        raise ValueError(f"method={method!r} needs source_probs and source_labels.")
+    return bbse_label_dist(source_probs, source_labels, target_probs, soft=method == "bbse_soft")
+
+
+@functools.cache
+def _softmax_fn(apply_fn):
+    return jax.jit(lambda params, x: jax.nn.softmax(apply_fn(params, x), axis=-1))
+
+
+def model_probabilities(
+    apply_fn: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    inputs: Any,
+    batch_size: int = 1024,
+) -> np.ndarray:
+    """softmax(apply_fn(params, x)) over `inputs` in batches, as float64 (n, K)."""
+    _validation.check_positive_int("batch_size", batch_size)
+    inputs = np.asarray(inputs)
+    step = _softmax_fn(apply_fn)
+    outputs = [
+        np.asarray(step(params, jnp.asarray(inputs[start : start + batch_size])), np.float64)
+        for start in range(0, inputs.shape[0], batch_size)
+    ]
+    probs = np.concatenate(outputs, axis=0)
+    return probs / probs.sum(axis=1, keepdims=True)
+
+
+# -- re-estimating T during training ------------------------------------------------------------
+
+
+def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
+    """`state` with FedPALS' T replaced by `target_label_dist`.
+
+    T is per-run data in `ServerState.weighting_state["target_label_dist"]` (under "inner"
+    when the weighting is wrapped by `with_server_label_dists`), so a new estimate changes
+    the next rounds' weights without recompiling the round.
+    """
+    dist = _validation.check_distribution("target_label_dist", target_label_dist)
+    data = state.weighting_state
+    if isinstance(data, dict) and "inner" in data and "target_label_dist" not in data:
+        inner = with_target_label_dist(state._replace(weighting_state=data["inner"]), dist)
+        return state._replace(weighting_state={**data, "inner": inner.weighting_state})
+    if not isinstance(data, dict) or "target_label_dist" not in data:
+        raise ValueError(
+            "the algorithm's weighting holds no target_label_dist in its state (build it with "
+            "fedpals(...) or a fedpals_weighting)."
+        )
+    old = data["target_label_dist"]
+    if old.shape != dist.shape:
+        raise ValueError(f"target_label_dist must have shape {old.shape}, got {dist.shape}.")
+    return state._replace(
+        weighting_state={**data, "target_label_dist": jnp.asarray(dist, old.dtype)}
+    )
+
+
+def train_with_estimated_target(
+    algorithm: Any,
+    model: Any,
+    dataset: Any,
+    partition: Any,
+    training: Any,
+    *,
+    rounds: int,
+    every: int,
+    method: str = "bbse",
+    seed: int = 0,
+    source_size: int = 5000,
+    clients_per_round: int | None = None,
+    backend: str = "auto",
+) -> tuple[Any, list[tuple[int, np.ndarray]]]:
+    """FedPALS with T(Y) unknown: re-estimated from the current global model every `every`
+    rounds.
+
+    Starts from the T in `algorithm`'s weighting state (e.g. `fedpals(T_0, lam)` with T_0 the
+    clients' aggregate sum_i n_i S_i / N, the natural guess without target labels). Before
+    rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives
+    probabilities on the target's *unlabeled* validation inputs and on up to `source_size`
+    labeled examples drawn from the clients' pooled data; `estimate_target_label_dist`
+    (`method`: "bbse" by default, which needs no calibration; "em" uses the pooled clients'
+    label distribution as the source prior) turns them into T^, which replaces T in the state
+    (`with_target_label_dist`). Nothing else changes: local training, participants
+    (`fjp.sample_participants(seed, round, ...)`) and round keys are those of the round
+    engine's plain loop.
+
+    Returns:
+      (the final ServerState, [(round, T^) for each estimate]).
+    """
+    from fedjax_pals.algorithms import init_server_state
+    from fedjax_pals.engine import device_data, round_engine
+    from fedjax_pals.training import sample_participants
+
+    rounds = _validation.check_positive_int("rounds", rounds)
+    every = _validation.check_positive_int("every", every)
+    source_size = _validation.check_positive_int("source_size", source_size)
+    engine = round_engine(algorithm, model, training, backend=backend)
+    data = device_data(
+        dataset.train.x,
+        dataset.train.y,
+        partition.client_indices,
+        partition.client_sizes,
+        partition.client_label_dists,
+    )
+    num_clients = partition.num_clients
+    state = init_server_state(algorithm, model.init(jax.random.PRNGKey(seed)), num_clients)
+    rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
+    pooled = np.concatenate([partition.client_example_indices(i) for i in range(num_clients)])
+    source_idx = np.sort(rng.choice(pooled, size=min(source_size, pooled.size), replace=False))
+    target_x = dataset.train.x[partition.target_val_indices]
+    source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
+    estimates: list[tuple[int, np.ndarray]] = []
+    round_key = jax.random.fold_in(jax.random.PRNGKey(seed), _ROUND_STREAM)
+    for r in range(rounds):
+        if r > 0 and r % every == 0:
+            params = algorithm.eval_params(state)
+            estimate = estimate_target_label_dist(
+                model_probabilities(model.apply, params, target_x),
+                method=method,
+                source_probs=model_probabilities(model.apply, params, dataset.train.x[source_idx]),
+                source_labels=np.asarray(dataset.train.y[source_idx]),
+                source_label_dist=source_prior,
+            )
+            state = with_target_label_dist(state, estimate)
+            estimates.append((r, estimate))
+        participants = sample_participants(seed, r, num_clients, clients_per_round)
+        state, _ = engine.run_round(data, state, participants, jax.random.fold_in(round_key, r))
+    return state, estimates
+
+
+_SOURCE_SAMPLE_STREAM = 0x5EED
+_ROUND_STREAM = 0xE57

@@ -1,0 +1,196 @@
+"""Estimating T(Y) from unlabeled target data: EM and BBSE recover a known T on Gaussian classes
+with exactly calibrated posteriors, within bounds derived from their asymptotic variances."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import fedjax_pals as fjp
+from fedjax_pals import target_estimation
+
+# Three 1-D Gaussian classes N(mu_y, 1); the source (the clients' pooled data) has prior S, the
+# target T. Under label shift p(x|y) is shared, and p_S(y|x) = S_y phi_y(x) / sum_j S_j phi_j(x)
+# is the exactly calibrated source posterior.
+MEANS = np.array([-2.0, 0.0, 2.0])
+SOURCE = np.array([0.5, 0.3, 0.2])
+TARGET = np.array([0.1, 0.3, 0.6])
+N_TARGET = 40_000
+N_SOURCE = 200_000
+
+
+def _sample(prior, n, rng):
+    labels = rng.choice(len(prior), size=n, p=prior)
+    return rng.normal(MEANS[labels], 1.0), labels
+
+
+def _posteriors(x, prior=SOURCE):
+    joint = prior[None, :] * stats.norm.pdf(x[:, None] - MEANS[None, :])
+    return joint / joint.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x_t, _ = _sample(TARGET, N_TARGET, rng)
+    x_s, y_s = _sample(SOURCE, N_SOURCE, rng)
+    return _posteriors(x_t), _posteriors(x_s), y_s
+
+
+def _mle_std():
+    """Asymptotic std of the MLE of T from n unlabeled points: the inverse Fisher information
+    of the mixture weights, parametrised by (T_0, T_1) with T_2 = 1 - T_0 - T_1, by quadrature
+    on a fine grid: I = int g g^T p dx, g_j = (phi_j - phi_2) / p."""
+    x = np.linspace(-12, 12, 48_001)
+    phi = stats.norm.pdf(x[:, None] - MEANS[None, :])
+    p = phi @ TARGET
+    g = (phi[:, :2] - phi[:, 2:]) / p[:, None]
+    info = (g[:, :, None] * g[:, None, :] * p[:, None, None]).sum(axis=0) * (x[1] - x[0])
+    cov = np.linalg.inv(info) / N_TARGET
+    var = np.array([cov[0, 0], cov[1, 1], cov.sum()])
+    return np.sqrt(var)
+
+
+def test_em_recovers_a_known_target_within_its_asymptotic_error(data):
+    target_probs, _, _ = data
+    estimate = fjp.estimate_target_label_dist(target_probs, method="em", source_label_dist=SOURCE)
+    std = _mle_std()  # about 0.004-0.005 per class here
+    assert np.all(std < 0.01)
+    assert np.all(np.abs(estimate - TARGET) <= 5 * std), (estimate, std)
+    assert estimate.sum() == pytest.approx(1.0) and np.all(estimate >= 0)
+    # Without the correction (the mean source posterior) the estimate is far off.
+    naive = target_probs.mean(axis=0)
+    assert np.max(np.abs(naive - TARGET)) > 20 * std.max()
+
+
+def _log_likelihood(t, target_probs):
+    return np.sum(np.log(target_probs @ (t / SOURCE)))
+
+
+def test_em_returns_the_maximum_likelihood_fixed_point(data):
+    target_probs = data[0][:5000]
+    estimate = fjp.em_label_dist(target_probs, SOURCE)
+    # The EM fixed point: mean_x of the re-weighted posteriors is the estimate itself.
+    reweighted = target_probs * (estimate / SOURCE)[None, :]
+    reweighted /= reweighted.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(reweighted.mean(axis=0), estimate, atol=1e-8)
+    # ... and a maximum of the (concave) likelihood on the simplex.
+    best = _log_likelihood(estimate, target_probs)
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        direction = rng.normal(size=3)
+        direction -= direction.mean()
+        other = estimate + 1e-3 * direction / np.linalg.norm(direction)
+        assert _log_likelihood(other, target_probs) <= best + 1e-9
+    # A class the source lacks cannot be estimated: it gets 0.
+    zero = fjp.em_label_dist(
+        _posteriors(np.array([0.0, 1.0]), np.array([0.5, 0.5, 0.0])), [0.5, 0.5, 0]
+    )
+    assert zero[2] == 0.0 and zero.sum() == pytest.approx(1.0)
+
+
+def test_bbse_is_the_solution_of_the_confusion_system():
+    rng = np.random.default_rng(2)
+    source_probs = rng.dirichlet(np.ones(3) * 0.5, size=300)
+    source_labels = np.argmax(source_probs + rng.normal(scale=0.3, size=(300, 3)), axis=1)
+    target_probs = rng.dirichlet(np.ones(3) * 0.5, size=200)
+    # Independent float64 reference: C[i, j] = #(yhat = i, y = j) / n, mu_i = #(yhat = i) / n.
+    confusion = np.zeros((3, 3))
+    for yhat, y in zip(np.argmax(source_probs, axis=1), source_labels):
+        confusion[yhat, y] += 1 / 300
+    mu = np.bincount(np.argmax(target_probs, axis=1), minlength=3) / 200
+    w = np.linalg.solve(confusion, mu)
+    expected = confusion.sum(axis=0) * w
+    got = fjp.bbse_label_dist(source_probs, source_labels, target_probs)
+    if np.all(expected >= 0):
+        np.testing.assert_allclose(got, expected, atol=1e-12)
+    else:  # projected onto the simplex
+        np.testing.assert_allclose(got, fjp.project_to_simplex(expected), atol=1e-12)
+    np.testing.assert_allclose(
+        target_estimation.bbse_confusion(source_probs, source_labels)[0], confusion, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("method", ["bbse", "bbse_soft"])
+def test_bbse_recovers_a_known_target_within_its_asymptotic_error(data, method):
+    target_probs, source_probs, source_labels = data
+    estimate = fjp.estimate_target_label_dist(
+        target_probs, method=method, source_probs=source_probs, source_labels=source_labels
+    )
+    # Delta method in mu (the target's mean prediction, n_t points): T^ = diag(S) C^{-1} mu,
+    # Cov(T^) = A Cov(mu^) A^T with A = diag(S) C^{-1}. The source's C is estimated from
+    # n_s = 5 n_t points, which adds at most about n_t / n_s of that variance: factor 1.2.
+    soft = method == "bbse_soft"
+    confusion, source = target_estimation.bbse_confusion(source_probs, source_labels, soft)
+    a = np.diag(source) @ np.linalg.inv(confusion)
+    predicted = target_probs if soft else np.eye(3)[np.argmax(target_probs, axis=1)]
+    cov_mu = np.cov(predicted, rowvar=False) / N_TARGET
+    std = np.sqrt(1.2 * np.diag(a @ cov_mu @ a.T))
+    assert np.all(std < 0.02)
+    assert np.all(np.abs(estimate - TARGET) <= 5 * std), (estimate, std)
+
+
+def test_estimation_arguments_are_validated(data):
+    target_probs = data[0][:10]
+    with pytest.raises(ValueError, match="unknown method"):
+        fjp.estimate_target_label_dist(target_probs, method="mlls")
+    with pytest.raises(ValueError, match="needs source_label_dist"):
+        fjp.estimate_target_label_dist(target_probs)
+    with pytest.raises(ValueError, match="needs source_probs and source_labels"):
+        fjp.estimate_target_label_dist(target_probs, method="bbse")
+    with pytest.raises(ValueError, match="probability vector"):
+        fjp.em_label_dist(target_probs * 2, SOURCE)
+    with pytest.raises(ValueError, match="source_labels must lie"):
+        fjp.bbse_label_dist(target_probs, np.full(10, 3), target_probs)
+    # source_labels alone give EM its prior.
+    np.testing.assert_allclose(
+        fjp.estimate_target_label_dist(target_probs, source_labels=np.array([0, 0, 1, 2])),
+        fjp.em_label_dist(target_probs, [0.5, 0.25, 0.25]),
+    )
+
+
+def test_model_probabilities_are_the_models_softmax():
+    model = fjp.logistic_regression((2,), 3)
+    params = model.init(jax.random.PRNGKey(0))
+    x = np.random.default_rng(0).normal(size=(25, 2)).astype(np.float32)
+    got = fjp.model_probabilities(model.apply, params, x, batch_size=7)
+    np.testing.assert_allclose(got, jax.nn.softmax(model.apply(params, jnp.asarray(x))), rtol=1e-5)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_fedpals_with_a_re_estimated_target():
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    model = fjp.logistic_regression((2,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
+    sizes = partition.client_sizes
+    start = sizes @ partition.client_label_dists / sizes.sum()  # no target labels: the aggregate
+    algorithm = fjp.fedpals(start, 0.0)
+    engine = fjp.round_engine(algorithm, model, training)
+    state, estimates = target_estimation.train_with_estimated_target(
+        algorithm, model, dataset, partition, training, rounds=40, every=10, seed=0
+    )
+    assert [r for r, _ in estimates] == [10, 20, 30]
+    truth = partition.target_label_dist
+    # The synthetic classes are well separated: after 30 rounds the model is ~99 % accurate on
+    # the target and the estimate is close to T, far closer than the starting guess, and it
+    # is the T the state's weights use. (The estimate is only as good as the model: with
+    # learning rate 0.1 the model never predicts class 2 within 30 rounds and BBSE misses T
+    # by 0.25.)
+    assert np.max(np.abs(estimates[-1][1] - truth)) < 0.05
+    assert np.max(np.abs(start - truth)) > 0.1
+    np.testing.assert_allclose(
+        state.weighting_state["target_label_dist"], estimates[-1][1], atol=1e-7
+    )
+    assert engine.compilations == 1  # new estimates are state, not a new program
+    # Wrapped weightings (the DP release of S) hold T under "inner".
+    wrapped = algorithm._replace(
+        weighting=fjp.with_server_label_dists(algorithm.weighting, partition.client_label_dists)
+    )
+    initial = fjp.init_server_state(wrapped, model.init(jax.random.PRNGKey(0)), 2)
+    moved = target_estimation.with_target_label_dist(initial, [0.2, 0.3, 0.5])
+    np.testing.assert_allclose(moved.weighting_state["inner"]["target_label_dist"], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError, match="holds no target_label_dist"):
+        target_estimation.with_target_label_dist(
+            fjp.init_server_state(fjp.fedavg(), {"w": jnp.zeros(1)}, 2), [0.5, 0.5]
+        )
