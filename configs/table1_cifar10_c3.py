@@ -28,10 +28,14 @@ ROW = "CIFAR-10 C=3"
 def get_config():
     config = fjp.default_config()
     config.dataset.name = "cifar10"
+    # The paper's sparsity sampling (App. B.4, `fjp.sparsity_partition`): C random labels per
+    # client and target, the same number of examples of each, no overlap; T uniform over C.
     config.partition.scheme = "sparsity"
     config.partition.labels_per_client = 3
     config.partition.num_clients = 10  # 9 training clients + the target
-    config.model = "auto"  # LeNet
+    # LeNet with a head bias for every method (the sweep gives all methods one model); FedRS'
+    # reference head has no bias: --config.model=lenet_nobias (see fedjax_pals/baselines.py).
+    config.model = "auto"
     config.training.rounds = 150
     config.training.local_epochs = 1  # the paper's tuning "consistently resulted in" E = 1
     config.training.batch_size = 32

@@ -6,7 +6,7 @@ r"""The main job: FedPALS vs FedAvg on Fashion-MNIST under sparsity label shift.
 Runs configs/demo.py (10 clients, C = 3 labels per client, 4 rounds, seeds 0 and 1), prints
 the comparison table and writes <workdir>/table.md, comparison.png and a results.json per
 run. If Fashion-MNIST cannot be had it says how to get it and runs the paper's synthetic
-task (App. C.4) instead.
+task (App. C.4) instead; an explicit --config.dataset.data_dir without the files is an error.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def main(argv):
             # An explicit data_dir is the only place looked in (no fallback to another copy).
             fjp.load_fashion_mnist(data_dir, search_debian=data_dir is None)
         except fjp.DatasetUnavailableError as error:
+            if data_dir is not None:  # asked for this copy: its absence is the user's to fix
+                raise SystemExit(f"error: {error}")
             print(
                 "Fashion-MNIST is not available, so the demo runs the synthetic task instead."
                 f"\n{error}"

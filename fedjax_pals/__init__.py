@@ -21,13 +21,13 @@ from fedjax_pals.data import (  # noqa: E402
     load_dataset,
     load_fashion_mnist,
     niid_bench_dirichlet_partition,
+    niid_bench_sparsity_partition,
     partition_from_label_counts,
     resample_to_label_dist,
     sparsity_partition,
     synthetic_label_shift_task,
     synthetic_target_label_dist,
 )
-# -- FIXES block: the smallest target test set a partition accepts -----------------------------
 from fedjax_pals.data import MIN_TARGET_TEST_SIZE  # noqa: E402
 from fedjax_pals.server_weights import (  # noqa: E402
     effective_sample_size,
@@ -115,7 +115,7 @@ from fedjax_pals.baselines import (  # noqa: E402
 from fedjax_pals import engine  # noqa: E402,F401  (fjp.engine.resolve_backend etc.)
 from fedjax_pals.runtime import configure_runtime, is_main_process  # noqa: E402
 
-# -- experiment layer, EXP-SWEEP block: writers, progress, plots ------------------------------
+# -- the experiment layer: metric writers, progress, plots, sweeps and the paper's protocol
 from fedjax_pals.experiment.writers import (  # noqa: E402
     MetricWriter,
     flatten_hparams,
@@ -149,7 +149,7 @@ from fedjax_pals.experiment.sweep import (  # noqa: E402
     run_sweep,
 )
 
-# -- benchmark, BENCH block: throughput of a round vs the plain loop (fjp.benchmark.*) ---------
+# -- the benchmark: a round's throughput per backend vs a plain loop (fjp.benchmark.*)
 from fedjax_pals.benchmark import (  # noqa: E402
     BaselineLoop,
     BenchmarkCase,
@@ -160,7 +160,7 @@ from fedjax_pals.benchmark import (  # noqa: E402
 )
 from fedjax_pals import benchmark  # noqa: E402,F401
 
-# -- experiment layer, EXP-CORE block: configs, tasks, workdirs, checkpoints, train_and_evaluate
+# -- the experiment layer: configs, tasks, workdirs, checkpoints, train_and_evaluate
 from fedjax_pals.experiment.config import (  # noqa: E402
     ConfigError,
     config_differences,
@@ -176,3 +176,30 @@ from fedjax_pals.experiment.checkpoints import (  # noqa: E402
 from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
 from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
 from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_many  # noqa: E402
+
+# -- beyond the paper: FedDisco, FedLC, private label marginals, an unknown target T
+from fedjax_pals.label_shift_baselines import (  # noqa: E402
+    feddisco,
+    feddisco_discrepancy,
+    feddisco_weighting,
+    feddisco_weights,
+    fedlc,
+    fedlc_calibrated_logits,
+    fedlc_client,
+)
+from fedjax_pals.privacy import (  # noqa: E402
+    gaussian_sigma,
+    noise_scale,
+    noisy_label_counts,
+    private_label_dists,
+    project_to_simplex,
+    with_server_label_dists,
+)
+from fedjax_pals.target_estimation import (  # noqa: E402
+    bbse_label_dist,
+    em_label_dist,
+    estimate_target_label_dist,
+    model_probabilities,
+    train_with_estimated_target,
+    with_target_label_dist,
+)

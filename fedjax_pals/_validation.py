@@ -110,9 +110,7 @@ def check_problem(
 def check_positive_int(name: str, value: Any) -> int:
     """A Python/NumPy integer >= 1 (an iteration budget, a count); bool is refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})."
-        )
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__}).")
     if value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value}.")
     return int(value)
@@ -135,9 +133,11 @@ def check_ess_fraction(fraction: Any) -> float:
     The message says "ESS fraction ... out of range" (callers classify grid points by it).
     """
     array = np.asarray(fraction)
-    if array.ndim != 0 or not (
-        np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
-    ) or array.dtype == np.bool_:
+    if (
+        array.ndim != 0
+        or not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer))
+        or array.dtype == np.bool_
+    ):
         raise TypeError(
             f"the ESS fraction must be a real scalar in (0, 1], got {fraction!r} "
             f"(shape {array.shape}, dtype {array.dtype})."

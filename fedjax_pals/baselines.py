@@ -13,6 +13,69 @@ not their updates; each update here is the one of the paper cited below.
 * FedShift (Shen et al., 2021): logits shifted by ln(P_i(k) / P(k)).
 * Oracle: FedAvg on clients resampled to the target label distribution.
 
+Where ours differs from the reference implementations, and why. Every method here trains
+locally with the same plain minibatch SGD (no momentum, no weight decay, no clipping), E local
+epochs per round, as the FedPALS paper trains all methods alike (Sec. 5); references that use
+another local optimiser are noted.
+
+* FedProx vs FedJAX `fedjax/algorithms/fed_prox.py`: the same objective, mean over the batch
+  of CE + (mu/2) ||w - w^t||_2^2, so the local gradient is g(w) + mu (w - w^t); the same
+  size-weighted average of the client deltas (FedJAX applies it through a server optimizer;
+  ours is that optimizer with SGD at rate 1). The FedPALS authors' precursor code
+  (Breitholtz/FedDG_Benchmark, `fed_alpha_experiments/utils.py` and `src/client.py`) adds
+  (mu/2) sum over tensors of the UNsquared norm ||w_l - w^t_l||_2; we keep the squared norm
+  of the FedProx paper (eq. 2) and FedJAX.
+* SCAFFOLD vs Karimireddy et al. (Algorithm 1) and NIID-Bench (`experiments.py`,
+  `train_net_scaffold` / `local_train_net_scaffold`): the same local correction
+  y <- y - eta_l (g_i(y) - c_i + c) and option II, c_i+ = c_i - c + (x - y_i) / (K eta_l) with
+  K the client's own number of steps over all its local epochs (NIID-Bench's `cnt`). Two
+  server-side differences, both following the paper's Algorithm 1: ours averages the models
+  uniformly, x <- x + eta_g mean_{i in S}(y_i - x), where NIID-Bench weighs them by size
+  n_i / sum_S n_j; ours moves c by (1/N) sum_{i in S} (c_i+ - c_i), N = all clients, where
+  NIID-Bench divides by |S|. Under full participation (Table 1) the second coincides, and
+  under the paper's sparsity partition all clients have one size, so the first does too.
+  NIID-Bench starts c = c_i at a copy of a randomly initialised network (c - c_i = 0, as with
+  our zeros) and trains with SGD momentum; option II assumes plain SGD.
+* AFL vs Mohri et al. (Stochastic-AFL) and litian96/fair_flearn `flearn/trainers/afl.py`: the
+  reference runs agnostic FedSGD: every round each client computes ONE gradient of its full
+  local loss at w_t, w <- w - eta sum_k lam_k g_k, lam <- Proj_simplex(lam + gamma L(w_t)) with
+  L_k(w_t) the full local loss, and reports the running average of the iterates. Ours keeps
+  the lam step and the averaged iterate but (a) lets clients run E local epochs and mixes the
+  client MODELS with lam (the local-update form in which the FedPALS paper trains every
+  method), and (b) uses the loss of the client's first minibatch at w_t, an unbiased estimate
+  of L_k(w_t), as the lam-gradient (exact with full-batch steps); (c) under partial
+  participation only the participants' lam move (see `afl_server_update`). The FedDG
+  benchmark (Bai et al., 2024; the authors' fork Breitholtz/FedDG_Benchmark, `AFLServer` /
+  `AFLClient`) is another algorithm: lam over domains weighs each client's local LOSS, the
+  server averages models by size and the LAST iterate is evaluated. With one domain per
+  client, lam_i ~ 1/M there divides the effective local learning rate by ~M. The paper does
+  not say which AFL produced its Fashion-MNIST / CIFAR-10 rows. The averaged iterate
+  (1/T) sum_t w_t lags the last one by about half the run, which costs accuracy in short runs
+  (`afl(..., average_iterates=False)` evaluates the last iterate instead).
+* FedRS vs lxcnju/FedRepo `algorithms/fedrs.py`: the reference computes z = a * (W h) with a
+  bias-free classifier W and a_k = alpha + (1 - alpha) p_ik / max_j p_ij (our soft=True),
+  trains on CE(z) and evaluates the unscaled W h. Ours offers that scaling (soft) and the
+  paper's restricted softmax (hard: a_k = alpha for absent classes, 1 otherwise, the
+  default). Under the FedPALS sparsity partition every client is uniform over its labels, so
+  p_ik / max_j p_ij is 1 or 0 and hard == soft == the reference. Ours scales the model's
+  logits; with the bias-free head (`lenet(..., head_bias=False)`, model "lenet_nobias") that
+  is exactly the reference's a * (W h); with a head bias b it is a * (W h + b). The Table 1
+  configs train every method, FedRS included, with one model, config.model = "auto" (LeNet
+  with a head bias, as the paper's CNN): the sweep gives all methods one model; run FedRS with
+  --config.model=lenet_nobias for the reference head. The reference also clips gradients and
+  uses its own optimiser settings; ours does not clip.
+* FedShift vs Shen et al. (Algorithm 1, eq. 5; no public code): the same shift
+  s_ik = ln(P_i(k) / P(k)) in local training only, P = sum_i (n_i / N) P_i over all clients,
+  Laplace-smoothed counts (the paper names the smoothing but not its constant: ours is 1).
+  The paper aggregates w + sum_{i in M_t} (n_i / N)(w_i - w), N over ALL clients, so a round
+  with partial participation takes a step shrunk by the participants' share; ours normalises
+  over the participants (FedAvg's weights). The two coincide under full participation. The
+  paper trains with SGD momentum 0.9, weight decay 1e-4 and a decayed learning rate.
+* Oracle vs FedPALS App. B.5: FedAvg on clients whose data follow T(Y); the paper does not
+  say how the clients are drawn. Ours keeps each client's size n_i and redraws its examples
+  with largest-remainder counts of T from the training split minus the target validation set
+  (`resample_to_label_dist`).
+
 Compilation caching. `engine.round_engine` keys its compiled rounds on the
 identity of (client method, weighting function, server update, model,
 training, strategy). Every builder here is therefore `functools.cache`d on
@@ -64,9 +127,20 @@ from fedjax_pals.algorithms import (
 )
 from fedjax_pals.data import FederatedPartition, resample_to_label_dist
 
-ALGORITHMS = ("fedavg", "fedpals", "fedprox", "scaffold", "afl", "fedrs", "fedshift", "oracle")
+ALGORITHMS = (
+    "fedavg",
+    "fedpals",
+    "fedprox",
+    "scaffold",
+    "afl",
+    "fedrs",
+    "fedshift",
+    "oracle",
+    "feddisco",  # fedjax_pals.label_shift_baselines
+    "fedlc",  # fedjax_pals.label_shift_baselines
+)
 # The methods that change only local training and so combine with either weighting.
-CLIENT_SIDE_METHODS = ("fedprox", "fedrs", "fedshift")
+CLIENT_SIDE_METHODS = ("fedprox", "fedrs", "fedshift", "fedlc")
 WEIGHTINGS = ("fedavg", "fedpals")
 
 
@@ -156,10 +230,18 @@ def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:
         hard: a_ik = 1 if p_ik > 0 else alpha          (classes absent on the client)
         soft: a_ik = alpha + (1 - alpha) p_ik / max_j p_ij,
 
-    p_i = S_i(Y) its label distribution, alpha in (0, 1]. alpha = 1 is plain
-    local SGD. Evaluation uses the unscaled logits. The reference scales
-    w_k^T h with a bias-free last layer; the models here have a bias, which is
-    scaled with the logit.
+    p_i = S_i(Y) its label distribution, alpha in (0, 1]; the loss is CE(a_i * z), z the
+    model's logits. alpha = 1 is plain local SGD. Evaluation uses the unscaled logits.
+
+    For an example of client i and a class k it lacks (p_ik = 0, so y_k = 0) the gradient
+    of the loss in class k's classifier row w_k (z_k = w_k^T h) is
+
+        dL/dw_k = a_ik * softmax(a_i * z)_k * h,
+
+    the restricted softmax: the absent class is pushed down by a_ik times its (scaled)
+    probability rather than by softmax(z)_k. The reference (lxcnju/FedRepo) uses a
+    bias-free classifier, z = W h: model "lenet_nobias" (`lenet(..., head_bias=False)`).
+    With a head bias b the scaled logit is a_ik (w_k^T h + b_k).
     """
     alpha = _real("alpha", alpha)
     if not 0.0 < alpha <= 1.0:
@@ -438,7 +520,7 @@ def _afl_eval_params(state: ServerState) -> Params:
     return state.algorithm_state["avg_params"]
 
 
-def afl(step_size: float) -> FederatedAlgorithm:
+def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:
     """Agnostic Federated Learning (Mohri, Sivek & Suresh, ICML 2019).
 
         min_w max_{lam in simplex} sum_k lam_k L_k(w)    over all M clients,
@@ -446,15 +528,27 @@ def afl(step_size: float) -> FederatedAlgorithm:
     lam_0 uniform; clients run plain local SGD, the server mixes their
     updates with lam (`afl_weighting`) and takes a projected ascent step on
     lam (`afl_server_update`, gamma = `step_size`). `eval_params` returns the
-    running average of the iterates, as the paper reports.
+    running average of the iterates (1/T) sum_{t=1}^T w_t, as the paper and
+    litian96/fair_flearn report; average_iterates=False evaluates the last
+    iterate w_T instead (as the FedDG benchmark does). Training is the same.
     """
+    step_size = _nonnegative("step_size", step_size)
+    if _flag("average_iterates", average_iterates):
+        return FederatedAlgorithm(
+            name="afl",
+            client=plain_sgd(),
+            weighting=afl_weighting(),
+            server_update=afl_server_update(step_size),
+            init_algorithm_state=_afl_init,
+            eval_params=_afl_eval_params,
+        )
     return FederatedAlgorithm(
-        name="afl",
+        name="afl(last iterate)",
         client=plain_sgd(),
         weighting=afl_weighting(),
         server_update=afl_server_update(step_size),
         init_algorithm_state=_afl_init,
-        eval_params=_afl_eval_params,
+        eval_params=_global_params,
     )
 
 
@@ -580,11 +674,16 @@ def make_algorithm(
     fedrs_soft: bool = False,
     weights: str | None = None,
     fedshift_smoothing: float = 1.0,
+    feddisco_a: float = 0.5,
+    feddisco_b: float = 0.1,
+    feddisco_metric: str = "kl",
+    fedlc_tau: float = 1.0,
 ) -> FederatedAlgorithm:
     """The algorithm called `name` (one of ALGORITHMS), for the launcher.
 
     Args:
-      name: fedavg, fedpals, fedprox, scaffold, afl, fedrs, fedshift or oracle.
+      name: fedavg, fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle,
+        feddisco or fedlc.
       partition: the training partition; needed by fedpals (its target), by
         fedshift (its label counts) and by weights="fedpals".
       lam: FedPALS' lam (fedpals, or weights="fedpals").
@@ -593,10 +692,14 @@ def make_algorithm(
       afl_step: AFL's step gamma on lam (required for afl).
       fedrs_alpha, fedrs_soft: FedRS' scaling of absent classes and its soft variant.
       weights: the weighting of the client-side methods (fedprox, fedrs,
-        fedshift): None or "fedavg" (FedAvg) or "fedpals". fedavg, oracle,
-        scaffold and afl have their own weights: None or "fedavg" (a launcher
+        fedshift, fedlc): None or "fedavg" (FedAvg) or "fedpals". fedavg, oracle,
+        scaffold, afl and feddisco have their own weights: None or "fedavg" (a launcher
         default) leaves them so, "fedpals" raises (use name="fedpals").
       fedshift_smoothing: Laplace pseudo-count of FedShift's label counts.
+      feddisco_a, feddisco_b, feddisco_metric: FedDisco's weights
+        ReLU(n_k/N - a d_k + b), d_k measured against the partition's target T
+        (`label_shift_baselines.feddisco_weighting`); feddisco needs the partition.
+      fedlc_tau: FedLC's calibration strength tau (`label_shift_baselines.fedlc_client`).
 
     The Oracle's algorithm is FedAvg: the launcher must also train it on
     `oracle_partition(partition, train_labels, seed)`.
@@ -617,7 +720,7 @@ def make_algorithm(
         raise ValueError(
             "fedpals uses FedPALS weights; weights='fedavg' is FedAvg (name='fedavg')."
         )
-    if weights == "fedpals" and name in ("fedavg", "scaffold", "afl", "oracle"):
+    if weights == "fedpals" and name in ("fedavg", "scaffold", "afl", "oracle", "feddisco"):
         raise ValueError(
             f"{name} has its own server weights; weights='fedpals' applies only to "
             f"{CLIENT_SIDE_METHODS} (or use name='fedpals')."
@@ -636,6 +739,11 @@ def make_algorithm(
         if afl_step is None:
             raise ValueError("afl needs the step size of its mixture weights (afl_step=...).")
         return afl(afl_step)
+    if name == "feddisco":
+        from fedjax_pals.label_shift_baselines import feddisco
+
+        partition = _need_partition(partition, "feddisco")
+        return feddisco(partition.target_label_dist, feddisco_a, feddisco_b, feddisco_metric)
 
     weighting = (
         _fedpals_weighting_for(partition, lam, f"{name} with weights='fedpals'")
@@ -648,6 +756,10 @@ def make_algorithm(
         return fedprox(prox_mu, weighting)
     if name == "fedrs":
         return fedrs(fedrs_alpha, fedrs_soft, weighting)
+    if name == "fedlc":
+        from fedjax_pals.label_shift_baselines import fedlc
+
+        return fedlc(fedlc_tau, weighting)
     partition = _need_partition(partition, "fedshift")
     aggregate = fedshift_aggregate_label_dist(partition.client_label_counts, fedshift_smoothing)
     return fedshift(aggregate, fedshift_smoothing, weighting)

@@ -39,9 +39,13 @@ class _LogisticRegression(nn.Module):
 class _LeNet(nn.Module):
     """LeNet-5-style CNN (LeCun et al., 1998), the FedPALS paper's "small, two-layer
     convolutional network" for Fashion-MNIST and CIFAR-10 (Sec. 5): conv5x5-6, maxpool 2,
-    conv5x5-16, maxpool 2, dense 120, dense 84, dense K; ReLU."""
+    conv5x5-16, maxpool 2, dense 120, dense 84, dense K; ReLU.
+
+    head_bias=False drops the bias of the last (classifier) layer: logits z = W h, the
+    head of FedRS' reference implementation (lxcnju/FedRepo, algorithms/fedrs.py)."""
 
     num_classes: int
+    head_bias: bool = True
 
     @nn.compact
     def __call__(self, x):
@@ -52,7 +56,7 @@ class _LeNet(nn.Module):
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(120)(x))
         x = nn.relu(nn.Dense(84)(x))
-        return nn.Dense(self.num_classes)(x)
+        return nn.Dense(self.num_classes, use_bias=self.head_bias)(x)
 
 
 def _from_flax(
@@ -80,11 +84,17 @@ def logistic_regression(input_shape: Sequence[int], num_classes: int) -> Model:
     return _logistic_regression(tuple(int(d) for d in input_shape), int(num_classes))
 
 
-def lenet(input_shape: Sequence[int], num_classes: int) -> Model:
-    """The small two-layer CNN used for Fashion-MNIST and CIFAR-10 (Sec. 5)."""
+def lenet(input_shape: Sequence[int], num_classes: int, head_bias: bool = True) -> Model:
+    """The small two-layer CNN used for Fashion-MNIST and CIFAR-10 (Sec. 5).
+
+    head_bias=False gives the bias-free classifier z_k = w_k^T h of FedRS' reference
+    implementation (model name "lenet_nobias"); FedRS then scales exactly w_k^T h.
+    """
     if len(input_shape) != 3:
         raise ValueError(f"lenet needs (H, W, C) inputs, got input_shape {tuple(input_shape)}.")
-    return _lenet(tuple(int(d) for d in input_shape), int(num_classes))
+    if not isinstance(head_bias, bool):
+        raise ValueError(f"head_bias must be a bool, got {head_bias!r}.")
+    return _lenet(tuple(int(d) for d in input_shape), int(num_classes), head_bias)
 
 
 @functools.cache
@@ -99,11 +109,25 @@ def _logistic_regression(input_shape, num_classes):
 
 
 @functools.cache
-def _lenet(input_shape, num_classes):
-    return _from_flax("lenet", _LeNet(num_classes), input_shape, num_classes, is_convolutional=True)
+def _lenet(input_shape, num_classes, head_bias):
+    return _from_flax(
+        "lenet" if head_bias else "lenet_nobias",
+        _LeNet(num_classes, head_bias),
+        input_shape,
+        num_classes,
+        is_convolutional=True,
+    )
 
 
-MODELS = {"logistic_regression": logistic_regression, "lenet": lenet}
+def _lenet_nobias(input_shape: Sequence[int], num_classes: int) -> Model:
+    return lenet(input_shape, num_classes, head_bias=False)
+
+
+MODELS = {
+    "logistic_regression": logistic_regression,
+    "lenet": lenet,
+    "lenet_nobias": _lenet_nobias,
+}
 
 
 def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import jax
+from absl import logging
 
 _configured: dict = {}
 
@@ -41,8 +42,10 @@ def configure_runtime(
 
     Args:
       cpu_devices: host devices of this process: an int >= 1, "auto" (one per
-        available core, divided among the local processes when several run on
-        this machine with `local_processes`), or None (JAX's default, one).
+        available core, divided among the local processes started by
+        `python -m fedjax_pals.launch`), or None (JAX's default, one). Once JAX
+        has started, "auto" keeps the devices there are, and an int must equal
+        their number.
       coordinator_address, num_processes, process_id: `jax.distributed.initialize`
         settings; giving any of them starts the distributed runtime. When none
         is given they are read from the environment that `fedjax_pals.launch` sets.
@@ -56,6 +59,7 @@ def configure_runtime(
             coordinator_address = env["FEDJAX_PALS_COORDINATOR"]
             num_processes = int(env["FEDJAX_PALS_NUM_PROCESSES"])
             process_id = int(env["FEDJAX_PALS_PROCESS_ID"])
+    cpu_devices_setting = cpu_devices
     if cpu_devices is not None:
         if cpu_devices == "auto":
             per_process = int(os.environ.get("FEDJAX_PALS_LOCAL_PROCESSES", "1"))
@@ -75,9 +79,21 @@ def configure_runtime(
         distributed is None
         and any(v is not None for v in (coordinator_address, num_processes, process_id))
     )
+    asked_auto = cpu_devices_setting == "auto"
     try:
         if cpu_devices is not None:
-            jax.config.update("jax_num_cpu_devices", cpu_devices)
+            try:
+                jax.config.update("jax_num_cpu_devices", cpu_devices)
+            except RuntimeError:  # JAX has started: only a no-op, or a default, is fine
+                if not (asked_auto or jax.local_device_count() == cpu_devices):
+                    raise
+                logging.info(
+                    "configure_runtime: JAX has already started with %d device(s); keeping "
+                    "them (cpu_devices=%r).",
+                    jax.local_device_count(),
+                    cpu_devices_setting,
+                )
+                cpu_devices = jax.local_device_count()
         if start_distributed:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except RuntimeError as error:  # raised once the backends exist

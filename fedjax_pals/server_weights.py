@@ -173,9 +173,10 @@ def _face_newton_step(
     half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
     grad = project(sqrt_sizes * half_grad)
     components = v_mat.T @ grad
-    e_positive = v_mat @ (components / (safe_sigma * safe_sigma + lam)) + (
-        grad - v_mat @ components
-    ) / safe_lam
+    e_positive = (
+        v_mat @ (components / (safe_sigma * safe_sigma + lam))
+        + (grad - v_mat @ components) / safe_lam
+    )
     e = jnp.where(positive_lam, e_positive, e_zero)
     step = jnp.where(active, sqrt_sizes * e, 0.0)
     # Ratio test: the longest t <= 1 with alpha + t d >= 0.

@@ -5,8 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import optax
+
 import fedjax_pals as fjp
 from fedjax_pals import baselines
+from fedjax_pals.engine.client_update import LocalCarry, make_local_step
 
 LR = 0.1
 DIM, K = 4, 3
@@ -405,3 +408,164 @@ def test_make_algorithm_builds_stable_pieces_and_validates():
     for kwargs in bad:
         with pytest.raises(ValueError):
             baselines.make_algorithm(**kwargs)
+
+
+# -- each method's defining behaviour, against float64 NumPy --------------------------------
+
+
+def _softmax64(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _one_local_step(algorithm, model, params, state, x, y, info, lr):
+    """One local SGD step of `algorithm`'s client from `params` (state.params is w^t)."""
+    optimizer = optax.sgd(lr)
+    step = make_local_step(algorithm, model, optimizer)
+    zero = jnp.zeros((), jnp.float32)
+    carry = LocalCarry(params, optimizer.init(params), jnp.zeros((), jnp.int32), zero, zero)
+    mask = jnp.ones(len(y), bool)
+    return step(carry, jnp.asarray(x), jnp.asarray(y), mask, info, state).params
+
+
+def _linear_nobias(dim, num_classes):
+    """z = x W: a bias-free linear classifier, FedRS' reference head with h = x."""
+
+    def init(key):
+        return {"W": jax.random.normal(key, (dim, num_classes)) * 0.7}
+
+    return fjp.Model("linear_nobias", init, lambda p, x: x @ p["W"], num_classes, False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fedprox_step_adds_the_proximal_gradient_mu_times_w_minus_w_global(seed):
+    # A local step away from w^t: w+ = w - lr (g(w) + mu (w - w^t)), g the CE gradient.
+    rng = np.random.default_rng(seed)
+    mu, lr = 0.7, 0.3
+    model = fjp.logistic_regression((DIM,), K)
+    w_global = model.init(jax.random.PRNGKey(seed))
+    w = model.init(jax.random.PRNGKey(seed + 100))
+    x = rng.normal(size=(6, DIM)).astype(np.float32)
+    y = rng.integers(0, K, size=6).astype(np.int32)
+    info = fjp.ClientInfo(jnp.full((K,), 1.0 / K), jnp.int32(6), ())
+    algorithm = baselines.fedprox(mu)
+    state = fjp.init_server_state(algorithm, w_global, 1)
+    got = _one_local_step(algorithm, model, w, state, x, y, info, lr)
+
+    kernel, bias = (np.asarray(w["Dense_0"][n], np.float64) for n in ("kernel", "bias"))
+    g_kernel, g_bias = (np.asarray(w_global["Dense_0"][n], np.float64) for n in ("kernel", "bias"))
+    x64 = x.astype(np.float64)
+    residual = (_softmax64(x64 @ kernel + bias) - np.eye(K)[y]) / len(y)
+    want_kernel = kernel - lr * (x64.T @ residual + mu * (kernel - g_kernel))
+    want_bias = bias - lr * (residual.sum(axis=0) + mu * (bias - g_bias))
+    np.testing.assert_allclose(got["Dense_0"]["kernel"], want_kernel, atol=1e-5)
+    np.testing.assert_allclose(got["Dense_0"]["bias"], want_bias, atol=1e-5)
+    # The difference from plain SGD is exactly -lr mu (w - w^t).
+    plain = _one_local_step(fjp.fedavg(), model, w, state, x, y, info, lr)
+    np.testing.assert_allclose(
+        np.asarray(got["Dense_0"]["kernel"]) - np.asarray(plain["Dense_0"]["kernel"]),
+        -lr * mu * (kernel - g_kernel),
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fedrs_scales_an_absent_class_row_gradient_as_the_restricted_softmax(soft, seed):
+    # Client without class 2: its batch holds classes 0 and 1 only. With z = W^T h (h = x)
+    # and a the FedRS scaling, CE(a * z) has dL/dW[:, k] = mean_b a_k (q_bk - y_bk) h_b,
+    # q = softmax(a * z); for the absent k = 2 (y = 0): a_2 mean_b q_b2 h_b.
+    rng = np.random.default_rng(seed)
+    alpha, lr = 0.3, 0.5
+    label_dist = np.array([0.6, 0.4, 0.0])
+    model = _linear_nobias(DIM, K)
+    w = model.init(jax.random.PRNGKey(seed))
+    x = rng.normal(size=(8, DIM)).astype(np.float32)
+    y = rng.integers(0, 2, size=8).astype(np.int32)
+    info = fjp.ClientInfo(jnp.asarray(label_dist, jnp.float32), jnp.int32(8), ())
+    algorithm = baselines.fedrs(alpha, soft=soft)
+    state = fjp.init_server_state(algorithm, w, 1)
+    got = np.asarray(_one_local_step(algorithm, model, w, state, x, y, info, lr)["W"])
+
+    a = alpha + (1 - alpha) * label_dist / label_dist.max() if soft else np.array([1, 1, alpha])
+    W, x64 = np.asarray(w["W"], np.float64), x.astype(np.float64)
+    q = _softmax64(a * (x64 @ W))
+    grad = x64.T @ (a * (q - np.eye(K)[y])) / len(y)
+    np.testing.assert_allclose(got, W - lr * grad, atol=1e-5)
+    absent_row_grad = (W[:, 2] - got[:, 2]) / lr
+    np.testing.assert_allclose(absent_row_grad, a[2] * (x64.T @ q[:, 2]) / len(y), atol=1e-5)
+    # ... which is not plain softmax's push-down softmax(z)_2 h.
+    plain = x64.T @ _softmax64(x64 @ W)[:, 2] / len(y)
+    assert not np.allclose(absent_row_grad, plain, atol=1e-3)
+
+
+def _project_simplex64(v, mass):
+    """Euclidean projection onto {u >= 0, sum u = mass} (sort-based, Duchi et al., 2008)."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u)
+    rho = np.nonzero(u * np.arange(1, len(v) + 1) > css - mass)[0][-1]
+    return np.maximum(v - (css[rho] - mass) / (rho + 1), 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_afl_lambda_step_is_the_projected_ascent_step(seed):
+    # lam_S <- Proj_{sum = m_S}(lam_S + gamma L_S), m_S = sum_{i in S} lam_i; the others kept.
+    rng = np.random.default_rng(seed)
+    m, gamma = 6, 0.8
+    lam = rng.dirichlet(np.ones(m))
+    who = np.sort(rng.choice(m, size=4, replace=False))
+    losses = rng.exponential(1.0, size=4)
+    params = {"w": jnp.zeros(2)}
+    state = fjp.init_server_state(baselines.afl(gamma), params, m)
+    state = state._replace(
+        algorithm_state={**state.algorithm_state, "lam": jnp.asarray(lam, jnp.float32)}
+    )
+    outputs = fjp.ClientOutputs(
+        deltas={"w": jnp.zeros((4, 2))},
+        client_states=(),
+        train_loss=jnp.zeros(4),
+        num_steps=jnp.ones(4, jnp.int32),
+        initial_loss=jnp.asarray(losses, jnp.float32),
+    )
+    weights = jnp.asarray(lam[who] / lam[who].sum(), jnp.float32)
+    new = baselines.afl_server_update(gamma)(state, jnp.asarray(who), outputs, weights)
+    got = np.asarray(new.algorithm_state["lam"])
+    want = lam.copy()
+    want[who] = _project_simplex64(lam[who] + gamma * losses, lam[who].sum())
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert got.sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_afl_reports_the_averaged_or_the_last_iterate():
+    data, _, model = _synthetic()
+    states, _ = _run(baselines.afl(0.5), data, model, TRAINING, rounds=2)
+    last = baselines.afl(0.5, average_iterates=False)
+    assert _tree_equal(last.eval_params(states[2]), states[2].params)
+    assert not _tree_close(baselines.afl(0.5).eval_params(states[2]), states[2].params, atol=1e-6)
+    with pytest.raises(ValueError, match="average_iterates must be a bool"):
+        baselines.afl(0.5, average_iterates=1)
+
+
+def test_scaffold_client_state_and_correction_are_option_two():
+    # c_i+ = c_i - c + (x - y_i) / (K eta_l); a local gradient g becomes g - c_i + c.
+    rng = np.random.default_rng(0)
+    shapes = {"a": (3,), "b": (2, 2)}
+    draw = lambda: {n: rng.normal(size=s) for n, s in shapes.items()}
+    ci, c, x, y, g = draw(), draw(), draw(), draw(), draw()
+    f32 = lambda t: jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float32), t)
+    client = baselines.scaffold_client()
+    state = fjp.init_server_state(baselines.scaffold(), f32(x), 2)
+    state = state._replace(algorithm_state={"c": f32(c)})
+    info = fjp.ClientInfo(jnp.ones(K) / K, jnp.int32(8), f32(ci))
+    lr, steps = 0.05, 3
+    got = client.update_client_state(info, state, f32(y), jnp.int32(steps), lr)
+    for n in shapes:
+        want = ci[n] - c[n] + (x[n] - y[n]) / (steps * lr)
+        np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(
+            client.correct_grads(f32(g), info, state)[n], g[n] - ci[n] + c[n], atol=1e-6
+        )
+    # A client that took no step keeps its control variate.
+    kept = client.update_client_state(info, state, f32(y), jnp.int32(0), lr)
+    assert _tree_equal(kept, f32(ci))

@@ -71,7 +71,7 @@ BAD_INPUTS = [
     ({"algorithm.name": "fedpal"}, r"algorithm\.name must be one of .*did you mean 'fedpals'"),
     (
         {"model": "resnet"},
-        r"config\.model must be one of \['auto', 'lenet', 'logistic_regression'\]",
+        r"config\.model must be one of \['auto', 'lenet', 'lenet_nobias', 'logistic_regression'\]",
     ),
     ({"partition.scheme": "iid"}, r"config\.partition\.scheme must be one of \['sparsity', "),
     ({"engine.backend": "gpu"}, r"config\.engine\.backend must be one of \['auto', "),
@@ -88,9 +88,17 @@ BAD_INPUTS = [
     ({"algorithm.weights": "fedavg"}, r"weights='fedavg' contradicts algorithm\.name='fedpals'"),
     (
         {"algorithm.name": "scaffold", "algorithm.weights": "fedpals"},
-        r"weights='fedpals' applies only to \['fedprox', 'fedrs', 'fedshift'\]",
+        r"weights='fedpals' applies only to \['fedprox', 'fedrs', 'fedshift', 'fedlc'\]",
     ),
     ({"dataset.name": "synthetic", "model": "lenet"}, r"model='lenet' needs image inputs"),
+    (
+        {"dataset.name": "synthetic", "model": "lenet_nobias"},
+        r"model='lenet_nobias' needs image inputs",
+    ),
+    (
+        {"partition.scheme": "niid_bench_sparsity", "partition.labels_per_client": 11},
+        r"labels_per_client must be an integer in \[1, 10\].*K=10",
+    ),
     # lambda and ESS
     ({"algorithm.lam": -1.0}, r"config\.algorithm\.lam must be a finite number >= 0, got -1"),
     (
@@ -338,3 +346,39 @@ def test_the_default_config_file_is_the_schema():
     spec.loader.exec_module(module)
     assert module.get_config().to_dict() == fjp.default_config().to_dict()
     assert fjp.validate_config(module.get_config()).dataset.name == "fashion_mnist"
+
+
+def test_both_sparsity_schemes_take_c_and_the_paper_reading_is_sparsity(monkeypatch):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = lambda n: rng.permutation(np.repeat(np.arange(10), n)).astype(np.int32)
+    train = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
+    test = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
+    dataset = fjp.Dataset("random", train, test, 10, "test")
+    monkeypatch.setattr(task_lib, "_load_image_dataset", lambda name, data_dir: dataset)
+    for scheme, function in [
+        ("sparsity", fjp.sparsity_partition),
+        ("niid_bench_sparsity", fjp.niid_bench_sparsity_partition),
+    ]:
+        resolved = fjp.validate_config({"partition": {"scheme": scheme}, "seed": 2})
+        assert resolved.partition.labels_per_client == 3
+        assert resolved.partition.dirichlet_beta is None
+        _, partition = task_lib.load_data(resolved)
+        want = function(train.y, test.y, num_clients=10, labels_per_client=3, seed=2)
+        np.testing.assert_array_equal(partition.client_label_counts, want.client_label_counts)
+        np.testing.assert_array_equal(partition.client_indices, want.client_indices)
+    assert fjp.config_digest({"partition": {"scheme": "niid_bench_sparsity"}}) != (
+        fjp.config_digest({})
+    )
+    assert fjp.validate_config({"model": "lenet_nobias"}).model == "lenet_nobias"
+
+
+def test_a_change_of_meaning_changes_every_digest(monkeypatch):
+    from fedjax_pals.experiment import config as config_lib
+
+    config = fjp.validate_config(fjp.default_config())
+    before = fjp.config_digest(config)
+    monkeypatch.setattr(config_lib, "SEMANTICS_VERSION", config_lib.SEMANTICS_VERSION + 1)
+    assert fjp.config_digest(config) != before
+    assert config_lib.config_identity(config)["semantics"] == config_lib.SEMANTICS_VERSION

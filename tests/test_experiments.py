@@ -122,18 +122,23 @@ def test_a_second_launch_on_a_busy_workdir_fails_at_once(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(tmp_path):
-    empty = tmp_path / "no_data"
-    empty.mkdir()
-    completed = _main(
-        "experiments.demo",
-        f"--config.dataset.data_dir={empty}",
-        f"--workdir={tmp_path / 'demo'}",
-        "--quiet",
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    printed = completed.stdout
+def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(
+    tmp_path, monkeypatch, capsys
+):
+    from absl import flags
+
+    from experiments import demo
+
+    def unavailable(data_dir=None, search_debian=True):
+        raise fjp.DatasetUnavailableError("no files (apt-get install dataset-fashion-mnist)")
+
+    monkeypatch.setattr(fjp, "load_fashion_mnist", unavailable)
+    flags.FLAGS(["demo", f"--workdir={tmp_path / 'demo'}", "--quiet"])
+    try:
+        demo.main(["demo"])
+    finally:
+        flags.FLAGS.unparse_flags()
+    printed = capsys.readouterr().out
     assert "runs the synthetic task instead" in printed
     assert "apt-get install dataset-fashion-mnist" in printed
     assert "FedPALS" in printed and "FedAvg" in printed
@@ -143,6 +148,18 @@ def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(tmp_pat
             saved = json.load(f)
         assert saved["config"]["dataset"]["name"] == "synthetic"
         assert saved["rounds"][-1] == 30
+
+
+def test_the_demo_with_a_data_dir_lacking_the_data_is_an_error_not_a_fallback(tmp_path):
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    completed = _main(
+        "experiments.demo", f"--config.dataset.data_dir={empty}", f"--workdir={tmp_path / 'd'}"
+    )
+    assert completed.returncode == 1
+    assert "error:" in completed.stderr and str(empty) in completed.stderr
+    assert "synthetic task instead" not in completed.stdout
+    assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.integration

@@ -55,3 +55,21 @@ def test_bad_model_requests_raise():
         fjp.make_model("resnet", (28, 28, 1), 10)
     with pytest.raises(ValueError, match="H, W, C"):
         fjp.lenet((784,), 10)
+
+
+def test_lenet_without_head_bias_is_fedrs_reference_head():
+    # FedRS' reference classifier (lxcnju/FedRepo) is z = W h, no bias: 10 fewer parameters.
+    with_bias = fjp.lenet((28, 28, 1), 10)
+    model = fjp.lenet((28, 28, 1), 10, head_bias=False)
+    params = model.init(jax.random.PRNGKey(0))
+    assert _num_params(params) == _num_params(with_bias.init(jax.random.PRNGKey(0))) - 10
+    assert set(params["Dense_2"]) == {"kernel"}
+    assert model.name == "lenet_nobias" and with_bias.name == "lenet"
+    assert fjp.make_model("lenet_nobias", (28, 28, 1), 10) is model
+    assert fjp.lenet((28, 28, 1), 10, head_bias=True) is with_bias
+    # A zero head kernel gives zero logits (there is no bias to add).
+    zero = {**params, "Dense_2": {"kernel": jnp.zeros_like(params["Dense_2"]["kernel"])}}
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 28, 28, 1))
+    np.testing.assert_array_equal(model.apply(zero, x), np.zeros((2, 10)))
+    with pytest.raises(ValueError, match="head_bias must be a bool"):
+        fjp.lenet((28, 28, 1), 10, head_bias=0)

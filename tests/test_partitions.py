@@ -11,6 +11,7 @@ from fedjax_pals.data.partitions import (
     dirichlet_partition,
     largest_remainder_counts,
     niid_bench_dirichlet_partition,
+    niid_bench_sparsity_partition,
     partition_from_label_counts,
     resample_to_label_dist,
     sparsity_partition,
@@ -251,13 +252,16 @@ def test_explicit_target_test_size_below_the_minimum_is_an_error(rng):
     assert len(p.target_test_indices) == 12
 
 
-@pytest.mark.parametrize("scheme", ["sparsity", "dirichlet", "niid_bench"])
+@pytest.mark.parametrize("scheme", ["sparsity", "niid_bench_sparsity", "dirichlet", "niid_bench"])
 def test_every_scheme_enforces_the_minimum_target_test_set(scheme):
     # 2 test examples per class: no target can get a test set of 30.
     train = np.repeat(np.arange(4), 200)
     test = np.repeat(np.arange(4), 2)
     make = {
         "sparsity": lambda **kw: sparsity_partition(train, test, labels_per_client=2, **kw),
+        "niid_bench_sparsity": lambda **kw: niid_bench_sparsity_partition(
+            train, test, labels_per_client=2, **kw
+        ),
         "dirichlet": lambda **kw: dirichlet_partition(train, test, beta=1.0, **kw),
         "niid_bench": lambda **kw: niid_bench_dirichlet_partition(train, test, beta=1.0, **kw),
     }[scheme]
@@ -310,10 +314,76 @@ def test_labels_outside_num_classes_raise():
         )
 
 
-# ------------------------------------------------------ sparsity
+# ------------------------------------------------------ sparsity (the paper's reading)
 
 
-def check_sparsity(p, train, test, num_clients, c):
+def check_paper_sparsity(p, train, test, num_clients, c):
+    """Independent check of the paper's "C random labels, an equal number of samples for each
+    label, no overlap": every client and the target hold C labels, the SAME count
+    min_k floor(n_k / h_k) of each (h_k the holders of label k), disjoint examples."""
+    assert_partition_invariants(p, train, test)  # disjointness, histograms, T-distributed sets
+    k = p.num_classes
+    target_counts = np.bincount(train[p.target_val_indices], minlength=k)
+    all_counts = np.vstack([p.client_label_counts, target_counts])
+    assert all_counts.shape == (num_clients, k)
+    holds = all_counts > 0
+    np.testing.assert_array_equal(holds.sum(axis=1), np.full(num_clients, c))
+    holders = holds.sum(axis=0)
+    available = np.bincount(train, minlength=k)
+    per_label = min(available[j] // holders[j] for j in range(k) if holders[j] > 0)
+    np.testing.assert_array_equal(all_counts, holds * per_label)
+    np.testing.assert_array_equal(p.client_sizes, np.full(num_clients - 1, c * per_label))
+    # S_i(Y) and T(Y) uniform over their C labels, exactly.
+    np.testing.assert_array_equal(p.target_label_dist, holds[-1] / c)
+    np.testing.assert_array_equal(p.client_label_dists, holds[:-1] / c)
+    uncovered = [j for j in range(k) if holds[-1, j] and not holds[:-1, j].any()]
+    assert p.target_labels_uncovered == uncovered
+    assert p.summary()["target_labels_uncovered"] == uncovered
+    return per_label
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_sparsity_gives_every_client_c_labels_with_equal_counts(rng, trial):
+    train, test, k = random_labels(rng)
+    num_clients = int(rng.integers(2, 12))
+    c = int(rng.integers(1, k + 1))
+    p = sparsity_partition(train, test, num_clients=num_clients, labels_per_client=c, seed=trial)
+    per_label = check_paper_sparsity(p, train, test, num_clients, c)
+    assert p.description == (
+        f"sparsity C={c} ({per_label} per label), {num_clients} clients "
+        f"({num_clients - 1} train + target), seed {trial}"
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_both_sparsity_readings_draw_the_same_labels_and_differ_in_counts(rng, seed):
+    train, test, _ = random_labels(rng, num_classes=10)
+    kwargs = dict(num_clients=10, labels_per_client=3, seed=seed)
+    paper = sparsity_partition(train, test, **kwargs)
+    niid = niid_bench_sparsity_partition(train, test, **kwargs)
+    np.testing.assert_array_equal(paper.client_label_counts > 0, niid.client_label_counts > 0)
+    np.testing.assert_array_equal(paper.target_label_dist > 0, niid.target_label_dist > 0)
+    assert paper.target_labels_uncovered == niid.target_labels_uncovered
+    # NIID-Bench uses every example of a held label; the paper's equal counts cannot (the
+    # labels have different pools and holders here).
+    assert niid.client_label_counts.sum() > paper.client_label_counts.sum()
+
+
+def test_target_labels_uncovered_are_the_target_labels_no_client_holds():
+    counts = np.array([[5, 5, 0, 0], [0, 5, 5, 0], [3, 0, 0, 3]])  # target on {0, 3}
+    labels = np.repeat(np.arange(4), 40)
+    p = partition_from_label_counts(labels, labels, counts, seed=0, description="t")
+    assert p.target_labels_uncovered == [3]
+    assert p.summary()["target_labels_uncovered"] == [3]
+    counts[0, 3] = 1
+    q = partition_from_label_counts(labels, labels, counts, seed=0, description="t")
+    assert q.target_labels_uncovered == []
+
+
+# ------------------------------------------------------ sparsity (NIID-Bench's "#C=k")
+
+
+def check_niid_bench_sparsity(p, train, test, num_clients, c):
     assert_partition_invariants(p, train, test)
     k = p.num_classes
     target_counts = np.bincount(train[p.target_val_indices], minlength=k)
@@ -329,48 +399,55 @@ def check_sparsity(p, train, test, num_clients, c):
 
 
 @pytest.mark.parametrize("trial", range(3))
-def test_sparsity_gives_each_client_exactly_c_labels_split_evenly(rng, trial):
+def test_niid_bench_sparsity_gives_each_client_exactly_c_labels_split_evenly(rng, trial):
     train, test, k = random_labels(rng)
     num_clients = int(rng.integers(2, 12))
     c = int(rng.integers(1, k + 1))
-    p = sparsity_partition(train, test, num_clients=num_clients, labels_per_client=c, seed=trial)
-    check_sparsity(p, train, test, num_clients, c)
+    p = niid_bench_sparsity_partition(
+        train, test, num_clients=num_clients, labels_per_client=c, seed=trial
+    )
+    check_niid_bench_sparsity(p, train, test, num_clients, c)
     assert p.description == (
-        f"sparsity C={c}, {num_clients} clients ({num_clients - 1} train + target), seed {trial}"
+        f"NIID-Bench sparsity C={c}, {num_clients} clients ({num_clients - 1} train + target), "
+        f"seed {trial}"
     )
 
 
-def test_sparsity_is_deterministic_per_seed_and_varies_across_seeds(rng):
+@pytest.mark.parametrize("scheme", [sparsity_partition, niid_bench_sparsity_partition])
+def test_sparsity_is_deterministic_per_seed_and_varies_across_seeds(rng, scheme):
     train, test, _ = random_labels(rng, num_classes=10)
     kwargs = dict(num_clients=10, labels_per_client=3)
-    a = sparsity_partition(train, test, seed=5, **kwargs)
-    assert_same(a, sparsity_partition(train, test, seed=5, **kwargs))
-    b = sparsity_partition(train, test, seed=6, **kwargs)
+    a = scheme(train, test, seed=5, **kwargs)
+    assert_same(a, scheme(train, test, seed=5, **kwargs))
+    b = scheme(train, test, seed=6, **kwargs)
     assert not np.array_equal(a.client_label_counts, b.client_label_counts) or not np.array_equal(
         a.client_indices, b.client_indices
     )
 
 
+@pytest.mark.parametrize("scheme", [sparsity_partition, niid_bench_sparsity_partition])
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(num_clients=5, labels_per_client=0), "labels_per_client"),
         (dict(num_clients=5, labels_per_client=11), "labels_per_client"),
+        (dict(num_clients=5, labels_per_client=True), "labels_per_client"),
         (dict(num_clients=1, labels_per_client=2), "num_clients"),
         (dict(num_clients=5, labels_per_client=2, seed=-1), "seed"),
     ],
 )
-def test_sparsity_rejects_bad_arguments(rng, kwargs, message):
+def test_sparsity_rejects_bad_arguments(rng, scheme, kwargs, message):
     train, test, _ = random_labels(rng, num_classes=10)
     kwargs = {"seed": 0, **kwargs}
     with pytest.raises(ValueError, match=message):
-        sparsity_partition(train, test, **kwargs)
+        scheme(train, test, **kwargs)
 
 
-def test_sparsity_with_more_holders_than_examples_raises():
+@pytest.mark.parametrize("scheme", [sparsity_partition, niid_bench_sparsity_partition])
+def test_sparsity_with_more_holders_than_examples_raises(scheme):
     train = np.array([0, 0, 1, 1])
     with pytest.raises(ValueError, match="clients hold it"):
-        sparsity_partition(train, np.array([0, 1]), num_clients=6, labels_per_client=2, seed=0)
+        scheme(train, np.array([0, 1]), num_clients=6, labels_per_client=2, seed=0)
 
 
 # ------------------------------------------------------ Dirichlet (FedPALS)
@@ -557,6 +634,7 @@ def test_partition_arrays_are_read_only_and_summary_is_json(rng):
         "client_label_counts",
         "client_label_dists",
         "target_label_dist",
+        "target_labels_uncovered",
         "n_val",
         "n_test",
         "description",
@@ -569,10 +647,23 @@ def test_partition_arrays_are_read_only_and_summary_is_json(rng):
 @pytest.mark.parametrize("c", [2, 3])
 def test_fmnist_paper_sparsity_partitions(fmnist_labels, c):
     train, test = fmnist_labels
-    for seed in range(3):
+    for seed in range(8):
         p = sparsity_partition(train, test, num_clients=10, labels_per_client=c, seed=seed)
-        check_sparsity(p, train, test, 10, c)
-        assert p.num_clients == 9
+        per_label = check_paper_sparsity(p, train, test, 10, c)
+        assert p.num_clients == 9 and per_label >= 6000 // 10
+        # T is uniform over C labels with 1000 test examples each: the whole of them.
+        assert len(p.target_test_indices) == 1000 * c
+        print(f"C={c} seed {seed}: uncovered target labels {p.target_labels_uncovered}")
+
+
+@pytest.mark.parametrize("c", [2, 3])
+def test_fmnist_niid_bench_sparsity_partitions(fmnist_labels, c):
+    train, test = fmnist_labels
+    for seed in range(3):
+        p = niid_bench_sparsity_partition(
+            train, test, num_clients=10, labels_per_client=c, seed=seed
+        )
+        check_niid_bench_sparsity(p, train, test, 10, c)
         # Each label holds 6000 train / 1000 test examples, so the test set
         # can follow T exactly: n_test = 1000 / max_k T_k (up to rounding).
         assert len(p.target_test_indices) >= int(1000 / p.target_label_dist.max()) - 1

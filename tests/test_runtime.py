@@ -59,3 +59,11 @@ def test_the_launcher_gives_each_process_its_id_and_returns_the_first_failure():
     )
     assert completed.returncode == 3
     assert "[0] 0 2" in completed.stdout and "[1] 1 2" in completed.stdout
+
+
+def test_auto_or_the_same_count_once_jax_has_started_keeps_the_devices():
+    import jax
+
+    jax.devices()
+    assert runtime.configure_runtime(cpu_devices="auto")["cpu_devices"] == jax.local_device_count()
+    runtime.configure_runtime(cpu_devices=jax.local_device_count())

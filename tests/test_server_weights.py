@@ -733,9 +733,7 @@ def no_solves(monkeypatch):
 
 
 @pytest.mark.parametrize("fraction", [1.5, 1.0 + 1e-3, 0.0, -0.25, np.nan, np.inf, -np.inf])
-def test_lambda_for_ess_rejects_fraction_outside_unit_interval_before_solving(
-    fraction, no_solves
-):
+def test_lambda_for_ess_rejects_fraction_outside_unit_interval_before_solving(fraction, no_solves):
     dists, target, sizes = _valid_problem()
     message = r"ESS fraction .* is out of range: it must be in \(0, 1\]"
     with pytest.raises(ValueError, match=message):

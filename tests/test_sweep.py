@@ -108,7 +108,7 @@ def test_run_digests_are_config_digest():
 
 def test_every_run_is_validated_before_any_run_starts(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(fjp, "train_and_evaluate", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(fjp, "train_and_evaluate_many", lambda *a, **k: calls.append(a))
     config = _sweep_config(seeds=(0,), methods=("fedavg",), axes=dict(training=dict(rounds=(2, 0))))
     with pytest.raises(
         fjp.ConfigError,
@@ -200,6 +200,23 @@ class FakeTraining:
             json.dump(results, f)
         return results
 
+    def many(self, configs, workdirs, *, overwrite=False, quiet=True, on_done=None, **kwargs):
+        """As train_and_evaluate_many: each run's results or exception, on_done as runs end."""
+        outcomes = []
+        for index, (config, workdir) in enumerate(zip(configs, workdirs)):
+            try:
+                outcome = self(config, workdir, overwrite=overwrite, quiet=quiet)
+            except Exception as error:  # noqa: BLE001
+                outcome = error
+            outcomes.append(outcome)
+            if on_done is not None:
+                on_done(index, outcome)
+        return outcomes
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(fjp, "train_and_evaluate_many", self.many)
+        return self
+
 
 def _two_method_sweep():
     return _sweep_config(
@@ -210,7 +227,7 @@ def _two_method_sweep():
 
 
 def test_the_table_is_the_protocol_applied_to_the_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(fjp, "train_and_evaluate", FakeTraining())
+    FakeTraining().install(monkeypatch)
     summary = fjp.run_sweep(_two_method_sweep(), str(tmp_path), quiet=True)
     assert set(summary["runs"].values()) == {"done"}
     cells = summary["table"]["rows"][0]["cells"]
@@ -234,7 +251,7 @@ def test_the_table_is_the_protocol_applied_to_the_runs(tmp_path, monkeypatch):
 
 def test_a_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypatch):
     fake = FakeTraining()
-    monkeypatch.setattr(fjp, "train_and_evaluate", fake)
+    fake.install(monkeypatch)
     fjp.run_sweep(_two_method_sweep(), str(tmp_path), quiet=True)
     assert len(fake.calls) == 8
     # One run killed before its last round: only it runs again.
@@ -251,7 +268,7 @@ def test_a_sweep_resumes_without_redoing_finished_runs(tmp_path, monkeypatch):
 
 def test_runs_of_another_config_are_refused_before_anything_runs(tmp_path, monkeypatch):
     fake = FakeTraining()
-    monkeypatch.setattr(fjp, "train_and_evaluate", fake)
+    fake.install(monkeypatch)
     fjp.run_sweep(_two_method_sweep(), str(tmp_path), quiet=True)
     fake.calls.clear()
     changed = _two_method_sweep()
@@ -276,7 +293,7 @@ def test_failed_runs_are_reported_and_left_out_of_the_selection(tmp_path, monkey
             ("fedpals", 0.01, 0): RuntimeError("disk full"),
         }
     )
-    monkeypatch.setattr(fjp, "train_and_evaluate", fake)
+    fake.install(monkeypatch)
     summary = fjp.run_sweep(_two_method_sweep(), str(tmp_path), quiet=True)
     assert summary["runs"]["fedavg/learning_rate=0.1/seed_1"] == "diverged"
     assert summary["runs"]["fedpals/learning_rate=0.1/seed_0"] == "unreachable"
@@ -324,7 +341,8 @@ def _load_config(name):
 
 
 def test_there_is_a_config_per_experiment_of_the_paper():
-    assert SWEEP_CONFIGS == [
+    paper = [name for name in SWEEP_CONFIGS if not name.startswith("beyond_")]
+    assert paper == [
         "local_epochs_fig8b.py",
         "num_clients_fig9c.py",
         "synthetic_fig9.py",
@@ -510,3 +528,14 @@ def test_the_compare_command_merges_sweep_tables(tmp_path):
     assert "| A | **50.0 ± 0.0** |" in done.stdout and "| B | **70.0 ± 0.0** |" in done.stdout
     with open(tmp_path / "AB" / "table.json") as f:
         assert [r["row"] for r in json.load(f)["rows"]] == ["A", "B"]
+
+
+def test_the_default_row_label_names_each_partition_scheme():
+    for scheme, label in (
+        ("sparsity", "Fashion-MNIST C=3"),
+        ("niid_bench_sparsity", "Fashion-MNIST C=3 (niid_bench_sparsity)"),
+        ("dirichlet", "Fashion-MNIST beta=0.1"),
+    ):
+        config = fjp.default_config()
+        config.partition.scheme = scheme
+        assert sweep_lib._default_row(config) == label

@@ -137,6 +137,13 @@ class FederatedPartition:
         return self.client_indices[i, : self.client_sizes[i]]
 
     @property
+    def target_labels_uncovered(self) -> list[int]:
+        """The labels k with T(k) > 0 that no training client holds: no method trained on
+        these clients can learn them, so they cap the target accuracy at 1 - sum_k T(k)."""
+        held = self.client_label_counts.sum(axis=0) > 0
+        return np.flatnonzero((self.target_label_dist > 0) & ~held).tolist()
+
+    @property
     def projection_distance(self) -> float:
         """d(T, S) = min over the simplex of ||T - alpha^T S||^2 (Sec. 5): how far the
         target lies from the convex hull of the training clients' label distributions."""
@@ -153,6 +160,7 @@ class FederatedPartition:
             "client_label_counts": self.client_label_counts.tolist(),
             "client_label_dists": self.client_label_dists.tolist(),
             "target_label_dist": self.target_label_dist.tolist(),
+            "target_labels_uncovered": self.target_labels_uncovered,
             "n_val": int(self.target_val_indices.shape[0]),
             "n_test": int(self.target_test_indices.shape[0]),
             "description": self.description,
@@ -467,6 +475,31 @@ def _describe(scheme: str, num_clients: int, seed: int) -> str:
     return f"{scheme}, {num_clients} clients ({num_clients - 1} train + target), seed {seed}"
 
 
+def _check_labels_per_client(labels_per_client: int, num_classes: int) -> int:
+    if (
+        isinstance(labels_per_client, (bool, np.bool_))
+        or not isinstance(labels_per_client, (int, np.integer))
+        or not 1 <= labels_per_client <= num_classes
+    ):
+        raise ValueError(
+            f"labels_per_client must be an int in [1, num_classes={num_classes}], "
+            f"got {labels_per_client!r}"
+        )
+    return int(labels_per_client)
+
+
+def _draw_label_sets(
+    rng: np.random.Generator, num_clients: int, num_classes: int, labels_per_client: int
+) -> np.ndarray:
+    """(num_clients, K) bool: client i (the last one is the target) holds C = labels_per_client
+    distinct labels drawn uniformly at random. Both sparsity schemes use these draws, so for a
+    seed they give every client the same labels and differ only in the counts."""
+    holds = np.zeros((num_clients, num_classes), dtype=bool)
+    for i in range(num_clients):
+        holds[i, rng.choice(num_classes, size=labels_per_client, replace=False)] = True
+    return holds
+
+
 def sparsity_partition(
     train_labels: np.ndarray,
     test_labels: np.ndarray,
@@ -479,15 +512,93 @@ def sparsity_partition(
     val_size: int | None = None,
     min_target_test_size: int = MIN_TARGET_TEST_SIZE,
 ) -> FederatedPartition:
-    """Sparsity sampling, "C labels per client" (FedPALS App. B.4; McMahan et al., 2017).
+    """Sparsity sampling as the FedPALS paper states it (Sec. 5, App. B.4): "Each client is
+    assigned C random labels, with an equal number of samples for each label and no overlap
+    among clients."
 
-    Each of the ``num_clients`` clients (target included) draws
-    C = ``labels_per_client`` distinct labels uniformly at random. The
-    training examples of label k are split evenly and disjointly among the
-    h_k clients holding it: each gets floor(n_k / h_k) and n_k mod h_k random
-    holders get one more. Labels nobody holds are unused. Every client
-    therefore has exactly C labels and T(Y) is uniform over the target's C
-    labels up to that +-1.
+    Each of the ``num_clients`` clients (target included) draws C = ``labels_per_client``
+    distinct labels uniformly at random. Let h_k be the number of clients holding label k and
+    n_k its training examples. Every client, the target too, gets the SAME number
+
+        c = min_{k : h_k > 0} floor(n_k / h_k)
+
+    of disjoint examples of each of its C labels: n_i = C c for every client, S_i(Y) and T(Y)
+    are exactly uniform over their C labels, and the sizes are bounded by the scarcest pool
+    (the label with the fewest examples per holder). Examples of a label beyond h_k c are
+    unused; labels nobody holds are unused. As in McMahan et al. (2017)'s equal shards, all
+    clients have one size, so FedAvg's weights are uniform.
+
+    `niid_bench_sparsity_partition` is the other reading (NIID-Bench's "#C=k": each label
+    split evenly among its holders), which uses every example of a held label but makes a
+    client's (and the target's) label proportions unequal. For a seed both give every client
+    the same label set. Labels of the target that no training client holds are listed by
+    ``FederatedPartition.target_labels_uncovered``.
+
+    Raises:
+      ValueError: C not in [1, K], num_clients < 2, a held label with fewer training
+        examples than holders (c would be 0), or target sets that cannot follow T
+        (`partition_from_label_counts`).
+    """
+    seed = _check_seed(seed)
+    num_clients = _check_num_clients(num_clients)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    labels_per_client = _check_labels_per_client(labels_per_client, num_classes)
+    holds = _draw_label_sets(
+        _rng(seed, _STREAM_LABELS), num_clients, num_classes, labels_per_client
+    )
+
+    available = np.bincount(train, minlength=num_classes)
+    holders = holds.sum(axis=0)
+    held = np.flatnonzero(holders > 0)
+    per_holder = available[held] // holders[held]
+    scarcest = int(held[np.argmin(per_holder)])
+    per_label = int(per_holder.min())
+    if per_label < 1:
+        raise ValueError(
+            f"class {scarcest} has {available[scarcest]} training examples but "
+            f"{holders[scarcest]} clients hold it, so an equal count per label would be 0; use "
+            "fewer clients, fewer labels per client, or another seed"
+        )
+    counts = holds.astype(np.int64) * per_label
+
+    return partition_from_label_counts(
+        train,
+        test,
+        counts,
+        seed=seed,
+        description=_describe(
+            f"sparsity C={labels_per_client} ({per_label} per label)", num_clients, seed
+        ),
+        num_classes=num_classes,
+        target_test_size=target_test_size,
+        val_size=val_size,
+        min_target_test_size=min_target_test_size,
+    )
+
+
+def niid_bench_sparsity_partition(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    *,
+    num_clients: int,
+    labels_per_client: int,
+    seed: int,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
+) -> FederatedPartition:
+    """NIID-Bench's "#C=k" label split (Li et al., 2022, "noniid-#label"): each label's
+    examples are split evenly among the clients that hold it.
+
+    Each of the ``num_clients`` clients (target included) draws C = ``labels_per_client``
+    distinct labels uniformly at random (the same draws as `sparsity_partition`; NIID-Bench
+    itself gives client i label i mod K plus C - 1 random ones). The training examples of
+    label k are split evenly and disjointly among the h_k clients holding it: each gets
+    floor(n_k / h_k) and n_k mod h_k random holders get one more. Labels nobody holds are
+    unused. Every client has exactly C labels, but in unequal proportions (h_k differs between
+    its labels), so T(Y) is NOT uniform over the target's labels; the FedPALS paper's reading
+    is `sparsity_partition`.
 
     Raises:
       ValueError: C not in [1, K], num_clients < 2, or a held label with
@@ -497,17 +608,9 @@ def sparsity_partition(
     seed = _check_seed(seed)
     num_clients = _check_num_clients(num_clients)
     train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
-    if not isinstance(labels_per_client, (int, np.integer)) or not (
-        1 <= labels_per_client <= num_classes
-    ):
-        raise ValueError(
-            f"labels_per_client must be an int in [1, num_classes={num_classes}], "
-            f"got {labels_per_client!r}"
-        )
+    labels_per_client = _check_labels_per_client(labels_per_client, num_classes)
     rng = _rng(seed, _STREAM_LABELS)
-    holds = np.zeros((num_clients, num_classes), dtype=bool)
-    for i in range(num_clients):
-        holds[i, rng.choice(num_classes, size=labels_per_client, replace=False)] = True
+    holds = _draw_label_sets(rng, num_clients, num_classes, labels_per_client)
 
     available = np.bincount(train, minlength=num_classes)
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
@@ -530,7 +633,7 @@ def sparsity_partition(
         test,
         counts,
         seed=seed,
-        description=_describe(f"sparsity C={labels_per_client}", num_clients, seed),
+        description=_describe(f"NIID-Bench sparsity C={labels_per_client}", num_clients, seed),
         num_classes=num_classes,
         target_test_size=target_test_size,
         val_size=val_size,

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pals.experiment.config import config_differences, mapping_differences
+
 ITEMS = ("state", "history", "identity")
 # What the messages tell the user to do; "{directory}" is the checkpoint directory.
 DEFAULT_REMEDY = "delete {directory}, or use another checkpoint location"
@@ -48,15 +50,6 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict:
-    if isinstance(tree, Mapping):
-        flat = {}
-        for key, value in tree.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: tree}
-
-
 def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
     """The keys on which two identities differ, as "key: stored -> current" lines.
 
@@ -66,8 +59,6 @@ def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
     if "config_digest" in stored or "config_digest" in current:
         if stored.get("config_digest") == current.get("config_digest"):
             return []
-        from fedjax_pals.experiment.config import config_differences
-
         try:
             lines = config_differences(stored.get("config") or {}, current.get("config") or {})
         except Exception:  # a foreign "config": name the digests only
@@ -75,13 +66,7 @@ def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
         return lines or [
             f"config_digest: {stored.get('config_digest')!r} -> {current.get('config_digest')!r}"
         ]
-    a, b = _flatten(dict(stored)), _flatten(dict(current))
-    missing = "<absent>"
-    return [
-        f"{key}: {a.get(key, missing)!r} -> {b.get(key, missing)!r}"
-        for key in sorted(set(a) | set(b))
-        if a.get(key, missing) != b.get(key, missing)
-    ]
+    return mapping_differences(dict(stored), dict(current))
 
 
 class _QuietOrbax(_py_logging.Filter):

@@ -8,19 +8,31 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     dataset.name                fashion_mnist | cifar10 | synthetic
     dataset.data_dir            None (search the usual places) or a directory holding the data set
     dataset.synthetic_delta     synthetic task: T_delta = (1-delta)[.5,.25,.25] + delta[0,.5,.5]
-    partition.scheme            sparsity ("C labels per client") | dirichlet (p_i ~ Dir_K(beta))
+    partition.scheme            sparsity (the paper's "C labels per client", equal counts per
+                                label) | niid_bench_sparsity (C labels, each label split evenly
+                                among its holders) | dirichlet (p_i ~ Dir_K(beta))
     partition.num_clients       clients INCLUDING the target (the paper's 10 = 9 training + target)
-    partition.labels_per_client C of the sparsity scheme, in [1, K]
+    partition.labels_per_client C of the sparsity schemes, in [1, K]
     partition.dirichlet_beta    beta of the Dirichlet scheme, > 0
     model                       auto (logistic regression on synthetic, LeNet otherwise) | lenet |
-                                logistic_regression
+                                lenet_nobias (LeNet without the classifier's bias, FedRS'
+                                reference head) | logistic_regression
     algorithm.name              fedavg | fedpals | fedprox | scaffold | afl | fedrs | fedshift |
-                                oracle
-    algorithm.weights           server weights of fedprox / fedrs / fedshift: fedavg | fedpals
+                                oracle | feddisco | fedlc
+    algorithm.weights           server weights of fedprox / fedrs / fedshift / fedlc: fedavg |
+                                fedpals
     algorithm.lam               FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))
     algorithm.ess_fraction      or: the lambda whose weights have ESS = fraction * N (App. B.3)
     algorithm.target_perturbation  Table 2: FedPALS sees T_p = normalise(T + delta max(eps, 0))
     algorithm.prox_mu, server_lr, afl_step, fedrs_alpha, fedrs_soft: the baselines' settings
+    algorithm.feddisco_a, feddisco_b, feddisco_metric: FedDisco's ReLU(n_k/N - a d_k + b), d_k
+                                the kl | l2 discrepancy of S_k from T (label_shift_baselines.py)
+    algorithm.fedlc_tau         FedLC's calibration logits_y - tau n_y^(-1/4), tau >= 0
+    algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
+                                weights (FedPALS, FedDisco) and the ESS search see S_i released
+                                through a DP mechanism on the label counts (privacy.py)
+    algorithm.label_dp_mechanism, label_dp_delta: laplace (epsilon-DP) | gaussian ((epsilon,
+                                delta)-DP, delta in (0, 1)); replace-one neighbours, n_i public
     training.rounds, local_epochs, batch_size, learning_rate, eval_every
     training.clients_per_round  participants per round out of the num_clients - 1 training
     training.client_fraction    clients (give one of the two; neither = all of them)
@@ -54,12 +66,30 @@ import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-ALGORITHM_NAMES = ("fedavg", "fedpals", "fedprox", "scaffold", "afl", "fedrs", "fedshift", "oracle")
-# Methods that only change local training, and so take either server weighting.
-CLIENT_SIDE_METHODS = ("fedprox", "fedrs", "fedshift")
+# Methods that only change local training (CLIENT_SIDE_METHODS) take either server weighting.
+from fedjax_pals.baselines import ALGORITHMS as ALGORITHM_NAMES
+from fedjax_pals.baselines import CLIENT_SIDE_METHODS
+
+# FedDisco, FedLC and DP label marginals (see the module docstring).
+FEDDISCO_METRICS = ("kl", "l2")
+LABEL_DP_MECHANISMS = ("laplace", "gaussian")
+# Keys added after runs had been recorded: left out of a run's identity when they are None
+# (unused), so that the digests of the runs recorded before them stay valid.
+OPTIONAL_IDENTITY_KEYS = (
+    "algorithm.feddisco_a",
+    "algorithm.feddisco_b",
+    "algorithm.feddisco_metric",
+    "algorithm.fedlc_tau",
+    "algorithm.label_dp_epsilon",
+    "algorithm.label_dp_mechanism",
+    "algorithm.label_dp_delta",
+)
 WEIGHTINGS = ("fedavg", "fedpals")
-MODELS = ("auto", "lenet", "logistic_regression")
-PARTITION_SCHEMES = ("sparsity", "dirichlet")
+MODELS = ("auto", "lenet", "lenet_nobias", "logistic_regression")
+IMAGE_MODELS = ("lenet", "lenet_nobias")
+PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
+# The schemes that take labels_per_client (C).
+SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
 # Keys that are not part of a run's identity (see the module docstring).
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir")
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
@@ -115,6 +145,13 @@ def default_config() -> ml_collections.ConfigDict:
             afl_step=0.1,
             fedrs_alpha=0.5,
             fedrs_soft=False,
+            feddisco_a=0.5,
+            feddisco_b=0.1,
+            feddisco_metric="kl",
+            fedlc_tau=1.0,
+            label_dp_epsilon=placeholder(float),
+            label_dp_mechanism="laplace",
+            label_dp_delta=1e-5,
         )
     )
     config.training = ml_collections.ConfigDict(
@@ -412,7 +449,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
             dirichlet_beta=None,
         )
     else:
-        if scheme == "sparsity":
+        if scheme in SPARSITY_SCHEMES:
             labels = _int(
                 "partition.labels_per_client",
                 labels,
@@ -425,7 +462,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         r["partition"] = dict(
             scheme=scheme,
             num_clients=num_clients,
-            labels_per_client=labels if scheme == "sparsity" else None,
+            labels_per_client=labels if scheme in SPARSITY_SCHEMES else None,
             dirichlet_beta=beta if scheme == "dirichlet" else None,
         )
     training_clients = r["partition"]["num_clients"] - 1
@@ -434,9 +471,9 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     model = _choice("model", c["model"], MODELS)
     if model == "auto":
         model = "lenet" if info.images else "logistic_regression"
-    if model == "lenet" and not info.images:
+    if model in IMAGE_MODELS and not info.images:
         raise ConfigError(
-            f"config.model='lenet' needs image inputs, but dataset {name!r} has 2-D feature "
+            f"config.model={model!r} needs image inputs, but dataset {name!r} has 2-D feature "
             "vectors; use 'logistic_regression' or 'auto'."
         )
     r["model"] = model
@@ -493,8 +530,43 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         _real, "algorithm.fedrs_alpha", a["fedrs_alpha"], low=0.0, high=1.0, low_open=True
     )
     fedrs_soft = _maybe(_bool, "algorithm.fedrs_soft", a["fedrs_soft"])
+    disco = algorithm == "feddisco"
+    uses_target = uses_fedpals or disco  # the server weights read T and the clients' S_i
+    feddisco_a = _maybe(_real, "algorithm.feddisco_a", a["feddisco_a"], low=0.0)
+    feddisco_b = _maybe(_real, "algorithm.feddisco_b", a["feddisco_b"])
+    feddisco_metric = _choice(
+        "algorithm.feddisco_metric", a["feddisco_metric"], FEDDISCO_METRICS, optional=True
+    )
+    fedlc_tau = _maybe(_real, "algorithm.fedlc_tau", a["fedlc_tau"], low=0.0)
+    dp_epsilon = _maybe(
+        _real,
+        "algorithm.label_dp_epsilon",
+        a["label_dp_epsilon"],
+        low=0.0,
+        low_open=True,
+        why=" (None: the server sees the exact label distributions)",
+    )
+    dp_mechanism = _choice(
+        "algorithm.label_dp_mechanism", a["label_dp_mechanism"], LABEL_DP_MECHANISMS, optional=True
+    )
+    dp_delta = _maybe(
+        _real,
+        "algorithm.label_dp_delta",
+        a["label_dp_delta"],
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        high_open=True,
+    )
+    private = uses_target and dp_epsilon is not None
     for key, value, needed in (
-        ("target_perturbation", perturbation, uses_fedpals),
+        ("feddisco_a", feddisco_a, disco),
+        ("feddisco_b", feddisco_b, disco),
+        ("feddisco_metric", feddisco_metric, disco),
+        ("fedlc_tau", fedlc_tau, algorithm == "fedlc"),
+        ("label_dp_mechanism", dp_mechanism, private),
+        ("label_dp_delta", dp_delta, private and dp_mechanism == "gaussian"),
+        ("target_perturbation", perturbation, uses_target),
         ("prox_mu", prox_mu, algorithm == "fedprox"),
         ("server_lr", server_lr, algorithm == "scaffold"),
         ("afl_step", afl_step, algorithm == "afl"),
@@ -510,12 +582,19 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         weights=weights,
         lam=lam if uses_fedpals else None,
         ess_fraction=ess if uses_fedpals else None,
-        target_perturbation=perturbation if uses_fedpals else None,
+        target_perturbation=perturbation if uses_target else None,
         prox_mu=prox_mu if algorithm == "fedprox" else None,
         server_lr=server_lr if algorithm == "scaffold" else None,
         afl_step=afl_step if algorithm == "afl" else None,
         fedrs_alpha=fedrs_alpha if algorithm == "fedrs" else None,
         fedrs_soft=fedrs_soft if algorithm == "fedrs" else None,
+        feddisco_a=feddisco_a if disco else None,
+        feddisco_b=feddisco_b if disco else None,
+        feddisco_metric=feddisco_metric if disco else None,
+        fedlc_tau=fedlc_tau if algorithm == "fedlc" else None,
+        label_dp_epsilon=dp_epsilon if private else None,
+        label_dp_mechanism=dp_mechanism if private else None,
+        label_dp_delta=dp_delta if private and dp_mechanism == "gaussian" else None,
     )
 
     # -- training
@@ -572,8 +651,15 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
 # -- identity ---------------------------------------------------------------------------------
 
 
+# Bumped whenever an unchanged config comes to mean another run, so that a workdir or sweep of
+# the old meaning is refused rather than resumed. 2: partition.scheme "sparsity" became the
+# paper's equal-count partition (the former one is "niid_bench_sparsity").
+SEMANTICS_VERSION = 2
+
+
 def config_identity(config: Any) -> dict:
-    """The part of a resolved config that identifies the run (all but `NON_IDENTITY_KEYS`)."""
+    """The part of a resolved config that identifies the run (all but `NON_IDENTITY_KEYS`; the
+    `OPTIONAL_IDENTITY_KEYS` only when they are set)."""
     plain = as_dict(config)
     identity = {k: (dict(v) if isinstance(v, dict) else v) for k, v in plain.items()}
     for key in NON_IDENTITY_KEYS:
@@ -583,6 +669,11 @@ def config_identity(config: Any) -> dict:
         else:
             identity.pop(section, None)
     identity.pop("sweep", None)
+    identity["semantics"] = SEMANTICS_VERSION
+    for key in OPTIONAL_IDENTITY_KEYS:
+        section, _, leaf = key.partition(".")
+        if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:
+            identity[section].pop(leaf)
     return identity
 
 
@@ -595,20 +686,28 @@ def config_digest(config: Any) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings (ConfigDicts included) as one level: `{"a.b": value}`."""
+    if hasattr(tree, "to_dict"):  # ml_collections.ConfigDict
+        tree = tree.to_dict()
     if isinstance(tree, Mapping):
-        flat = {}
+        flat: dict[str, Any] = {}
         for key, value in tree.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         return flat
     return {prefix[:-1]: tree}
 
 
+def mapping_differences(old: Any, new: Any) -> list[str]:
+    """The flattened keys on which two nested mappings differ, as "key: old -> new" lines."""
+    a, b, missing = flatten(old), flatten(new), "<absent>"
+    return [
+        f"{key}: {a.get(key, missing)!r} -> {b.get(key, missing)!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, missing) != b.get(key, missing)
+    ]
+
+
 def config_differences(old: Any, new: Any) -> list[str]:
     """The identity keys on which two (resolved) configs differ, as "key: old -> new" lines."""
-    a, b = _flatten(config_identity(old)), _flatten(config_identity(new))
-    return [
-        f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
-        for key in sorted(set(a) | set(b))
-        if a.get(key, "<absent>") != b.get(key, "<absent>")
-    ]
+    return mapping_differences(config_identity(old), config_identity(new))

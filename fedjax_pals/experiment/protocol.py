@@ -52,6 +52,9 @@ METHOD_LABELS = {
     "fedprox_fedpals": "FedProx+FedPALS",
     "fedrs_fedpals": "FedRS+FedPALS",
     "fedshift_fedpals": "FedShift+FedPALS",
+    "feddisco": "FedDisco",
+    "fedlc": "FedLC",
+    "fedlc_fedpals": "FedLC+FedPALS",
 }
 # Methods that are not competitors (bold marks the best of the others).
 REFERENCE_METHODS = ("oracle",)

@@ -115,19 +115,8 @@ def _digest(resolved: Mapping[str, Any]) -> str:
 # -- the sweep section ------------------------------------------------------------------------
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if hasattr(tree, "to_dict"):
-        tree = tree.to_dict()
-    if isinstance(tree, Mapping):
-        flat: dict[str, Any] = {}
-        for key, value in tree.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: tree}
-
-
 def _schema_paths() -> set[str]:
-    return set(_flatten(config_lib.default_config()))
+    return set(config_lib.flatten(config_lib.default_config()))
 
 
 def _axis(where: str, path: str, values: Any, known: set[str]) -> tuple:
@@ -194,8 +183,12 @@ def _sweep_section(config: Any) -> dict[str, Any]:
             _method_overrides(method)
         if len(set(methods)) != len(methods):
             raise ConfigError(f"config.sweep.methods has repeated methods: {methods}.")
-    grid = {p: _axis("grid", p, v, known) for p, v in _flatten(raw.get("grid") or {}).items()}
-    axes = {p: _axis("axes", p, v, known) for p, v in _flatten(raw.get("axes") or {}).items()}
+    grid = {
+        p: _axis("grid", p, v, known) for p, v in config_lib.flatten(raw.get("grid") or {}).items()
+    }
+    axes = {
+        p: _axis("axes", p, v, known) for p, v in config_lib.flatten(raw.get("axes") or {}).items()
+    }
     both = sorted(set(grid) & set(axes))
     if both:
         raise ConfigError(f"config.sweep: {both[0]} is both a grid key and a task axis.")
@@ -296,6 +289,8 @@ def _default_row(base: Mapping[str, Any]) -> str:
         return label
     if p.scheme == "sparsity":
         return f"{label} C={p.labels_per_client}"
+    if p.scheme in config_lib.SPARSITY_SCHEMES:
+        return f"{label} C={p.labels_per_client} ({p.scheme})"
     return f"{label} beta={p.dirichlet_beta:g}"
 
 
@@ -325,7 +320,7 @@ def _used_grid(
             _set(tree, path, values[0])
     tree["seed"] = seed
     try:
-        flat = _flatten(config_lib.validate_config(tree))
+        flat = config_lib.flatten(config_lib.validate_config(tree))
     except (ValueError, TypeError):
         return dict(grid)  # the runs' own validation names the problem
     uses_lambda = any(flat.get(p) is not None for p in LAMBDA_KEYS) or (
@@ -498,7 +493,12 @@ def execute_runs(
             )
 
         return fjp.train_and_evaluate_many(
-            configs, workdirs, overwrite=overwrite, quiet=True, on_done=on_done
+            configs,
+            workdirs,
+            overwrite=overwrite,
+            quiet=True,
+            round_progress=not quiet,
+            on_done=on_done,
         )
 
 

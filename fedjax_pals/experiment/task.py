@@ -26,6 +26,7 @@ from fedjax_pals.data import (
     dirichlet_partition,
     load_cifar10,
     load_fashion_mnist,
+    niid_bench_sparsity_partition,
     sparsity_partition,
     synthetic_label_shift_task,
 )
@@ -33,6 +34,7 @@ from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.models import Model, make_model
+from fedjax_pals.privacy import private_label_dists, with_server_label_dists
 from fedjax_pals.server_weights import effective_sample_size, lambda_for_ess
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
@@ -57,6 +59,9 @@ class Task:
     lam: float | None
     target_label_dist: np.ndarray
     clients_per_round: int
+    # The clients' S_i(Y) as the server's weights see them: the DP release when
+    # algorithm.label_dp_epsilon is set (privacy.py), else None (the exact S_i).
+    server_label_dists: np.ndarray | None = None
 
 
 @functools.lru_cache(maxsize=2)
@@ -78,8 +83,9 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
         return synthetic_label_shift_task(d.synthetic_delta, seed=config.seed)
     dataset = _load_image_dataset(d.name, d.data_dir)
     common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
-    if p.scheme == "sparsity":
-        partition = sparsity_partition(
+    if p.scheme in ("sparsity", "niid_bench_sparsity"):
+        scheme = sparsity_partition if p.scheme == "sparsity" else niid_bench_sparsity_partition
+        partition = scheme(
             dataset.train.y, dataset.test.y, labels_per_client=p.labels_per_client, **common
         )
     else:
@@ -133,11 +139,25 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         # Table 2: the server knows only T_p; the target's own sets still follow T.
         target = perturb_label_dist(target, a.target_perturbation, config.seed)
 
+    server_dists = None
+    if a.label_dp_epsilon is not None:
+        # The clients release S_i(Y) through a DP mechanism once; the server's weights and the
+        # ESS search use the release (post-processing), local training the exact counts.
+        server_dists = private_label_dists(
+            partition.client_label_counts,
+            a.label_dp_epsilon,
+            a.label_dp_mechanism,
+            jax.random.fold_in(jax.random.PRNGKey(config.seed), _LABEL_DP_STREAM),
+            delta=a.label_dp_delta,
+        )
     lam = a.lam
     if a.ess_fraction is not None:
         lam = float(
             lambda_for_ess(
-                partition.client_label_dists, target, partition.client_sizes, a.ess_fraction
+                partition.client_label_dists if server_dists is None else server_dists,
+                target,
+                partition.client_sizes,
+                a.ess_fraction,
             )
         )
     training_partition = partition
@@ -155,7 +175,12 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         fedrs_alpha=0.5 if a.fedrs_alpha is None else a.fedrs_alpha,
         fedrs_soft=bool(a.fedrs_soft),
         weights=a.weights,
+        **_beyond_algorithm_kwargs(a),
     )
+    if server_dists is not None:
+        algorithm = algorithm._replace(
+            weighting=with_server_label_dists(algorithm.weighting, server_dists)
+        )
     model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
     t = config.training
     training = LocalTraining(
@@ -171,13 +196,30 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         lam=lam,
         target_label_dist=target,
         clients_per_round=t.clients_per_round,
+        server_label_dists=server_dists,
     )
+
+
+# A random stream of its own for the DP noise of the label marginals.
+_LABEL_DP_STREAM = 0xD1FF
+
+
+def _beyond_algorithm_kwargs(a: ml_collections.ConfigDict) -> dict:
+    """make_algorithm's FedDisco / FedLC arguments, for the runs that use them."""
+    kwargs = {}
+    if a.feddisco_a is not None:
+        kwargs.update(feddisco_a=a.feddisco_a, feddisco_b=a.feddisco_b)
+        kwargs.update(feddisco_metric=a.feddisco_metric)
+    if a.fedlc_tau is not None:
+        kwargs.update(fedlc_tau=a.fedlc_tau)
+    return kwargs
 
 
 def task_summary(task: Task) -> dict:
     """What results.json records about the task: the data source, the partition, lambda, the
     server weights alpha with every client taking part at the initial state (AFL's move from
-    round to round), their ESS, N, d(T, S) and the participants per round."""
+    round to round), their ESS, N, d(T, S), the participants per round and, under label DP,
+    the server's released S (`server_label_dists`)."""
     partition = task.partition
     sizes, dists = partition.client_sizes, partition.client_label_dists
     initial = init_server_state(
@@ -198,4 +240,9 @@ def task_summary(task: Task) -> dict:
         "total_examples": int(np.sum(sizes)),
         "projection_distance": summary["projection_distance"],
         "clients_per_round": task.clients_per_round,
+        **(
+            {}
+            if task.server_label_dists is None
+            else {"server_label_dists": np.asarray(task.server_label_dists).tolist()}
+        ),
     }

@@ -237,9 +237,31 @@ def train_and_evaluate(
     return outcome
 
 
-def _train_group(prepared: Sequence[_PreparedRun], backend: str, chunk_size: int) -> list:
-    outcomes = run_trainings([p.run for p in prepared], backend=backend, chunk_size=chunk_size)
-    return outcomes
+def _train_group(
+    prepared: Sequence[_PreparedRun], backend: str, chunk_size: int, *, progress: bool = False
+) -> list:
+    """run_trainings of the prepared runs; with `progress`, one bar over the group's rounds."""
+    runs = [p.run for p in prepared]
+    if not progress:
+        return run_trainings(runs, backend=backend, chunk_size=chunk_size)
+    first = runs[0]
+    names = ", ".join(os.path.basename(str(p.workdir.path)) for p in prepared[:3])
+    more = f" +{len(runs) - 3}" if len(runs) > 3 else ""
+    with Progress(
+        first.rounds,
+        desc=f"{len(runs)} run(s) [{names}{more}]",
+        initial=first.start_round,
+        quiet=not is_main_process(),
+    ) as bar:
+        on_round = first.on_round
+
+        def on_round_and_bar(done: int, loss: float) -> None:
+            if on_round is not None:
+                on_round(done, loss)
+            bar.update(1, loss=loss)
+
+        first.on_round = on_round_and_bar
+        return run_trainings(runs, backend=backend, chunk_size=chunk_size)
 
 
 # A runs axis of this many runs at most per program: each holds a workdir lock, a metric
@@ -253,6 +275,7 @@ def train_and_evaluate_many(
     *,
     overwrite: bool = False,
     quiet: bool = True,
+    round_progress: bool = False,
     max_runs_per_program: int = MAX_RUNS_PER_PROGRAM,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
 ) -> list[dict | BaseException]:
@@ -264,7 +287,8 @@ def train_and_evaluate_many(
     at a time, in one compiled program; each run's numbers, files and
     checkpoints are those it gets alone. A failed run does not stop the others:
     its exception is returned in its place. `on_done(index, outcome)` is called
-    as each run ends.
+    as each run ends. `quiet` silences each run's own output; `round_progress`
+    shows one bar over the rounds of each group trained together.
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
@@ -314,7 +338,10 @@ def train_and_evaluate_many(
                 engine = prepared[members[0]].config.engine
                 try:
                     results = _train_group(
-                        [prepared[i] for i in members], engine.backend, engine.chunk_size
+                        [prepared[i] for i in members],
+                        engine.backend,
+                        engine.chunk_size,
+                        progress=round_progress,
                     )
                 except BaseException as error:
                     for i in members:
