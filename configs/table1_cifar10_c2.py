@@ -18,38 +18,8 @@ CIFAR-10 is read from a prepared TFDS copy (--config.dataset.data_dir=DIR, see R
 cannot be had, tests run this config on mock data with tiny overrides.
 """
 
-import ml_collections
-
 import fedjax_pals as fjp
-
-ROW = "CIFAR-10 C=2"
 
 
 def get_config():
-    config = fjp.default_config()
-    config.dataset.name = "cifar10"
-    # The paper's sparsity sampling (App. B.4, `fjp.sparsity_partition`): C random labels per
-    # client and target, the same number of examples of each, no overlap; T uniform over C.
-    config.partition.scheme = "sparsity"
-    config.partition.labels_per_client = 2
-    config.partition.num_clients = 10  # 9 training clients + the target
-    # LeNet with a head bias for every method (the sweep gives all methods one model); FedRS'
-    # reference head has no bias: --config.model=lenet_nobias (see fedjax_pals/baselines.py).
-    config.model = "auto"
-    config.training.rounds = 150
-    config.training.local_epochs = 1  # the paper's tuning "consistently resulted in" E = 1
-    config.training.batch_size = 32
-    config.training.learning_rate = 0.1  # overridden by the grid
-    config.training.eval_every = 1  # early stopping may pick any round
-    config.sweep = ml_collections.ConfigDict(
-        dict(
-            row=ROW,
-            seeds=tuple(range(8)),
-            methods=fjp.PAPER_METHODS,
-            grid=fjp.protocol_grid(),
-            selection="mean_over_seeds",
-            paper=ml_collections.ConfigDict(fjp.PAPER_TABLE_1[ROW]),
-            figures=("curves", "weights"),
-        )
-    )
-    return config
+    return fjp.table1_config("cifar10", labels_per_client=2)

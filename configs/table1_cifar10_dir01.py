@@ -19,34 +19,8 @@ CIFAR-10 is read from a prepared TFDS copy (--config.dataset.data_dir=DIR, see R
 cannot be had, tests run this config on mock data with tiny overrides.
 """
 
-import ml_collections
-
 import fedjax_pals as fjp
-
-ROW = "CIFAR-10 beta=0.1"
 
 
 def get_config():
-    config = fjp.default_config()
-    config.dataset.name = "cifar10"
-    config.partition.scheme = "dirichlet"
-    config.partition.dirichlet_beta = 0.1
-    config.partition.num_clients = 10  # 9 training clients + the target
-    config.model = "auto"  # LeNet
-    config.training.rounds = 150
-    config.training.local_epochs = 1  # the paper's tuning "consistently resulted in" E = 1
-    config.training.batch_size = 32
-    config.training.learning_rate = 0.1  # overridden by the grid
-    config.training.eval_every = 1  # early stopping may pick any round
-    config.sweep = ml_collections.ConfigDict(
-        dict(
-            row=ROW,
-            seeds=tuple(range(8)),
-            methods=fjp.PAPER_METHODS,
-            grid=fjp.protocol_grid(),
-            selection="mean_over_seeds",
-            paper=ml_collections.ConfigDict(fjp.PAPER_TABLE_1[ROW]),
-            figures=("curves", "weights"),
-        )
-    )
-    return config
+    return fjp.table1_config("cifar10", dirichlet_beta=0.1)

@@ -137,6 +137,7 @@ from fedjax_pals.experiment.protocol import (  # noqa: E402
     best_val_point,
     merge_tables,
     protocol_grid,
+    table1_config,
     protocol_table,
     select_method,
     table_markdown,
