@@ -367,24 +367,12 @@ def load_fashion_mnist(
             searched.append(f"idx files in {directory}")
             continue
         splits = _load_fashion_mnist_idx(files)
-        return Dataset(
-            name="fashion_mnist",
-            train=splits["train"],
-            test=splits["test"],
-            num_classes=10,
-            source=f"idx files in {directory}",
-        )
+        return _fashion_mnist(splits, f"idx files in {directory}")
 
     tfds_dir = _tfds_data_dir(None)
     if _tfds_prepared(tfds_dir, "fashion_mnist"):
         splits = _load_tfds("fashion_mnist", tfds_dir)
-        return Dataset(
-            name="fashion_mnist",
-            train=splits["train"],
-            test=splits["test"],
-            num_classes=10,
-            source=f"TFDS fashion_mnist prepared in {tfds_dir}",
-        )
+        return _fashion_mnist(splits, f"TFDS fashion_mnist prepared in {tfds_dir}")
     searched.append(f"a prepared TFDS fashion_mnist in {tfds_dir}")
 
     raise DatasetUnavailableError(
@@ -400,6 +388,16 @@ def load_fashion_mnist(
     )
 
 
+def _fashion_mnist(splits: dict[str, LabeledSplit], source: str) -> Dataset:
+    return Dataset(
+        name="fashion_mnist",
+        train=splits["train"],
+        test=splits["test"],
+        num_classes=10,
+        source=source,
+    )
+
+
 def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
     """Fashion-MNIST from an explicit directory only (see `load_fashion_mnist`)."""
     candidates = [base, base / "fashion-mnist", base / "fashion_mnist"]
@@ -407,22 +405,10 @@ def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
         files = _find_idx_files(directory)
         if files is not None:
             splits = _load_fashion_mnist_idx(files)
-            return Dataset(
-                name="fashion_mnist",
-                train=splits["train"],
-                test=splits["test"],
-                num_classes=10,
-                source=f"idx files in {directory}",
-            )
+            return _fashion_mnist(splits, f"idx files in {directory}")
     if _tfds_prepared(base, "fashion_mnist"):
         splits = _load_tfds("fashion_mnist", base)
-        return Dataset(
-            name="fashion_mnist",
-            train=splits["train"],
-            test=splits["test"],
-            num_classes=10,
-            source=f"TFDS fashion_mnist prepared in {base}",
-        )
+        return _fashion_mnist(splits, f"TFDS fashion_mnist prepared in {base}")
     # Name the files missing where most of them are (a partial copy), else in data_dir.
     closest = min(candidates, key=lambda d: len(_missing_idx_files(d)))
     raise DatasetUnavailableError(
