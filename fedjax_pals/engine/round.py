@@ -209,10 +209,9 @@ class RoundEngine:
                 state, participants, key = self._inputs(state, participants, key)
                 state, metrics = self._jit_single_round(data, state, participants, key)
                 return state, mesh_lib.local_view(metrics)
-            batched = mesh_lib.replicate(
-                (state, jnp.asarray(participants, jnp.int32), jnp.asarray(key)), self.mesh
-            )
-            states, participants, keys = self._jit_add_runs(batched)
+            states = self._jit_add_runs(mesh_lib.replicate(state, self.mesh))
+            participants = np.asarray(participants, np.int32)[None]
+            keys = np.asarray(key)[None]
             states, metrics = self.run_rounds(data, states, participants, keys, _runs_axis=False)
             return self._jit_drop_runs(states), _drop_runs_axis(metrics)
 
