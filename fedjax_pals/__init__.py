@@ -33,6 +33,7 @@ from fedjax_pals.server_weights import (  # noqa: E402
     effective_sample_size,
     fedavg_weights,
     fedpals_objective,
+    fedpals_lam_derivative,
     fedpals_weights,
     lambda_for_ess,
     projection_distance,
@@ -188,6 +189,11 @@ from fedjax_pals.label_shift_baselines import (  # noqa: E402
     fedlc_calibrated_logits,
     fedlc_client,
 )
+from fedjax_pals.adaptive_lambda import (  # noqa: E402
+    adaptive_fedpals,
+    lam_report,
+    validation_hypergradient,
+)
 from fedjax_pals.privacy import (  # noqa: E402
     gaussian_sigma,
     noise_scale,
@@ -201,6 +207,7 @@ from fedjax_pals.target_estimation import (  # noqa: E402
     em_label_dist,
     estimate_target_label_dist,
     model_probabilities,
+    TargetReestimation,
     train_with_estimated_target,
     with_target_label_dist,
 )

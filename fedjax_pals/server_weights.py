@@ -323,6 +323,79 @@ def fedpals_weights(
     return _solve_fedpals(dists, target, sizes, _float_array(lam), max_iter=max_iter, tol=tol)
 
 
+def fedpals_lam_derivative(
+    client_label_dists: chex.ArrayLike,
+    target_label_dist: chex.ArrayLike,
+    client_sizes: chex.ArrayLike,
+    lam: chex.ArrayLike,
+    alpha: chex.ArrayLike | None = None,
+) -> jax.Array:
+    """d alpha^lam / d lam, the derivative of eq. 8's minimiser, by implicit differentiation.
+
+    On the face A = supp(alpha^lam) the KKT conditions of eq. 8 are linear in (alpha, nu):
+
+        (S_A S_A^T + lam D_A) alpha_A - S_A T = nu 1,    1^T alpha_A = 1,    D = diag(1/n).
+
+    Differentiating in lam (alpha stays 0 off A while the face does not change, i.e. under
+    strict complementarity, which holds for all but finitely many lam):
+
+        H alpha'_A - nu' 1 = -D_A alpha_A,   1^T alpha'_A = 0,   H = S_A S_A^T + lam D_A,
+
+    so alpha'_A = nu' H^-1 1 - H^-1 D_A alpha_A with nu' = (1^T H^-1 D_A alpha_A) / (1^T H^-1 1).
+    H is positive definite for lam > 0; at lam = 0 it is singular when |A| > rank(S_A) (the
+    minimiser is then not unique and has no derivative), so lam must be > 0. The entries of
+    alpha' sum to 0: moving lam moves weight between clients, towards FedAvg's n_i / N as lam
+    grows (Proposition 2).
+
+    Args:
+      client_label_dists, target_label_dist, client_sizes, lam: eq. 8's S (M, K), T (K,),
+        n (M,) and lam > 0, as in `fedpals_weights`.
+      alpha: alpha^lam if already solved (it fixes the face A); solved here if None.
+
+    Returns:
+      alpha', shape (M,). Clients with alpha_i below 100 eps max(alpha) count as off the face.
+
+    Raises:
+      ValueError: bad problem data or lam <= 0 (when the inputs are concrete).
+    """
+    if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, lam):
+        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
+        if not _validation.check_lam(lam) > 0:
+            raise ValueError(
+                f"lam must be > 0 for d alpha / d lam (at lam = 0 the minimiser of eq. 8 need "
+                f"not be unique), got {lam!r}."
+            )
+    dists = _float_array(client_label_dists)
+    target = _float_array(target_label_dist)
+    sizes = _float_array(client_sizes)
+    lam = _float_array(lam)
+    if alpha is None:
+        alpha = _solve_fedpals(
+            dists, target, sizes, lam, max_iter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL
+        )
+    alpha = _float_array(alpha)
+    return _lam_derivative(dists, target, sizes, lam, alpha)
+
+
+@jax.jit
+def _lam_derivative(dists, target, sizes, lam, alpha):
+    del target  # enters only through alpha and its face
+    eps = jnp.finfo(alpha.dtype).eps
+    active = alpha > 100 * eps * jnp.max(alpha)
+    mask = active.astype(alpha.dtype)
+    inv_sizes = 1.0 / sizes
+    hessian = dists @ dists.T + lam * jnp.diag(inv_sizes)
+    # Off the face: identity rows and columns, so that the solve leaves those entries at 0.
+    hessian = jnp.where(active[:, None] & active[None, :], hessian, jnp.diag(1.0 - mask))
+    rhs = jnp.stack([mask, mask * inv_sizes * alpha], axis=1)
+    solved = jnp.linalg.solve(hessian, rhs)
+    h_ones, h_d_alpha = solved[:, 0] * mask, solved[:, 1] * mask
+    nu_prime = jnp.sum(h_d_alpha) / jnp.sum(h_ones)
+    derivative = nu_prime * h_ones - h_d_alpha
+    # Sums to 0 in exact arithmetic; removing the rounding also makes a lone client's 0 exact.
+    return derivative - mask * jnp.sum(derivative) / jnp.sum(mask)
+
+
 def projection_distance(
     client_label_dists: chex.ArrayLike, target_label_dist: chex.ArrayLike
 ) -> jax.Array:

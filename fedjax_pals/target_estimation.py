@@ -233,6 +233,74 @@ def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
     )
 
 
+class TargetReestimation:
+    """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds.
+
+    Before rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives
+    probabilities on the target's *unlabeled* validation inputs and on up to `source_size`
+    labeled examples drawn once (from `seed`) from the clients' pooled data;
+    `estimate_target_label_dist` (`method`: "bbse" by default, which needs no calibration;
+    "bbse_soft"; "em" uses the pooled clients' label distribution as the source prior) turns
+    them into T^, which replaces T in the state (`with_target_label_dist`), so the next
+    rounds' FedPALS weights use it without recompiling. The estimate depends only on the
+    state, so a run resumed from a checkpoint makes the same estimates. `estimates` lists
+    (round index, T^) of the estimates this object made.
+    """
+
+    def __init__(
+        self,
+        algorithm: Any,
+        model: Any,
+        dataset: Any,
+        partition: Any,
+        *,
+        every: int,
+        method: str = "bbse",
+        seed: int = 0,
+        source_size: int = 5000,
+    ):
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
+        self.every = _validation.check_positive_int("every", every)
+        source_size = _validation.check_positive_int("source_size", source_size)
+        self.algorithm, self.model, self.method = algorithm, model, method
+        num_clients = partition.num_clients
+        rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
+        pooled = np.concatenate([partition.client_example_indices(i) for i in range(num_clients)])
+        source_idx = np.sort(rng.choice(pooled, size=min(source_size, pooled.size), replace=False))
+        self.source_x = dataset.train.x[source_idx]
+        self.source_y = np.asarray(dataset.train.y[source_idx])
+        self.target_x = dataset.train.x[partition.target_val_indices]
+        self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
+        self.estimates: list[tuple[int, np.ndarray]] = []
+
+    def estimate(self, state: Any) -> np.ndarray:
+        """T^ from the global model of `state`."""
+        params = self.algorithm.eval_params(state)
+        return estimate_target_label_dist(
+            model_probabilities(self.model.apply, params, self.target_x),
+            method=self.method,
+            source_probs=model_probabilities(self.model.apply, params, self.source_x),
+            source_labels=self.source_y,
+            source_label_dist=self.source_prior,
+        )
+
+    @staticmethod
+    def current(state: Any) -> np.ndarray:
+        """The T that `state`'s FedPALS weights use now (the latest estimate, or the start)."""
+        data = state.weighting_state
+        if "target_label_dist" not in data and "inner" in data:
+            data = data["inner"]
+        return np.asarray(data["target_label_dist"])
+
+    def __call__(self, round_index: int, state_of: Callable[[], Any]) -> Any:
+        if round_index == 0 or round_index % self.every:
+            return None
+        estimate = self.estimate(state_of())
+        self.estimates.append((round_index, estimate))
+        return with_target_label_dist(state_of(), estimate)
+
+
 def train_with_estimated_target(
     algorithm: Any,
     model: Any,
@@ -248,63 +316,43 @@ def train_with_estimated_target(
     clients_per_round: int | None = None,
     backend: str = "auto",
 ) -> tuple[Any, list[tuple[int, np.ndarray]]]:
-    """FedPALS with T(Y) unknown: re-estimated from the current global model every `every`
-    rounds.
+    """FedPALS with T(Y) unknown: `run_training` with T re-estimated every `every` rounds
+    (`TargetReestimation`).
 
     Starts from the T in `algorithm`'s weighting state (e.g. `fedpals(T_0, lam)` with T_0 the
-    clients' aggregate sum_i n_i S_i / N, the natural guess without target labels). Before
-    rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives
-    probabilities on the target's *unlabeled* validation inputs and on up to `source_size`
-    labeled examples drawn from the clients' pooled data; `estimate_target_label_dist`
-    (`method`: "bbse" by default, which needs no calibration; "em" uses the pooled clients'
-    label distribution as the source prior) turns them into T^, which replaces T in the state
-    (`with_target_label_dist`). Nothing else changes: local training, participants
-    (`fjp.sample_participants(seed, round, ...)`) and round keys are those of the round
-    engine's plain loop.
+    clients' aggregate sum_i n_i S_i / N, the natural guess without target labels).
+    Everything else (local training, participants, round keys, evaluation) is
+    `run_training`'s.
 
     Returns:
       (the final ServerState, [(round, T^) for each estimate]).
     """
-    from fedjax_pals.algorithms import init_server_state
-    from fedjax_pals.engine import device_data, round_engine
-    from fedjax_pals.training import sample_participants
+    from fedjax_pals.training import run_training
 
     rounds = _validation.check_positive_int("rounds", rounds)
-    every = _validation.check_positive_int("every", every)
-    source_size = _validation.check_positive_int("source_size", source_size)
-    engine = round_engine(algorithm, model, training, backend=backend)
-    data = device_data(
-        dataset.train.x,
-        dataset.train.y,
-        partition.client_indices,
-        partition.client_sizes,
-        partition.client_label_dists,
+    reestimation = TargetReestimation(
+        algorithm,
+        model,
+        dataset,
+        partition,
+        every=every,
+        method=method,
+        seed=seed,
+        source_size=source_size,
     )
-    num_clients = partition.num_clients
-    state = init_server_state(algorithm, model.init(jax.random.PRNGKey(seed)), num_clients)
-    rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
-    pooled = np.concatenate([partition.client_example_indices(i) for i in range(num_clients)])
-    source_idx = np.sort(rng.choice(pooled, size=min(source_size, pooled.size), replace=False))
-    target_x = dataset.train.x[partition.target_val_indices]
-    source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
-    estimates: list[tuple[int, np.ndarray]] = []
-    round_key = jax.random.fold_in(jax.random.PRNGKey(seed), _ROUND_STREAM)
-    for r in range(rounds):
-        if r > 0 and r % every == 0:
-            params = algorithm.eval_params(state)
-            estimate = estimate_target_label_dist(
-                model_probabilities(model.apply, params, target_x),
-                method=method,
-                source_probs=model_probabilities(model.apply, params, dataset.train.x[source_idx]),
-                source_labels=np.asarray(dataset.train.y[source_idx]),
-                source_label_dist=source_prior,
-            )
-            state = with_target_label_dist(state, estimate)
-            estimates.append((r, estimate))
-        participants = sample_participants(seed, r, num_clients, clients_per_round)
-        state, _ = engine.run_round(data, state, participants, jax.random.fold_in(round_key, r))
-    return state, estimates
+    state, _ = run_training(
+        algorithm,
+        model,
+        dataset,
+        partition,
+        training,
+        rounds=rounds,
+        seed=seed,
+        clients_per_round=clients_per_round,
+        backend=backend,
+        update_state=reestimation,
+    )
+    return state, reestimation.estimates
 
 
 _SOURCE_SAMPLE_STREAM = 0x5EED
-_ROUND_STREAM = 0xE57

@@ -207,13 +207,22 @@ def run_fingerprint(
     }
 
 
+# update_state(round_index, state_of) -> a replacement state or None: called before every
+# round (0-based index, including the first round after a resume); `state_of()` slices the run's
+# current state out of the runs axis, so call it only on the rounds that change the state.
+StateUpdate = Callable[[int, Callable[[], ServerState]], "ServerState | None"]
+
+
 class TrainingRun:
     """One run's side of the training loop: its data, evaluation, history and checkpoints.
 
     `run_trainings` drives several of these in lockstep through the engine's
     runs axis; `run_training` drives one. Construction validates the settings,
     builds the evaluators, draws the initial state from the seed and resumes
-    from the checkpoint if there is one (`start_round`).
+    from the checkpoint if there is one (`start_round`). `update_state` (a
+    `StateUpdate`) may replace the run's state between rounds from the host, e.g.
+    a new estimate of T (`target_estimation.target_reestimation`); the state it
+    returns is what the next rounds and the checkpoints see.
     """
 
     def __init__(
@@ -233,6 +242,7 @@ class TrainingRun:
         on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
         on_round: Callable[[int, float], None] | None = None,
         max_train_loss: float | None = None,
+        update_state: StateUpdate | None = None,
     ):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
@@ -266,6 +276,7 @@ class TrainingRun:
         self.clients_per_round = clients_per_round
         self.checkpointer = checkpointer
         self.on_evaluation, self.on_round = on_evaluation, on_round
+        self.update_state = update_state
         self.evaluators = {
             "val": make_evaluator(
                 model.apply,
@@ -460,6 +471,16 @@ def run_trainings(
     states = _stack([run.state for run in runs])
     outcomes: list = [None] * len(runs)
     for r in range(first.start_round, first.rounds):
+        for i, run in enumerate(runs):
+            if outcomes[i] is not None or run.update_state is None:
+                continue
+            try:
+                new_state = run.update_state(r, lambda i=i: _run_slice(states, i))
+            except Exception as error:  # noqa: BLE001 - one run's failure is its own
+                outcomes[i] = error
+                continue
+            if new_state is not None:
+                states = _set_run_slice(states, jnp.int32(i), new_state)
         participants = np.stack([run.participants(r) for run in runs])
         keys = jnp.stack([run.round_key(r) for run in runs])
         states, metrics = engine.run_rounds(data, states, participants, keys)
@@ -485,6 +506,11 @@ def _run_slice_jit(states, i):
 
 def _run_slice(states, i: int) -> ServerState:
     return _run_slice_jit(states, jnp.int32(i))
+
+
+@jax.jit
+def _set_run_slice(states, i, state):
+    return jax.tree_util.tree_map(lambda all_runs, one: all_runs.at[i].set(one), states, state)
 
 
 def training_group_key(run: TrainingRun, *, backend: str = "auto", chunk_size: int = 64) -> tuple:
@@ -513,6 +539,7 @@ def run_training(
     on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
     on_round: Callable[[int, float], None] | None = None,
     max_train_loss: float | None = None,
+    update_state: StateUpdate | None = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
@@ -534,6 +561,8 @@ def run_training(
     L_0 the initial model's validation loss), or whose
     evaluation loss is non-finite, raises `TrainingDivergedError`.
 
+    `update_state` may replace the state between rounds (see `TrainingRun`).
+
     This is `run_trainings` with one run.
     """
     run = TrainingRun(
@@ -551,6 +580,7 @@ def run_training(
         on_evaluation=on_evaluation,
         on_round=on_round,
         max_train_loss=max_train_loss,
+        update_state=update_state,
     )
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):

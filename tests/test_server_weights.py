@@ -32,6 +32,7 @@ from fedjax_pals import server_weights
 from fedjax_pals.server_weights import (
     effective_sample_size,
     fedavg_weights,
+    fedpals_lam_derivative,
     fedpals_objective,
     fedpals_weights,
     lambda_for_ess,
@@ -1044,3 +1045,69 @@ def test_valid_problem_is_accepted():
     _assert_on_simplex(fedpals_weights(dists, target, sizes, 1.0), 4)
     assert float(projection_distance(dists, target)) >= 0.0
     assert 0.0 < float(lambda_for_ess(dists, target, sizes, 0.9)) < np.inf
+
+
+# -- d alpha / d lambda (implicit differentiation) ------------------------------------------
+
+
+def _finite_difference_derivative(dists, target, sizes, lam):
+    """Central difference of the float64 reference minimiser, in log lam (step 1e-5)."""
+    h = 1e-5
+    up = _reference_weights(dists, target, sizes, lam * np.exp(h))
+    down = _reference_weights(dists, target, sizes, lam * np.exp(-h))
+    return (up - down) / (2 * h * lam)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lam_derivative_matches_float64_finite_differences(seed):
+    rng = np.random.default_rng([seed, 0xD1A])
+    num_clients, num_classes = int(rng.integers(2, 9)), int(rng.integers(2, 6))
+    dists = _random_dists(rng, num_clients, num_classes)
+    target = _random_target(rng, dists, "random")
+    sizes = _random_sizes(rng, num_clients)
+    for lam in np.sum(sizes) * 10.0 ** rng.uniform(-5, 1, size=3):
+        reference = _finite_difference_derivative(dists, target, sizes, lam)
+        with jax.enable_x64(True):
+            derivative = np.asarray(fedpals_lam_derivative(dists, target, sizes, lam))
+        scale = np.abs(reference).max() + 1e-300
+        # The difference quotient's own error is O(h^2) relative, plus the reference's
+        # rounding (~1e-11 in alpha) over the step 2 h lam: 1e-6 / lam absolute.
+        error = np.abs(derivative - reference).max()
+        assert error <= 1e-4 * scale + 1e-6 / lam, (lam, derivative, reference)
+        assert abs(derivative.sum()) <= 1e-12 * (scale + 1e-6 / lam)  # weight moves, sum stays 1
+        # Float32, the engine's precision: float32's floor on the solve, amplified by the
+        # face's conditioning (relative; these problems stay below 1e-2).
+        derivative32 = np.asarray(fedpals_lam_derivative(dists, target, sizes, lam))
+        assert np.abs(derivative32 - reference).max() <= 1e-2 * scale + 1e-5 / lam
+
+
+def test_lam_derivative_is_zero_where_alpha_does_not_depend_on_lam():
+    rng = np.random.default_rng(7)
+    dists = _random_dists(rng, 5, 4, sparse=False)
+    sizes = _random_sizes(rng, 5)
+    aggregate = sizes @ dists / sizes.sum()  # FedAvg's weights are optimal for every lam
+    np.testing.assert_allclose(
+        fedpals_lam_derivative(dists, aggregate, sizes, 3.0), np.zeros(5), atol=1e-6
+    )
+    # One client: all its weight for every lam.
+    assert float(fedpals_lam_derivative(dists[:1], dists[0], sizes[:1], 2.0)[0]) == 0.0
+
+
+def test_lam_derivative_moves_weight_toward_fedavg():
+    # Larger lam pulls alpha toward n / N (Proposition 2): the derivative points there.
+    dists = np.array([[1.0, 0.0], [0.0, 1.0]])
+    target = np.array([0.9, 0.1])
+    sizes = np.array([100.0, 300.0])
+    lam = 50.0
+    derivative = np.asarray(fedpals_lam_derivative(dists, target, sizes, lam))
+    alpha = np.asarray(fedpals_weights(dists, target, sizes, lam))
+    fedavg = sizes / sizes.sum()
+    assert np.all(np.sign(derivative) == np.sign(fedavg - alpha))
+
+
+def test_lam_derivative_rejects_lam_zero_and_bad_data():
+    dists, target, sizes = np.eye(3), np.full(3, 1 / 3), np.ones(3)
+    with pytest.raises(ValueError, match="lam must be > 0"):
+        fedpals_lam_derivative(dists, target, sizes, 0.0)
+    with pytest.raises(ValueError):
+        fedpals_lam_derivative(dists, target, -sizes, 1.0)

@@ -72,6 +72,23 @@ def test_lam_and_ess_fraction_form_one_lambda_axis():
     assert runs["fedprox_fedpals/lam=0/seed_0"].algorithm.weights == "fedpals"
 
 
+def test_method_keys_of_adaptive_lambda_and_unknown_target_set_their_fedpals_variant():
+    config = _sweep_config(
+        seeds=(0,),
+        methods=("fedpals", "fedpals_adaptive", "fedpals_unknown_t_em", "fedavg"),
+        grid=dict(algorithm=dict(lam=(0.5,))),
+    )
+    runs = {name: fjp.validate_config(run) for name, run in fjp.expand_sweep(config)}
+    plain = runs["fedpals/lam=0.5/seed_0"].algorithm
+    adaptive = runs["fedpals_adaptive/lam=0.5/seed_0"].algorithm
+    unknown = runs["fedpals_unknown_t_em/lam=0.5/seed_0"].algorithm
+    assert plain.lam_schedule is None and plain.target_estimation is None
+    assert adaptive.name == "fedpals" and adaptive.lam_schedule == "hypergradient"
+    assert unknown.name == "fedpals" and unknown.target_estimation == "em"
+    assert runs["fedavg/seed_0"].algorithm.target_estimation is None
+    assert len({fjp.config_digest(run) for run in runs.values()}) == 4
+
+
 def test_task_axes_are_table_rows_crossed_or_zipped():
     config = fjp.default_config()
     config.sweep = ml_collections.ConfigDict(
@@ -398,6 +415,8 @@ def _tiny(config, *, methods=2):
                 del section[key]  # keep lam = 0: an ESS fraction may be out of reach on mock data
             else:
                 section[key] = section[key][:1]
+    if "fedpals_adaptive" in sweep["methods"]:
+        grid["algorithm"]["lam"] = (1.0,)  # the adaptive schedule starts from a lam > 0
     for section, axes in (sweep.get("axes") or {}).items():
         for key in axes:
             axes[key] = axes[key][:2]

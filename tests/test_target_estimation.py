@@ -194,3 +194,48 @@ def test_fedpals_with_a_re_estimated_target():
         target_estimation.with_target_label_dist(
             fjp.init_server_state(fjp.fedavg(), {"w": jnp.zeros(1)}, 2), [0.5, 0.5]
         )
+
+
+def _unknown_target_config(**algorithm):
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.training.rounds = 12
+    config.training.batch_size = 8
+    config.training.learning_rate = 1.0
+    config.algorithm.target_estimation = "bbse"
+    config.algorithm.target_estimation_every = 4
+    for key, value in algorithm.items():
+        config.algorithm[key] = value
+    return config
+
+
+def test_a_config_with_unknown_target_starts_from_the_aggregate_and_reports_its_estimate(
+    tmp_path,
+):
+    results = fjp.train_and_evaluate(_unknown_target_config(), str(tmp_path), quiet=True)
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    sizes = partition.client_sizes
+    aggregate = sizes @ partition.client_label_dists / sizes.sum()
+    # The weights of the initial state are those of the aggregate T: FedAvg's.
+    np.testing.assert_allclose(results["alpha"], sizes / sizes.sum(), atol=1e-6)
+    truth = partition.target_label_dist
+    assert results["target_estimate_l1_error"] < 0.5 * np.abs(aggregate - truth).sum()
+    np.testing.assert_allclose(
+        np.abs(np.array(results["target_estimate"]) - truth).sum(),
+        results["target_estimate_l1_error"],
+    )
+
+
+def test_unknown_target_config_is_resolved_and_checked():
+    resolved = fjp.validate_config(_unknown_target_config())
+    assert resolved.algorithm.target_estimation == "bbse"
+    assert resolved.algorithm.target_estimation_every == 4
+    fedavg = fjp.validate_config(_unknown_target_config(name="fedavg"))
+    assert fedavg.algorithm.target_estimation is None  # FedAvg never reads T
+    assert fedavg.algorithm.target_estimation_every is None
+    with pytest.raises(fjp.ConfigError, match="give algorithm.lam instead"):
+        fjp.validate_config(_unknown_target_config(ess_fraction=0.5))
+    with pytest.raises(fjp.ConfigError, match="target_estimation"):
+        fjp.validate_config(_unknown_target_config(target_estimation="oracle"))
+    with pytest.raises(fjp.ConfigError, match="target_estimation_every"):
+        fjp.validate_config(_unknown_target_config(target_estimation_every=0))

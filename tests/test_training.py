@@ -316,3 +316,33 @@ def test_a_diverging_run_fails_alone_and_runs_of_another_structure_are_refused()
     )
     with pytest.raises(ValueError, match="cannot train in lockstep with run 0"):
         fjp.run_trainings([runs[0], other])
+
+
+def test_a_state_update_replaces_one_runs_state_between_rounds():
+    calls = []
+    new_target = np.full(10, 0.1)
+
+    def update(round_index, state_of):
+        calls.append(round_index)
+        if round_index == 2:
+            return fjp.with_target_label_dist(state_of(), new_target)
+        return None
+
+    def failing(round_index, state_of):
+        raise RuntimeError("estimator broke")
+
+    updated = _image_run(0, 0.0, update_state=update)
+    plain = _image_run(1, 0.0)
+    broken = _image_run(2, 0.0, update_state=failing)
+    (state, history), (other, _), error = fjp.run_trainings([updated, plain, broken])
+    assert calls == [0, 1, 2]  # before every round
+    np.testing.assert_allclose(state.weighting_state["target_label_dist"], new_target, atol=1e-7)
+    # The other run is untouched; the run whose update raised fails alone.
+    np.testing.assert_allclose(
+        other.weighting_state["target_label_dist"], plain.partition.target_label_dist, atol=1e-7
+    )
+    assert isinstance(error, RuntimeError) and "estimator broke" in str(error)
+    # The new T changes the last round's weights, and only that round's.
+    [(_, solo_history)] = fjp.run_trainings([_image_run(0, 0.0)])
+    assert history.train_loss[:2] == solo_history.train_loss[:2]
+    assert history.train_loss[2] != solo_history.train_loss[2]

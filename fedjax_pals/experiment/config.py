@@ -28,6 +28,15 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     algorithm.feddisco_a, feddisco_b, feddisco_metric: FedDisco's ReLU(n_k/N - a d_k + b), d_k
                                 the kl | l2 discrepancy of S_k from T (label_shift_baselines.py)
     algorithm.fedlc_tau         FedLC's calibration logits_y - tau n_y^(-1/4), tau >= 0
+    algorithm.lam_schedule      fixed (the paper) | hypergradient: FedPALS' lambda starts at lam /
+                                ess_fraction (> 0) and follows the target validation loss's
+                                hypergradient (adaptive_lambda.py)
+    algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
+    algorithm.target_estimation None (the server knows T) | bbse | bbse_soft | em: T(Y) unknown;
+                                FedPALS starts from the clients' aggregate and re-estimates T
+                                from the global model on the unlabeled target validation inputs
+                                (target_estimation.py); needs lam (not ess_fraction)
+    algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)
@@ -83,7 +92,13 @@ OPTIONAL_IDENTITY_KEYS = (
     "algorithm.label_dp_epsilon",
     "algorithm.label_dp_mechanism",
     "algorithm.label_dp_delta",
+    "algorithm.lam_schedule",
+    "algorithm.lam_hyper_lr",
+    "algorithm.target_estimation",
+    "algorithm.target_estimation_every",
 )
+TARGET_ESTIMATORS = ("bbse", "bbse_soft", "em")
+LAM_SCHEDULES = ("fixed", "hypergradient")
 WEIGHTINGS = ("fedavg", "fedpals")
 MODELS = ("auto", "lenet", "lenet_nobias", "logistic_regression")
 IMAGE_MODELS = ("lenet", "lenet_nobias")
@@ -152,6 +167,10 @@ def default_config() -> ml_collections.ConfigDict:
             label_dp_epsilon=placeholder(float),
             label_dp_mechanism="laplace",
             label_dp_delta=1e-5,
+            lam_schedule="fixed",
+            lam_hyper_lr=0.5,
+            target_estimation=placeholder(str),
+            target_estimation_every=5,
         )
     )
     config.training = ml_collections.ConfigDict(
@@ -559,6 +578,33 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         high_open=True,
     )
     private = uses_target and dp_epsilon is not None
+    schedule = _choice("algorithm.lam_schedule", a["lam_schedule"], LAM_SCHEDULES, optional=True)
+    adaptive = schedule == "hypergradient"
+    if adaptive and algorithm != "fedpals":
+        raise ConfigError(
+            f"config.algorithm.lam_schedule='hypergradient' adapts FedPALS' lambda; it applies to "
+            f"algorithm.name='fedpals' only, got {algorithm!r}."
+        )
+    hyper_lr = _maybe(_real, "algorithm.lam_hyper_lr", a["lam_hyper_lr"], low=0.0, low_open=True)
+    estimator = _choice(
+        "algorithm.target_estimation", a["target_estimation"], TARGET_ESTIMATORS, optional=True
+    )
+    estimates = uses_fedpals and estimator is not None
+    # Methods that do not read T (FedAvg, ...) resolve it to None, as label_dp_epsilon.
+    if estimates and ess is not None:
+        raise ConfigError(
+            "config.algorithm.target_estimation is set, but ess_fraction needs a known T to "
+            "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
+        )
+    every = a["target_estimation_every"]
+    every = (
+        None if every is None else _int("algorithm.target_estimation_every", every, 1, MAX_ROUNDS)
+    )
+    if adaptive and ess is None and not (lam or 0.0) > 0:
+        raise ConfigError(
+            "config.algorithm.lam_schedule='hypergradient' adapts lambda in log-space from a "
+            "starting lambda > 0; set algorithm.ess_fraction (e.g. 0.5) or algorithm.lam > 0."
+        )
     for key, value, needed in (
         ("feddisco_a", feddisco_a, disco),
         ("feddisco_b", feddisco_b, disco),
@@ -572,6 +618,8 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         ("afl_step", afl_step, algorithm == "afl"),
         ("fedrs_alpha", fedrs_alpha, algorithm == "fedrs"),
         ("fedrs_soft", fedrs_soft, algorithm == "fedrs"),
+        ("lam_hyper_lr", hyper_lr, adaptive),
+        ("target_estimation_every", every, estimates),
     ):
         if needed and value is None:
             raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
@@ -595,6 +643,11 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         label_dp_epsilon=dp_epsilon if private else None,
         label_dp_mechanism=dp_mechanism if private else None,
         label_dp_delta=dp_delta if private and dp_mechanism == "gaussian" else None,
+        # "fixed" is the paper's FedPALS: None keeps the identity of runs recorded before.
+        lam_schedule="hypergradient" if adaptive else None,
+        lam_hyper_lr=hyper_lr if adaptive else None,
+        target_estimation=estimator if estimates else None,
+        target_estimation_every=every if estimates else None,
     )
 
     # -- training

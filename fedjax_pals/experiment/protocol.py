@@ -55,6 +55,10 @@ METHOD_LABELS = {
     "feddisco": "FedDisco",
     "fedlc": "FedLC",
     "fedlc_fedpals": "FedLC+FedPALS",
+    "fedpals_adaptive": "FedPALS (adaptive λ)",
+    "fedpals_unknown_t_bbse": "FedPALS (T^ by BBSE)",
+    "fedpals_unknown_t_bbse_soft": "FedPALS (T^ by soft BBSE)",
+    "fedpals_unknown_t_em": "FedPALS (T^ by EM)",
 }
 # Methods that are not competitors (bold marks the best of the others).
 REFERENCE_METHODS = ("oracle",)

@@ -8,7 +8,10 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
     sweep.methods   tuple of method keys (columns of the table): an algorithm name (fedavg,
                     fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle) or
                     "<client-side method>_fedpals" for that method with FedPALS' server weights
-                    (fedprox_fedpals is the paper's FedProx+FedPALS). Default: the base config's
+                    (fedprox_fedpals is the paper's FedProx+FedPALS), or fedpals_adaptive
+                    (FedPALS with lam_schedule='hypergradient'), or fedpals_unknown_t_bbse /
+                    _bbse_soft / _em (FedPALS with T re-estimated, algorithm.target_estimation).
+                    Default: the base config's
                     algorithm as it is.
     sweep.grid      nested like the config, tuples at the leaves: hyperparameters to select on
                     the target validation set, e.g. grid.training.learning_rate = (0.1, 0.01).
@@ -77,6 +80,13 @@ SWEEP_KEYS = (
     "figures",
 )
 FIGURES = ("curves", "weights", "accuracy_vs_distance")
+# The method key of FedPALS with lambda adapted by the validation hypergradient (the grid's lam /
+# ess_fraction is its starting point; adaptive_lambda.py).
+ADAPTIVE_FEDPALS = "fedpals_adaptive"
+# FedPALS with T unknown, re-estimated by each of target_estimation.py's estimators.
+UNKNOWN_TARGET_FEDPALS = {
+    f"fedpals_unknown_t_{estimator}": estimator for estimator in config_lib.TARGET_ESTIMATORS
+}
 # How a run that returned no results ended (see `_failure_status`).
 FAILURE_STATUSES = ("diverged", "unreachable", "failed")
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
@@ -243,6 +253,18 @@ def _method_overrides(method: Any) -> dict[str, Any]:
     if not isinstance(method, str):
         raise ConfigError(f"config.sweep.methods: a method must be a string, got {method!r}.")
     name, weights = method, None
+    if method == ADAPTIVE_FEDPALS:
+        return {
+            "algorithm.name": "fedpals",
+            "algorithm.weights": None,
+            "algorithm.lam_schedule": "hypergradient",
+        }
+    if method in UNKNOWN_TARGET_FEDPALS:
+        return {
+            "algorithm.name": "fedpals",
+            "algorithm.weights": None,
+            "algorithm.target_estimation": UNKNOWN_TARGET_FEDPALS[method],
+        }
     if method.endswith("_fedpals"):
         name, weights = method[: -len("_fedpals")], "fedpals"
         if name not in config_lib.CLIENT_SIDE_METHODS:

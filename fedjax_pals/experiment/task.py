@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state
+from fedjax_pals.adaptive_lambda import adaptive_fedpals
 from fedjax_pals.baselines import make_algorithm, oracle_partition
 from fedjax_pals.data import (
     Dataset,
@@ -138,6 +139,11 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     if a.target_perturbation:  # None (unused) or 0: T itself
         # Table 2: the server knows only T_p; the target's own sets still follow T.
         target = perturb_label_dist(target, a.target_perturbation, config.seed)
+    if a.target_estimation is not None:
+        # T unknown: the server starts from the clients' aggregate, the guess without target
+        # labels, and the run re-estimates T as it trains (`Task.target_reestimation`).
+        sizes = np.asarray(partition.client_sizes, np.float64)
+        target = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
 
     server_dists = None
     if a.label_dp_epsilon is not None:
@@ -177,11 +183,30 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         weights=a.weights,
         **_beyond_algorithm_kwargs(a),
     )
+    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
+    if a.lam_schedule == "hypergradient":
+        if not lam > 0:
+            raise TaskError(
+                f"lam_schedule='hypergradient' needs a starting lambda > 0, but ess_fraction="
+                f"{a.ess_fraction} gives lambda = {lam:g} on this partition (its lower end); "
+                "use a larger ess_fraction or lam > 0."
+            )
+        val = partition.target_val_indices
+        algorithm = adaptive_fedpals(
+            target,
+            partition.client_label_dists if server_dists is None else server_dists,
+            partition.client_sizes,
+            lam,
+            model.apply,
+            dataset.train.x[val],
+            dataset.train.y[val],
+            rounds=config.training.rounds,
+            hyper_learning_rate=a.lam_hyper_lr,
+        )
     if server_dists is not None:
         algorithm = algorithm._replace(
             weighting=with_server_label_dists(algorithm.weighting, server_dists)
         )
-    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
     t = config.training
     training = LocalTraining(
         local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate

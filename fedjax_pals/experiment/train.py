@@ -22,9 +22,12 @@ import json
 import os
 from typing import Any, Callable, Sequence
 
+import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
+from fedjax_pals.adaptive_lambda import lam_report
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import Progress
@@ -32,6 +35,7 @@ from fedjax_pals.experiment.task import build_task, task_summary
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import MetricWriter
 from fedjax_pals.runtime import is_main_process
+from fedjax_pals.target_estimation import TargetReestimation
 from fedjax_pals.training import (
     TrainingHistory,
     TrainingRun,
@@ -126,6 +130,17 @@ class _PreparedRun:
                 f"d(T,S)={summary['projection_distance']:.4g}, {rounds} rounds, backend "
                 f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
             )
+            self.reestimation = None
+            if resolved.algorithm.target_estimation is not None:
+                self.reestimation = TargetReestimation(
+                    task.algorithm,
+                    task.model,
+                    task.dataset,
+                    task.partition,
+                    every=resolved.algorithm.target_estimation_every,
+                    method=resolved.algorithm.target_estimation,
+                    seed=resolved.seed,
+                )
             self.run = TrainingRun(
                 task.algorithm,
                 task.model,
@@ -139,6 +154,7 @@ class _PreparedRun:
                 checkpointer=checkpointer,
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
+                update_state=self.reestimation,
             )
         except BaseException:
             stack.close()
@@ -182,8 +198,15 @@ class _PreparedRun:
         try:
             if isinstance(outcome, BaseException):
                 return outcome
-            _, history = outcome
+            state, history = outcome
             results = self.results_of(history)
+            if isinstance(state.algorithm_state, dict) and "lam_history" in state.algorithm_state:
+                results.update(lam_report(jax.device_get(state)))  # adaptive lambda
+            if self.reestimation is not None:  # T unknown: the server's last estimate of it
+                estimate = np.asarray(self.reestimation.current(state), np.float64)
+                truth = np.asarray(self.task.partition.target_label_dist, np.float64)
+                results["target_estimate"] = estimate.tolist()
+                results["target_estimate_l1_error"] = float(np.abs(estimate - truth).sum())
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(

@@ -1,0 +1,250 @@
+"""FedPALS with lambda adapted during training by a hypergradient on the target validation set.
+
+The paper fixes lambda per run and selects it from an ESS grid on a target-distributed
+validation set (App. B.3), and names "dynamically tuning lambda over time" as future work
+(Sec. 6). This module does that tuning online, inside the run, from the same validation set.
+
+The method (one-step, or "greedy", hypergradient descent on log lambda):
+
+  Round t aggregates the participants' updates Delta_i with alpha^lambda (eq. 8):
+
+      theta_{t+1}(lambda) = theta_t + sum_i alpha_i^lambda Delta_i.
+
+  The server then measures how the validation loss of that aggregate changes with lambda,
+  holding the clients' updates fixed:
+
+      dL_val(theta_{t+1}) / d log lambda
+          = lambda * < grad L_val(theta_{t+1}),  sum_i (d alpha_i^lambda / d lambda) Delta_i >,
+
+  with d alpha / d lambda from implicit differentiation of eq. 8 on its active face
+  (`fedpals_lam_derivative`) and the inner product as one forward-mode JVP of the validation
+  loss (no backward pass), and takes an Adam step (Kingma & Ba, 2015) on log lambda for the
+  next round. Log-space because lambda's useful range spans decades (the ESS grid's lambdas
+  differ by factors of 10-1000) and must stay > 0; Adam because the hypergradient's scale
+  changes by orders of magnitude between tasks and during training, while its sign is what
+  carries the information, so the step in log lambda is about `hyper_learning_rate`
+  whatever the scale. log lambda is clipped to lambda_for_ess's search range
+  [1e-6 N, 1e12 N].
+
+Why this and not the alternatives: it costs one JVP of the validation loss per round (the
+grid costs one full training run per lambda); d alpha / d lambda is exact (a linear solve
+on the face, O(M^3) for M participants); and it keeps the paper's selection data, the
+target validation set, as the only signal. It is greedy: it ignores lambda's effect on
+later rounds through theta_{t+1}, the usual bias of one-step hypergradients (Baydin et al.,
+"Online Learning Rate Adaptation with Hypergradient Descent", ICLR 2018, make the same
+trade for learning rates). The starting lambda is the config's (e.g. ESS 50 % of N).
+
+The validation examples, the clients' label distributions and sizes, the optimiser state
+and the trajectory of lambda are per-run data in `ServerState.algorithm_state`, so runs of
+different seeds share one compiled round and the run resumes exactly from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_pals import _validation
+from fedjax_pals.algorithms import (
+    FederatedAlgorithm,
+    ServerState,
+    _global_params,
+    fedpals_weighting,
+    plain_sgd,
+    weighted_average_update,
+)
+from fedjax_pals.server_weights import _LOG10_LAM_RANGE, fedpals_lam_derivative
+
+DEFAULT_HYPER_LEARNING_RATE = 0.5
+
+
+def _lam_data(weighting_state: dict) -> dict:
+    # FedPALS' T and lam, possibly under "inner" (`with_server_label_dists`).
+    return weighting_state["inner"] if "inner" in weighting_state else weighting_state
+
+
+def _with_lam(weighting_state: dict, lam: jax.Array) -> dict:
+    if "inner" in weighting_state:
+        return {**weighting_state, "inner": {**weighting_state["inner"], "lam": lam}}
+    return {**weighting_state, "lam": lam}
+
+
+def _mean_cross_entropy(apply_fn, params, inputs, labels):
+    logits = apply_fn(params, inputs)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+
+def validation_hypergradient(
+    apply_fn: Callable,
+    new_params: Any,
+    deltas: Any,
+    lam_derivative: jax.Array,
+    lam: jax.Array,
+    val_inputs: jax.Array,
+    val_labels: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """(L_val(theta'), dL_val(theta') / d log lambda) for theta' = theta + sum_i alpha_i Delta_i.
+
+    `deltas` are the participants' updates stacked on a leading axis, `lam_derivative` their
+    d alpha_i / d lambda; the derivative is lambda times the directional derivative of the
+    validation cross-entropy at theta' along sum_i (d alpha_i / d lambda) Delta_i.
+    """
+    direction = jax.tree_util.tree_map(
+        lambda delta: jnp.tensordot(lam_derivative.astype(delta.dtype), delta, axes=1), deltas
+    )
+    loss, slope = jax.jvp(
+        lambda p: _mean_cross_entropy(apply_fn, p, val_inputs, val_labels),
+        (new_params,),
+        (direction,),
+    )
+    return loss, lam * slope
+
+
+def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
+    # Closes over the model and the step only: the compiled round is keyed by what the closure
+    # holds (`structure_key`), so per-run values (N and the bounds on lambda) live in the state.
+    def update(state: ServerState, participants, outputs, weights):
+        new_state = weighted_average_update()(state, participants, outputs, weights)
+        optimizer = optax.adam(hyper_learning_rate)
+        data = state.algorithm_state
+        fedpals = _lam_data(state.weighting_state)
+        lam = fedpals["lam"]
+        derivative = fedpals_lam_derivative(
+            data["client_label_dists"][participants],
+            fedpals["target_label_dist"],
+            data["client_sizes"][participants],
+            lam,
+            alpha=weights,
+        )
+        loss, grad = validation_hypergradient(
+            apply_fn,
+            new_state.params,
+            outputs.deltas,
+            derivative,
+            lam,
+            data["val_inputs"],
+            data["val_labels"],
+        )
+        # A non-finite hypergradient (a diverged round) must not poison lambda.
+        grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
+        step, opt_state = optimizer.update(grad, data["opt_state"])
+        low, high = data["log_lam_bounds"][0], data["log_lam_bounds"][1]
+        log_lam = jnp.clip(jnp.log(lam) + step, low, high)
+        new_lam = jnp.exp(log_lam).astype(lam.dtype)
+        done = new_state.round - 1  # the round just trained, 0-based
+        algorithm_state = {
+            **data,
+            "opt_state": opt_state,
+            "lam_history": data["lam_history"].at[done].set(lam),
+            "hypergradient_history": data["hypergradient_history"].at[done].set(grad),
+            "val_loss_history": data["val_loss_history"].at[done].set(loss),
+        }
+        return new_state._replace(
+            algorithm_state=algorithm_state,
+            weighting_state=_with_lam(new_state.weighting_state, new_lam),
+        )
+
+    return update
+
+
+def adaptive_fedpals(
+    target_label_dist: chex.ArrayLike,
+    client_label_dists: chex.ArrayLike,
+    client_sizes: chex.ArrayLike,
+    initial_lam: float,
+    apply_fn: Callable,
+    val_inputs: chex.ArrayLike,
+    val_labels: chex.ArrayLike,
+    *,
+    rounds: int,
+    hyper_learning_rate: float = DEFAULT_HYPER_LEARNING_RATE,
+) -> FederatedAlgorithm:
+    """FedPALS whose lambda follows the validation hypergradient (module docstring).
+
+    Args:
+      target_label_dist: T (K,), the server's target label distribution.
+      client_label_dists: S (M, K) as the server sees it (the DP release under label DP), for
+        d alpha / d lambda; the weights themselves come from the engine's weighting as in
+        `fedpals` (wrap it with `with_server_label_dists` for a release).
+      client_sizes: n (M,).
+      initial_lam: lambda for round 1, > 0 (e.g. `lambda_for_ess(S, T, n, 0.5)`).
+      apply_fn: the model's `apply(params, x) -> logits`.
+      val_inputs, val_labels: the target validation examples the hypergradient reads.
+      rounds: the run's rounds (the length of the recorded trajectory of lambda).
+      hyper_learning_rate: Adam's step on log lambda, > 0.
+
+    The server state records per round the lambda used, the hypergradient and the validation
+    loss of the aggregate (`algorithm_state["lam_history"]`, ...; `lam_report`).
+    """
+    lam = _validation.check_lam(initial_lam)
+    if not lam > 0 or not math.isfinite(lam):
+        raise ValueError(
+            f"initial_lam must be a finite number > 0 (lambda adapts in log-space), got "
+            f"{initial_lam!r}."
+        )
+    hyper_learning_rate = _validation.check_positive_float(
+        "hyper_learning_rate", hyper_learning_rate
+    )
+    rounds = _validation.check_positive_int("rounds", rounds)
+    dists = _validation.check_label_dists("client_label_dists", client_label_dists)
+    sizes = _validation.check_client_sizes(client_sizes, dists.shape[0])
+    val_inputs = np.asarray(val_inputs, np.float32)
+    val_labels = np.asarray(val_labels, np.int32)
+    if val_inputs.shape[0] == 0 or val_inputs.shape[0] != val_labels.shape[0]:
+        raise ValueError(
+            f"val_inputs and val_labels must hold the same number (>= 1) of examples, got "
+            f"{val_inputs.shape[0]} and {val_labels.shape[0]}."
+        )
+    weighting = fedpals_weighting(target_label_dist, lam)
+    optimizer = optax.adam(hyper_learning_rate)
+    log_lam0 = jnp.log(jnp.asarray(lam, jnp.float32))
+    data = {
+        "client_label_dists": jnp.asarray(dists, jnp.float32),
+        "client_sizes": jnp.asarray(sizes, jnp.float32),
+        "val_inputs": jnp.asarray(val_inputs),
+        "val_labels": jnp.asarray(val_labels),
+        "opt_state": optimizer.init(log_lam0),
+        # lambda_for_ess's search range, [1e-6 N, 1e12 N], in log lambda.
+        "log_lam_bounds": jnp.log(float(np.sum(sizes)))
+        + jnp.asarray(_LOG10_LAM_RANGE, jnp.float32) * math.log(10.0),
+        "lam_history": jnp.full((rounds,), jnp.nan, jnp.float32),
+        "hypergradient_history": jnp.full((rounds,), jnp.nan, jnp.float32),
+        "val_loss_history": jnp.full((rounds,), jnp.nan, jnp.float32),
+    }
+
+    def init(params, num_clients):
+        if num_clients != dists.shape[0]:
+            raise ValueError(
+                f"adaptive_fedpals was built for {dists.shape[0]} clients, the run has "
+                f"{num_clients}."
+            )
+        return data
+
+    return FederatedAlgorithm(
+        name="fedpals(adaptive lam)",
+        client=plain_sgd(),
+        weighting=weighting,
+        server_update=_adaptive_update(apply_fn, hyper_learning_rate),
+        init_algorithm_state=init,
+        eval_params=_global_params,
+    )
+
+
+def lam_report(state: ServerState) -> dict[str, list[float]]:
+    """The trajectory recorded by `adaptive_fedpals`: per trained round, the lambda it used,
+    the hypergradient dL_val / d log lambda and the aggregate's validation loss (rounds not
+    yet trained are left out)."""
+    data = state.algorithm_state
+    lam = np.asarray(data["lam_history"], np.float64)
+    done = int(np.sum(np.isfinite(lam)))
+    return {
+        "lam_per_round": lam[:done].tolist(),
+        "hypergradient_per_round": np.asarray(data["hypergradient_history"])[:done].tolist(),
+        "hyper_val_loss_per_round": np.asarray(data["val_loss_history"])[:done].tolist(),
+    }
