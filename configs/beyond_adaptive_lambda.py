@@ -30,5 +30,5 @@ def get_config(labels_per_client: str = "3"):
     config.sweep.grid = ml_collections.ConfigDict(
         dict(training=dict(learning_rate=(0.1,)), algorithm=dict(ess_fraction=(0.5,)))
     )
-    config.sweep.figures = ("curves",)
+    config.sweep.figures = ("curves", "lambda_trajectories")
     return config

@@ -53,7 +53,8 @@ def get_config():
                 partition=dict(num_clients=(10, 100)),
                 algorithm=dict(label_dp_epsilon=(None, 1.0, 0.1, 0.01, 0.001)),
             ),
-            figures=("curves",),
+            figures=("curves", "accuracy_vs_axis"),
+            x_axis="label_dp_epsilon",
         )
     )
     return config

@@ -40,7 +40,7 @@ def get_config():
                 )
             ),
             zip_axes=True,
-            figures=("curves",),
+            figures=("curves", "accuracy_vs_axis"),
         )
     )
     return config

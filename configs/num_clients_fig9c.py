@@ -34,7 +34,7 @@ def get_config():
                 training=dict(client_fraction=(1.0, 0.1, 0.1)),
             ),
             zip_axes=True,
-            figures=("curves",),
+            figures=("curves", "accuracy_vs_axis"),
         )
     )
     return config

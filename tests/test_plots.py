@@ -115,3 +115,46 @@ def test_paths_are_checked_before_drawing(tmp_path):
         plots.plot_comparison(tmp_path / "missing" / "t.png", [{"row": "r", "cells": {}}], "t")
     with pytest.raises(ValueError, match="table_rows is empty"):
         plots.plot_comparison(tmp_path / "t.png", [], "t")
+
+
+def test_plot_accuracy_vs_axis_draws_means_with_error_bars_and_none_as_a_line(
+    tmp_path, monkeypatch
+):
+    import matplotlib.axes
+
+    drawn, lines = [], []
+    errorbar, axhline = matplotlib.axes.Axes.errorbar, matplotlib.axes.Axes.axhline
+
+    def spy_errorbar(self, x, y, *args, yerr=None, **kwargs):
+        drawn.append((list(x), list(y), list(yerr)))
+        return errorbar(self, x, y, *args, yerr=yerr, **kwargs)
+
+    def spy_axhline(self, y=0, *args, **kwargs):
+        lines.append(y)
+        return axhline(self, y, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy_errorbar)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", spy_axhline)
+    series = {
+        "FedPALS": [
+            {"x": 1.0, "target_accuracy": [0.8, 0.9]},
+            {"x": 0.01, "target_accuracy": [0.6, 0.6]},
+            {"x": None, "target_accuracy": [0.9, 0.95]},
+        ]
+    }
+    plots.plot_accuracy_vs_axis(tmp_path / "e.png", series, "epsilon", "t")
+    assert drawn == [([0.01, 1.0], [pytest.approx(60.0), pytest.approx(85.0)], drawn[0][2])]
+    np.testing.assert_allclose(drawn[0][2], [0.0, 5.0], atol=1e-9)
+    assert lines == [pytest.approx(92.5)]
+    assert _image(tmp_path / "e.png").shape[0] > 100
+    with pytest.raises(ValueError, match="no point with a numeric x"):
+        plots.plot_accuracy_vs_axis(
+            tmp_path / "e.png", {"a": [{"x": None, "target_accuracy": [1.0]}]}, "e", "t"
+        )
+
+
+def test_plot_lambda_trajectories_refuses_non_positive_lambdas(tmp_path):
+    plots.plot_lambda_trajectories(tmp_path / "l.png", {"seed 0": [10.0, 5.0, 2.5]}, "t")
+    assert _image(tmp_path / "l.png").shape[0] > 100
+    with pytest.raises(ValueError, match="lambdas > 0"):
+        plots.plot_lambda_trajectories(tmp_path / "l.png", {"seed 0": [1.0, 0.0]}, "t")

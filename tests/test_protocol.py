@@ -164,6 +164,23 @@ def test_merged_tables_keep_every_row_and_method():
         protocol.merge_tables([first, {**second, "selection": "per_seed"}])
 
 
+def test_tables_of_one_row_merge_into_one_row_with_the_methods_of_both():
+    records = [r for r in _table_1_records() if r.row == "FMNIST C=3"]
+    grid = protocol.protocol_table([r for r in records if r.method != "oracle"])
+    extra = protocol.protocol_table([r for r in records if r.method == "oracle"])
+    merged = protocol.merge_tables([grid, extra])
+    assert [r["row"] for r in merged["rows"]] == ["FMNIST C=3"]
+    alone = protocol.protocol_table(records)
+    assert merged["rows"][0]["cells"] == alone["rows"][0]["cells"]
+    with pytest.raises(
+        ValueError, match=r"methods \['fedavg', 'fedpals'\] appear in more than one"
+    ):
+        protocol.merge_tables([grid, grid])
+    other_seeds = protocol.protocol_table([r for r in records if r.method == "oracle" and r.seed])
+    with pytest.raises(ValueError, match="different seeds"):
+        protocol.merge_tables([grid, other_seeds])
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="selection must be one of"):
         protocol.protocol_table(_two_point_grid(), selection="best")

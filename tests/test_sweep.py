@@ -160,6 +160,11 @@ def test_every_run_is_validated_before_any_run_starts(tmp_path, monkeypatch):
         ),
         (dict(selection="best"), r"config\.sweep\.selection must be one of"),
         (dict(figures=("pie",)), r"'pie' is not a figure"),
+        (dict(figures=("accuracy_vs_axis",)), r"'accuracy_vs_axis' needs task axes"),
+        (
+            dict(axes=dict(training=dict(rounds=(1, 2))), x_axis="epsilon"),
+            r"config\.sweep\.x_axis='epsilon' is not a task axis; the axes are \['rounds'\]",
+        ),
     ],
 )
 def test_bad_sweep_sections_are_refused_naming_the_key(sweep, match):
@@ -449,6 +454,12 @@ def test_each_experiment_config_runs_with_tiny_overrides(name, tmp_path):
     for row in table["rows"]:
         assert all(cell["selected"] is not None for cell in row["cells"].values())
     assert os.path.isfile(tmp_path / "w" / "table.md")
+    # Every figure the config asks for is drawn.
+    prefix = {"curves": "curves:", "weights": "weights:", "lambda_trajectories": "lambda:"}
+    for figure in config.sweep.get("figures", ()):
+        drawn = [key for key in summary["files"] if key.startswith(prefix.get(figure, figure))]
+        assert drawn, f"{figure} not drawn: {sorted(summary['files'])}"
+        assert all(os.path.isfile(summary["files"][key]) for key in drawn)
 
 
 @pytest.mark.integration

@@ -7,6 +7,8 @@
   when given, as a hollow marker beside it).
 * `plot_weights_vs_ess`: aggregation weights alpha per client for several lambda (labelled by
   their ESS) as bars, FedAvg's n_i / N as dots, clients sorted by size (the paper's Fig. 4).
+* `plot_accuracy_vs_axis`: target accuracy against a task axis (epsilon, E, clients).
+* `plot_lambda_trajectories`: lambda per round of adaptive-lambda runs.
 * `plot_accuracy_vs_distance`: target accuracy against the projection distance d(T, S) of the
   synthetic task (the paper's Fig. 9), mean +- std over seeds per method.
 """
@@ -241,6 +243,93 @@ def plot_accuracy_vs_distance(
     _title(ax, title)
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_accuracy_vs_axis(
+    path: str, series: Mapping[str, Sequence[Mapping[str, Any]]], x_label: str, title: str
+) -> None:
+    """Target accuracy (mean +- std over seeds) against a task axis: epsilon, E, clients, ...
+
+    Args:
+      path: the image file to write.
+      series: line label -> [{"x": value, "target_accuracy": [per seed]}, ...]. A point with
+        x None (e.g. epsilon None: no privacy) is drawn as a dashed horizontal line of the
+        line's colour. The x axis is logarithmic when the values span more than two decades.
+      x_label: the axis' name.
+      title: the plot's title.
+    """
+    path = _check_path(path)
+    if not series:
+        raise ValueError("series is empty: give at least one line.")
+    xs = [p["x"] for points in series.values() for p in points if p["x"] is not None]
+    if not xs:
+        raise ValueError("series has no point with a numeric x.")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for index, (label, points) in enumerate(series.items()):
+        color = f"C{index % 10}"
+        numeric = sorted((p for p in points if p["x"] is not None), key=lambda p: p["x"])
+        if numeric:
+            ax.errorbar(
+                [p["x"] for p in numeric],
+                [100 * np.mean(p["target_accuracy"]) for p in numeric],
+                yerr=[100 * np.std(p["target_accuracy"]) for p in numeric],
+                marker="o",
+                capsize=3,
+                color=color,
+                label=label,
+            )
+        for p in points:
+            if p["x"] is None:
+                ax.axhline(
+                    100 * np.mean(p["target_accuracy"]),
+                    color=color,
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"{label}, {x_label}=None",
+                )
+    positive = [x for x in xs if x > 0]
+    if len(positive) == len(xs) and max(positive) / min(positive) > 100:
+        ax.set_xscale("log")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("target accuracy (%)")
+    _title(ax, title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_lambda_trajectories(
+    path: str, trajectories: Mapping[str, Sequence[float]], title: str
+) -> None:
+    """lambda per round (log scale) of adaptive-lambda runs, one line per run.
+
+    Args:
+      path: the image file to write.
+      trajectories: label (e.g. "seed 0") -> the lambda used in rounds 1, 2, ...
+      title: the plot's title.
+    """
+    path = _check_path(path)
+    if not trajectories:
+        raise ValueError("trajectories is empty: give at least one run.")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for index, (label, lams) in enumerate(trajectories.items()):
+        lams = np.asarray(lams, dtype=float)
+        if lams.ndim != 1 or lams.size == 0 or not np.all(lams > 0):
+            raise ValueError(f"trajectory {label!r} must be a non-empty vector of lambdas > 0.")
+        ax.plot(np.arange(1, lams.size + 1), lams, marker=".", color=f"C{index % 10}", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("lambda")
+    _title(ax, title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -584,7 +584,9 @@ def _atomic_write(path: str, text: str) -> None:
 
 def merge_tables(tables: Sequence[Mapping[str, Any]], *, title: str = "") -> dict[str, Any]:
     """Several tables (e.g. one per Table-1 row config) as one: rows concatenated, methods in
-    first-seen order. The tables must use the same selection rule."""
+    first-seen order. Rows of the same label and seeds (one task, e.g. Table 1's sweep and a
+    sweep of a further method on the same row) become one row holding the cells of both; the
+    same method in both is an error. The tables must use the same selection rule."""
     if not tables:
         raise ValueError("merge_tables needs at least one table.")
     selections = {t["selection"] for t in tables}
@@ -600,5 +602,30 @@ def merge_tables(tables: Sequence[Mapping[str, Any]], *, title: str = "") -> dic
         "protocol": tables[0]["protocol"],
         "methods": methods,
         "labels": labels,
-        "rows": [row for t in tables for row in t["rows"]],
+        "rows": _merged_rows([row for t in tables for row in t["rows"]]),
     }
+
+
+def _merged_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        label = row["row"]
+        if label not in merged:
+            merged[label] = {
+                **row,
+                "cells": dict(row["cells"]),
+                "paper": dict(row.get("paper", {})),
+            }
+            continue
+        into = merged[label]
+        if list(into["seeds"]) != list(row["seeds"]):
+            raise ValueError(
+                f"row {label!r} appears twice with different seeds ({into['seeds']} and "
+                f"{row['seeds']}); merge rows of the same task only."
+            )
+        twice = sorted(set(into["cells"]) & set(row["cells"]))
+        if twice:
+            raise ValueError(f"row {label!r}: methods {twice} appear in more than one table.")
+        into["cells"].update(row["cells"])
+        into["paper"].update(row.get("paper", {}))
+    return list(merged.values())

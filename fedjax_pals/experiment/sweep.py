@@ -33,7 +33,13 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     (single-row sweeps).
     sweep.figures   extra figures: "curves" (accuracy per round of each selected method, mean
                     +- std over seeds, per row), "weights" (FedPALS' alpha per lambda vs FedAvg,
-                    Fig. 4 kind, per row, first seed), "accuracy_vs_distance" (Fig. 9).
+                    Fig. 4 kind, per row, first seed), "accuracy_vs_distance" (Fig. 9),
+                    "accuracy_vs_axis" (each selected method's accuracy against the task axis
+                    `sweep.x_axis`, one line per value of the other axes: accuracy vs epsilon,
+                    vs E, vs the number of clients), "lambda_trajectories" (lambda per round of
+                    the fedpals_adaptive runs, per row).
+    sweep.x_axis    the leaf name of the task axis that "accuracy_vs_axis" puts on the x axis
+                    (default: the first axis).
 
 Every run's config is validated before any run starts (a bad value fails in well under 2 s,
 naming the run and the key). Run r goes to `<workdir>/runs/<name>/`, its name
@@ -78,8 +84,15 @@ SWEEP_KEYS = (
     "selection",
     "paper",
     "figures",
+    "x_axis",
 )
-FIGURES = ("curves", "weights", "accuracy_vs_distance")
+FIGURES = (
+    "curves",
+    "weights",
+    "accuracy_vs_distance",
+    "accuracy_vs_axis",
+    "lambda_trajectories",
+)
 # The method key of FedPALS with lambda adapted by the validation hypergradient (the grid's lam /
 # ess_fraction is its starting point; adaptive_lambda.py).
 ADAPTIVE_FEDPALS = "fedpals_adaptive"
@@ -234,6 +247,16 @@ def _sweep_section(config: Any) -> dict[str, Any]:
     row = raw.get("row")
     if row is not None and (not isinstance(row, str) or not row.strip()):
         raise ConfigError(f"config.sweep.row must be a non-empty string, got {row!r}.")
+    x_axis = raw.get("x_axis")
+    leaves = [p.split(".")[-1] for p in axes]
+    if "accuracy_vs_axis" in figures and not axes:
+        raise ConfigError(
+            "config.sweep.figures: 'accuracy_vs_axis' needs task axes (config.sweep.axes)."
+        )
+    if x_axis is not None and x_axis not in leaves:
+        raise ConfigError(
+            f"config.sweep.x_axis={x_axis!r} is not a task axis; the axes are {leaves}."
+        )
     return dict(
         row=row,
         seeds=tuple(int(s) for s in seeds),
@@ -245,6 +268,7 @@ def _sweep_section(config: Any) -> dict[str, Any]:
         selection=selection,
         paper=dict(paper),
         figures=tuple(figures),
+        x_axis=x_axis if x_axis is not None else (leaves[0] if leaves else None),
     )
 
 
@@ -380,12 +404,14 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     runs: list[SweepRun] = []
     names: set[str] = set()
     digests: set[str] = set()
+    sweep["row_axes"] = {}
     for row_values in row_points:
         row_overrides = list(zip(axis_paths, row_values))
         row_part = ",".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides)
         row = base_label
         if row_overrides:
             row += " (" + ", ".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides) + ")"
+        sweep["row_axes"][row] = {p.split(".")[-1]: v for p, v in row_overrides}
         for method in methods:
             method_overrides = _method_overrides(method) if method is not None else {}
             method_key = method or base.get("algorithm", {}).get("name", "run")
@@ -752,4 +778,43 @@ def _figures(
                 path, points, f"{sweep['row_label']}: target accuracy vs d(T, S)"
             )
             files["accuracy_vs_distance"] = path
+    if "accuracy_vs_axis" in sweep["figures"]:
+        x_axis = sweep["x_axis"]
+        series: dict[str, list] = {}
+        for row in table["rows"]:
+            values = sweep["row_axes"].get(row["row"], {})
+            if x_axis not in values:
+                continue
+            # Zipped axes move together with x: only crossed axes tell lines apart.
+            others = ", ".join(
+                f"{k}={_fmt(v)}" for k, v in values.items() if k != x_axis and not sweep["zip_axes"]
+            )
+            for method, cell in row["cells"].items():
+                if cell.get("selected") is None:
+                    continue
+                label = table["labels"].get(method, method) + (f" ({others})" if others else "")
+                series.setdefault(label, []).append(
+                    {
+                        "x": values[x_axis],
+                        "target_accuracy": [p["target_accuracy"] for p in cell["per_seed"]],
+                    }
+                )
+        if series:
+            path = os.path.join(workdir, f"accuracy_vs_{_fmt(x_axis)}.png")
+            plots.plot_accuracy_vs_axis(
+                path, series, x_axis, f"{sweep['row_label']}: target accuracy vs {x_axis}"
+            )
+            files["accuracy_vs_axis"] = path
+    if "lambda_trajectories" in sweep["figures"]:
+        os.makedirs(os.path.join(workdir, "lambda"), exist_ok=True)
+        for row in rows:
+            trajectories = {
+                f"seed {r.seed}": r.results["lam_per_round"]
+                for r in records
+                if r.row == row and r.results.get("lam_per_round")
+            }
+            if trajectories:
+                path = os.path.join(workdir, "lambda", f"{slug[row]}.png")
+                plots.plot_lambda_trajectories(path, trajectories, f"{row}: adaptive lambda")
+                files[f"lambda:{row}"] = path
     return files
