@@ -137,6 +137,11 @@ def test_the_table_holds_numpy_mean_and_std_and_the_markdown_shows_them():
         cells[index] = f"**{cells[index]}**"  # the best non-oracle method is bold
         assert f"| {row['row']} | " + " | ".join(cells) + " |" in text
     assert "| ↳ paper | 92.4 ± 2.1 |  |  |" in text
+    # A row of methods the paper does not have gets no line of empty cells.
+    without = protocol.protocol_table(
+        [r for r in records if r.method == "fedavg"], paper={"FMNIST C=3": {"fedpals": (92.4, 2.1)}}
+    )
+    assert "↳ paper" not in protocol.table_markdown(without)
     assert table["rows"][0]["paper"]["fedpals"] == pytest.approx({"mean": 0.924, "std": 0.021})
     assert "best mean-over-seeds validation accuracy" in text
 

@@ -486,7 +486,7 @@ def table_markdown(table: Mapping[str, Any]) -> str:
                 text = f"**{text}**"
             cells.append(text)
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
-        if row.get("paper"):
+        if any(m in row.get("paper", {}) for m in methods):  # no line of empty cells
             paper = [
                 (
                     f"{100 * row['paper'][m]['mean']:.1f} ± {100 * row['paper'][m]['std']:.1f}"
