@@ -19,16 +19,17 @@ ROOT="${REPRODUCTION_DIR:-runs/reproduction}"
 # Table 1 at the session budget: 10 rounds of E = 1 (the paper: 150), the paper's 8 seeds,
 # learning rate 0.1 for every method, FedPALS' full lambda grid (lam = 0 and ESS 10/25/50/75 %
 # of N), every baseline at its reference default (FedProx mu = 0.01, SCAFFOLD eta_g = 1,
-# AFL gamma = 0.1, FedRS alpha = 0.5); early stopping and lambda selected on the target
-# validation set.
+# AFL gamma = 0.1) and FedRS over alpha = 0.5 (its default) and 0.1; early stopping, lambda and
+# alpha selected on the target validation set. SCAFFOLD diverges at learning rate 0.1 on some seeds, so it has its own
+# sweep (table1_*_scaffold) over learning rates 0.1 and 0.01; table1_* merges the two tables.
 TABLE1=(
   --config.training.rounds=10
-  "--config.sweep.methods=('fedpals','fedavg','fedprox','scaffold','afl','fedrs','oracle')"
+  "--config.sweep.methods=('fedpals','fedavg','fedprox','afl','fedrs','oracle')"
   "--config.sweep.grid.training.learning_rate=(0.1,)"
   "--config.sweep.grid.algorithm.prox_mu=(0.01,)"
   "--config.sweep.grid.algorithm.server_lr=(1.0,)"
   "--config.sweep.grid.algorithm.afl_step=(0.1,)"
-  "--config.sweep.grid.algorithm.fedrs_alpha=(0.5,)"
+  "--config.sweep.grid.algorithm.fedrs_alpha=(0.5,0.1)"
 )
 # The smaller experiments: learning rate 0.1, FedPALS over lam = 0 and ESS 50 % of N.
 SMALL_GRID=(
@@ -36,9 +37,18 @@ SMALL_GRID=(
   "--config.sweep.grid.algorithm.ess_fraction=(0.5,)"
 )
 
+TABLE1_SCAFFOLD=(
+  --config.training.rounds=10
+  "--config.sweep.methods=('scaffold',)"
+  "--config.sweep.grid.training.learning_rate=(0.1,0.01)"
+  "--config.sweep.grid.algorithm.server_lr=(1.0,)"
+)
+
 declare -A ARGS
 ARGS[table1_fmnist_c3]="${TABLE1[*]@Q}"
 ARGS[table1_fmnist_c2]="${TABLE1[*]@Q}"
+ARGS[table1_fmnist_c3_scaffold]="${TABLE1_SCAFFOLD[*]@Q}"
+ARGS[table1_fmnist_c2_scaffold]="${TABLE1_SCAFFOLD[*]@Q}"
 ARGS[synthetic_fig9]=""
 ARGS[target_perturbation_table2]="--config.training.rounds=6 ${SMALL_GRID[*]@Q}"
 ARGS[num_clients_fig9c]="--config.training.rounds=15 --config.sweep.seeds='(0,1,2)' \
@@ -50,42 +60,68 @@ ARGS[beyond_adaptive_lambda_c3]="--config.training.rounds=10"
 ARGS[beyond_adaptive_lambda_c2]="--config.training.rounds=10"
 # Experiments whose config file is not configs/<name>.py.
 declare -A CONFIG
+CONFIG[table1_fmnist_c3_scaffold]="configs/table1_fmnist_c3.py"
+CONFIG[table1_fmnist_c2_scaffold]="configs/table1_fmnist_c2.py"
 CONFIG[beyond_adaptive_lambda_c3]="configs/beyond_adaptive_lambda.py:3"
 CONFIG[beyond_adaptive_lambda_c2]="configs/beyond_adaptive_lambda.py:2"
 CONFIG[beyond_unknown_target_c3]="configs/beyond_unknown_target.py:3"
-ARGS[beyond_feddisco_fedlc]="--config.training.rounds=10 \
+CONFIG[beyond_feddisco_fedlc_c3]="configs/beyond_feddisco_fedlc.py:3"
+CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
+# Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
+declare -A COMPARE
+COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
+COMPARE[beyond_adaptive_lambda]="table1_fmnist_c3,beyond_adaptive_lambda_c3,table1_fmnist_c2,beyond_adaptive_lambda_c2"
+COMPARE[beyond_unknown_target]="table1_fmnist_c3,beyond_unknown_target_c3"
+COMPARE[beyond_feddisco_fedlc]="table1_fmnist_c3,beyond_feddisco_fedlc_c3,table1_fmnist_c2,beyond_feddisco_fedlc_c2"
+FEDDISCO_FEDLC="--config.training.rounds=10 \
 --config.sweep.methods='(\"feddisco\",\"fedlc\")' --config.sweep.grid.training.learning_rate='(0.1,)' \
 --config.sweep.grid.algorithm.feddisco_a='(0.5,)' --config.sweep.grid.algorithm.feddisco_b='(0.1,)' \
 --config.sweep.grid.algorithm.fedlc_tau='(1.0,)'"
+ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
+ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
 ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
-ORDER=(table1_fmnist_c3 beyond_adaptive_lambda_c3 table1_fmnist_c2 beyond_adaptive_lambda_c2
+ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold beyond_adaptive_lambda_c3
+       table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
-       target_perturbation_table2 beyond_feddisco_fedlc beyond_unknown_target_c3
-       beyond_private_marginals num_clients_fig9c local_epochs_fig8b)
+       target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
+       beyond_unknown_target_c3 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
+       table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
 
+# Everything runs from main(), called on the last line: bash has then read the whole file, so
+# editing it while an experiment runs cannot change what the running call does next.
 command_for() {
-  echo ".venv/bin/python -m experiments.sweep --config=${CONFIG[$1]:-configs/$1.py} --workdir=$ROOT/$1 ${ARGS[$1]}"
+  if [[ -n "${COMPARE[$1]+set}" ]]; then
+    local tables
+    tables=$(echo "${COMPARE[$1]}" | sed "s|\([^,]*\)|$ROOT/\1|g")
+    echo ".venv/bin/python -m experiments.compare --tables=$tables --workdir=$ROOT/$1"
+  else
+    echo ".venv/bin/python -m experiments.sweep --config=${CONFIG[$1]:-configs/$1.py} --workdir=$ROOT/$1 ${ARGS[$1]}"
+  fi
 }
 
-if [[ $# -lt 1 ]]; then
-  echo "usage: bash scripts/reproduce.sh <experiment>|all|--list [experiments.sweep flags]" >&2
-  exit 2
-fi
-name="$1"; shift
-if [[ "$name" == "--list" ]]; then
-  for n in "${ORDER[@]}"; do echo "$n:"; echo "  $(command_for "$n")"; done
-  exit 0
-fi
-if [[ "$name" == "all" ]]; then
-  for n in "${ORDER[@]}"; do bash "$0" "$n" "$@"; done
-  exit 0
-fi
-if [[ -z "${ARGS[$name]+set}" ]]; then
-  echo "unknown experiment '$name'; one of: ${ORDER[*]}" >&2
-  exit 2
-fi
-mkdir -p "$ROOT/$name"
-start=$(date +%s)
-eval "$(command_for "$name") $(printf '%q ' "$@")"
-echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$ROOT/$name/wall_time.txt"
+main() {
+  if [[ $# -lt 1 ]]; then
+    echo "usage: bash scripts/reproduce.sh <experiment>|all|--list [experiments.sweep flags]" >&2
+    return 2
+  fi
+  name="$1"; shift
+  if [[ "$name" == "--list" ]]; then
+    for n in "${ORDER[@]}"; do echo "$n:"; echo "  $(command_for "$n")"; done
+    return 0
+  fi
+  if [[ "$name" == "all" ]]; then
+    for n in "${ORDER[@]}"; do bash "$0" "$n" "$@" || return $?; done
+    return 0
+  fi
+  if [[ -z "${ARGS[$name]+set}" && -z "${COMPARE[$name]+set}" ]]; then
+    echo "unknown experiment '$name'; one of: ${ORDER[*]}" >&2
+    return 2
+  fi
+  mkdir -p "$ROOT/$name"
+  start=$(date +%s)
+  eval "$(command_for "$name") $(printf '%q ' "$@")"
+  echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$ROOT/$name/wall_time.txt"
+}
+
+main "$@"; exit $?
