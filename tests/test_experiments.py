@@ -193,3 +193,21 @@ def test_two_local_processes_give_the_results_of_one(tmp_path):
         together = json.load(f)
     assert together["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-5)
     assert together["target_accuracy"] == alone["target_accuracy"]
+
+
+def test_the_weights_command_draws_fedpals_weights_without_training(tmp_path):
+    completed = _main(
+        "experiments.weights",
+        f"--config={os.path.join(ROOT, 'configs', 'synthetic.py')}",
+        f"--workdir={tmp_path}",
+        "--ess_fractions=0.9,0.05",
+    )
+    assert completed.returncode == 0, completed.stderr
+    record = json.loads((tmp_path / "weights.json").read_text())
+    assert record["unreachable_fractions"] == [0.05]  # below ESS(alpha^0+) / N
+    lam0, ess90 = record["weights"]
+    assert lam0["lam"] == 0.0
+    total = sum(record["client_sizes"])
+    assert abs(ess90["ess"] / total - 0.9) < 1e-3
+    assert (tmp_path / "weights.png").stat().st_size > 1000
+    assert not (tmp_path / "checkpoints").exists()

@@ -1,0 +1,85 @@
+r"""FedPALS' aggregation weights for lambda = 0 and at ESS 10/25/50/75 % of N beside FedAvg's, clients
+sorted by size (the kind of picture of the paper's Fig. 4-5). No training: the partition and eq. 8.
+
+  python -m experiments.weights --config=configs/default.py --workdir=runs/weights \
+      --config.partition.scheme=niid_bench_sparsity --config.partition.labels_per_client=3
+
+Builds the config's task (data set, partition, the server's T), solves lambda_for_ess for each
+fraction (a fraction below ESS(alpha^{0+}) / N is out of reach and is named in the output
+instead) and alpha^lambda (eq. 8), and writes <workdir>/weights.png and weights.json (sizes,
+T, and per fraction lambda, alpha and its ESS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+import fedjax_pals as fjp
+from experiments import flags as common
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (configs/*.py).")
+_FRACTIONS = flags.DEFINE_list(
+    "ess_fractions", ["0.1", "0.25", "0.5", "0.75"], "ESS fractions of N whose weights to draw."
+)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    common.configure_runtime()
+    config = _CONFIG.value
+    config.algorithm.name = "fedavg"  # the task's partition and T; no FedPALS run is built
+    with common.user_errors():
+        task = fjp.build_task(config)
+    partition = task.partition
+    dists, sizes = partition.client_label_dists, partition.client_sizes
+    target = task.target_label_dist
+    alphas, record, unreachable = {}, [], []
+    # The lambda -> 0 end of the path: the projection of T onto Conv(S) (eq. 7).
+    alpha = np.asarray(fjp.fedpals_weights(dists, target, sizes, 0.0), np.float64)
+    ess = float(fjp.effective_sample_size(alpha, sizes))
+    alphas[f"lambda = 0 (ESS {100 * ess / np.sum(sizes):.0f} %)"] = alpha
+    record.append(dict(fraction=None, lam=0.0, alpha=alpha.tolist(), ess=ess))
+    for text in _FRACTIONS.value:
+        fraction = float(text)
+        try:
+            lam = float(fjp.lambda_for_ess(dists, target, sizes, fraction))
+        except ValueError as error:
+            if "out of range" not in str(error):
+                raise
+            unreachable.append(fraction)
+            continue
+        alpha = np.asarray(fjp.fedpals_weights(dists, target, sizes, lam), np.float64)
+        ess = float(fjp.effective_sample_size(alpha, sizes))
+        alphas[f"ESS {100 * fraction:g} % (lambda {lam:.3g})"] = alpha
+        record.append(dict(fraction=fraction, lam=lam, alpha=alpha.tolist(), ess=ess))
+    workdir = common.WORKDIR.value
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "weights.png")
+    title = f"{partition.description}: FedPALS weights vs FedAvg"
+    if unreachable:
+        title += f" (ESS {', '.join(f'{100 * f:g}' for f in unreachable)} % out of reach)"
+    fjp.plot_weights_vs_ess(path, sizes, alphas, title=title)
+    with open(os.path.join(workdir, "weights.json"), "w") as f:
+        json.dump(
+            dict(
+                partition=partition.description,
+                client_sizes=np.asarray(sizes).tolist(),
+                target_label_dist=np.asarray(target).tolist(),
+                weights=record,
+                unreachable_fractions=unreachable,
+            ),
+            f,
+            indent=1,
+        )
+    print(f"wrote {path} and weights.json")
+
+
+if __name__ == "__main__":
+    app.run(main)
