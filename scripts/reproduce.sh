@@ -67,6 +67,11 @@ CONFIG[beyond_adaptive_lambda_c2]="configs/beyond_adaptive_lambda.py:2"
 CONFIG[beyond_unknown_target_c3]="configs/beyond_unknown_target.py:3"
 CONFIG[beyond_feddisco_fedlc_c3]="configs/beyond_feddisco_fedlc.py:3"
 CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
+# Commands of their own: the weights picture (no training) on a partition whose clients differ
+# in size (NIID-Bench's "#C=3": each label split evenly among its holders).
+declare -A RAW
+RAW[weights]="experiments.weights --config=configs/default.py \
+--config.partition.scheme=niid_bench_sparsity --config.partition.labels_per_client=3"
 # Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
 declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
@@ -86,12 +91,14 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold beyond_adaptive_lambda_c3
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
        beyond_unknown_target_c3 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
-       table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
+       weights table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.
 command_for() {
-  if [[ -n "${COMPARE[$1]+set}" ]]; then
+  if [[ -n "${RAW[$1]+set}" ]]; then
+    echo ".venv/bin/python -m ${RAW[$1]} --workdir=$ROOT/$1"
+  elif [[ -n "${COMPARE[$1]+set}" ]]; then
     local tables
     tables=$(echo "${COMPARE[$1]}" | sed "s|\([^,]*\)|$ROOT/\1|g")
     echo ".venv/bin/python -m experiments.compare --tables=$tables --workdir=$ROOT/$1"
@@ -114,13 +121,13 @@ main() {
     for n in "${ORDER[@]}"; do bash "$0" "$n" "$@" || return $?; done
     return 0
   fi
-  if [[ -z "${ARGS[$name]+set}" && -z "${COMPARE[$name]+set}" ]]; then
+  if [[ -z "${ARGS[$name]+set}" && -z "${COMPARE[$name]+set}" && -z "${RAW[$name]+set}" ]]; then
     echo "unknown experiment '$name'; one of: ${ORDER[*]}" >&2
     return 2
   fi
   mkdir -p "$ROOT/$name"
   start=$(date +%s)
-  eval "$(command_for "$name") $(printf '%q ' "$@")"
+  eval "$(command_for "$name") \"\$@\""
   echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$ROOT/$name/wall_time.txt"
 }
 
