@@ -62,6 +62,10 @@ from fedjax_pals.algorithms import (
 from fedjax_pals.server_weights import _LOG10_LAM_RANGE, fedpals_lam_derivative
 
 DEFAULT_HYPER_LEARNING_RATE = 0.5
+# The hypergradient reads this many validation examples (a fixed subset of a larger set; a
+# smaller one is padded with zero-weight slots): one shape for every run, so the runs of a
+# sweep, whose target validation sets differ in size, stack on the engine's runs axis.
+DEFAULT_HYPER_VAL_SIZE = 2048
 
 
 def _lam_data(weighting_state: dict) -> dict:
@@ -75,9 +79,11 @@ def _with_lam(weighting_state: dict, lam: jax.Array) -> dict:
     return {**weighting_state, "lam": lam}
 
 
-def _mean_cross_entropy(apply_fn, params, inputs, labels):
-    logits = apply_fn(params, inputs)
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+def _mean_cross_entropy(apply_fn, params, inputs, labels, weights=None):
+    losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, inputs), labels)
+    if weights is None:
+        return jnp.mean(losses)
+    return jnp.sum(weights * losses) / jnp.sum(weights)
 
 
 def validation_hypergradient(
@@ -88,18 +94,20 @@ def validation_hypergradient(
     lam: jax.Array,
     val_inputs: jax.Array,
     val_labels: jax.Array,
+    val_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(L_val(theta'), dL_val(theta') / d log lambda) for theta' = theta + sum_i alpha_i Delta_i.
 
     `deltas` are the participants' updates stacked on a leading axis, `lam_derivative` their
     d alpha_i / d lambda; the derivative is lambda times the directional derivative of the
-    validation cross-entropy at theta' along sum_i (d alpha_i / d lambda) Delta_i.
+    validation cross-entropy at theta' along sum_i (d alpha_i / d lambda) Delta_i. With
+    `val_weights` the loss is the weighted mean (0 for padding slots).
     """
     direction = jax.tree_util.tree_map(
         lambda delta: jnp.tensordot(lam_derivative.astype(delta.dtype), delta, axes=1), deltas
     )
     loss, slope = jax.jvp(
-        lambda p: _mean_cross_entropy(apply_fn, p, val_inputs, val_labels),
+        lambda p: _mean_cross_entropy(apply_fn, p, val_inputs, val_labels, val_weights),
         (new_params,),
         (direction,),
     )
@@ -130,6 +138,7 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
             lam,
             data["val_inputs"],
             data["val_labels"],
+            data["val_weights"],
         )
         # A non-finite hypergradient (a diverged round) must not poison lambda.
         grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
@@ -164,6 +173,7 @@ def adaptive_fedpals(
     *,
     rounds: int,
     hyper_learning_rate: float = DEFAULT_HYPER_LEARNING_RATE,
+    hyper_val_size: int = DEFAULT_HYPER_VAL_SIZE,
 ) -> FederatedAlgorithm:
     """FedPALS whose lambda follows the validation hypergradient (module docstring).
 
@@ -178,6 +188,8 @@ def adaptive_fedpals(
       val_inputs, val_labels: the target validation examples the hypergradient reads.
       rounds: the run's rounds (the length of the recorded trajectory of lambda).
       hyper_learning_rate: Adam's step on log lambda, > 0.
+      hyper_val_size: how many validation examples the hypergradient reads: a fixed random
+        subset of a larger set, zero-weight padding of a smaller one (one shape for all runs).
 
     The server state records per round the lambda used, the hypergradient and the validation
     loss of the aggregate (`algorithm_state["lam_history"]`, ...; `lam_report`).
@@ -192,6 +204,7 @@ def adaptive_fedpals(
         "hyper_learning_rate", hyper_learning_rate
     )
     rounds = _validation.check_positive_int("rounds", rounds)
+    hyper_val_size = _validation.check_positive_int("hyper_val_size", hyper_val_size)
     dists = _validation.check_label_dists("client_label_dists", client_label_dists)
     sizes = _validation.check_client_sizes(client_sizes, dists.shape[0])
     val_inputs = np.asarray(val_inputs, np.float32)
@@ -201,6 +214,14 @@ def adaptive_fedpals(
             f"val_inputs and val_labels must hold the same number (>= 1) of examples, got "
             f"{val_inputs.shape[0]} and {val_labels.shape[0]}."
         )
+    count = min(val_inputs.shape[0], hyper_val_size)
+    keep = np.sort(np.random.default_rng(0).permutation(val_inputs.shape[0])[:count])
+    padding = hyper_val_size - count
+    val_weights = np.concatenate([np.ones(count), np.zeros(padding)]).astype(np.float32)
+    val_labels = np.concatenate([val_labels[keep], np.zeros(padding, np.int32)])
+    val_inputs = np.concatenate(
+        [val_inputs[keep], np.zeros((padding, *val_inputs.shape[1:]), np.float32)]
+    )
     weighting = fedpals_weighting(target_label_dist, lam)
     optimizer = optax.adam(hyper_learning_rate)
     log_lam0 = jnp.log(jnp.asarray(lam, jnp.float32))
@@ -209,6 +230,7 @@ def adaptive_fedpals(
         "client_sizes": jnp.asarray(sizes, jnp.float32),
         "val_inputs": jnp.asarray(val_inputs),
         "val_labels": jnp.asarray(val_labels),
+        "val_weights": jnp.asarray(val_weights),
         "opt_state": optimizer.init(log_lam0),
         # lambda_for_ess's search range, [1e-6 N, 1e12 N], in log lambda.
         "log_lam_bounds": jnp.log(float(np.sum(sizes)))

@@ -385,7 +385,10 @@ class TrainingRun:
 
     def lockstep_key(self) -> tuple:
         """What runs trained together must share (besides the engine's structure)."""
+        leaves, treedef = jax.tree_util.tree_flatten(self.state)
         return (
+            treedef,
+            tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf)))) for leaf in leaves),
             id(self.dataset.train.x),
             self.model.num_classes,
             self.partition.num_clients,

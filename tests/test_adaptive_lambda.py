@@ -137,6 +137,50 @@ def test_runs_in_lockstep_match_runs_alone():
     assert first[1:] != second[1:]  # the seeds' trajectories differ: the runs are not copies
 
 
+def test_validation_sets_of_any_size_give_states_of_one_shape_and_padding_is_ignored():
+    # The runs of a sweep have target validation sets of different sizes; the hypergradient's
+    # subset has one shape, so they still train in lockstep.
+    dataset, partition = _TASK.setdefault("task", fjp.synthetic_label_shift_task(0.5, seed=0))
+    model = fjp.logistic_regression((2,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=0.05)
+    args = (partition.target_label_dist, partition.client_label_dists, partition.client_sizes)
+    val = partition.target_val_indices
+    runs = [
+        fjp.TrainingRun(
+            fjp.adaptive_fedpals(
+                *args,
+                1.0,
+                model.apply,
+                dataset.train.x[val[:n]],
+                dataset.train.y[val[:n]],
+                rounds=2,
+                hyper_val_size=8,
+            ),
+            model,
+            dataset,
+            partition,
+            training,
+            rounds=2,
+            seed=seed,
+        )
+        for seed, n in ((0, 5), (1, 30))
+    ]
+    assert fjp.training_group_key(runs[0]) == fjp.training_group_key(runs[1])
+    assert all(not isinstance(outcome, Exception) for outcome in fjp.run_trainings(runs))
+    weights = runs[0].state.algorithm_state["val_weights"]
+    np.testing.assert_array_equal(weights, [1, 1, 1, 1, 1, 0, 0, 0])
+    # The weighted loss of the padded set is the mean over its real examples.
+    params = model.init(jax.random.PRNGKey(0))
+    data = runs[0].state.algorithm_state
+    padded = adaptive_lambda._mean_cross_entropy(
+        model.apply, params, data["val_inputs"], data["val_labels"], data["val_weights"]
+    )
+    real = adaptive_lambda._mean_cross_entropy(
+        model.apply, params, dataset.train.x[val[:5]], dataset.train.y[val[:5]]
+    )
+    assert float(padded) == pytest.approx(float(real), rel=1e-6)
+
+
 def test_bad_settings_are_refused():
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
     dists, sizes = partition.client_label_dists, partition.client_sizes
