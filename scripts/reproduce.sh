@@ -44,7 +44,17 @@ TABLE1_SCAFFOLD=(
   "--config.sweep.grid.algorithm.server_lr=(1.0,)"
 )
 
+# Are 10 rounds enough? FedPALS (lam = 0) and FedAvg for 40 rounds on two seeds.
+TABLE1_LONG=(
+  --config.training.rounds=40
+  "--config.sweep.seeds=(0,1)"
+  "--config.sweep.methods=('fedpals','fedavg')"
+  "--config.sweep.grid.training.learning_rate=(0.1,)"
+  "--config.sweep.grid.algorithm.ess_fraction=(0.5,)"
+)
+
 declare -A ARGS
+ARGS[table1_fmnist_c3_long]="${TABLE1_LONG[*]@Q}"
 ARGS[table1_fmnist_c3]="${TABLE1[*]@Q}"
 ARGS[table1_fmnist_c2]="${TABLE1[*]@Q}"
 ARGS[table1_fmnist_c3_scaffold]="${TABLE1_SCAFFOLD[*]@Q}"
@@ -61,6 +71,7 @@ ARGS[beyond_adaptive_lambda_c2]="--config.training.rounds=10"
 # Experiments whose config file is not configs/<name>.py.
 declare -A CONFIG
 CONFIG[table1_fmnist_c3_scaffold]="configs/table1_fmnist_c3.py"
+CONFIG[table1_fmnist_c3_long]="configs/table1_fmnist_c3.py"
 CONFIG[table1_fmnist_c2_scaffold]="configs/table1_fmnist_c2.py"
 CONFIG[beyond_adaptive_lambda_c3]="configs/beyond_adaptive_lambda.py:3"
 CONFIG[beyond_adaptive_lambda_c2]="configs/beyond_adaptive_lambda.py:2"
@@ -86,7 +97,7 @@ ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
 ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
-ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold beyond_adaptive_lambda_c3
+ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_adaptive_lambda_c3
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
