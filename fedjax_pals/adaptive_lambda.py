@@ -59,7 +59,7 @@ from fedjax_pals.algorithms import (
     plain_sgd,
     weighted_average_update,
 )
-from fedjax_pals.server_weights import _LOG10_LAM_RANGE, fedpals_lam_derivative
+from fedjax_pals.server_weights import LOG10_LAM_RANGE, fedpals_lam_derivative
 
 DEFAULT_HYPER_LEARNING_RATE = 0.5
 # The hypergradient reads this many validation examples (a fixed subset of a larger set; a
@@ -234,7 +234,7 @@ def adaptive_fedpals(
         "opt_state": optimizer.init(log_lam0),
         # lambda_for_ess's search range, [1e-6 N, 1e12 N], in log lambda.
         "log_lam_bounds": jnp.log(float(np.sum(sizes)))
-        + jnp.asarray(_LOG10_LAM_RANGE, jnp.float32) * math.log(10.0),
+        + jnp.asarray(LOG10_LAM_RANGE, jnp.float32) * math.log(10.0),
         "lam_history": jnp.full((rounds,), jnp.nan, jnp.float32),
         "hypergradient_history": jnp.full((rounds,), jnp.nan, jnp.float32),
         "val_loss_history": jnp.full((rounds,), jnp.nan, jnp.float32),

@@ -56,7 +56,7 @@ _MAX_FACE_STEPS = 8
 # 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
 # minimiser is not unique and lim_{lam->0+} alpha^lam is the largest-ESS one
 # (App. B.2); below about 1e-6 N the float32 solve cannot resolve it.
-_LOG10_LAM_RANGE = (-6.0, 12.0)
+LOG10_LAM_RANGE = (-6.0, 12.0)
 _BISECTION_STEPS = 64
 
 
@@ -442,8 +442,8 @@ def _lambda_for_ess(dists, target, sizes, fraction):
         _BISECTION_STEPS,
         step,
         (
-            jnp.asarray(_LOG10_LAM_RANGE[0], dists.dtype),
-            jnp.asarray(_LOG10_LAM_RANGE[1], dists.dtype),
+            jnp.asarray(LOG10_LAM_RANGE[0], dists.dtype),
+            jnp.asarray(LOG10_LAM_RANGE[1], dists.dtype),
         ),
     )
     lam = jnp.sum(sizes) * 10.0 ** (0.5 * (low + high))
@@ -505,7 +505,7 @@ def lambda_for_ess(
     if concrete:
         lowest = max(
             float(_ess_fraction_at(-jnp.inf, dists, target, sizes)),
-            float(_ess_fraction_at(_LOG10_LAM_RANGE[0], dists, target, sizes)),
+            float(_ess_fraction_at(LOG10_LAM_RANGE[0], dists, target, sizes)),
         )
         # Round-off slack of the solver near lam = 0.
         if not (lowest - 1e-4 <= value <= 1.0):

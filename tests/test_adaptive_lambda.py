@@ -236,3 +236,14 @@ def test_train_and_evaluate_reports_the_trajectory(tmp_path):
     assert results["lam_per_round"][0] == pytest.approx(results["lam"], rel=1e-6)
     with open(tmp_path / "results.json") as f:
         assert json.load(f)["lam_per_round"] == results["lam_per_round"]
+
+
+def test_an_unreachable_ess_fraction_starts_the_schedule_at_the_lower_end(tmp_path):
+    # ESS 5 % of N is below the smallest client's share (18 of 58): no fixed lambda reaches it;
+    # the schedule starts from lambda_for_ess's lower end, 1e-6 N, standing for lambda -> 0+.
+    config = _config(ess_fraction=0.05)
+    config.training.rounds = 1
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    assert results["lam"] == pytest.approx(58 * 1e-6, rel=1e-6)
+    with pytest.raises(fjp.TaskError, match="out of range"):  # a fixed lambda still refuses it
+        fjp.build_task(_config(ess_fraction=0.05, lam_schedule="fixed"))

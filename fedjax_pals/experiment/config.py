@@ -29,7 +29,8 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 the kl | l2 discrepancy of S_k from T (label_shift_baselines.py)
     algorithm.fedlc_tau         FedLC's calibration logits_y - tau n_y^(-1/4), tau >= 0
     algorithm.lam_schedule      fixed (the paper) | hypergradient: FedPALS' lambda starts at lam /
-                                ess_fraction (> 0) and follows the target validation loss's
+                                ess_fraction (> 0; an ESS fraction out of reach starts at the
+                                lower end, 1e-6 N) and follows the target validation loss's
                                 hypergradient (adaptive_lambda.py)
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
     algorithm.target_estimation None (the server knows T) | bbse | bbse_soft | em: T(Y) unknown;

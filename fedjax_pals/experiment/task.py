@@ -36,7 +36,7 @@ from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.models import Model, make_model
 from fedjax_pals.privacy import private_label_dists, with_server_label_dists
-from fedjax_pals.server_weights import effective_sample_size, lambda_for_ess
+from fedjax_pals.server_weights import LOG10_LAM_RANGE, effective_sample_size, lambda_for_ess
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
 MIN_TARGET_TEST_EXAMPLES = 100
@@ -157,15 +157,26 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
             delta=a.label_dp_delta,
         )
     lam = a.lam
+    adaptive = a.lam_schedule == "hypergradient"
     if a.ess_fraction is not None:
-        lam = float(
-            lambda_for_ess(
-                partition.client_label_dists if server_dists is None else server_dists,
-                target,
-                partition.client_sizes,
-                a.ess_fraction,
+        try:
+            lam = float(
+                lambda_for_ess(
+                    partition.client_label_dists if server_dists is None else server_dists,
+                    target,
+                    partition.client_sizes,
+                    a.ess_fraction,
+                )
             )
-        )
+        except ValueError as error:
+            if not (adaptive and "out of range" in str(error)):
+                raise
+            lam = 0.0  # below the reachable range: the lower end, see below
+        if adaptive and lam == 0.0:
+            # A fixed lambda would be out of reach (or 0); the hypergradient only needs a start
+            # > 0 and moves from there: the lower end of lambda_for_ess's range, which stands
+            # for lambda -> 0+.
+            lam = float(np.sum(partition.client_sizes)) * 10.0 ** LOG10_LAM_RANGE[0]
     training_partition = partition
     if a.name == "oracle":
         # FedAvg on clients resampled to the target label distribution (App. B.5).
@@ -184,13 +195,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         **_beyond_algorithm_kwargs(a),
     )
     model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
-    if a.lam_schedule == "hypergradient":
-        if not lam > 0:
-            raise TaskError(
-                f"lam_schedule='hypergradient' needs a starting lambda > 0, but ess_fraction="
-                f"{a.ess_fraction} gives lambda = {lam:g} on this partition (its lower end); "
-                "use a larger ess_fraction or lam > 0."
-            )
+    if adaptive:
         val = partition.target_val_indices
         algorithm = adaptive_fedpals(
             target,
