@@ -95,7 +95,7 @@ FEDDISCO_FEDLC="--config.training.rounds=10 \
 --config.sweep.grid.algorithm.fedlc_tau='(1.0,)'"
 ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
-ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
+ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' --config.sweep.axes.partition.num_clients='(10,)' ${SMALL_GRID[*]@Q}"
 ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
 ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_adaptive_lambda_c3
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
