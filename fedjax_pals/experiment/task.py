@@ -141,7 +141,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         target = perturb_label_dist(target, a.target_perturbation, config.seed)
     if a.target_estimation is not None:
         # T unknown: the server starts from the clients' aggregate, the guess without target
-        # labels, and the run re-estimates T as it trains (`Task.target_reestimation`).
+        # labels, and train_and_evaluate re-estimates T as it trains (`TargetReestimation`).
         sizes = np.asarray(partition.client_sizes, np.float64)
         target = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
 
