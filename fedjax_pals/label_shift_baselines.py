@@ -23,7 +23,6 @@ only in their data share one compiled round.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import chex
@@ -31,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pals.baselines import _nonnegative, _real  # the one validation vocabulary
 from fedjax_pals import _validation
 from fedjax_pals.algorithms import (
     ClientInfo,
@@ -53,24 +53,6 @@ FEDDISCO_DEFAULT_METRIC = "kl"
 # tau * (1e-8)^(-1/4) = 100 tau.
 FEDLC_MIN_COUNT = 1e-8
 FEDLC_DEFAULT_TAU = 1.0
-
-
-def _real(name: str, value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise ValueError(f"{name} must be a real number, got {value!r}.")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}.")
-    return value
-
-
-def _nonnegative(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}.")
-    return value
 
 
 def _metric(metric: Any) -> str:
