@@ -304,6 +304,22 @@ def test_runs_of_another_config_are_refused_before_anything_runs(tmp_path, monke
     assert len(fake.calls) == 8
 
 
+def test_an_x_axis_of_only_none_draws_no_curve_and_the_sweep_finishes(tmp_path, monkeypatch):
+    FakeTraining().install(monkeypatch)
+    config = _sweep_config(
+        seeds=(0, 1),
+        methods=("fedavg",),
+        grid=dict(training=dict(learning_rate=(0.1,))),
+        axes=dict(algorithm=dict(label_dp_epsilon=(None,))),
+        figures=("accuracy_vs_axis",),
+        x_axis="label_dp_epsilon",
+    )
+    summary = fjp.run_sweep(config, str(tmp_path), quiet=True)
+    assert set(summary["runs"].values()) == {"done"}
+    assert "accuracy_vs_axis" not in summary["files"]
+    assert not glob.glob(str(tmp_path / "accuracy_vs_*.png"))
+
+
 def test_failed_runs_are_reported_and_left_out_of_the_selection(tmp_path, monkeypatch):
     fake = FakeTraining(
         errors={

@@ -799,7 +799,8 @@ def _figures(
                         "target_accuracy": [p["target_accuracy"] for p in cell["per_seed"]],
                     }
                 )
-        if series:
+        # An axis reduced to its None value (e.g. epsilon=(None,) in a smoke run) has no curve.
+        if any(p["x"] is not None for points in series.values() for p in points):
             path = os.path.join(workdir, f"accuracy_vs_{_fmt(x_axis)}.png")
             plots.plot_accuracy_vs_axis(
                 path, series, x_axis, f"{sweep['row_label']}: target accuracy vs {x_axis}"
