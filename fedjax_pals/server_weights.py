@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import jaxopt
 from jaxopt.projection import projection_simplex
 
-from fedjax_pals import _validation
+from fedjax_pals import _linalg, _validation
 
 # Projected gradient with a fixed step 1/L and Nesterov acceleration (FISTA).
 # On random problems up to M = 100 (lam = 0, M > K, the slowest case) the
@@ -155,7 +155,7 @@ def _face_newton_step(
 
     residual = target - alpha @ dists
     f_transposed = project_rows(dists * sqrt_sizes[:, None])  # F^T, (M, K)
-    v_mat, sigma, u_t = jnp.linalg.svd(f_transposed, full_matrices=False)
+    v_mat, sigma, u_t = _linalg.thin_svd(f_transposed)
     # Singular values at the SVD's rounding level belong to null directions of F.
     keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
     v_mat = jnp.where(keep[None, :], v_mat, 0.0)
@@ -388,7 +388,7 @@ def _lam_derivative(dists, target, sizes, lam, alpha):
     # Off the face: identity rows and columns, so that the solve leaves those entries at 0.
     hessian = jnp.where(active[:, None] & active[None, :], hessian, jnp.diag(1.0 - mask))
     rhs = jnp.stack([mask, mask * inv_sizes * alpha], axis=1)
-    solved = jnp.linalg.solve(hessian, rhs)
+    solved = _linalg.solve(hessian, rhs)
     h_ones, h_d_alpha = solved[:, 0] * mask, solved[:, 1] * mask
     nu_prime = jnp.sum(h_d_alpha) / jnp.sum(h_ones)
     derivative = nu_prime * h_ones - h_d_alpha
