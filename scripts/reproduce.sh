@@ -44,13 +44,17 @@ TABLE1_SCAFFOLD=(
   "--config.sweep.grid.algorithm.server_lr=(1.0,)"
 )
 
-# Are 10 rounds enough? FedPALS (lam = 0) and FedAvg for 40 rounds on two seeds.
+# Are 10 rounds enough, and do FedRS and AFL (below the paper at 10) catch up with more?
+# FedPALS, FedAvg, FedRS and AFL for 40 rounds on three seeds.
 TABLE1_LONG=(
   --config.training.rounds=40
-  "--config.sweep.seeds=(0,1)"
-  "--config.sweep.methods=('fedpals','fedavg')"
+  "--config.sweep.seeds=(0,1,2)"
+  "--config.sweep.methods=('fedpals','fedavg','fedrs','afl')"
   "--config.sweep.grid.training.learning_rate=(0.1,)"
   "--config.sweep.grid.algorithm.ess_fraction=(0.5,)"
+  "--config.sweep.grid.algorithm.fedrs_alpha=(0.5,)"
+  "--config.sweep.grid.algorithm.afl_step=(0.1,)"
+  "--config.sweep.grid.algorithm.server_lr=(1.0,)"
 )
 
 declare -A ARGS
@@ -63,7 +67,7 @@ ARGS[synthetic_fig9]=""
 ARGS[target_perturbation_table2]="--config.training.rounds=6 ${SMALL_GRID[*]@Q}"
 ARGS[num_clients_fig9c]="--config.training.rounds=15 --config.sweep.seeds='(0,1,2)' \
 --config.sweep.methods='(\"fedpals\",\"fedavg\")' ${SMALL_GRID[*]@Q}"
-ARGS[local_epochs_fig8b]="--config.sweep.seeds='(0,)' --config.sweep.methods='(\"fedpals\",\"fedavg\")' \
+ARGS[local_epochs_fig8b]="--config.sweep.seeds='(0,1,2)' --config.sweep.methods='(\"fedpals\",\"fedavg\")' \
 --config.sweep.axes.training.local_epochs='(1,2,5,10)' --config.sweep.axes.training.rounds='(10,5,2,1)' \
 --config.sweep.grid.training.learning_rate='(0.1,)' --config.sweep.grid.algorithm.ess_fraction='(0.25,)'"
 ARGS[beyond_adaptive_lambda_c3]="--config.training.rounds=10"
@@ -95,7 +99,7 @@ FEDDISCO_FEDLC="--config.training.rounds=10 \
 --config.sweep.grid.algorithm.fedlc_tau='(1.0,)'"
 ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
-ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' --config.sweep.axes.partition.num_clients='(10,)' ${SMALL_GRID[*]@Q}"
+ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
 ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
 ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_adaptive_lambda_c3
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
