@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fedjax_pals as fjp
@@ -211,3 +212,50 @@ def test_the_weights_command_draws_fedpals_weights_without_training(tmp_path):
     assert abs(ess90["ess"] / total - 0.9) < 1e-3
     assert (tmp_path / "weights.png").stat().st_size > 1000
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_restricted_evaluation_scales_only_the_classes_the_target_lacks():
+    from experiments.restricted_eval import restricted_accuracies
+
+    # Target holds classes 0 and 1. Example 0: class 2 (absent) leads, 0 is second at 3.0.
+    # Example 1: class 1 leads outright. Example 2: absent class 3 leads at 10, class 0 at 4.
+    logits = np.array([[3.0, 1.0, 4.0, 0.0], [0.0, 5.0, 2.0, 1.0], [4.0, 0.0, 0.0, 10.0]])
+    labels = np.array([0, 1, 0])
+    target = np.array([0.5, 0.5, 0.0, 0.0])
+    got = restricted_accuracies(logits, labels, target, (1.0, 0.8, 0.5, 0.0))
+    # alpha 1: plain (1 of 3); 0.8: 4 -> 3.2 > 3 still wins, 10 -> 8 wins; 0.5: 2.0 < 3 fixes
+    # example 0 but 5.0 > 4 keeps example 2 wrong; 0: only classes 0 and 1 can be predicted.
+    assert got == {
+        1.0: pytest.approx(1 / 3),
+        0.8: pytest.approx(1 / 3),
+        0.5: pytest.approx(2 / 3),
+        0.0: pytest.approx(1.0),
+    }
+
+
+@pytest.mark.integration
+def test_the_restricted_eval_command_restores_each_run_and_reproduces_its_accuracy(tmp_path):
+    import ml_collections
+
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.training.rounds = 2
+    config.training.batch_size = 8
+    config.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=("fedrs", "fedavg")))
+    summary = fjp.run_sweep(config, str(tmp_path), quiet=True)
+    assert set(summary["runs"].values()) == {"done"}
+    completed = _main(
+        "experiments.restricted_eval",
+        f"--workdir={tmp_path}",
+        "--methods=fedrs,fedavg",
+        "--alphas=0.5,0",
+        "--cpu_devices=1",
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    record = json.loads((tmp_path / "restricted_eval.json").read_text())
+    assert len(record["runs"]) == 2
+    for run in record["runs"].values():
+        # The restored final state gives the accuracy the run recorded at its last round.
+        assert run["plain"] == pytest.approx(run["recorded_final"], abs=1e-9)
+        assert set(run["restricted"]) == {"0.5", "0"}
+    assert "| fedrs |" in (tmp_path / "restricted_eval.md").read_text()
