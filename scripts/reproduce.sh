@@ -20,11 +20,12 @@ ROOT="${REPRODUCTION_DIR:-runs/reproduction}"
 # learning rate 0.1 for every method, FedPALS' full lambda grid (lam = 0 and ESS 10/25/50/75 %
 # of N), every baseline at its reference default (FedProx mu = 0.01, SCAFFOLD eta_g = 1,
 # AFL gamma = 0.1) and FedRS over alpha = 0.5 (its default) and 0.1; early stopping, lambda and
-# alpha selected on the target validation set. SCAFFOLD diverges at learning rate 0.1 on some seeds, so it has its own
-# sweep (table1_*_scaffold) over learning rates 0.1 and 0.01; table1_* merges the two tables.
+# alpha selected on the target validation set; FedProx+FedPALS (mu = 0.01) over FedPALS'
+# lambda grid. SCAFFOLD diverges at learning rate 0.1 on some seeds, so it has its own sweep
+# (table1_*_scaffold) over learning rates 0.1 and 0.01; table1_* merges the two tables.
 TABLE1=(
   --config.training.rounds=10
-  "--config.sweep.methods=('fedpals','fedavg','fedprox','afl','fedrs','oracle')"
+  "--config.sweep.methods=('fedpals','fedavg','fedprox','afl','fedrs','oracle','fedprox_fedpals')"
   "--config.sweep.grid.training.learning_rate=(0.1,)"
   "--config.sweep.grid.algorithm.prox_mu=(0.01,)"
   "--config.sweep.grid.algorithm.server_lr=(1.0,)"
@@ -85,6 +86,10 @@ CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
 # Commands of their own: the weights picture (no training) on a partition whose clients differ
 # in size (NIID-Bench's "#C=3": each label split evenly among its holders).
 declare -A RAW
+# FedRS' gap to the paper: Table 1's FedRS and FedAvg runs re-evaluated with the target's
+# restricted softmax at test time (no training; needs table1_fmnist_c3 and _c2 first).
+RAW[fedrs_restricted_eval]="experiments.restricted_eval \
+--sweeps=$ROOT/table1_fmnist_c3,$ROOT/table1_fmnist_c2 --methods=fedrs,fedavg --alphas=0.5,0.1,0"
 RAW[weights]="experiments.weights --config=configs/default.py \
 --config.partition.scheme=niid_bench_sparsity --config.partition.labels_per_client=3"
 # Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
@@ -106,7 +111,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
        beyond_unknown_target_c3 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
-       weights table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
+       weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.
