@@ -71,11 +71,16 @@ ARGS[num_clients_fig9c]="--config.training.rounds=15 --config.sweep.seeds='(0,1,
 ARGS[local_epochs_fig8b]="--config.sweep.seeds='(0,1,2)' --config.sweep.methods='(\"fedpals\",\"fedavg\")' \
 --config.sweep.axes.training.local_epochs='(1,2,5,10)' --config.sweep.axes.training.rounds='(10,5,2,1)' \
 --config.sweep.grid.training.learning_rate='(0.1,)' --config.sweep.grid.algorithm.ess_fraction='(0.25,)'"
+# The paper's six E at a budget of E x rounds = 40 (the paper: 150), one seed.
+ARGS[local_epochs_fig8b_all_e]="--config.sweep.seeds='(0,)' --config.sweep.methods='(\"fedpals\",\"fedavg\")' \
+--config.sweep.axes.training.local_epochs='(1,2,5,10,20,40)' --config.sweep.axes.training.rounds='(40,20,8,4,2,1)' \
+--config.sweep.grid.training.learning_rate='(0.1,)' --config.sweep.grid.algorithm.ess_fraction='(0.25,)'"
 ARGS[beyond_adaptive_lambda_c3]="--config.training.rounds=10"
 ARGS[beyond_adaptive_lambda_c2]="--config.training.rounds=10"
 # Experiments whose config file is not configs/<name>.py.
 declare -A CONFIG
 CONFIG[table1_fmnist_c3_scaffold]="configs/table1_fmnist_c3.py"
+CONFIG[local_epochs_fig8b_all_e]="configs/local_epochs_fig8b.py"
 CONFIG[table1_fmnist_c3_long]="configs/table1_fmnist_c3.py"
 CONFIG[table1_fmnist_c2_scaffold]="configs/table1_fmnist_c2.py"
 CONFIG[beyond_adaptive_lambda_c3]="configs/beyond_adaptive_lambda.py:3"
@@ -111,7 +116,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
        beyond_unknown_target_c3 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
-       weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
+       local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.
