@@ -1,7 +1,7 @@
 r"""Re-evaluates a sweep's finished runs with the target's restricted softmax at test time.
 
-  python -m experiments.restricted_eval --workdir=runs/reproduction/table1_fmnist_c3 \
-      --methods=fedrs,fedavg --alphas=0.5,0.1,0
+  python -m experiments.restricted_eval --workdir=runs/fedrs_restricted_eval \
+      --sweeps=runs/table1_c3,runs/table1_c2 --methods=fedrs,fedavg --alphas=0.5,0.1,0
 
 FedRS (Li & Zhan, KDD 2021) scales, during a client's local training, the logits of the
 classes that client lacks by alpha. Evaluated on the target the usual way (the global model's
@@ -15,7 +15,8 @@ z the global model's logits (for AFL its evaluated iterate). alpha = 1 is the pl
 evaluation; alpha = 0 predicts only labels the target holds. No training: every run's final
 state is restored from its checkpoint (the config in its results.json rebuilds the task).
 
-Writes <workdir>/restricted_eval.json (per run and per method and grid point: plain and
+Reads the finished runs of `--methods` in each of `--sweeps` (sweep workdirs) and writes
+<workdir>/restricted_eval.json (per run, and per sweep, method and grid point: plain and
 restricted accuracy at the final round, mean and std over seeds) and restricted_eval.md.
 """
 
@@ -34,9 +35,10 @@ from absl import app, flags
 import fedjax_pals as fjp
 from experiments import flags as common
 
+_SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep workdirs whose runs to re-evaluate.")
 _METHODS = flags.DEFINE_list("methods", ["fedrs", "fedavg"], "Method directories under runs/.")
 _ALPHAS = flags.DEFINE_list("alphas", ["0.5"], "Scalings a_k of the target's absent classes.")
-flags.mark_flags_as_required(["workdir"])
+flags.mark_flags_as_required(["workdir", "sweeps"])
 
 _BATCH = 1024
 
@@ -100,24 +102,31 @@ def main(argv):
     alphas = [float(a) for a in _ALPHAS.value]
     if any(not 0.0 <= a < 1.0 for a in alphas):
         raise app.UsageError(f"--alphas must be in [0, 1), got {_ALPHAS.value}.")
-    workdir = common.WORKDIR.value
     runs, groups = {}, {}
-    for method in _METHODS.value:
-        pattern = os.path.join(workdir, "runs", method, "**", "results.json")
-        found = sorted(os.path.dirname(p) for p in glob.glob(pattern, recursive=True))
-        if not found:
-            raise app.UsageError(f"no finished runs of {method!r} under {workdir}/runs.")
-        for run_dir in found:
-            name = os.path.relpath(run_dir, os.path.join(workdir, "runs"))
-            runs[name] = record = evaluate_run(run_dir, alphas)
-            groups.setdefault(os.path.dirname(name), []).append(record)
-            print(name, json.dumps(record), flush=True)
+    for sweep in _SWEEPS.value:
+        for method in _METHODS.value:
+            pattern = os.path.join(sweep, "runs", method, "**", "results.json")
+            found = sorted(os.path.dirname(p) for p in glob.glob(pattern, recursive=True))
+            if not found:
+                raise app.UsageError(f"no finished runs of {method!r} under {sweep}/runs.")
+            for run_dir in found:
+                name = os.path.join(
+                    os.path.basename(os.path.normpath(sweep)),
+                    os.path.relpath(run_dir, os.path.join(sweep, "runs")),
+                )
+                runs[name] = record = evaluate_run(run_dir, alphas)
+                groups.setdefault(os.path.dirname(name), []).append(record)
+                print(name, json.dumps(record), flush=True)
+    workdir = common.WORKDIR.value
+    os.makedirs(workdir, exist_ok=True)
     summary = {}
     lines = [
         "Target test accuracy (%) at the final round, mean ± std over seeds: the global model's",
         "plain logits, and with the target's restricted softmax (absent classes' logits x alpha).",
         "",
-        "| method / point | seeds | plain | " + " | ".join(f"alpha={a:g}" for a in alphas) + " |",
+        "| sweep / method / point | seeds | plain | "
+        + " | ".join(f"alpha={a:g}" for a in alphas)
+        + " |",
         "|---|---|---|" + "---|" * len(alphas),
     ]
     for group, records in groups.items():

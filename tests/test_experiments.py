@@ -242,10 +242,11 @@ def test_the_restricted_eval_command_restores_each_run_and_reproduces_its_accura
     config.training.rounds = 2
     config.training.batch_size = 8
     config.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=("fedrs", "fedavg")))
-    summary = fjp.run_sweep(config, str(tmp_path), quiet=True)
+    summary = fjp.run_sweep(config, str(tmp_path / "sweep"), quiet=True)
     assert set(summary["runs"].values()) == {"done"}
     completed = _main(
         "experiments.restricted_eval",
+        f"--sweeps={tmp_path / 'sweep'}",
         f"--workdir={tmp_path}",
         "--methods=fedrs,fedavg",
         "--alphas=0.5,0",
@@ -258,4 +259,4 @@ def test_the_restricted_eval_command_restores_each_run_and_reproduces_its_accura
         # The restored final state gives the accuracy the run recorded at its last round.
         assert run["plain"] == pytest.approx(run["recorded_final"], abs=1e-9)
         assert set(run["restricted"]) == {"0.5", "0"}
-    assert "| fedrs |" in (tmp_path / "restricted_eval.md").read_text()
+    assert "| sweep/fedrs |" in (tmp_path / "restricted_eval.md").read_text()
