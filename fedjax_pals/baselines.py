@@ -63,7 +63,10 @@ another local optimiser are noted.
   configs train every method, FedRS included, with one model, config.model = "auto" (LeNet
   with a head bias, as the paper's CNN): the sweep gives all methods one model; run FedRS with
   --config.model=lenet_nobias for the reference head. The reference also clips gradients and
-  uses its own optimiser settings; ours does not clip.
+  uses its own optimiser settings; ours does not clip. Evaluation uses the plain logits, as
+  the reference does; the FedPALS paper's FedRS numbers are matched instead by evaluating
+  with the target's own restriction (T's absent labels' logits x alpha), measured by
+  `experiments/restricted_eval.py` (REPRODUCTION.md, Table 1).
 * FedShift vs Shen et al. (Algorithm 1, eq. 5; no public code): the same shift
   s_ik = ln(P_i(k) / P(k)) in local training only, P = sum_i (n_i / N) P_i over all clients,
   Laplace-smoothed counts (the paper names the smoothing but not its constant: ours is 1).
