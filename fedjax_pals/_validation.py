@@ -7,6 +7,7 @@ them (validate once, outside the transformation, if in doubt).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -162,3 +163,38 @@ def check_weights(name: str, weights: Any, num_clients: int) -> np.ndarray:
     if not array.any():
         raise ValueError(f"{name} is all zeros.")
     return array
+
+
+def check_real(name: str, value: Any) -> float:
+    """A finite real Python/NumPy number (a hyperparameter); bool is refused (ValueError)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"{name} must be a real number, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}.")
+    return value
+
+
+def check_nonnegative(name: str, value: Any) -> float:
+    """`check_real`, and >= 0."""
+    value = check_real(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}.")
+    return value
+
+
+def check_positive(name: str, value: Any) -> float:
+    """`check_real`, and > 0."""
+    value = check_real(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}.")
+    return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A Python/NumPy bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}.")
+    return bool(value)

@@ -99,7 +99,6 @@ State layout (`ServerState.algorithm_state`, a dict):
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import chex
@@ -150,37 +149,6 @@ WEIGHTINGS = ("fedavg", "fedpals")
 # -- argument checks ----------------------------------------------------------
 
 
-def _real(name: str, value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(
-        value, (int, float, np.integer, np.floating)
-    ):
-        raise ValueError(f"{name} must be a real number, got {value!r}.")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}.")
-    return value
-
-
-def _nonnegative(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}.")
-    return value
-
-
-def _positive(name: str, value: Any) -> float:
-    value = _real(name, value)
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}.")
-    return value
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r}.")
-    return bool(value)
-
-
 def _state_entry(state: ServerState, key: str, who: str, builder: str):
     """algorithm_state[key], with a clear error when the method is mis-assembled."""
     data = state.algorithm_state
@@ -210,7 +178,7 @@ def fedprox_client(mu: float) -> ClientMethod:
     w^t the broadcast global params: local SGD steps are pulled back towards
     w^t with strength mu. mu = 0 is plain local SGD (FedAvg's client).
     """
-    return _fedprox_client(_nonnegative("mu", mu))
+    return _fedprox_client(_validation.check_nonnegative("mu", mu))
 
 
 @functools.cache
@@ -246,10 +214,10 @@ def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:
     bias-free classifier, z = W h: model "lenet_nobias" (`lenet(..., head_bias=False)`).
     With a head bias b the scaled logit is a_ik (w_k^T h + b_k).
     """
-    alpha = _real("alpha", alpha)
+    alpha = _validation.check_real("alpha", alpha)
     if not 0.0 < alpha <= 1.0:
         raise ValueError(f"FedRS alpha must be in (0, 1], got {alpha!r}.")
-    return _fedrs_client(alpha, _flag("soft", soft))
+    return _fedrs_client(alpha, _validation.check_flag("soft", soft))
 
 
 @functools.cache
@@ -271,7 +239,7 @@ def _fedrs_client(alpha: float, soft: bool) -> ClientMethod:
 
 def smoothed_label_dists(client_label_counts: chex.ArrayLike, smoothing: float = 1.0) -> np.ndarray:
     """Laplace-smoothed client label distributions P_i(k) = (c_ik + s) / (n_i + K s)."""
-    s = _positive("smoothing", smoothing)
+    s = _validation.check_positive("smoothing", smoothing)
     counts = np.asarray(client_label_counts, np.float64)
     if (
         counts.ndim != 2
@@ -314,7 +282,7 @@ def fedshift_client(smoothing: float = 1.0) -> ClientMethod:
     P the aggregate read from `state.algorithm_state["aggregate_label_dist"]`
     (see `fedshift`). Evaluation uses the unshifted logits.
     """
-    return _fedshift_client(_positive("smoothing", smoothing))
+    return _fedshift_client(_validation.check_positive("smoothing", smoothing))
 
 
 @functools.cache
@@ -403,7 +371,7 @@ def scaffold_server_update(server_learning_rate: float = 1.0) -> ServerUpdate:
 
     and c_i <- c_i+ for the participants only; the others keep their c_i.
     """
-    return _scaffold_server_update(_positive("server_lr", server_learning_rate))
+    return _scaffold_server_update(_validation.check_positive("server_lr", server_learning_rate))
 
 
 @functools.cache
@@ -486,7 +454,7 @@ def afl_server_update(step_size: float) -> ServerUpdate:
     Averaged iterate: avg_t = avg_{t-1} + (w_t - avg_{t-1}) / t, so
     avg_T = (1/T) sum_{t=1}^T w_t, the model the paper reports (`eval_params`).
     """
-    return _afl_server_update(_nonnegative("step_size", step_size))
+    return _afl_server_update(_validation.check_nonnegative("step_size", step_size))
 
 
 @functools.cache
@@ -535,8 +503,8 @@ def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:
     litian96/fair_flearn report; average_iterates=False evaluates the last
     iterate w_T instead (as the FedDG benchmark does). Training is the same.
     """
-    step_size = _nonnegative("step_size", step_size)
-    if _flag("average_iterates", average_iterates):
+    step_size = _validation.check_nonnegative("step_size", step_size)
+    if _validation.check_flag("average_iterates", average_iterates):
         return FederatedAlgorithm(
             name="afl",
             client=plain_sgd(),
@@ -662,7 +630,7 @@ def _fedpals_weighting_for(partition, lam, why: str) -> Weighting:
     partition = _need_partition(partition, why)
     if lam is None:
         raise ValueError(f"{why} needs the FedPALS trade-off lam (lam=...).")
-    return fedpals_weighting(partition.target_label_dist, _nonnegative("lam", lam))
+    return fedpals_weighting(partition.target_label_dist, _validation.check_nonnegative("lam", lam))
 
 
 def make_algorithm(
@@ -714,7 +682,7 @@ def make_algorithm(
         raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}.")
     if weights is not None and weights not in WEIGHTINGS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {WEIGHTINGS}.")
-    if _positive("server_lr", server_lr) != 1.0 and name != "scaffold":
+    if _validation.check_positive("server_lr", server_lr) != 1.0 and name != "scaffold":
         raise ValueError(
             f"server_lr applies to scaffold only; {name} needs server_lr=1.0, "
             f"got {server_lr!r}."
@@ -735,7 +703,7 @@ def make_algorithm(
         partition = _need_partition(partition, "fedpals")
         if lam is None:
             raise ValueError("fedpals needs the FedPALS trade-off lam (lam=...).")
-        return fedpals(partition.target_label_dist, _nonnegative("lam", lam))
+        return fedpals(partition.target_label_dist, _validation.check_nonnegative("lam", lam))
     if name == "scaffold":
         return scaffold(server_lr)
     if name == "afl":

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pals.baselines import _nonnegative, _real  # the one validation vocabulary
 from fedjax_pals import _validation
 from fedjax_pals.algorithms import (
     ClientInfo,
@@ -149,8 +148,8 @@ def feddisco_weights(
         dists,
         sizes,
         target,
-        jnp.float32(_nonnegative("a", a)),
-        jnp.float32(_real("b", b)),
+        jnp.float32(_validation.check_nonnegative("a", a)),
+        jnp.float32(_validation.check_real("b", b)),
         _metric(metric),
     )
 
@@ -202,8 +201,8 @@ def feddisco_weighting(
     dist = _validation.check_distribution("global_label_dist", global_label_dist)
     data = {
         "global_label_dist": jnp.asarray(dist, jnp.float32),
-        "a": jnp.asarray(_nonnegative("a", a), jnp.float32),
-        "b": jnp.asarray(_real("b", b), jnp.float32),
+        "a": jnp.asarray(_validation.check_nonnegative("a", a), jnp.float32),
+        "b": jnp.asarray(_validation.check_real("b", b), jnp.float32),
     }
     return Weighting("feddisco", lambda: data, _feddisco_weights_fn(_metric(metric)))
 
@@ -244,7 +243,7 @@ def fedlc_calibrated_logits(
     so the pair (y, y') gets the margin tau (n_{k,y}^{-1/4} - n_{k,y'}^{-1/4}): a rare
     label must beat a frequent one by more. tau = 0 is the plain cross-entropy.
     """
-    tau = _nonnegative("tau", tau)
+    tau = _validation.check_nonnegative("tau", tau)
     logits = jnp.asarray(logits)
     counts = jnp.maximum(jnp.asarray(label_counts, logits.dtype), FEDLC_MIN_COUNT)
     return logits - jnp.asarray(tau, logits.dtype) * counts ** jnp.asarray(-0.25, logits.dtype)
@@ -265,7 +264,7 @@ def fedlc_client(tau: float = FEDLC_DEFAULT_TAU) -> ClientMethod:
     The client's label counts n_{k,y} = S_k(y) n_k come from its ClientInfo; evaluation uses
     the uncalibrated logits. tau >= 0; tau = 0 is plain local SGD (FedAvg's client).
     """
-    return _fedlc_client(_nonnegative("tau", tau))
+    return _fedlc_client(_validation.check_nonnegative("tau", tau))
 
 
 def fedlc(tau: float = FEDLC_DEFAULT_TAU, weighting: Weighting | None = None) -> FederatedAlgorithm:
