@@ -47,20 +47,22 @@ def _final_params(run_dir: str, config) -> tuple:
     """The task and the evaluated params of the run's last checkpoint (nothing is trained)."""
     task = fjp.build_task(config)
     checkpointer = fjp.Checkpointer(os.path.join(run_dir, "checkpoints"))
-    if not checkpointer.steps() or max(checkpointer.steps()) != config.training.rounds:
-        raise ValueError(f"{run_dir} has no checkpoint of its last round.")
-    state, _ = fjp.run_training(
-        task.algorithm,
-        task.model,
-        task.dataset,
-        task.partition,
-        task.training,
-        rounds=config.training.rounds,
-        seed=config.seed,
-        clients_per_round=task.clients_per_round,
-        checkpointer=checkpointer,
-    )
-    checkpointer.close()
+    try:
+        if config.training.rounds not in checkpointer.steps():
+            raise ValueError(f"{run_dir} has no checkpoint of its last round.")
+        state, _ = fjp.run_training(
+            task.algorithm,
+            task.model,
+            task.dataset,
+            task.partition,
+            task.training,
+            rounds=config.training.rounds,
+            seed=config.seed,
+            clients_per_round=task.clients_per_round,
+            checkpointer=checkpointer,
+        )
+    finally:
+        checkpointer.close()
     return task, task.algorithm.eval_params(state)
 
 
