@@ -4,7 +4,7 @@ Times one FedAvg round (all M clients, synthetic Fashion-MNIST-shaped data) for
 every (model, M, backend, devices, processes, runs) case against the baseline
 loop (one process with JAX's default settings, one jitted single-client SGD
 step per batch), each device configuration in child processes of its own;
-see `fjp.run_benchmark` for what is measured and how. Writes JSON (rows with
+see `bench.run_benchmark` for what is measured and how. Writes JSON (rows with
 model, num_clients, backend (= strategy), devices, processes, runs,
 is_default, client_steps_per_s, speedup_vs_baseline, compile seconds, peak
 RSS, machine load) and prints a Markdown table.
@@ -24,11 +24,12 @@ from absl import app
 from absl import flags
 
 import fedjax_pals as fjp
+from experiments import benchmark_harness as bench
 
-_BACKENDS_LIST = fjp.benchmark.available_backends()
+_BACKENDS_LIST = bench.available_backends()
 
 _NUM_CLIENTS = flags.DEFINE_list("num_clients", ["10", "100", "1000"], "Numbers of clients M.")
-_MODELS = flags.DEFINE_list("models", list(fjp.benchmark.MODELS), "Models.")
+_MODELS = flags.DEFINE_list("models", list(bench.MODELS), "Models.")
 _BACKENDS = flags.DEFINE_list(
     "backends", list(_BACKENDS_LIST), f"Engine backends, among {_BACKENDS_LIST} or 'auto'."
 )
@@ -75,7 +76,7 @@ _OUTPUT = flags.DEFINE_string("output", "results/benchmark.json", "Where to writ
 def main(argv):
     del argv
     try:
-        settings = fjp.BenchmarkSettings(
+        settings = bench.BenchmarkSettings(
             examples_per_client=_EXAMPLES.value,
             batch_size=_BATCH.value,
             local_epochs=_EPOCHS.value,
@@ -93,7 +94,7 @@ def main(argv):
                 "the baseline loop needs full batches: --examples_per_client must be a "
                 "multiple of --batch_size (or pass --nobaseline)."
             )
-        cases = fjp.benchmark_cases(
+        cases = bench.benchmark_cases(
             [m.strip() for m in _MODELS.value],
             _NUM_CLIENTS.value,
             [b.strip() for b in _BACKENDS.value],
@@ -109,7 +110,7 @@ def main(argv):
         f"batch {settings.batch_size}, {settings.steps_per_client} steps/client",
         flush=True,
     )
-    result = fjp.run_benchmark(cases, settings, log=lambda msg: print(msg, flush=True))
+    result = bench.run_benchmark(cases, settings, log=lambda msg: print(msg, flush=True))
     out_dir = os.path.dirname(_OUTPUT.value)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

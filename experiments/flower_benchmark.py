@@ -1,10 +1,10 @@
 r"""The benchmark's FedAvg round in Flower's simulation engine, side by side with ours.
 
 Runs the round of `experiments.benchmark` (the same JAX model from
-`fjp.benchmark.make_model`, the same synthetic data from
-`fjp.benchmark.synthetic_data`, batch 32, the same local steps and data order,
+`bench.make_model`, the same synthetic data from
+`bench.synthetic_data`, batch 32, the same local steps and data order,
 from the same jitted single-client SGD step as the benchmark's plain loop via
-`fjp.BaselineLoop.local_update`) in Flower's simulation engine (Ray actors
+`bench.BaselineLoop.local_update`) in Flower's simulation engine (Ray actors
 running `ClientApp`s, a `ServerApp` with Flower's `FedAvg`, weights n_i /
 sum_j n_j), for each number of clients M and each number of Ray actors.
 m = round(participation * M) clients train per round (Flower samples them).
@@ -14,7 +14,7 @@ Timed per (M, actors): every round from `configure_fit` to the end of
 imports, data and JIT compile; the rest are steady), the median of the steady
 rounds, the clients' own seconds in local steps per round, client-steps/s
 and the peak RSS of this process and all its descendants (Ray's processes and
-actors), sampled every 0.2 s. With --compare (default), `fjp.run_benchmark`
+actors), sampled every 0.2 s. With --compare (default), `bench.run_benchmark`
 first measures the plain loop and the engine's default for the same (model, M,
 participation) in child processes, and the JSON gets the ratios of this one
 run: `flower_vs_loop` = Flower s/round / loop s/round, `engine_vs_flower` =
@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 import fedjax_pals as fjp
+from experiments import benchmark_harness as bench
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,7 @@ class FlowerSetup:
     clients_per_round: int
     rounds: int
     actors: int
-    settings: fjp.BenchmarkSettings
+    settings: bench.BenchmarkSettings
 
 
 # ----------------------------------------------------------------------------
@@ -76,11 +77,11 @@ def _client_problem(setup: FlowerSetup):
     import jax
 
     s = setup.settings
-    model = fjp.benchmark.make_model(setup.model)
-    data = fjp.benchmark.synthetic_data(
+    model = bench.make_model(setup.model)
+    data = bench.synthetic_data(
         setup.model, setup.num_clients, s.examples_per_client, s.seed
     )
-    loop = fjp.BaselineLoop(model, fjp.benchmark.local_training(s))
+    loop = bench.BaselineLoop(model, bench.local_training(s))
     treedef = jax.tree_util.tree_structure(model.init(jax.random.PRNGKey(s.seed)))
     return data, loop, treedef
 
@@ -205,7 +206,7 @@ def run_flower_round(setup: FlowerSetup) -> dict:
     from flwr.simulation import run_simulation
 
     s = setup.settings
-    model = fjp.benchmark.make_model(setup.model)
+    model = bench.make_model(setup.model)
     initial = [
         np.asarray(x) for x in jax.tree_util.tree_leaves(model.init(jax.random.PRNGKey(s.seed)))
     ]
@@ -265,12 +266,12 @@ def _parity(setup: FlowerSetup, flower_leaves) -> float:
     import jax
 
     s = setup.settings
-    model = fjp.benchmark.make_model(setup.model)
-    data = fjp.benchmark.synthetic_data(
+    model = bench.make_model(setup.model)
+    data = bench.synthetic_data(
         setup.model, setup.num_clients, s.examples_per_client, s.seed
     )
     params = model.init(jax.random.PRNGKey(s.seed))
-    loop = fjp.BaselineLoop(model, fjp.benchmark.local_training(s))
+    loop = bench.BaselineLoop(model, bench.local_training(s))
     expected = loop.run_round(
         data,
         params,
@@ -289,7 +290,7 @@ def _define_flags():
 
     return dict(
         num_clients=flags.DEFINE_list("num_clients", ["10"], "Numbers of clients M."),
-        model=flags.DEFINE_enum("model", "lenet", list(fjp.benchmark.MODELS), "Model."),
+        model=flags.DEFINE_enum("model", "lenet", list(bench.MODELS), "Model."),
         actors=flags.DEFINE_list("actors", ["2", "1"], "Numbers of Ray actors (one CPU each)."),
         participation=flags.DEFINE_float(
             "participation", 1.0, "Fraction of the M clients sampled into each round."
@@ -303,7 +304,7 @@ def _define_flags():
         lr=flags.DEFINE_float("learning_rate", 0.1, "Local SGD learning rate."),
         seed=flags.DEFINE_integer("seed", 0, "Seed of the data and the initial params."),
         compare=flags.DEFINE_boolean(
-            "compare", True, "Also run the loop and the engine's default (fjp.run_benchmark)."
+            "compare", True, "Also run the loop and the engine's default (bench.run_benchmark)."
         ),
         check_clients=flags.DEFINE_integer(
             "check_clients", 10, "At this M (full participation), compare Flower's params."
@@ -319,7 +320,7 @@ def main(argv, f) -> None:
     from absl import app
 
     try:
-        settings = fjp.BenchmarkSettings(
+        settings = bench.BenchmarkSettings(
             examples_per_client=f["examples"].value,
             batch_size=f["batch"].value,
             local_epochs=f["epochs"].value,
@@ -360,12 +361,12 @@ def main(argv, f) -> None:
     except ImportError as e:
         raise app.UsageError(f"{e}: install the extra (see this module's docstring).") from None
     if f["compare"].value:
-        cases = fjp.benchmark_cases([model], sizes, ["auto"])
+        cases = bench.benchmark_cases([model], sizes, ["auto"])
         log(f"# the loop and the engine's default at M = {sizes} (child processes)")
-        out["engine"] = fjp.run_benchmark(cases, settings, log=log)
+        out["engine"] = bench.run_benchmark(cases, settings, log=log)
         log(out["engine"]["markdown_table"])
     rows = {
-        (r["num_clients"], r["backend"] == fjp.benchmark.BASELINE): r
+        (r["num_clients"], r["backend"] == bench.BASELINE): r
         for r in (out["engine"] or {}).get("results", [])
         if r["status"] == "ok"
     }

@@ -151,17 +151,6 @@ from fedjax_pals.experiment.sweep import (  # noqa: E402
     run_sweep,
 )
 
-# -- the benchmark: a round's throughput per backend vs a plain loop (fjp.benchmark.*)
-from fedjax_pals.benchmark import (  # noqa: E402
-    BaselineLoop,
-    BenchmarkCase,
-    BenchmarkSettings,
-    CompileTimer,
-    benchmark_cases,
-    run_benchmark,
-)
-from fedjax_pals import benchmark  # noqa: E402,F401
-
 # -- the experiment layer: configs, tasks, workdirs, checkpoints, train_and_evaluate
 from fedjax_pals.experiment.config import (  # noqa: E402
     ConfigError,

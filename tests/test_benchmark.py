@@ -1,4 +1,4 @@
-"""Tests of fedjax_pals.benchmark: cases, ratios, the baseline loop, the row schema and
+"""Tests of experiments.benchmark_harness: cases, ratios, the baseline loop, the row schema and
 the child-process runner. No timing assertions: only what is computed from timings."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import benchmark as bench
+from experiments import benchmark_harness as bench
 
 BACKENDS = bench.available_backends()
-TINY = fjp.BenchmarkSettings(
+TINY = bench.BenchmarkSettings(
     examples_per_client=64, batch_size=32, rounds=1, min_timed_seconds=0.0, check_clients=2
 )
 
@@ -51,7 +51,7 @@ OK_ROW_KEYS = {
 
 
 def test_benchmark_cases_put_one_default_process_baseline_first_per_model_and_m():
-    cases = fjp.benchmark_cases(
+    cases = bench.benchmark_cases(
         ["lenet", "logistic_regression"],
         ["100", 10],
         BACKENDS[:2],
@@ -80,8 +80,8 @@ def test_benchmark_cases_put_one_default_process_baseline_first_per_model_and_m(
 
 
 def test_benchmark_cases_without_baseline_and_with_auto_backend():
-    cases = fjp.benchmark_cases(["lenet"], [10], ["auto"], baseline=False)
-    assert cases == [fjp.BenchmarkCase("lenet", 10, "auto", "auto", 1, 1)]
+    cases = bench.benchmark_cases(["lenet"], [10], ["auto"], baseline=False)
+    assert cases == [bench.BenchmarkCase("lenet", 10, "auto", "auto", 1, 1)]
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_benchmark_cases_reject_bad_arguments(kwargs, match):
     args.update(kwargs)
     positional = [args.pop(k) for k in ("models", "num_clients", "backends")]
     with pytest.raises(ValueError, match=match):
-        fjp.benchmark_cases(*positional, **args)
+        bench.benchmark_cases(*positional, **args)
 
 
 def test_parse_devices():
@@ -130,13 +130,13 @@ def test_parse_devices():
 )
 def test_settings_reject_bad_values(field, value, match):
     with pytest.raises(ValueError, match=match):
-        fjp.BenchmarkSettings(**{field: value})
+        bench.BenchmarkSettings(**{field: value})
 
 
 def test_round_participants_sample_m_clients_per_round_the_same_for_every_case():
-    everyone = fjp.BenchmarkSettings()
+    everyone = bench.BenchmarkSettings()
     np.testing.assert_array_equal(bench.round_participants(5, everyone, 3), np.arange(5))
-    tenth = fjp.BenchmarkSettings(participation=0.1, seed=4)
+    tenth = bench.BenchmarkSettings(participation=0.1, seed=4)
     assert tenth.clients_per_round(1000) == 100 and tenth.clients_per_round(3) == 1
     a0, a1 = (bench.round_participants(1000, tenth, r) for r in (0, 1))
     assert a0.shape == (100,) and len(set(a0.tolist())) == 100
@@ -144,12 +144,12 @@ def test_round_participants_sample_m_clients_per_round_the_same_for_every_case()
     np.testing.assert_array_equal(a0, bench.round_participants(1000, tenth, 0))
     assert not np.array_equal(a0, a1)
     with pytest.raises(ValueError, match=r"participation must be in \(0, 1\], got 0.0"):
-        fjp.BenchmarkSettings(participation=0.0)
+        bench.BenchmarkSettings(participation=0.0)
 
 
 def test_settings_count_steps_per_client_with_a_partial_last_batch():
-    assert fjp.BenchmarkSettings(examples_per_client=64, batch_size=32).steps_per_client == 2
-    s = fjp.BenchmarkSettings(examples_per_client=65, batch_size=32, local_epochs=2)
+    assert bench.BenchmarkSettings(examples_per_client=64, batch_size=32).steps_per_client == 2
+    s = bench.BenchmarkSettings(examples_per_client=65, batch_size=32, local_epochs=2)
     assert s.steps_per_client == 6
 
 
@@ -157,7 +157,7 @@ def test_settings_count_steps_per_client_with_a_partial_last_batch():
 
 
 def test_plan_timed_rounds_fits_the_case_budget_and_extends_fast_rounds():
-    s = fjp.BenchmarkSettings(
+    s = bench.BenchmarkSettings(
         rounds=3, max_seconds_per_case=60.0, min_timed_seconds=1.0, max_fast_rounds=20
     )
     # 10 s rounds after a 45 s first round: one more fits the 60 s budget.
@@ -195,7 +195,7 @@ def _measure(wall, compile_s=0.0, compiles=0, cpu=None, busy=None, rss=100.0):
 
 
 def test_summarize_case_takes_the_slowest_process_and_sums_their_memory():
-    case = fjp.BenchmarkCase("lenet", 10, BACKENDS[0], 2, processes=2, runs=3)
+    case = bench.BenchmarkCase("lenet", 10, BACKENDS[0], 2, processes=2, runs=3)
     first = [_measure(4.0, 3.0, 5, rss=300.0), _measure(4.5, 3.1, 5, rss=200.0)]
     rounds = [
         # Process 0 busy-CPU reading: both processes' 1 s each plus 0.5 s of others'.
@@ -227,7 +227,7 @@ def test_summarize_case_takes_the_slowest_process_and_sums_their_memory():
 
 
 def test_summarize_case_without_machine_cpu_readings_reports_no_foreign_load():
-    case = fjp.BenchmarkCase("lenet", 10, BACKENDS[0])
+    case = bench.BenchmarkCase("lenet", 10, BACKENDS[0])
     row = bench.summarize_case(case, [_measure(2.0)], [[_measure(1.0)]], {}, TINY)
     assert row["foreign_cpu_cores"] is None
     assert row["recompiled_after_first_round"] is False
@@ -269,7 +269,7 @@ def test_add_speedups_divides_throughput_by_the_same_model_and_m_baseline():
 
 
 def test_markdown_table_has_one_line_per_row_and_marks_the_default():
-    case = fjp.BenchmarkCase("lenet", 10, BACKENDS[0])
+    case = bench.BenchmarkCase("lenet", 10, BACKENDS[0])
     ok = bench.summarize_case(
         case, [_measure(2.0)], [[_measure(1.0)]], {"is_default": True, "devices": 2}, TINY
     )
@@ -288,7 +288,7 @@ def test_markdown_table_has_one_line_per_row_and_marks_the_default():
 
 def test_compile_timer_counts_compilations_through_jax_monitoring():
     x = np.arange(7.0, dtype=np.float32)  # numpy inputs: no eager JAX op compiles
-    with fjp.CompileTimer() as timer:
+    with bench.CompileTimer() as timer:
         f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
         f(x).block_until_ready()
         seconds, count = timer.snapshot()
@@ -313,7 +313,7 @@ def test_baseline_loop_equals_the_engine_round(model_name, backends):
     params = model.init(jax.random.PRNGKey(0))
     participants = np.array([2, 0], np.int32)  # partial participation, out of order
     key = jax.random.PRNGKey(7)
-    expected = fjp.BaselineLoop(model, training).run_round(data, params, participants, key)
+    expected = bench.BaselineLoop(model, training).run_round(data, params, participants, key)
     algorithm = fjp.fedavg()
     for backend in backends:
         engine = bench.make_engine(algorithm, model, training, backend, chunk_size=2)
@@ -331,7 +331,7 @@ def test_baseline_loop_equals_the_engine_round(model_name, backends):
 def test_baseline_local_updates_averaged_by_size_equal_its_round():
     model = bench.make_model("logistic_regression")
     data = bench.synthetic_data("logistic_regression", 3, 64, seed=1)
-    loop = fjp.BaselineLoop(model, bench.local_training(TINY))
+    loop = bench.BaselineLoop(model, bench.local_training(TINY))
     params = model.init(jax.random.PRNGKey(2))
     key = jax.random.PRNGKey(3)
     expected = loop.run_round(data, params, [0, 2], key)
@@ -347,7 +347,7 @@ def test_baseline_local_updates_averaged_by_size_equal_its_round():
 def test_baseline_loop_needs_full_batches():
     model = bench.make_model("logistic_regression")
     data = bench.synthetic_data("logistic_regression", 2, 48, seed=0)
-    loop = fjp.BaselineLoop(model, bench.local_training(TINY))
+    loop = bench.BaselineLoop(model, bench.local_training(TINY))
     with pytest.raises(ValueError, match="needs full batches"):
         loop.run_round(data, model.init(jax.random.PRNGKey(0)), [0, 1], jax.random.PRNGKey(1))
 
@@ -357,7 +357,7 @@ def test_worker_measures_rounds_into_a_schema_row():
     try:
         assert worker.info["devices"] == jax.device_count()
         assert worker.info["default_backend"] in BACKENDS
-        case = fjp.BenchmarkCase("logistic_regression", 3, "auto")
+        case = bench.BenchmarkCase("logistic_regression", 3, "auto")
         added = worker.handle({"cmd": "add", "case": case.__dict__})
         assert added["resolved_backend"] == worker.info["default_backend"]
         assert added["is_default"] is True
@@ -372,7 +372,7 @@ def test_worker_measures_rounds_into_a_schema_row():
         with pytest.raises(ValueError, match="unknown command 'fly'"):
             worker.handle({"cmd": "fly"})
         # A baseline case is not "the default", whatever its backend column says.
-        base = fjp.BenchmarkCase("logistic_regression", 3, bench.BASELINE, "default")
+        base = bench.BenchmarkCase("logistic_regression", 3, bench.BASELINE, "default")
         assert worker.handle({"cmd": "add", "case": base.__dict__})["is_default"] is False
     finally:
         worker.timer.close()
@@ -399,10 +399,10 @@ def test_run_benchmark_measures_each_device_config_in_its_own_process(monkeypatc
     # Set in the parent, this would give every process 3 devices; the children must not inherit it.
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
     backend = BACKENDS[-1]
-    cases = fjp.benchmark_cases(["logistic_regression"], [4], [backend], devices=["default", 2])
+    cases = bench.benchmark_cases(["logistic_regression"], [4], [backend], devices=["default", 2])
     # Half the clients per round: parity also checks that every case trains the same sample.
     settings = dataclasses.replace(TINY, participation=0.5, check_clients=4)
-    result = fjp.run_benchmark(cases, settings, log=lambda msg: None)
+    result = bench.run_benchmark(cases, settings, log=lambda msg: None)
     rows = result["results"]
     assert [(r["backend"], r["devices_setting"]) for r in rows] == [
         (bench.BASELINE, "default"),
@@ -432,11 +432,11 @@ def test_run_benchmark_measures_each_device_config_in_its_own_process(monkeypatc
 @pytest.mark.integration
 def test_run_benchmark_reports_a_failing_case_and_measures_the_rest():
     # 48 examples, batch 32: the baseline loop refuses partial batches; the engine does not.
-    settings = fjp.BenchmarkSettings(
+    settings = bench.BenchmarkSettings(
         examples_per_client=48, batch_size=32, rounds=1, min_timed_seconds=0.0
     )
-    cases = fjp.benchmark_cases(["logistic_regression"], [2], [BACKENDS[0]], devices=["default"])
-    rows = fjp.run_benchmark(cases, settings, log=lambda msg: None)["results"]
+    cases = bench.benchmark_cases(["logistic_regression"], [2], [BACKENDS[0]], devices=["default"])
+    rows = bench.run_benchmark(cases, settings, log=lambda msg: None)["results"]
     assert [r["status"] for r in rows] == ["error", "ok"]
     assert "needs full batches" in rows[0]["error"]
     assert rows[1]["speedup_vs_baseline"] is None
@@ -444,8 +444,8 @@ def test_run_benchmark_reports_a_failing_case_and_measures_the_rest():
 
 @pytest.mark.integration
 def test_run_benchmark_two_processes_equal_the_baseline():
-    cases = fjp.benchmark_cases(["logistic_regression"], [2], ["auto"], processes=[2])
-    result = fjp.run_benchmark(cases, TINY, log=lambda msg: None)
+    cases = bench.benchmark_cases(["logistic_regression"], [2], ["auto"], processes=[2])
+    result = bench.run_benchmark(cases, TINY, log=lambda msg: None)
     rows = result["results"]
     assert [r["status"] for r in rows] == ["ok", "ok"], rows
     assert rows[1]["processes"] == 2 and len(rows[1]["peak_rss_mib_per_process"]) == 2
@@ -459,8 +459,8 @@ def test_run_benchmark_two_processes_equal_the_baseline():
     not hasattr(fjp.RoundEngine, "run_rounds"), reason="the engine has no runs axis yet"
 )
 def test_run_benchmark_runs_axis_counts_every_run_and_run_zero_equals_the_baseline():
-    cases = fjp.benchmark_cases(["logistic_regression"], [2], ["auto"], runs=[3])
-    result = fjp.run_benchmark(cases, TINY, log=lambda msg: None)
+    cases = bench.benchmark_cases(["logistic_regression"], [2], ["auto"], runs=[3])
+    result = bench.run_benchmark(cases, TINY, log=lambda msg: None)
     rows = result["results"]
     assert [r["status"] for r in rows] == ["ok", "ok"], rows
     assert rows[1]["client_steps_per_round"] == 3 * rows[0]["client_steps_per_round"]

@@ -1085,7 +1085,7 @@ class _Child:
         self.timeout_s = timeout_s
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import fedjax_pals.benchmark as b; b.worker_main()"],
+            [sys.executable, "-c", "import experiments.benchmark_harness as b; b.worker_main()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
