@@ -23,6 +23,8 @@ from fedjax_pals.data import (  # noqa: E402
     niid_bench_dirichlet_partition,
     niid_bench_sparsity_partition,
     partition_from_label_counts,
+    register_dataset,
+    registered_datasets,
     resample_to_label_dist,
     sparsity_partition,
     synthetic_label_shift_task,
@@ -40,7 +42,15 @@ from fedjax_pals.server_weights import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
-from fedjax_pals.models import Model, lenet, logistic_regression, make_model  # noqa: E402
+from fedjax_pals.models import (  # noqa: E402
+    Model,
+    lenet,
+    logistic_regression,
+    make_model,
+    model_from_flax,
+    register_model,
+    registered_models,
+)
 from fedjax_pals.metrics import (  # noqa: E402
     accuracy_from_confusion,
     confusion_matrix,
@@ -93,7 +103,6 @@ from fedjax_pals.training import (  # noqa: E402
     training_group_key,
 )
 from fedjax_pals.baselines import (  # noqa: E402
-    ALGORITHMS,
     afl,
     afl_server_update,
     afl_weighting,
@@ -105,7 +114,6 @@ from fedjax_pals.baselines import (  # noqa: E402
     fedshift,
     fedshift_aggregate_label_dist,
     fedshift_client,
-    make_algorithm,
     oracle,
     oracle_partition,
     scaffold,
@@ -113,6 +121,20 @@ from fedjax_pals.baselines import (  # noqa: E402
     scaffold_server_update,
     uniform_weighting,
 )
+from fedjax_pals.registry import (  # noqa: E402
+    Hyperparameters,
+    Method,
+    MethodContext,
+    Variant,
+    get_method,
+    hyperparameter,
+    make_algorithm,
+    method_label,
+    register_method,
+    register_variant,
+    registered_methods,
+)
+from fedjax_pals import builtin_methods  # noqa: E402,F401  (registers the built-in methods)
 from fedjax_pals import engine  # noqa: E402,F401  (fjp.engine.resolve_backend etc.)
 from fedjax_pals.runtime import configure_runtime, is_main_process  # noqa: E402
 
@@ -131,7 +153,6 @@ from fedjax_pals.experiment.plots import (  # noqa: E402
 )
 from fedjax_pals.experiment.perturbation import perturb_label_dist  # noqa: E402
 from fedjax_pals.experiment.protocol import (  # noqa: E402
-    METHOD_LABELS,
     PAPER_METHODS,
     PAPER_TABLE_1,
     RunRecord,

@@ -7,6 +7,7 @@ them (validate once, outside the transformation, if in doubt).
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -198,3 +199,72 @@ def check_flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a bool, got {value!r}.")
     return bool(value)
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    why: str = "",
+) -> float:
+    """A finite real number inside [low, high] (either end open or absent); bool is refused.
+
+    The message names `name`, the allowed range and the value, e.g. "prox_mu must be a finite
+    number >= 0, got -0.1." (the config prefixes the name with its key path).
+    """
+    if low is not None and high is not None:
+        allowed = (
+            f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        )
+    elif low is not None:
+        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        allowed = f"a finite number {'<' if high_open else '<='} {high:g}"
+    else:
+        allowed = "a finite number"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value!r}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value}.")
+    if low is not None and (value < low or (low_open and value == low)):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value:g}.")
+    if high is not None and (value > high or (high_open and value == high)):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value:g}.")
+    return value
+
+
+def check_integer(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
+    """An integer (bool refused) in [low, high] (high None: no upper bound)."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value!r}.")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {allowed}{why}, got {value}.")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """True or False (NumPy bools too); the message reads as a config key's."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices, *, optional: bool = False) -> str | None:
+    """One of `choices` (strings), with "did you mean" for a near miss; None when optional."""
+    if value is None and optional:
+        return None
+    allowed = f"one of {list(choices)}" + (" or None" if optional else "")
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+    if value not in choices:
+        close = difflib.get_close_matches(value, list(choices), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{name} must be {allowed}, got {value!r}{hint}.")
+    return value

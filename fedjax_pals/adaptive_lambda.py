@@ -146,7 +146,7 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
         low, high = data["log_lam_bounds"][0], data["log_lam_bounds"][1]
         log_lam = jnp.clip(jnp.log(lam) + step, low, high)
         new_lam = jnp.exp(log_lam).astype(lam.dtype)
-        done = new_state.round - 1  # the round just trained, 0-based
+        done = state.round  # the round just trained, 0-based (the engine advances the count)
         algorithm_state = {
             **data,
             "opt_state": opt_state,

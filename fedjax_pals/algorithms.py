@@ -102,27 +102,26 @@ class Weighting(NamedTuple):
     init() -> the weighting's data, kept in ServerState.weighting_state so that
       runs differing only in it (another target, another lam) share one compiled
       round.
-    weights(label_dists (m, K), sizes (m,), state) -> simplex weights (m,).
-    uses_participants: when True the engine calls
-      weights(label_dists, sizes, state, participants) with the round's (m,)
-      client ids, for weights kept per client in the state (AFL's lambda).
+    weights(label_dists (m, K), sizes (m,), state, participants (m,)) -> simplex
+      weights (m,): the round's participants' label distributions and sizes, the
+      server state, and the participants' client ids (for what the state keeps per
+      client, e.g. AFL's lambda or a released copy of S).
     """
 
     name: str
     init: Callable[[], PyTree]
-    weights: Callable[..., jax.Array]
-    uses_participants: bool = False
+    weights: Callable[[jax.Array, jax.Array, "ServerState", jax.Array], jax.Array]
 
 
 def _no_weighting_state():
     return ()
 
 
-def _fedavg_weights(label_dists, sizes, state):
+def _fedavg_weights(label_dists, sizes, state, participants):
     return server_weights.fedavg_weights(sizes)
 
 
-def _fedpals_weights(label_dists, sizes, state):
+def _fedpals_weights(label_dists, sizes, state, participants):
     data = state.weighting_state
     return server_weights.fedpals_weights(
         label_dists, data["target_label_dist"], sizes, data["lam"]
@@ -179,7 +178,7 @@ def weighted_average_update(server_learning_rate: float = 1.0) -> ServerUpdate:
             state.client_states,
             outputs.client_states,
         )
-        return state._replace(params=params, client_states=client_states, round=state.round + 1)
+        return state._replace(params=params, client_states=client_states)
 
     return update
 

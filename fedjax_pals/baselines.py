@@ -99,7 +99,6 @@ State layout (`ServerState.algorithm_state`, a dict):
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import chex
 import jax
@@ -122,29 +121,10 @@ from fedjax_pals.algorithms import (
     _no_algorithm_state,
     fedavg,
     fedavg_weighting,
-    fedpals,
-    fedpals_weighting,
     plain_sgd,
     weighted_average_update,
 )
 from fedjax_pals.data import FederatedPartition, resample_to_label_dist
-
-ALGORITHMS = (
-    "fedavg",
-    "fedpals",
-    "fedprox",
-    "scaffold",
-    "afl",
-    "fedrs",
-    "fedshift",
-    "oracle",
-    "feddisco",  # fedjax_pals.label_shift_baselines
-    "fedlc",  # fedjax_pals.label_shift_baselines
-)
-# The methods that change only local training and so combine with either weighting.
-CLIENT_SIDE_METHODS = ("fedprox", "fedrs", "fedshift", "fedlc")
-WEIGHTINGS = ("fedavg", "fedpals")
-
 
 # -- argument checks ----------------------------------------------------------
 
@@ -352,7 +332,7 @@ def scaffold_client() -> ClientMethod:
     )
 
 
-def _uniform_weights(label_dists, sizes, state):
+def _uniform_weights(label_dists, sizes, state, participants):
     m = sizes.shape[0]
     return jnp.full((m,), 1.0 / m, jnp.float32)
 
@@ -430,7 +410,7 @@ def afl_weighting() -> Weighting:
     With full participation alpha = lam. If the participants' mass is 0 the
     round falls back to uniform weights.
     """
-    return Weighting("afl", fedavg_weighting().init, _afl_weights, uses_participants=True)
+    return Weighting("afl", fedavg_weighting().init, _afl_weights)
 
 
 def afl_server_update(step_size: float) -> ServerUpdate:
@@ -472,7 +452,7 @@ def _afl_server_update(step_size: float) -> ServerUpdate:
             block + step_size * outputs.initial_loss.astype(lam.dtype), safe_mass
         )
         lam = lam.at[participants].set(jnp.where(mass > 0, moved, block))
-        t = new_state.round.astype(jnp.float32)  # rounds completed, >= 1
+        t = (state.round + 1).astype(jnp.float32)  # rounds completed with this one, >= 1
         avg = jax.tree_util.tree_map(
             lambda a, w: a + (w - a) / t.astype(a.dtype), avg, new_state.params
         )
@@ -613,124 +593,3 @@ def oracle_partition(
 def oracle() -> FederatedAlgorithm:
     """The Oracle's algorithm: FedAvg (to be run on `oracle_partition`)."""
     return fedavg()._replace(name="oracle")
-
-
-# -- registry -----------------------------------------------------------------
-
-
-def _need_partition(partition, why: str) -> FederatedPartition:
-    if partition is None:
-        raise ValueError(f"{why} needs the partition (partition=...).")
-    if not isinstance(partition, FederatedPartition):
-        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
-    return partition
-
-
-def _fedpals_weighting_for(partition, lam, why: str) -> Weighting:
-    partition = _need_partition(partition, why)
-    if lam is None:
-        raise ValueError(f"{why} needs the FedPALS trade-off lam (lam=...).")
-    return fedpals_weighting(partition.target_label_dist, _validation.check_nonnegative("lam", lam))
-
-
-def make_algorithm(
-    name: str,
-    *,
-    partition: FederatedPartition | None = None,
-    lam: float | None = None,
-    prox_mu: float | None = None,
-    server_lr: float = 1.0,
-    afl_step: float | None = None,
-    fedrs_alpha: float = 0.5,
-    fedrs_soft: bool = False,
-    weights: str | None = None,
-    fedshift_smoothing: float = 1.0,
-    feddisco_a: float = 0.5,
-    feddisco_b: float = 0.1,
-    feddisco_metric: str = "kl",
-    fedlc_tau: float = 1.0,
-) -> FederatedAlgorithm:
-    """The algorithm called `name` (one of ALGORITHMS), for the launcher.
-
-    Args:
-      name: fedavg, fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle,
-        feddisco or fedlc.
-      partition: the training partition; needed by fedpals (its target), by
-        fedshift (its label counts) and by weights="fedpals".
-      lam: FedPALS' lam (fedpals, or weights="fedpals").
-      prox_mu: FedProx' mu (required for fedprox).
-      server_lr: SCAFFOLD's global step eta_g (only scaffold; must be 1 otherwise).
-      afl_step: AFL's step gamma on lam (required for afl).
-      fedrs_alpha, fedrs_soft: FedRS' scaling of absent classes and its soft variant.
-      weights: the weighting of the client-side methods (fedprox, fedrs,
-        fedshift, fedlc): None or "fedavg" (FedAvg) or "fedpals". fedavg, oracle,
-        scaffold, afl and feddisco have their own weights: None or "fedavg" (a launcher
-        default) leaves them so, "fedpals" raises (use name="fedpals").
-      fedshift_smoothing: Laplace pseudo-count of FedShift's label counts.
-      feddisco_a, feddisco_b, feddisco_metric: FedDisco's weights
-        ReLU(n_k/N - a d_k + b), d_k measured against the partition's target T
-        (`label_shift_baselines.feddisco_weighting`); feddisco needs the partition.
-      fedlc_tau: FedLC's calibration strength tau (`label_shift_baselines.fedlc_client`).
-
-    The Oracle's algorithm is FedAvg: the launcher must also train it on
-    `oracle_partition(partition, train_labels, seed)`.
-
-    Raises:
-      ValueError: an unknown name or weighting, or a missing or invalid argument.
-    """
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}.")
-    if weights is not None and weights not in WEIGHTINGS:
-        raise ValueError(f"unknown weights {weights!r}; choose one of {WEIGHTINGS}.")
-    if _validation.check_positive("server_lr", server_lr) != 1.0 and name != "scaffold":
-        raise ValueError(
-            f"server_lr applies to scaffold only; {name} needs server_lr=1.0, "
-            f"got {server_lr!r}."
-        )
-    if name == "fedpals" and weights == "fedavg":
-        raise ValueError(
-            "fedpals uses FedPALS weights; weights='fedavg' is FedAvg (name='fedavg')."
-        )
-    if weights == "fedpals" and name in ("fedavg", "scaffold", "afl", "oracle", "feddisco"):
-        raise ValueError(
-            f"{name} has its own server weights; weights='fedpals' applies only to "
-            f"{CLIENT_SIDE_METHODS} (or use name='fedpals')."
-        )
-
-    if name in ("fedavg", "oracle"):
-        return fedavg() if name == "fedavg" else oracle()
-    if name == "fedpals":
-        partition = _need_partition(partition, "fedpals")
-        if lam is None:
-            raise ValueError("fedpals needs the FedPALS trade-off lam (lam=...).")
-        return fedpals(partition.target_label_dist, _validation.check_nonnegative("lam", lam))
-    if name == "scaffold":
-        return scaffold(server_lr)
-    if name == "afl":
-        if afl_step is None:
-            raise ValueError("afl needs the step size of its mixture weights (afl_step=...).")
-        return afl(afl_step)
-    if name == "feddisco":
-        from fedjax_pals.label_shift_baselines import feddisco
-
-        partition = _need_partition(partition, "feddisco")
-        return feddisco(partition.target_label_dist, feddisco_a, feddisco_b, feddisco_metric)
-
-    weighting = (
-        _fedpals_weighting_for(partition, lam, f"{name} with weights='fedpals'")
-        if weights == "fedpals"
-        else None
-    )
-    if name == "fedprox":
-        if prox_mu is None:
-            raise ValueError("fedprox needs its proximal strength (prox_mu=...).")
-        return fedprox(prox_mu, weighting)
-    if name == "fedrs":
-        return fedrs(fedrs_alpha, fedrs_soft, weighting)
-    if name == "fedlc":
-        from fedjax_pals.label_shift_baselines import fedlc
-
-        return fedlc(fedlc_tau, weighting)
-    partition = _need_partition(partition, "fedshift")
-    aggregate = fedshift_aggregate_label_dist(partition.client_label_counts, fedshift_smoothing)
-    return fedshift(aggregate, fedshift_smoothing, weighting)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals import _validation
+from fedjax_pals.baselines import combine
 from fedjax_pals.algorithms import (
     ClientInfo,
     ClientMethod,
@@ -164,7 +165,7 @@ def _disco_weights(dists, sizes, target, a, b, metric: str) -> jax.Array:
 
 @functools.cache
 def _feddisco_weights_fn(metric: str):
-    def weights(label_dists, sizes, state: ServerState):
+    def weights(label_dists, sizes, state: ServerState, participants):
         data = state.weighting_state
         if not isinstance(data, dict) or "global_label_dist" not in data:
             raise ValueError(
@@ -216,8 +217,6 @@ def feddisco(
 ) -> FederatedAlgorithm:
     """FedDisco (Ye et al., ICML 2023): plain local SGD (or `client_method`, e.g.
     `fedlc_client(tau)`) with FedDisco's weights (`feddisco_weighting`)."""
-    from fedjax_pals.baselines import combine
-
     weighting = feddisco_weighting(global_label_dist, a, b, metric)
     client = client_method if client_method is not None else plain_sgd()
     name = "feddisco" if client_method is None else f"{client.name}+feddisco"
@@ -270,7 +269,5 @@ def fedlc_client(tau: float = FEDLC_DEFAULT_TAU) -> ClientMethod:
 def fedlc(tau: float = FEDLC_DEFAULT_TAU, weighting: Weighting | None = None) -> FederatedAlgorithm:
     """FedLC (Zhang et al., ICML 2022) with FedAvg weights, or `weighting` (e.g. FedPALS' or
     FedDisco's)."""
-    from fedjax_pals.baselines import combine
-
     name = "fedlc" if weighting is None or weighting.name == "fedavg" else f"fedlc+{weighting.name}"
     return combine(fedlc_client(tau), weighting, name)

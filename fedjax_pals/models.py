@@ -130,6 +130,61 @@ MODELS = {
 }
 
 
+# The models that take image inputs (H, W, C): config.model may name them only for an image
+# data set.
+_IMAGE_MODELS = {"lenet", "lenet_nobias"}
+
+
+def register_model(
+    name: str,
+    build: Callable[[Sequence[int], int], Model],
+    *,
+    needs_images: bool = False,
+    replace: bool = False,
+) -> None:
+    """Registers a model under `name` (config.model = name).
+
+    build(input_shape, num_classes) -> Model; `model_from_flax` makes one from any
+    flax.linen Module. Return the same Model object for equal arguments (cache the builder,
+    e.g. with functools.cache): the round engine's compilation cache is keyed on it.
+    needs_images: the model takes (H, W, C) inputs (refused for feature-vector data sets).
+    """
+    if not isinstance(name, str) or not name.isidentifier() or name == "auto":
+        raise ValueError(f"a model's name must be a Python identifier other than 'auto', got {name!r}.")
+    if not callable(build):
+        raise TypeError(f"build must be callable (input_shape, num_classes) -> Model, got {build!r}.")
+    if name in MODELS and not replace:
+        raise ValueError(f"a model {name!r} is already registered; pass replace=True to redefine it.")
+    MODELS[name] = build
+    (_IMAGE_MODELS.add if needs_images else _IMAGE_MODELS.discard)(name)
+
+
+def registered_models() -> tuple[str, ...]:
+    return tuple(MODELS)
+
+
+def model_needs_images(name: str) -> bool:
+    return name in _IMAGE_MODELS
+
+
+def model_from_flax(
+    name: str,
+    module: nn.Module,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    convolutional: bool = False,
+) -> Model:
+    """A `Model` from a flax.linen Module whose __call__(x) returns (B, num_classes) logits.
+
+    convolutional=True tells the engine's backend choice that the model convolves: on a CPU
+    it then trains clients one at a time (vmapped convolutions are slow there, BUILD_NOTES.md).
+    """
+    return _from_flax(
+        name, module, tuple(int(d) for d in input_shape), int(num_classes), bool(convolutional)
+    )
+
+
 def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")

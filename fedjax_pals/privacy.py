@@ -283,13 +283,12 @@ def private_label_dists(
 
 
 @functools.cache
-def _server_dists_weights_fn(inner_weights, inner_uses_participants: bool):
+def _server_dists_weights_fn(inner_weights):
     def weights(label_dists, sizes, state: ServerState, participants):
         data = state.weighting_state
         seen = data["server_label_dists"][participants].astype(label_dists.dtype)
         inner_state = state._replace(weighting_state=data["inner"])
-        extra = (participants,) if inner_uses_participants else ()
-        return inner_weights(seen, sizes, inner_state, *extra)
+        return inner_weights(seen, sizes, inner_state, participants)
 
     return weights
 
@@ -311,9 +310,4 @@ def with_server_label_dists(weighting: Weighting, server_label_dists: chex.Array
     def init():
         return {"inner": inner.init(), "server_label_dists": data_dists}
 
-    return Weighting(
-        inner.name,
-        init,
-        _server_dists_weights_fn(inner.weights, bool(inner.uses_participants)),
-        uses_participants=True,
-    )
+    return Weighting(inner.name, init, _server_dists_weights_fn(inner.weights))

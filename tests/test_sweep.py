@@ -495,7 +495,7 @@ def test_a_tiny_synthetic_sweep_end_to_end(tmp_path):
             tests.append(results["target_accuracy_at_best_val"])
         assert row["cells"][method]["mean"] == pytest.approx(np.mean(tests))
         assert row["cells"][method]["std"] == pytest.approx(np.std(tests))
-        label = fjp.METHOD_LABELS[method]
+        label = fjp.method_label(method)
         assert label in summary["markdown"]
     text = (tmp_path / "table.md").read_text()
     fedpals, fedavg = row["cells"]["fedpals"], row["cells"]["fedavg"]

@@ -215,7 +215,7 @@ def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd):
     assert "fedpals on synthetic label shift" in err and "1/1" in err
 
 
-@pytest.mark.parametrize("name", fjp.ALGORITHMS)
+@pytest.mark.parametrize("name", fjp.registered_methods())
 def test_build_task_makes_every_algorithm(name):
     config = {"dataset": {"name": "synthetic"}, "algorithm": {"name": name}}
     task = fjp.build_task(config)
@@ -281,3 +281,16 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
             with_others["target_accuracy"], alone["target_accuracy"], atol=1e-3
         )
         assert with_others["config_digest"] == alone["config_digest"]
+
+
+def test_synthetic_runs_differing_only_in_lambda_share_the_data_and_one_runs_axis():
+    tasks = [
+        fjp.build_task({"dataset": {"name": "synthetic"}, "algorithm": {"lam": lam}})
+        for lam in (0.0, 0.5)
+    ]
+    assert tasks[0].dataset is tasks[1].dataset
+    runs = [
+        fjp.TrainingRun(t.algorithm, t.model, t.dataset, t.partition, t.training, rounds=2, seed=0)
+        for t in tasks
+    ]
+    assert fjp.training_group_key(runs[0]) == fjp.training_group_key(runs[1])

@@ -209,6 +209,35 @@ def test_a_non_finite_loss_is_divergence():
         _synthetic_run("fedavg", 0.5, seed=0, rounds=3, learning_rate=1e38)
 
 
+def test_a_nan_round_loss_stops_the_run_in_that_round_not_at_the_next_evaluation():
+    # Round 1's weighted training loss is NaN (NaN > limit is False: the finiteness check,
+    # not the limit, must catch it); without evaluation until round 4.
+    with pytest.raises(
+        fjp.TrainingDivergedError, match=r"diverged in round 1: the weighted training loss is nan"
+    ):
+        _synthetic_run("fedavg", 0.5, seed=0, rounds=4, learning_rate=1e38, eval_every=4)
+
+
+def test_validation_reads_the_target_validation_set_and_test_the_target_test_set():
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=1)
+    state, history = _synthetic_run("fedpals", 0.5, seed=1, rounds=2)
+    model = fjp.logistic_regression((2,), 3)
+    params = fjp.fedpals(partition.target_label_dist, 0.0).eval_params(state)
+
+    def on(x, y):
+        return fjp.make_evaluator(model.apply, x, y, 3)(params)
+
+    val_idx, test_idx = partition.target_val_indices, partition.target_test_indices
+    val = on(dataset.train.x[val_idx], dataset.train.y[val_idx])
+    test = on(dataset.test.x[test_idx], dataset.test.y[test_idx])
+    # The two sets give distinguishable numbers, so a swap cannot pass unnoticed.
+    assert (val["accuracy"], val["macro_f1"]) != (test["accuracy"], test["macro_f1"])
+    assert history.val_accuracy[-1] == val["accuracy"]
+    assert history.val_macro_f1[-1] == val["macro_f1"]
+    assert history.target_accuracy[-1] == test["accuracy"]
+    assert history.target_macro_f1[-1] == test["macro_f1"]
+
+
 def test_an_exploding_finite_loss_is_divergence():
     # Logistic regression at learning rate 1e6 keeps finite weights (and fair accuracy) but a
     # training loss of ~1e5 against an untrained model's ~9.

@@ -8,6 +8,8 @@ from fedjax_pals.data.datasets import (
     load_cifar10,
     load_dataset,
     load_fashion_mnist,
+    register_dataset,
+    registered_datasets,
 )
 from fedjax_pals.data.partitions import (
     MIN_TARGET_TEST_SIZE,
@@ -43,6 +45,8 @@ __all__ = [
     "load_cifar10",
     "load_dataset",
     "load_fashion_mnist",
+    "register_dataset",
+    "registered_datasets",
     "niid_bench_dirichlet_partition",
     "niid_bench_sparsity_partition",
     "partition_from_label_counts",

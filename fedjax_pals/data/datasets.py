@@ -23,7 +23,7 @@ import dataclasses
 import os
 import pathlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -462,6 +462,56 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
 
 
 _LOADERS = {"fashion_mnist": load_fashion_mnist, "cifar10": load_cifar10}
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredDataset:
+    """A user's data set (`register_dataset`): its loader and the facts a config is checked
+    against before anything is loaded."""
+
+    load: Callable[[], Dataset]
+    num_classes: int
+    num_train: int
+    images: bool
+
+
+_REGISTERED: dict[str, RegisteredDataset] = {}
+
+
+def register_dataset(
+    name: str,
+    load: Callable[[], Dataset],
+    *,
+    num_classes: int,
+    num_train: int,
+    images: bool,
+    replace: bool = False,
+) -> None:
+    """Registers a data set under `name` (config.dataset.name = name).
+
+    load() -> Dataset, e.g. `Dataset(name, LabeledSplit(x, y), LabeledSplit(x_test, y_test),
+    num_classes, source)` from NumPy arrays; it is called once per process when a run needs
+    it (cache nothing yourself). The config's partition schemes (sparsity, dirichlet) split it
+    like the built-in data sets. num_classes and num_train (training examples) let a config be
+    checked without loading; images: inputs are (H, W, C) (the 'auto' model is then LeNet,
+    else logistic regression).
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a data set's name must be a Python identifier, got {name!r}.")
+    builtin = {"fashion_mnist", "cifar10", "synthetic"}
+    if name in builtin or (name in _REGISTERED and not replace):
+        raise ValueError(f"a data set {name!r} is already registered; pick another name.")
+    if not callable(load):
+        raise TypeError(f"load must be callable () -> Dataset, got {load!r}.")
+    for what, value in (("num_classes", num_classes), ("num_train", num_train)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{what} must be an integer >= 1, got {value!r}.")
+    _REGISTERED[name] = RegisteredDataset(load, int(num_classes), int(num_train), bool(images))
+
+
+def registered_datasets() -> dict[str, RegisteredDataset]:
+    """The user-registered data sets (the built-in ones are not listed)."""
+    return dict(_REGISTERED)
 
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:

@@ -118,11 +118,12 @@ class RoundEngine:
         info = jax.tree_util.tree_map(lambda leaf: leaf[:m], plan.info)
         outputs = jax.tree_util.tree_map(lambda leaf: leaf[:m], outputs)
         weighting = self.algorithm.weighting
-        by_id = (plan.participants,) if weighting.uses_participants else ()
         weights = weighting.weights(
-            info.label_dist, info.num_examples.astype(jnp.float32), state, *by_id
+            info.label_dist, info.num_examples.astype(jnp.float32), state, plan.participants
         )
         new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
+        # The engine owns the round counter: a server update never advances it.
+        new_state = new_state._replace(round=state.round + 1)
         metrics = {
             "weights": weights,
             "train_loss": outputs.train_loss,
@@ -245,7 +246,6 @@ def engine_key(
     compiled_parts = (
         algorithm.client,
         algorithm.weighting.weights,
-        algorithm.weighting.uses_participants,
         algorithm.server_update,
         model.apply,
         model.init,

@@ -11,7 +11,6 @@ from fedjax_pals.experiment.plots import (
 )
 from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.experiment.protocol import (
-    METHOD_LABELS,
     PAPER_METHODS,
     PAPER_TABLE_1,
     RunRecord,

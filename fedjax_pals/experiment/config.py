@@ -5,7 +5,8 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
 `--config.training.rounds=5`). `default_config()` is the full schema with its defaults:
 
     seed                        int >= 0: partition, initialisation, data order, client sampling
-    dataset.name                fashion_mnist | cifar10 | synthetic
+    dataset.name                fashion_mnist | cifar10 | synthetic | a registered one
+                                (fjp.register_dataset)
     dataset.data_dir            None (search the usual places) or a directory holding the data set
     dataset.synthetic_delta     synthetic task: T_delta = (1-delta)[.5,.25,.25] + delta[0,.5,.5]
     partition.scheme            sparsity (the paper's "C labels per client", equal counts per
@@ -16,18 +17,24 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     partition.dirichlet_beta    beta of the Dirichlet scheme, > 0
     model                       auto (logistic regression on synthetic, LeNet otherwise) | lenet |
                                 lenet_nobias (LeNet without the classifier's bias, FedRS'
-                                reference head) | logistic_regression
-    algorithm.name              fedavg | fedpals | fedprox | scaffold | afl | fedrs | fedshift |
-                                oracle | feddisco | fedlc
-    algorithm.weights           server weights of fedprox / fedrs / fedshift / fedlc: fedavg |
-                                fedpals
+                                reference head) | logistic_regression | a registered one
+                                (fjp.register_model)
+    algorithm.name              a registered method (fjp.registered_methods(): fedavg | fedpals |
+                                fedprox | scaffold | afl | fedrs | fedshift | oracle | feddisco |
+                                fedlc, and a user's own), or a key that stands for more:
+                                <client-side method>_fedpals (its FedPALS-weighted form) or a
+                                variant (fedpals_adaptive, fedpals_unknown_t_<estimator>)
+    algorithm.weights           server weights of the client-side methods (fedprox / fedrs /
+                                fedshift / fedlc): fedavg | fedpals
     algorithm.lam               FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))
     algorithm.ess_fraction      or: the lambda whose weights have ESS = fraction * N (App. B.3)
     algorithm.target_perturbation  Table 2: FedPALS sees T_p = normalise(T + delta max(eps, 0))
-    algorithm.prox_mu, server_lr, afl_step, fedrs_alpha, fedrs_soft: the baselines' settings
-    algorithm.feddisco_a, feddisco_b, feddisco_metric: FedDisco's ReLU(n_k/N - a d_k + b), d_k
-                                the kl | l2 discrepancy of S_k from T (label_shift_baselines.py)
-    algorithm.fedlc_tau         FedLC's calibration logits_y - tau n_y^(-1/4), tau >= 0
+    algorithm.<hyperparameter>  every registered method's own hyperparameters, declared with
+                                their defaults and allowed values by the method (registry.py,
+                                builtin_methods.py): prox_mu (FedProx), server_lr (SCAFFOLD),
+                                afl_step (AFL), fedrs_alpha / fedrs_soft (FedRS), feddisco_a /
+                                feddisco_b / feddisco_metric (FedDisco), fedlc_tau (FedLC); a key
+                                of another method than the run's resolves to None
     algorithm.lam_schedule      fixed (the paper) | hypergradient: FedPALS' lambda starts at lam /
                                 ess_fraction (> 0; an ESS fraction out of reach starts at the
                                 lower end, 1e-6 N) and follows the target validation loss's
@@ -67,7 +74,6 @@ import difflib
 import hashlib
 import json
 import math
-import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -76,20 +82,21 @@ import ml_collections
 import numpy as np
 from ml_collections import config_dict
 
-# Methods that only change local training (CLIENT_SIDE_METHODS) take either server weighting.
-from fedjax_pals.baselines import ALGORITHMS as ALGORITHM_NAMES
-from fedjax_pals.baselines import CLIENT_SIDE_METHODS
+from fedjax_pals import _validation, models
+from fedjax_pals.data import registered_datasets
 
-# FedDisco, FedLC and DP label marginals (see the module docstring).
-FEDDISCO_METRICS = ("kl", "l2")
+# The method registry, with the methods that ship with the package registered.
+from fedjax_pals import builtin_methods  # noqa: F401  (registers the built-in methods)
+from fedjax_pals import registry
+
 LABEL_DP_MECHANISMS = ("laplace", "gaussian")
+# The methods' hyperparameters (registry.py) that were config keys before the registry: in a
+# run's identity even when None (unused), so that the digests of recorded runs stay valid.
+# Every other method hyperparameter is, like OPTIONAL_IDENTITY_KEYS, left out when None.
+ALWAYS_IDENTITY_HYPERPARAMETERS = ("prox_mu", "server_lr", "afl_step", "fedrs_alpha", "fedrs_soft")
 # Keys added after runs had been recorded: left out of a run's identity when they are None
 # (unused), so that the digests of the runs recorded before them stay valid.
 OPTIONAL_IDENTITY_KEYS = (
-    "algorithm.feddisco_a",
-    "algorithm.feddisco_b",
-    "algorithm.feddisco_metric",
-    "algorithm.fedlc_tau",
     "algorithm.label_dp_epsilon",
     "algorithm.label_dp_mechanism",
     "algorithm.label_dp_delta",
@@ -101,8 +108,6 @@ OPTIONAL_IDENTITY_KEYS = (
 TARGET_ESTIMATORS = ("bbse", "bbse_soft", "em")
 LAM_SCHEDULES = ("fixed", "hypergradient")
 WEIGHTINGS = ("fedavg", "fedpals")
-MODELS = ("auto", "lenet", "lenet_nobias", "logistic_regression")
-IMAGE_MODELS = ("lenet", "lenet_nobias")
 PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
 # The schemes that take labels_per_client (C).
 SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
@@ -125,6 +130,17 @@ DATASETS = {
     "cifar10": _DatasetInfo(num_classes=10, num_train=50_000, images=True),
     "synthetic": _DatasetInfo(num_classes=3, num_train=58, images=False),
 }
+
+
+def _datasets() -> dict[str, _DatasetInfo]:
+    """The built-in data sets and the user-registered ones (`register_dataset`)."""
+    user = {
+        name: _DatasetInfo(d.num_classes, d.num_train, d.images)
+        for name, d in registered_datasets().items()
+    }
+    return {**DATASETS, **user}
+
+
 # The synthetic task (App. C.4) has two training clients and the target.
 SYNTHETIC_NUM_CLIENTS = 3
 
@@ -156,15 +172,6 @@ def default_config() -> ml_collections.ConfigDict:
             lam=placeholder(float),
             ess_fraction=placeholder(float),
             target_perturbation=0.0,
-            prox_mu=0.01,
-            server_lr=1.0,
-            afl_step=0.1,
-            fedrs_alpha=0.5,
-            fedrs_soft=False,
-            feddisco_a=0.5,
-            feddisco_b=0.1,
-            feddisco_metric="kl",
-            fedlc_tau=1.0,
             label_dp_epsilon=placeholder(float),
             label_dp_mechanism="laplace",
             label_dp_delta=1e-5,
@@ -172,6 +179,8 @@ def default_config() -> ml_collections.ConfigDict:
             lam_hyper_lr=0.5,
             target_estimation=placeholder(str),
             target_estimation_every=5,
+            # The registered methods' hyperparameters, at their defaults (registry.py).
+            **{key: spec[0] for key, spec in registry.hyperparameter_fields().items()},
         )
     )
     config.training = ml_collections.ConfigDict(
@@ -243,50 +252,20 @@ def _merge(schema: dict, given: dict, path: str = "") -> dict:
 # -- value checks (each names the key path, the bad value and what is allowed) -----------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
-        value, (bool, np.bool_)
-    )
+def _config_check(check, path: str, *args, **kwargs):
+    """`check(f"config.{path}", ...)` from `_validation`, its ValueError as a ConfigError."""
+    try:
+        return check(f"config.{path}", *args, **kwargs)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _int(path: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
-    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    if not _is_int(value):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value!r}.")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value}.")
-    return value
+    return _config_check(_validation.check_integer, path, value, low, high, why)
 
 
-def _real(
-    path: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    why: str = "",
-) -> float:
-    if low is not None and high is not None:
-        allowed = (
-            f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-        )
-    elif low is not None:
-        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
-    else:
-        allowed = "a finite number"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.number)):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value!r}.")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value}.")
-    if low is not None and (value < low or (low_open and value == low)):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value:g}.")
-    if high is not None and (value > high or (high_open and value == high)):
-        raise ConfigError(f"config.{path} must be {allowed}{why}, got {value:g}.")
-    return value
+def _real(path: str, value: Any, **bounds) -> float:
+    return _config_check(_validation.check_number, path, value, **bounds)
 
 
 def _maybe(check, path: str, value: Any, *args, **kwargs):
@@ -295,32 +274,21 @@ def _maybe(check, path: str, value: Any, *args, **kwargs):
 
 
 def _bool(path: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"config.{path} must be True or False, got {value!r}.")
-    return bool(value)
+    return _config_check(_validation.check_bool, path, value)
 
 
 def _choice(path: str, value: Any, choices, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    allowed = f"one of {list(choices)}" + (" or None" if optional else "")
-    if not isinstance(value, str):
-        raise ConfigError(f"config.{path} must be {allowed}, got {value!r}.")
-    if value not in choices:
-        close = difflib.get_close_matches(value, list(choices), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"config.{path} must be {allowed}, got {value!r}{hint}.")
-    return value
+    return _config_check(_validation.check_choice, path, value, choices, optional=optional)
 
 
 def _dataset_name(value: Any) -> str:
     # Lenient spelling, as `load_dataset`: "CIFAR-10", "Fashion-MNIST".
     if isinstance(value, str):
-        canonical = {name.replace("_", ""): name for name in DATASETS}
+        canonical = {name.replace("_", ""): name for name in _datasets()}
         found = canonical.get(value.strip().lower().replace("-", "").replace("_", ""))
         if found is not None:
             return found
-    return _choice("dataset.name", value, tuple(DATASETS))
+    return _choice("dataset.name", value, tuple(_datasets()))
 
 
 _FMNIST_IDX = (
@@ -421,6 +389,28 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
     return _validate(config, check_paths=True)
 
 
+def _method_key_overrides(a: dict) -> dict:
+    """algorithm.name given as a method key that stands for more (`fedprox_fedpals`, a variant
+    such as `fedpals_adaptive`): the keys it means, laid over the section."""
+    name = a["name"]
+    if not isinstance(name, str) or name in registry.registered_methods():
+        return a
+    if name not in registry.method_keys():
+        return a  # _choice names the problem
+    a = dict(a)
+    for path, value in registry.method_overrides(name).items():
+        key = path.partition(".")[2]
+        if value is None:
+            continue
+        if key != "name" and a.get(key) is not None and a[key] != value:
+            raise ConfigError(
+                f"config.algorithm.name={name!r} means algorithm.{key}={value!r}, but "
+                f"algorithm.{key}={a[key]!r} is set too; give one of them."
+            )
+        a[key] = value
+    return a
+
+
 def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     c = _merge(_schema(), as_dict(config))
     r: dict[str, Any] = {}
@@ -429,7 +419,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     # -- data set and partition
     d, p = c["dataset"], c["partition"]
     name = _dataset_name(d["name"])
-    info = DATASETS[name]
+    info = _datasets()[name]
     synthetic = name == "synthetic"
     delta = _maybe(_real, "dataset.synthetic_delta", d["synthetic_delta"], low=0.0, high=1.0)
     if synthetic and delta is None:
@@ -488,10 +478,10 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     training_clients = r["partition"]["num_clients"] - 1
 
     # -- model
-    model = _choice("model", c["model"], MODELS)
+    model = _choice("model", c["model"], ("auto",) + tuple(sorted(models.registered_models())))
     if model == "auto":
         model = "lenet" if info.images else "logistic_regression"
-    if model in IMAGE_MODELS and not info.images:
+    if models.model_needs_images(model) and not info.images:
         raise ConfigError(
             f"config.model={model!r} needs image inputs, but dataset {name!r} has 2-D feature "
             "vectors; use 'logistic_regression' or 'auto'."
@@ -500,25 +490,28 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
 
     # -- algorithm
     a = c["algorithm"]
-    algorithm = _choice("algorithm.name", a["name"], ALGORITHM_NAMES)
+    a = _method_key_overrides(a)
+    methods = registry.registered_methods()
+    algorithm = _choice("algorithm.name", a["name"], methods)
+    method = registry.get_method(algorithm)
+    client_side = registry.client_side_methods()
     weights = _choice("algorithm.weights", a["weights"], WEIGHTINGS, optional=True)
     if algorithm == "fedpals" and weights == "fedavg":
         raise ConfigError(
             "config.algorithm.weights='fedavg' contradicts algorithm.name='fedpals' (FedPALS "
             "weights); use algorithm.name='fedavg' for FedAvg."
         )
-    if weights == "fedpals" and algorithm not in CLIENT_SIDE_METHODS + ("fedpals",):
+    if weights == "fedpals" and algorithm not in client_side + ("fedpals",):
         raise ConfigError(
-            f"config.algorithm.weights='fedpals' applies only to {list(CLIENT_SIDE_METHODS)} "
+            f"config.algorithm.weights='fedpals' applies only to {list(client_side)} "
             f"(client-side methods); {algorithm!r} has its own server weights. Use "
             "algorithm.name='fedpals' for FedPALS."
         )
-    if algorithm in CLIENT_SIDE_METHODS:
+    if method.client_side:
         weights = weights or "fedavg"
     else:
         weights = None
     uses_fedpals = algorithm == "fedpals" or weights == "fedpals"
-
     lam, ess = a["lam"], a["ess_fraction"]
     if lam is not None:
         if isinstance(lam, (float, np.floating)) and math.isinf(lam) and lam > 0:
@@ -543,21 +536,17 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
             "set; give one of them (lam directly, or ess_fraction to choose lam by ESS), not both."
         )
     perturbation = _maybe(_real, "algorithm.target_perturbation", a["target_perturbation"], low=0.0)
-    prox_mu = _maybe(_real, "algorithm.prox_mu", a["prox_mu"], low=0.0)
-    server_lr = _maybe(_real, "algorithm.server_lr", a["server_lr"], low=0.0, low_open=True)
-    afl_step = _maybe(_real, "algorithm.afl_step", a["afl_step"], low=0.0, low_open=True)
-    fedrs_alpha = _maybe(
-        _real, "algorithm.fedrs_alpha", a["fedrs_alpha"], low=0.0, high=1.0, low_open=True
-    )
-    fedrs_soft = _maybe(_bool, "algorithm.fedrs_soft", a["fedrs_soft"])
-    disco = algorithm == "feddisco"
-    uses_target = uses_fedpals or disco  # the server weights read T and the clients' S_i
-    feddisco_a = _maybe(_real, "algorithm.feddisco_a", a["feddisco_a"], low=0.0)
-    feddisco_b = _maybe(_real, "algorithm.feddisco_b", a["feddisco_b"])
-    feddisco_metric = _choice(
-        "algorithm.feddisco_metric", a["feddisco_metric"], FEDDISCO_METRICS, optional=True
-    )
-    fedlc_tau = _maybe(_real, "algorithm.fedlc_tau", a["fedlc_tau"], low=0.0)
+    # The registered methods' hyperparameters: each checked by its own declaration, and None
+    # (unused) unless it belongs to this run's method.
+    hyperparameters = {}
+    for key, (_, check, users) in registry.hyperparameter_fields().items():
+        value = a[key]
+        if value is not None:
+            value = _config_check(check, f"algorithm.{key}", value)
+        if algorithm in users and value is None:
+            raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
+        hyperparameters[key] = value if algorithm in users else None
+    uses_target = uses_fedpals or method.reads_target  # the server weights read T and the S_i
     dp_epsilon = _maybe(
         _real,
         "algorithm.label_dp_epsilon",
@@ -607,18 +596,9 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
             "starting lambda > 0; set algorithm.ess_fraction (e.g. 0.5) or algorithm.lam > 0."
         )
     for key, value, needed in (
-        ("feddisco_a", feddisco_a, disco),
-        ("feddisco_b", feddisco_b, disco),
-        ("feddisco_metric", feddisco_metric, disco),
-        ("fedlc_tau", fedlc_tau, algorithm == "fedlc"),
         ("label_dp_mechanism", dp_mechanism, private),
         ("label_dp_delta", dp_delta, private and dp_mechanism == "gaussian"),
         ("target_perturbation", perturbation, uses_target),
-        ("prox_mu", prox_mu, algorithm == "fedprox"),
-        ("server_lr", server_lr, algorithm == "scaffold"),
-        ("afl_step", afl_step, algorithm == "afl"),
-        ("fedrs_alpha", fedrs_alpha, algorithm == "fedrs"),
-        ("fedrs_soft", fedrs_soft, algorithm == "fedrs"),
         ("lam_hyper_lr", hyper_lr, adaptive),
         ("target_estimation_every", every, estimates),
     ):
@@ -632,15 +612,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         lam=lam if uses_fedpals else None,
         ess_fraction=ess if uses_fedpals else None,
         target_perturbation=perturbation if uses_target else None,
-        prox_mu=prox_mu if algorithm == "fedprox" else None,
-        server_lr=server_lr if algorithm == "scaffold" else None,
-        afl_step=afl_step if algorithm == "afl" else None,
-        fedrs_alpha=fedrs_alpha if algorithm == "fedrs" else None,
-        fedrs_soft=fedrs_soft if algorithm == "fedrs" else None,
-        feddisco_a=feddisco_a if disco else None,
-        feddisco_b=feddisco_b if disco else None,
-        feddisco_metric=feddisco_metric if disco else None,
-        fedlc_tau=fedlc_tau if algorithm == "fedlc" else None,
+        **hyperparameters,
         label_dp_epsilon=dp_epsilon if private else None,
         label_dp_mechanism=dp_mechanism if private else None,
         label_dp_delta=dp_delta if private and dp_mechanism == "gaussian" else None,
@@ -728,6 +700,11 @@ def config_identity(config: Any) -> dict:
         section, _, leaf = key.partition(".")
         if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:
             identity[section].pop(leaf)
+    algorithm = identity.get("algorithm")
+    if isinstance(algorithm, dict):
+        for key in registry.hyperparameter_fields():
+            if key not in ALWAYS_IDENTITY_HYPERPARAMETERS and algorithm.get(key, 0) is None:
+                algorithm.pop(key)
     return identity
 
 

@@ -37,29 +37,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from fedjax_pals.registry import method_grids, method_label
+
 SELECTIONS = ("mean_over_seeds", "per_seed")
 
-# Column headers of the methods (the paper's names); other method keys are shown as they are.
-METHOD_LABELS = {
-    "fedpals": "FedPALS",
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "scaffold": "SCAFFOLD",
-    "afl": "AFL",
-    "fedrs": "FedRS",
-    "fedshift": "FedShift",
-    "oracle": "Oracle",
-    "fedprox_fedpals": "FedProx+FedPALS",
-    "fedrs_fedpals": "FedRS+FedPALS",
-    "fedshift_fedpals": "FedShift+FedPALS",
-    "feddisco": "FedDisco",
-    "fedlc": "FedLC",
-    "fedlc_fedpals": "FedLC+FedPALS",
-    "fedpals_adaptive": "FedPALS (adaptive λ)",
-    "fedpals_unknown_t_bbse": "FedPALS (T^ by BBSE)",
-    "fedpals_unknown_t_bbse_soft": "FedPALS (T^ by soft BBSE)",
-    "fedpals_unknown_t_em": "FedPALS (T^ by EM)",
-}
 # Methods that are not competitors (bold marks the best of the others).
 REFERENCE_METHODS = ("oracle",)
 
@@ -136,10 +117,9 @@ def protocol_grid() -> "ml_collections.ConfigDict":
       end "unreachable", not eligible).
     * Learning rate, every method: 0.1, 0.01, 0.001 (decades below plain SGD's usual 0.1 for a
       LeNet; the paper tunes "model hyperparameters" without listing them).
-    * FedProx' mu: 0.01, 0.001, 0.1, 1 (the candidate set of Li et al., 2020, FedProx).
-    * SCAFFOLD's server learning rate eta_g: 1, 0.5 (Karimireddy et al., 2020, use eta_g = 1).
-    * AFL's step size gamma_lambda: 0.1, 0.01, 0.001, 1 (Mohri et al., 2019 leave it free).
-    * FedRS' alpha: 0.5, 0.9, 0.1 (Li & Zhan, 2021).
+    * Every registered method's own grid (`Method.grid`; the built-in ones and their
+      sources are listed in builtin_methods.py): FedProx' mu, SCAFFOLD's eta_g, AFL's step,
+      FedRS' alpha.
     """
     import ml_collections
 
@@ -149,10 +129,7 @@ def protocol_grid() -> "ml_collections.ConfigDict":
             algorithm=dict(
                 lam=(0.0,),
                 ess_fraction=(0.1, 0.25, 0.5, 0.75),
-                prox_mu=(0.01, 0.001, 0.1, 1.0),
-                server_lr=(1.0, 0.5),
-                afl_step=(0.1, 0.01, 0.001, 1.0),
-                fedrs_alpha=(0.5, 0.9, 0.1),
+                **method_grids(),
             ),
         )
     )
@@ -236,10 +213,6 @@ class RunRecord:
     hparams: tuple
     seed: int
     results: Mapping[str, Any]
-
-
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
 
 
 def hparams_label(hparams: Sequence) -> str:

@@ -65,6 +65,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from fedjax_pals import registry
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import protocol as protocol_lib
 from fedjax_pals.experiment.progress import Progress
@@ -93,13 +94,6 @@ FIGURES = (
     "accuracy_vs_axis",
     "lambda_trajectories",
 )
-# The method key of FedPALS with lambda adapted by the validation hypergradient (the grid's lam /
-# ess_fraction is its starting point; adaptive_lambda.py).
-ADAPTIVE_FEDPALS = "fedpals_adaptive"
-# FedPALS with T unknown, re-estimated by each of target_estimation.py's estimators.
-UNKNOWN_TARGET_FEDPALS = {
-    f"fedpals_unknown_t_{estimator}": estimator for estimator in config_lib.TARGET_ESTIMATORS
-}
 # How a run that returned no results ended (see `_failure_status`).
 FAILURE_STATUSES = ("diverged", "unreachable", "failed")
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
@@ -273,35 +267,13 @@ def _sweep_section(config: Any) -> dict[str, Any]:
 
 
 def _method_overrides(method: Any) -> dict[str, Any]:
-    """Method key -> {"algorithm.name": ..., "algorithm.weights": ...}."""
+    """Method key -> the config keys it sets (registry.method_overrides)."""
     if not isinstance(method, str):
         raise ConfigError(f"config.sweep.methods: a method must be a string, got {method!r}.")
-    name, weights = method, None
-    if method == ADAPTIVE_FEDPALS:
-        return {
-            "algorithm.name": "fedpals",
-            "algorithm.weights": None,
-            "algorithm.lam_schedule": "hypergradient",
-        }
-    if method in UNKNOWN_TARGET_FEDPALS:
-        return {
-            "algorithm.name": "fedpals",
-            "algorithm.weights": None,
-            "algorithm.target_estimation": UNKNOWN_TARGET_FEDPALS[method],
-        }
-    if method.endswith("_fedpals"):
-        name, weights = method[: -len("_fedpals")], "fedpals"
-        if name not in config_lib.CLIENT_SIDE_METHODS:
-            raise ConfigError(
-                f"config.sweep.methods: {method!r} combines FedPALS' weights with {name!r}, but "
-                f"only the client-side methods {list(config_lib.CLIENT_SIDE_METHODS)} combine."
-            )
-    elif method not in config_lib.ALGORITHM_NAMES:
-        raise ConfigError(
-            f"config.sweep.methods: unknown method {method!r}; use one of "
-            f"{list(config_lib.ALGORITHM_NAMES)} or '<client-side method>_fedpals'."
-        )
-    return {"algorithm.name": name, "algorithm.weights": weights}
+    try:
+        return registry.method_overrides(method)
+    except ValueError as error:
+        raise ConfigError(f"config.sweep.methods: {error}") from None
 
 
 # -- expansion --------------------------------------------------------------------------------

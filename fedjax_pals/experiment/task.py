@@ -20,7 +20,7 @@ import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state
 from fedjax_pals.adaptive_lambda import adaptive_fedpals
-from fedjax_pals.baselines import make_algorithm, oracle_partition
+from fedjax_pals import registry
 from fedjax_pals.data import (
     Dataset,
     FederatedPartition,
@@ -28,6 +28,7 @@ from fedjax_pals.data import (
     load_cifar10,
     load_fashion_mnist,
     niid_bench_sparsity_partition,
+    registered_datasets,
     sparsity_partition,
     synthetic_label_shift_task,
 )
@@ -73,6 +74,24 @@ def _load_image_dataset(name: str, data_dir: str | None) -> Dataset:
     return load_cifar10(data_dir)
 
 
+@functools.lru_cache(maxsize=64)
+def _synthetic_task(delta: float, seed: int) -> tuple[Dataset, FederatedPartition]:
+    """One object per (delta, seed) in a process: the runs of a sweep that differ only in
+    their method or lambda share it, and with it the runs axis (`TrainingRun.lockstep_key`)."""
+    return synthetic_label_shift_task(delta, seed=seed)
+
+
+@functools.lru_cache(maxsize=2)
+def _load_registered_dataset(name: str) -> Dataset:
+    dataset = registered_datasets()[name].load()
+    if not isinstance(dataset, Dataset):
+        raise TaskError(
+            f"the loader registered for data set {name!r} returned {type(dataset).__name__}, "
+            "not a fedjax_pals.Dataset."
+        )
+    return dataset
+
+
 def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPartition]:
     """The data set and its label-shift partition, as the resolved config describes.
 
@@ -81,8 +100,11 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
     """
     d, p = config.dataset, config.partition
     if d.name == "synthetic":
-        return synthetic_label_shift_task(d.synthetic_delta, seed=config.seed)
-    dataset = _load_image_dataset(d.name, d.data_dir)
+        return _synthetic_task(d.synthetic_delta, config.seed)
+    if d.name in registered_datasets():
+        dataset = _load_registered_dataset(d.name)
+    else:
+        dataset = _load_image_dataset(d.name, d.data_dir)
     common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
     if p.scheme in ("sparsity", "niid_bench_sparsity"):
         scheme = sparsity_partition if p.scheme == "sparsity" else niid_bench_sparsity_partition
@@ -177,22 +199,18 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
             # > 0 and moves from there: the lower end of lambda_for_ess's range, which stands
             # for lambda -> 0+.
             lam = float(np.sum(partition.client_sizes)) * 10.0 ** LOG10_LAM_RANGE[0]
+    method = registry.get_method(a.name)
     training_partition = partition
-    if a.name == "oracle":
-        # FedAvg on clients resampled to the target label distribution (App. B.5).
-        training_partition = oracle_partition(partition, dataset.train.y, seed=config.seed)
+    if method.partition_transform is not None:
+        # e.g. the Oracle: FedAvg on clients resampled to the target label distribution.
+        training_partition = method.partition_transform(partition, dataset.train.y, config.seed)
     weights_partition = dataclasses.replace(training_partition, target_label_dist=target)
-    algorithm = make_algorithm(
+    algorithm = registry.make_algorithm(
         a.name,
         partition=weights_partition,
         lam=lam,
-        prox_mu=a.prox_mu,
-        server_lr=1.0 if a.server_lr is None else a.server_lr,
-        afl_step=a.afl_step,
-        fedrs_alpha=0.5 if a.fedrs_alpha is None else a.fedrs_alpha,
-        fedrs_soft=bool(a.fedrs_soft),
         weights=a.weights,
-        **_beyond_algorithm_kwargs(a),
+        **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
     model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
     if adaptive:
@@ -234,17 +252,6 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
 _LABEL_DP_STREAM = 0xD1FF
 
 
-def _beyond_algorithm_kwargs(a: ml_collections.ConfigDict) -> dict:
-    """make_algorithm's FedDisco / FedLC arguments, for the runs that use them."""
-    kwargs = {}
-    if a.feddisco_a is not None:
-        kwargs.update(feddisco_a=a.feddisco_a, feddisco_b=a.feddisco_b)
-        kwargs.update(feddisco_metric=a.feddisco_metric)
-    if a.fedlc_tau is not None:
-        kwargs.update(fedlc_tau=a.fedlc_tau)
-    return kwargs
-
-
 def task_summary(task: Task) -> dict:
     """What results.json records about the task: the data source, the partition, lambda, the
     server weights alpha with every client taking part at the initial state (AFL's move from
@@ -256,9 +263,11 @@ def task_summary(task: Task) -> dict:
         task.algorithm, task.model.init(jax.random.PRNGKey(0)), partition.num_clients
     )
     weighting = task.algorithm.weighting
-    everyone = (np.arange(partition.num_clients),) if weighting.uses_participants else ()
     alpha = weighting.weights(
-        jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32), initial, *everyone
+        jnp.asarray(dists, jnp.float32),
+        jnp.asarray(sizes, jnp.float32),
+        initial,
+        jnp.arange(partition.num_clients),
     )
     summary = partition.summary()
     return {
