@@ -259,6 +259,8 @@ def test_an_unreadable_results_file_is_refused(tmp_path):
 
 def test_a_truncated_checkpoint_in_a_workdir_names_its_path_and_overwrite(finished_run, tmp_path):
     workdir = _copy(finished_run, tmp_path)
+    # Without an older intact checkpoint (else the run resumes from it: tests/test_restore.py).
+    shutil.rmtree(workdir / "checkpoints" / "1")
     _corrupt(str(workdir / "checkpoints"), "emptied")
     with pytest.raises(
         fjp.CheckpointError,

@@ -93,6 +93,8 @@ class _PreparedRun:
             if not overwrite:
                 # Every process reads (and so raises) alike: their orbax barriers line up.
                 wd.check_reusable()
+                if wd.fallback_note and main:
+                    logging.warning("%s", wd.fallback_note)
             self.task = task = build_task(resolved)
             if main and overwrite:
                 removed = wd.clear()

@@ -11,6 +11,11 @@ A workdir belongs to one config (by `config_digest`): a launch with another conf
 naming the differing keys, unless `overwrite=True`, which deletes the files above (and
 nothing else) only after the new config has been validated and its task built. The lock stops
 a second launch on the same workdir at once, whatever its config.
+
+Two exceptions, neither of which needs `overwrite`: a config that differs only by a larger
+`training.rounds` extends the run (its checkpoints and results then record the new budget),
+and a damaged latest checkpoint with an older intact one is deleted and the run resumes from
+the older one (one warning line says so).
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ class Workdir:
         self.digest = digest
         self._want_lock = lock
         self._lock_fd: int | None = None
+        # `check_reusable`'s line about a damaged checkpoint it fell back from (None: none).
+        self.fallback_note: str | None = None
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -146,6 +153,7 @@ class Workdir:
             self.file(CHECKPOINT_DIR),
             identity=self.identity,
             remedy=OVERWRITE_REMEDY,
+            allow_extension=True,
         )
 
     def held_run_files(self) -> list[str]:
@@ -174,6 +182,8 @@ class Workdir:
             )
         checkpointer = self.checkpointer()
         try:
+            # A damaged latest checkpoint with an older intact one: resume from that one.
+            self.fallback_note = checkpointer.fall_back_to_intact()
             step = checkpointer.check_identity()
         finally:
             checkpointer.close()
@@ -188,7 +198,7 @@ class Workdir:
                     f"cannot read {results} ({type(error).__name__}: {error}); it is not the "
                     f"results file of a fedjax_pals run; {OVERWRITE_REMEDY}."
                 ) from None
-            differences = identity_differences(stored, self.identity)
+            differences = identity_differences(stored, self.identity, allow_extension=True)
             if differences:
                 raise WorkdirError(
                     f"the workdir {self.path} holds the results of another config "
