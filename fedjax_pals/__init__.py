@@ -124,9 +124,11 @@ from fedjax_pals.experiment.writers import (  # noqa: E402
 )
 from fedjax_pals.experiment.progress import Progress  # noqa: E402
 from fedjax_pals.experiment.plots import (  # noqa: E402
+    method_style,
     plot_accuracy_vs_distance,
     plot_comparison,
     plot_curves,
+    plot_label_distributions,
     plot_weights_vs_ess,
 )
 from fedjax_pals.experiment.perturbation import perturb_label_dist  # noqa: E402
