@@ -91,7 +91,11 @@ def test_restore_run_returns_the_best_and_the_last_model_after_20_rounds(long_ru
     assert best.round == best_round and int(best.state.round) == best_round
     assert _target_accuracy(best) == results["target_accuracy_at_best_val"]
     assert best.config.to_dict() == fjp.validate_config(_config(20)).to_dict()
-    assert best.config.partition.num_clients == 3  # the training clients, the target excluded
+    # The config counts the target among the clients; the partition (and the state) do not.
+    assert best.config.partition.num_clients == 3 and best.task.partition.num_clients == 2
+    assert len(jax.tree_util.tree_leaves(best.state.client_states)) == 0 or all(
+        leaf.shape[0] == 2 for leaf in jax.tree_util.tree_leaves(best.state.client_states)
+    )
     assert best.history.rounds == results["rounds"]
     assert best.history.val_accuracy == results["val_accuracy"]
     assert best.history.train_loss == results["train_loss"]
