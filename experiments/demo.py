@@ -6,8 +6,9 @@ r"""The main job: FedPALS vs FedAvg on Fashion-MNIST under sparsity label shift.
 Runs configs/demo.py (10 clients, C = 3 labels per client, 4 rounds, seeds 0 and 1), prints
 the comparison table and writes <workdir>/table.md, comparison.png, label_distributions.png
 (the clients' label distributions, T, and FedPALS' and FedAvg's weights; a PDF of each figure
-beside it) and a results.json per run. If Fashion-MNIST cannot be had it says how to get it and runs the paper's synthetic
-task (App. C.4) instead; an explicit --config.dataset.data_dir without the files is an error.
+beside it) and a results.json per run, and lists every file it wrote. If Fashion-MNIST cannot
+be had it says how to get it and runs the paper's synthetic task (App. C.4) instead; an
+explicit --config.dataset.data_dir without the files is an error.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ def label_distribution_figure(workdir: str) -> str | None:
         path,
         partition["client_label_dists"],
         partition["target_label_dist"],
-        {
-            fjp.METHOD_LABELS[m]: results[m][seed]["alpha"] for m in ("fedpals", "fedavg")
-        },
+        {fjp.METHOD_LABELS[m]: results[m][seed]["alpha"] for m in ("fedpals", "fedavg")},
         title=partition["description"]
         + ("" if "seed" in partition["description"] else f", seed {seed}")
         + ": label distributions and server weights",

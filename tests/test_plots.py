@@ -189,14 +189,18 @@ def _legends_and_labels(monkeypatch):
 def test_every_figure_has_a_pdf_beside_its_png_and_percent_accuracy(tmp_path, monkeypatch):
     saved = _legends_and_labels(monkeypatch)
     seeds = [[0.2, 0.4], [0.4, 0.8]]
-    plots.plot_curves(tmp_path / "c.png", {"FedPALS": {"rounds": [1, 2], "target_accuracy": seeds}}, "t")
+    plots.plot_curves(
+        tmp_path / "c.png", {"FedPALS": {"rounds": [1, 2], "target_accuracy": seeds}}, "t"
+    )
     plots.plot_comparison(
         tmp_path / "t.png",
         [{"row": "r", "cells": {"fedpals": {"mean": 0.9, "std": 0.1, "per_seed": [{}, {}, {}]}}}],
         "t",
     )
     plots.plot_accuracy_vs_distance(
-        tmp_path / "d.png", {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]}, "t"
+        tmp_path / "d.png",
+        {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]},
+        "t",
     )
     plots.plot_accuracy_vs_axis(
         tmp_path / "e.png", {"FedAvg": [{"x": 1.0, "target_accuracy": [0.5, 0.6]}]}, "e", "t"
@@ -240,9 +244,13 @@ def test_a_method_has_one_colour_and_marker_in_every_figure(tmp_path, monkeypatc
         tmp_path / "t.png", [{"row": "r", "cells": {"FedAvg": {"mean": 0.5, "std": 0.1}}}], "t"
     )
     plots.plot_accuracy_vs_distance(
-        tmp_path / "d.png", {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]}, "t"
+        tmp_path / "d.png",
+        {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]},
+        "t",
     )
-    plots.plot_curves(tmp_path / "c.png", {"FedAvg": {"rounds": [1], "target_accuracy": [0.5]}}, "t")
+    plots.plot_curves(
+        tmp_path / "c.png", {"FedAvg": {"rounds": [1], "target_accuracy": [0.5]}}, "t"
+    )
     style = plots.method_style("fedavg")
     assert colours["FedAvg"] == {(style["color"], style["marker"])}
     assert colours["curve"] == {style["color"]}
@@ -258,9 +266,14 @@ def test_a_method_has_one_colour_and_marker_in_every_figure(tmp_path, monkeypatc
 
 def test_axes_are_named_by_symbols_and_words(tmp_path, monkeypatch):
     saved = _legends_and_labels(monkeypatch)
-    series = {"FedPALS": [{"x": 1.0, "target_accuracy": [0.5]}, {"x": None, "target_accuracy": [0.6]}]}
+    series = {
+        "FedPALS": [{"x": 1.0, "target_accuracy": [0.5]}, {"x": None, "target_accuracy": [0.6]}]
+    }
     plots.plot_accuracy_vs_axis(
-        tmp_path / "e.png", series, "algorithm.label_dp_epsilon", "accuracy vs algorithm.label_dp_epsilon"
+        tmp_path / "e.png",
+        series,
+        "algorithm.label_dp_epsilon",
+        "accuracy vs algorithm.label_dp_epsilon",
     )
     assert saved[0]["xlabel"] == ["privacy budget ε"]
     assert plots.axis_label("training.local_epochs") == "local epochs E"
@@ -269,9 +282,7 @@ def test_axes_are_named_by_symbols_and_words(tmp_path, monkeypatch):
     assert plots.axis_label("something else") == "something else"
 
 
-def test_the_label_distribution_figure_shows_every_client_t_and_the_weights(
-    tmp_path, monkeypatch
-):
+def test_the_label_distribution_figure_shows_every_client_t_and_the_weights(tmp_path, monkeypatch):
     import matplotlib.axes
 
     images, bars = [], []

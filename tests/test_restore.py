@@ -40,8 +40,7 @@ def _target_accuracy(run):
 def _leaves_equal(a, b):
     la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     return len(la) == len(lb) and all(
-        np.asarray(x).dtype == np.asarray(y).dtype
-        and np.array_equal(np.asarray(x), np.asarray(y))
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(la, lb)
     )
 
@@ -69,8 +68,12 @@ def test_the_checkpointer_keeps_the_best_validation_round_besides_the_last_two(t
     kept = []
     for step, val in [(1, 0.5), (2, 0.9), (3, 0.7), (4, 0.9), (5, 0.6), (6, 0.8)]:
         history = fjp.TrainingHistory(
-            rounds=[step], target_accuracy=[0.0], target_macro_f1=[0.0],
-            val_accuracy=[val], val_macro_f1=[0.0], train_loss=[1.0] * step,
+            rounds=[step],
+            target_accuracy=[0.0],
+            target_macro_f1=[0.0],
+            val_accuracy=[val],
+            val_macro_f1=[0.0],
+            train_loss=[1.0] * step,
         )
         checkpointer.save(state._replace(round=np.int32(step)), history)
         kept.append(checkpointer.steps())
@@ -160,9 +163,7 @@ def _truncate(step_dir):
             f.truncate(3)
 
 
-def test_a_damaged_latest_checkpoint_resumes_from_the_older_intact_one(
-    long_run, tmp_path, caplog
-):
+def test_a_damaged_latest_checkpoint_resumes_from_the_older_intact_one(long_run, tmp_path, caplog):
     workdir, expected = long_run
     copy = tmp_path / "run"
     shutil.copytree(workdir, copy)

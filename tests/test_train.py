@@ -112,8 +112,15 @@ def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
     assert [line["step"] for line in lines if "train/loss" in line] == [1, 2, 3, 4, 5, 6]
     assert [line["step"] for line in lines if "target/accuracy" in line] == [2, 4, 6]
     assert {k for line in lines if "target/accuracy" in line for k in line} == {
-        "step", "target/accuracy", "target/macro_f1", "target/loss", "val/accuracy",
-        "val/macro_f1", "val/loss", "server/lambda", "server/projection_distance",
+        "step",
+        "target/accuracy",
+        "target/macro_f1",
+        "target/loss",
+        "val/accuracy",
+        "val/macro_f1",
+        "val/loss",
+        "server/lambda",
+        "server/projection_distance",
     }
     # The server's weights of every round: a histogram, per-client scalars (M = 2), the ESS.
     alphas = [line["server/alpha"] for line in lines if "server/alpha" in line]

@@ -53,8 +53,14 @@ METHOD_STYLES = {
     "fedpals_unknown_t_em": ("#67000d", "8"),
 }
 _SPARE_STYLES = [
-    ("#393b79", "o"), ("#637939", "s"), ("#8c6d31", "^"), ("#843c39", "v"),
-    ("#7b4173", "D"), ("#3182bd", "P"), ("#31a354", "X"), ("#756bb1", "h"),
+    ("#393b79", "o"),
+    ("#637939", "s"),
+    ("#8c6d31", "^"),
+    ("#843c39", "v"),
+    ("#7b4173", "D"),
+    ("#3182bd", "P"),
+    ("#31a354", "X"),
+    ("#756bb1", "h"),
 ]
 # Config keys (the last part of a dotted key) -> what an axis says.
 AXIS_LABELS = {
@@ -116,7 +122,7 @@ def axis_label(key: str) -> str:
 
 
 def _seeds_note(counts) -> str:
-    """"mean ± 1 std over n seeds" for the given per-point seed counts."""
+    """ "mean ± 1 std over n seeds" for the given per-point seed counts."""
     counts = sorted({int(c) for c in counts if c})
     if not counts:
         return "mean ± 1 std"
@@ -126,8 +132,9 @@ def _seeds_note(counts) -> str:
 
 def _seeds_entry(ax, seeds) -> None:
     """A legend entry (an error-bar glyph) saying what the bars and bands are."""
-    ax.plot([], [], linestyle="none", marker="|", markersize=10, color="gray",
-            label=_seeds_note(seeds))
+    ax.plot(
+        [], [], linestyle="none", marker="|", markersize=10, color="gray", label=_seeds_note(seeds)
+    )
 
 
 def _save(fig, path: str) -> None:
@@ -333,13 +340,21 @@ def plot_weights_vs_ess(
         # FedPALS' lambdas as shades of FedPALS' colour, lightest for the smallest ESS.
         shade = 0.35 + 0.65 * (index + 1) / len(alphas_by_label)
         ax.bar(
-            positions + offset, np.asarray(alpha)[order], width, label=label,
-            color=method_style("fedpals")["color"], alpha=shade,
+            positions + offset,
+            np.asarray(alpha)[order],
+            width,
+            label=label,
+            color=method_style("fedpals")["color"],
+            alpha=shade,
         )
     fedavg_style = method_style("fedavg")
     ax.plot(
-        positions, fedavg[order], fedavg_style["marker"], color=fedavg_style["color"],
-        markersize=4, label="FedAvg",
+        positions,
+        fedavg[order],
+        fedavg_style["marker"],
+        color=fedavg_style["color"],
+        markersize=4,
+        label="FedAvg",
     )
     ax.set_xticks(positions)
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
@@ -552,7 +567,12 @@ def plot_label_distributions(
                 value = grid[r, k]
                 if value >= 0.005:
                     ax_heat.text(
-                        k, r, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                        k,
+                        r,
+                        f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6,
                         color="white" if value < 0.6 else "black",
                     )
     fig.colorbar(image, ax=ax_heat, fraction=0.046, pad=0.02, label="P(Y = class)")

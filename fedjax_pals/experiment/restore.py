@@ -6,9 +6,9 @@
 The run's resolved config comes from its latest checkpoint (the identity saved with it), the
 task is rebuilt from it (`build_task`: data, partition, algorithm, model), the initial server
 state is the template the checkpoint is restored into (with the partition's clients:
-`config.partition.num_clients` counts the target too, the state's clients do not), and `params` are the algorithm's evaluated parameters (`eval_params`: the
-averaged iterate for AFL, the global model otherwise): the model whose accuracy the run
-recorded at that round.
+`config.partition.num_clients` counts the target too, the state's clients do not), and
+`params` are the algorithm's evaluated parameters (`eval_params`: the averaged iterate for AFL,
+the global model otherwise): the model whose accuracy the run recorded at that round.
 """
 
 from __future__ import annotations

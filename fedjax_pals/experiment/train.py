@@ -224,14 +224,15 @@ class _PreparedRun:
 
             estimate = np.asarray(self.reestimation.current(jax.device_get(state)), np.float64)
             truth = np.asarray(self.task.partition.target_label_dist, np.float64)
-            distance = float(
-                projection_distance(self.task.partition.client_label_dists, estimate)
-            )
+            distance = float(projection_distance(self.task.partition.client_label_dists, estimate))
             scalars["server/target_estimate_l1_error"] = float(np.abs(estimate - truth).sum())
             if estimate.size <= PER_CLIENT_SCALARS:
                 width = len(str(estimate.size - 1))
                 scalars.update(
-                    {f"server/target_estimate/class_{k:0{width}d}": v for k, v in enumerate(estimate)}
+                    {
+                        f"server/target_estimate/class_{k:0{width}d}": v
+                        for k, v in enumerate(estimate)
+                    }
                 )
         if distance is not None:
             scalars["server/projection_distance"] = float(distance)
@@ -290,7 +291,8 @@ def train_and_evaluate(
       config: an `ml_collections.ConfigDict` of the `default_config()` schema (or a partial
         mapping laid over it); validated and resolved before anything else happens.
       workdir: the run's directory: checkpoints/, results.json, metrics.jsonl, metrics.csv,
-        TensorBoard event files, hparams.json, curves.png. A run it already holds is resumed if it has the same config.
+        TensorBoard event files, hparams.json, curves.png. A run it already holds is resumed if
+        it has the same config, or extended if only a larger training.rounds differs.
       overwrite: replace a run of another config held in `workdir` (its files are deleted only
         after the new config is validated and its data loaded).
       quiet: no progress bar and no log lines.
