@@ -4,13 +4,16 @@ r"""The main job: FedPALS vs FedAvg on Fashion-MNIST under sparsity label shift.
       [--config.dataset.data_dir=DIR]
 
 Runs configs/demo.py (10 clients, C = 3 labels per client, 4 rounds, seeds 0 and 1), prints
-the comparison table and writes <workdir>/table.md, comparison.png and a results.json per
-run. If Fashion-MNIST cannot be had it says how to get it and runs the paper's synthetic
-task (App. C.4) instead; an explicit --config.dataset.data_dir without the files is an error.
+the comparison table and writes <workdir>/table.md, comparison.png, label_distributions.png
+(the clients' label distributions, T, and FedPALS' and FedAvg's weights; a PDF of each figure
+beside it) and a results.json per run, and lists every file it wrote. If Fashion-MNIST cannot
+be had it says how to get it and runs the paper's synthetic task (App. C.4) instead; an
+explicit --config.dataset.data_dir without the files is an error.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from absl import app
@@ -24,6 +27,41 @@ _CONFIG = config_flags.DEFINE_config_file("config", _DEMO_CONFIG, "The demo's sw
 
 # The synthetic task's training settings (the data set has 58 training examples).
 SYNTHETIC_FALLBACK = dict(rounds=30, batch_size=8, learning_rate=0.05)
+
+
+def label_distribution_figure(workdir: str) -> str | None:
+    """<workdir>/label_distributions.png of the lowest seed that FedPALS and FedAvg both ran:
+    the clients' S_i(Y), T and each method's weights alpha (from the runs' results.json)."""
+    results = {}
+    for method in ("fedpals", "fedavg"):
+        directory = os.path.join(workdir, "runs", method)
+        seeds = sorted(
+            int(name[len("seed_") :])
+            for name in (os.listdir(directory) if os.path.isdir(directory) else [])
+            if name.startswith("seed_") and name[len("seed_") :].isdigit()
+        )
+        results[method] = {}
+        for seed in seeds:
+            path = os.path.join(directory, f"seed_{seed}", "results.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results[method][seed] = json.load(f)
+    common_seeds = sorted(set(results["fedpals"]) & set(results["fedavg"]))
+    if not common_seeds:
+        return None
+    seed = common_seeds[0]
+    partition = results["fedpals"][seed]["partition"]
+    path = os.path.join(os.path.abspath(workdir), "label_distributions.png")
+    fjp.plot_label_distributions(
+        path,
+        partition["client_label_dists"],
+        partition["target_label_dist"],
+        {fjp.METHOD_LABELS[m]: results[m][seed]["alpha"] for m in ("fedpals", "fedavg")},
+        title=partition["description"]
+        + ("" if "seed" in partition["description"] else f", seed {seed}")
+        + ": label distributions and server weights",
+    )
+    return path
 
 
 def main(argv):
@@ -56,7 +94,12 @@ def main(argv):
         raise SystemExit(f"error: {len(failed)} demo run(s) failed; see {workdir}/runs/*/error.txt")
     print(f"\nFedPALS vs FedAvg on {config.dataset.name}, {config.training.rounds} rounds\n")
     print(summary["markdown"])
-    print(f"\nwrote {os.path.join(workdir, 'table.md')}, comparison.png and per-run results.json")
+    figure = label_distribution_figure(workdir)
+    written = [*summary.get("files", {}).values(), *([figure] if figure else [])]
+    written += [p[: -len(".png")] + ".pdf" for p in written if str(p).endswith(".png")]
+    print("\nwrote (and a results.json per run under runs/):")
+    for path in sorted({os.path.abspath(p) for p in written if os.path.exists(p)}):
+        print(f"  {path}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ client, i.e. with the target's own restriction at test time:
 
 z the global model's logits (for AFL its evaluated iterate). alpha = 1 is the plain
 evaluation; alpha = 0 predicts only labels the target holds. No training: every run's final
-state is restored from its checkpoint (the config in its results.json rebuilds the task).
+state is restored from its checkpoint (`fjp.restore_run(run_dir, which="last")`).
 
 Reads the finished runs of `--methods` in each of `--sweeps` (sweep workdirs) and writes
 <workdir>/restricted_eval.json (per run, and per sweep, method and grid point: plain and
@@ -28,7 +28,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl import app, flags
 
@@ -43,27 +42,12 @@ flags.mark_flags_as_required(["workdir", "sweeps"])
 _BATCH = 1024
 
 
-def _final_params(run_dir: str, config) -> tuple:
+def _final_params(run_dir: str) -> tuple:
     """The task and the evaluated params of the run's last checkpoint (nothing is trained)."""
-    task = fjp.build_task(config)
-    checkpointer = fjp.Checkpointer(os.path.join(run_dir, "checkpoints"))
-    try:
-        if config.training.rounds not in checkpointer.steps():
-            raise ValueError(f"{run_dir} has no checkpoint of its last round.")
-        state, _ = fjp.run_training(
-            task.algorithm,
-            task.model,
-            task.dataset,
-            task.partition,
-            task.training,
-            rounds=config.training.rounds,
-            seed=config.seed,
-            clients_per_round=task.clients_per_round,
-            checkpointer=checkpointer,
-        )
-    finally:
-        checkpointer.close()
-    return task, task.algorithm.eval_params(state)
+    run = fjp.restore_run(run_dir, which="last")
+    if run.round != run.config.training.rounds:
+        raise ValueError(f"{run_dir} has no checkpoint of its last round.")
+    return run.task, run.params
 
 
 def restricted_accuracies(logits: np.ndarray, labels: np.ndarray, target, alphas) -> dict:
@@ -78,8 +62,7 @@ def restricted_accuracies(logits: np.ndarray, labels: np.ndarray, target, alphas
 def evaluate_run(run_dir: str, alphas) -> dict:
     with open(os.path.join(run_dir, "results.json")) as f:
         results = json.load(f)
-    config = fjp.validate_config(ml_collections.ConfigDict(results["config"]))
-    task, params = _final_params(run_dir, config)
+    task, params = _final_params(run_dir)
     indices = task.partition.target_test_indices
     x, y = task.dataset.test.x[indices], task.dataset.test.y[indices]
     apply = jax.jit(task.model.apply)

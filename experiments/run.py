@@ -4,7 +4,8 @@ r"""One run from a config file, in a workdir (resumable).
       --config.algorithm.ess_fraction=0.25 --config.training.rounds=50
 
 Writes <workdir>/results.json (rewritten at every evaluation), checkpoints/ (orbax, with the
-config inside), metrics.jsonl, tensorboard/ (`tensorboard --logdir <workdir>`) and curves.png.
+config inside), metrics.jsonl/.csv, TensorBoard event files (`tensorboard --logdir <workdir>`)
+and curves.png.
 The same command again resumes where a killed run stopped; another config in the same workdir
 is refused unless --overwrite. Config keys: fedjax_pals/experiment/config.py.
 """

@@ -146,9 +146,11 @@ from fedjax_pals.experiment.writers import (  # noqa: E402
 )
 from fedjax_pals.experiment.progress import Progress  # noqa: E402
 from fedjax_pals.experiment.plots import (  # noqa: E402
+    method_style,
     plot_accuracy_vs_distance,
     plot_comparison,
     plot_curves,
+    plot_label_distributions,
     plot_weights_vs_ess,
 )
 from fedjax_pals.experiment.perturbation import perturb_label_dist  # noqa: E402
@@ -188,6 +190,7 @@ from fedjax_pals.experiment.checkpoints import (  # noqa: E402
 from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
 from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
 from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_many  # noqa: E402
+from fedjax_pals.experiment.restore import RestoredRun, restore_run  # noqa: E402
 
 # -- beyond the paper: FedDisco, FedLC, private label marginals, an unknown target T
 from fedjax_pals.label_shift_baselines import (  # noqa: E402

@@ -352,6 +352,7 @@ class TrainingRun:
             )
         history = self.history
         history.train_loss.append(loss)
+        self.last_weights = metrics["weights"]  # the round's server weights, for the hooks
         if self.on_round is not None:
             self.on_round(done, loss)
         if not (done % self.eval_every == 0 or done == self.rounds):

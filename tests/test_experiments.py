@@ -144,6 +144,10 @@ def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(
     assert "apt-get install dataset-fashion-mnist" in printed
     assert "FedPALS" in printed and "FedAvg" in printed
     assert os.path.getsize(tmp_path / "demo" / "comparison.png") > 1000
+    # The label-shift picture: the clients' S_i(Y), T, and FedPALS' and FedAvg's weights.
+    assert os.path.getsize(tmp_path / "demo" / "label_distributions.png") > 1000
+    assert os.path.getsize(tmp_path / "demo" / "label_distributions.pdf") > 1000
+    assert "label_distributions.png" in printed
     for method in ("fedavg", "fedpals"):
         with open(tmp_path / "demo" / "runs" / method / "seed_1" / "results.json") as f:
             saved = json.load(f)

@@ -1,5 +1,7 @@
 """Plots: each writes an image of the data it is given; bad inputs are refused."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -33,10 +35,10 @@ def test_plot_curves_draws_a_band_for_curves_with_one_list_per_seed(tmp_path, mo
         "title",
     )
     assert _image(tmp_path / "c.png").shape[0] > 100
-    # One band (the multi-seed test curve), mean -+ std.
+    # One band (the multi-seed test curve), mean -+ std, in %.
     (band,) = bands
-    np.testing.assert_allclose(band[0], [0.2, 0.4])
-    np.testing.assert_allclose(band[1], [0.4, 0.8])
+    np.testing.assert_allclose(band[0], [20.0, 40.0])
+    np.testing.assert_allclose(band[1], [40.0, 80.0])
 
 
 def test_plot_curves_refuses_mismatched_lengths(tmp_path):
@@ -158,3 +160,158 @@ def test_plot_lambda_trajectories_refuses_non_positive_lambdas(tmp_path):
     assert _image(tmp_path / "l.png").shape[0] > 100
     with pytest.raises(ValueError, match="lambdas > 0"):
         plots.plot_lambda_trajectories(tmp_path / "l.png", {"seed 0": [1.0, 0.0]}, "t")
+
+
+# -- one style for every figure ---------------------------------------------------------------
+
+
+def _legends_and_labels(monkeypatch):
+    """Spies on savefig: each saved figure's legend texts and axis labels."""
+    import matplotlib.figure
+
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+
+    def spy(self, path, *args, **kwargs):
+        texts, xlabels, ylabels = [], [], []
+        for ax in self.axes:
+            if ax.get_legend() is not None:
+                texts += [t.get_text() for t in ax.get_legend().get_texts()]
+            xlabels.append(ax.get_xlabel())
+            ylabels.append(ax.get_ylabel())
+        saved.append(dict(path=str(path), legend=texts, xlabel=xlabels, ylabel=ylabels))
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    return saved
+
+
+def test_every_figure_has_a_pdf_beside_its_png_and_percent_accuracy(tmp_path, monkeypatch):
+    saved = _legends_and_labels(monkeypatch)
+    seeds = [[0.2, 0.4], [0.4, 0.8]]
+    plots.plot_curves(
+        tmp_path / "c.png", {"FedPALS": {"rounds": [1, 2], "target_accuracy": seeds}}, "t"
+    )
+    plots.plot_comparison(
+        tmp_path / "t.png",
+        [{"row": "r", "cells": {"fedpals": {"mean": 0.9, "std": 0.1, "per_seed": [{}, {}, {}]}}}],
+        "t",
+    )
+    plots.plot_accuracy_vs_distance(
+        tmp_path / "d.png",
+        {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]},
+        "t",
+    )
+    plots.plot_accuracy_vs_axis(
+        tmp_path / "e.png", {"FedAvg": [{"x": 1.0, "target_accuracy": [0.5, 0.6]}]}, "e", "t"
+    )
+    plots.plot_weights_vs_ess(tmp_path / "w.png", [1, 2], {"ESS 50 %": [0.5, 0.5]})
+    plots.plot_lambda_trajectories(tmp_path / "l.png", {"seed 0": [1.0, 2.0]}, "t")
+    plots.plot_label_distributions(
+        tmp_path / "h.png", [[1, 0], [0.5, 0.5]], [0.2, 0.8], {"FedAvg": [0.5, 0.5]}
+    )
+    for name in "ctdewlh":
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+        assert (tmp_path / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    accuracy_axes = [y for record in saved for y in record["ylabel"] if "accuracy" in y]
+    assert len(accuracy_axes) == 8 and all("(%)" in y for y in accuracy_axes)  # PNG + PDF each
+    legends = {os.path.basename(r["path"]): r["legend"] for r in saved}
+    assert "band: mean ± 1 std over 2 seeds" in legends["c.png"]
+    assert "mean ± 1 std over 3 seeds" in legends["t.png"]
+    assert "mean ± 1 std over 1 seed" in legends["d.png"]
+    assert "mean ± 1 std over 2 seeds" in legends["e.png"]
+
+
+def test_a_method_has_one_colour_and_marker_in_every_figure(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    colours = {}
+    errorbar, plot = matplotlib.axes.Axes.errorbar, matplotlib.axes.Axes.plot
+
+    def spy_errorbar(self, *args, label=None, color=None, marker=None, **kwargs):
+        if label:
+            colours.setdefault(label, set()).add((color, marker or kwargs.get("fmt")))
+        return errorbar(self, *args, label=label, color=color, marker=marker, **kwargs)
+
+    def spy_plot(self, *args, color=None, **kwargs):
+        if args and len(args[0]) and color is not None:
+            colours.setdefault("curve", set()).add(color)
+        return plot(self, *args, color=color, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy_errorbar)
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy_plot)
+    plots.plot_comparison(
+        tmp_path / "t.png", [{"row": "r", "cells": {"FedAvg": {"mean": 0.5, "std": 0.1}}}], "t"
+    )
+    plots.plot_accuracy_vs_distance(
+        tmp_path / "d.png",
+        {"FedAvg": [{"projection_distance": 0.1, "target_accuracy": [0.5]}]},
+        "t",
+    )
+    plots.plot_curves(
+        tmp_path / "c.png", {"FedAvg": {"rounds": [1], "target_accuracy": [0.5]}}, "t"
+    )
+    style = plots.method_style("fedavg")
+    assert colours["FedAvg"] == {(style["color"], style["marker"])}
+    assert colours["curve"] == {style["color"]}
+    # A display label, with or without the grid point after it, is its method's style.
+    assert plots.method_style("FedAvg (learning_rate=0.1)") == style
+    assert plots.method_style("FedProx+FedPALS") == {
+        "color": plots.METHOD_STYLES["fedprox_fedpals"][0],
+        "marker": plots.METHOD_STYLES["fedprox_fedpals"][1],
+    }
+    assert plots.method_style("fedpals") != style
+    assert plots.method_style("a new method") == plots.method_style("a new method")
+
+
+def test_axes_are_named_by_symbols_and_words(tmp_path, monkeypatch):
+    saved = _legends_and_labels(monkeypatch)
+    series = {
+        "FedPALS": [{"x": 1.0, "target_accuracy": [0.5]}, {"x": None, "target_accuracy": [0.6]}]
+    }
+    plots.plot_accuracy_vs_axis(
+        tmp_path / "e.png",
+        series,
+        "algorithm.label_dp_epsilon",
+        "accuracy vs algorithm.label_dp_epsilon",
+    )
+    assert saved[0]["xlabel"] == ["privacy budget ε"]
+    assert plots.axis_label("training.local_epochs") == "local epochs E"
+    assert plots.axis_label("partition.num_clients") == "number of clients"
+    assert plots.axis_label("lam") == "λ"
+    assert plots.axis_label("something else") == "something else"
+
+
+def test_the_label_distribution_figure_shows_every_client_t_and_the_weights(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    images, bars = [], []
+    imshow, barh = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.barh
+
+    def spy_imshow(self, data, *args, **kwargs):
+        images.append(np.ma.filled(np.ma.asarray(data, dtype=float), np.nan))
+        return imshow(self, data, *args, **kwargs)
+
+    def spy_barh(self, y, width, *args, label=None, **kwargs):
+        bars.append((label, np.asarray(width)))
+        return barh(self, y, width, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy_imshow)
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", spy_barh)
+    dists = [[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]]
+    target = [0.2, 0.3, 0.5]
+    alphas = {"FedPALS": [0.3, 0.7], "FedAvg": [0.6, 0.4]}
+    plots.plot_label_distributions(tmp_path / "h.png", dists, target, alphas)
+    (grid,) = images
+    np.testing.assert_allclose(grid[:2], dists)
+    assert np.isnan(grid[2]).all()  # a gap between the clients and T
+    np.testing.assert_allclose(grid[3], target)
+    assert [(label, list(width)) for label, width in bars] == [
+        ("FedPALS", [0.3, 0.7]),
+        ("FedAvg", [0.6, 0.4]),
+    ]
+    assert (tmp_path / "h.pdf").exists()
+    with pytest.raises(ValueError, match=r"target_label_dist has shape \(2,\), expected \(3,\)"):
+        plots.plot_label_distributions(tmp_path / "h.png", dists, [0.5, 0.5], alphas)
+    with pytest.raises(ValueError, match=r"alpha of 'FedAvg' has shape \(3,\)"):
+        plots.plot_label_distributions(tmp_path / "h.png", dists, target, {"FedAvg": [1, 0, 0]})

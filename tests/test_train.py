@@ -1,6 +1,7 @@
 """train_and_evaluate: what a run writes, resume after a kill at any moment, data errors before
 training, divergence, and build_task for every algorithm."""
 
+import glob
 import json
 import os
 
@@ -108,11 +109,42 @@ def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
     assert abs(sum(saved["alpha"]) - 1) < 1e-5 and saved["lam"] == 0.0
     assert saved["backend"] in fjp.BACKENDS
     lines = _metrics(workdir)
-    assert [line["step"] for line in lines if "train_loss" in line] == [1, 2, 3, 4, 5, 6]
-    assert [line["step"] for line in lines if "target_accuracy" in line] == [2, 4, 6]
+    assert [line["step"] for line in lines if "train/loss" in line] == [1, 2, 3, 4, 5, 6]
+    assert [line["step"] for line in lines if "target/accuracy" in line] == [2, 4, 6]
+    assert {k for line in lines if "target/accuracy" in line for k in line} == {
+        "step",
+        "target/accuracy",
+        "target/macro_f1",
+        "target/loss",
+        "val/accuracy",
+        "val/macro_f1",
+        "val/loss",
+        "server/lambda",
+        "server/projection_distance",
+    }
+    # The server's weights of every round: a histogram, per-client scalars (M = 2), the ESS.
+    alphas = [line["server/alpha"] for line in lines if "server/alpha" in line]
+    assert len(alphas) == 6 and alphas[0] == pytest.approx(saved["alpha"], abs=1e-6)
+    per_client = [line for line in lines if "server/alpha/client_0" in line]
+    assert [line["step"] for line in per_client] == [1, 2, 3, 4, 5, 6]
+    assert per_client[0]["server/ess"] == pytest.approx(saved["ess"], rel=1e-5)
+    assert len(saved["alpha"]) == 2
+    assert [per_client[0][f"server/alpha/client_{i}"] for i in range(2)] == pytest.approx(
+        saved["alpha"], abs=1e-6
+    )
+    evaluation = next(line for line in lines if "target/accuracy" in line)
+    assert evaluation["server/lambda"] == saved["lam"] == 0.0
+    assert evaluation["server/projection_distance"] == saved["projection_distance"]
     with open(workdir / "hparams.json") as f:
-        assert json.load(f)["training.learning_rate"] == 0.05
-    assert os.listdir(workdir / "tensorboard")
+        hparams = json.load(f)
+    assert hparams["training.learning_rate"] == 0.05
+    assert hparams["algorithm.prox_mu"] is None  # unset: null, not the string "None"
+    # Event files in the workdir itself: TensorBoard names the run by the workdir's path.
+    assert glob.glob(str(workdir / "events.out.tfevents.*"))
+    assert not os.path.exists(workdir / "tensorboard")
+    with open(workdir / "metrics.csv") as f:
+        rows = f.read().splitlines()
+    assert rows[0] == "step,name,value" and "1,train/loss," in rows[1]
     assert os.path.getsize(workdir / "curves.png") > 1000
     checkpoints = fjp.Checkpointer(workdir / "checkpoints")
     assert checkpoints.steps() == [4, 6]
@@ -294,3 +326,31 @@ def test_synthetic_runs_differing_only_in_lambda_share_the_data_and_one_runs_axi
         for t in tasks
     ]
     assert fjp.training_group_key(runs[0]) == fjp.training_group_key(runs[1])
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"lam_schedule": "hypergradient", "ess_fraction": 0.5},
+        {"target_estimation": "em", "target_estimation_every": 1},
+    ],
+    ids=["hypergradient", "estimated_T"],
+)
+def test_the_metrics_carry_lambda_in_use_and_the_estimate_of_T(tmp_path, algorithm):
+    config = _config(rounds=3, eval_every=1) | {"algorithm": algorithm}
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    evaluations = [line for line in _metrics(tmp_path) if "target/accuracy" in line]
+    assert [line["step"] for line in evaluations] == [1, 2, 3]
+    if "lam_schedule" in algorithm:
+        # The lambda each round used, as recorded by the schedule.
+        assert [line["server/lambda"] for line in evaluations] == pytest.approx(
+            results["lam_per_round"], rel=1e-6
+        )
+    else:
+        last = evaluations[-1]
+        assert last["server/target_estimate_l1_error"] == pytest.approx(
+            results["target_estimate_l1_error"], rel=1e-6
+        )
+        estimate = [last[f"server/target_estimate/class_{k}"] for k in range(3)]
+        assert estimate == pytest.approx(results["target_estimate"], abs=1e-6)
+        assert last["server/projection_distance"] >= 0.0

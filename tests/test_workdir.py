@@ -238,9 +238,12 @@ def test_overwrite_deletes_nothing_until_the_new_config_and_its_data_are_good(
     assert sorted(os.listdir(workdir)) == before
     monkeypatch.undo()
 
+    old_events = glob.glob(str(workdir / "events.out.tfevents.*"))
+    assert old_events
     config, _, digest = _resolved(learning_rate=0.1)
     results = fjp.train_and_evaluate(config, str(workdir), overwrite=True, quiet=True)
     assert results["config_digest"] == digest
+    assert not any(os.path.exists(path) for path in old_events)  # the old run's events went
     assert (workdir / "notes.txt").read_text() == "mine"  # not a run file: kept
     assert fjp.Checkpointer(workdir / "checkpoints").read_identity()["config_digest"] == digest
 
@@ -259,6 +262,8 @@ def test_an_unreadable_results_file_is_refused(tmp_path):
 
 def test_a_truncated_checkpoint_in_a_workdir_names_its_path_and_overwrite(finished_run, tmp_path):
     workdir = _copy(finished_run, tmp_path)
+    # Without an older intact checkpoint (else the run resumes from it: tests/test_restore.py).
+    shutil.rmtree(workdir / "checkpoints" / "1")
     _corrupt(str(workdir / "checkpoints"), "emptied")
     with pytest.raises(
         fjp.CheckpointError,
@@ -266,3 +271,14 @@ def test_a_truncated_checkpoint_in_a_workdir_names_its_path_and_overwrite(finish
         r".*To start afresh: pass --overwrite",
     ):
         fjp.train_and_evaluate(finished_run[1], str(workdir), quiet=True)
+
+
+def test_json_files_get_the_mode_of_any_new_file_not_0600(tmp_path):
+    from fedjax_pals.experiment.workdir import write_json
+
+    previous = os.umask(0o022)
+    try:
+        write_json(str(tmp_path / "results.json"), {"a": 1})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o644

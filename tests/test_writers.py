@@ -16,7 +16,7 @@ def _events(logdir):
     from tensorboardX.proto.event_pb2 import Event
 
     events = []
-    for path in sorted(glob.glob(os.path.join(logdir, "tensorboard", "events.out.tfevents.*"))):
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
         with open(path, "rb") as f:
             data = f.read()
         offset = 0
@@ -92,16 +92,23 @@ def test_hyperparameters_are_flattened_and_written_once_per_run(tmp_path):
     with open(tmp_path / "hparams.json") as f:
         assert json.load(f) == {
             "algorithm.name": "fedpals",
-            "algorithm.lam": "None",
+            "algorithm.lam": None,
             "training.rounds": 3,
         }
     session_starts = [
-        e
+        v
         for e in _events(str(tmp_path))
         for v in e.summary.value
         if v.tag == "_hparams_/session_start_info"
     ]
     assert len(session_starts) == 1
+    # TensorBoard's HParams get the set values only: no "None" strings for unused settings.
+    from tensorboardX.proto import plugin_hparams_pb2
+
+    info = plugin_hparams_pb2.HParamsPluginData.FromString(
+        session_starts[0].metadata.plugin_data.content
+    ).session_start_info
+    assert set(info.hparams) == {"algorithm.name", "training.rounds"}
 
 
 def test_flatten_hparams_accepts_config_dicts():
@@ -119,12 +126,62 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
     assert not logdir.exists()
 
 
-def test_non_finite_values_are_logged_in_jsonl_and_skipped_in_tensorboard(tmp_path):
+def test_non_finite_values_are_logged_everywhere_so_a_divergence_shows(tmp_path):
     with MetricWriter(str(tmp_path)) as writer:
-        writer.write_scalars(1, {"train_loss": float("nan")})
-    (record,) = read_metrics(str(tmp_path))
-    assert math.isnan(record["train_loss"])
-    assert _scalars(str(tmp_path), "train_loss") == []
+        writer.write_scalars(1, {"train/loss": 1.0})
+        writer.write_scalars(2, {"train/loss": float("nan")})
+        writer.write_scalars(3, {"train/loss": float("inf")})
+    records = read_metrics(str(tmp_path))
+    assert math.isnan(records[1]["train/loss"]) and records[2]["train/loss"] == math.inf
+    (step1, one), (step2, nan), (step3, inf) = _scalars(str(tmp_path), "train/loss")
+    assert (step1, step2, step3) == (1, 2, 3)
+    assert one == 1.0 and math.isnan(nan) and inf == math.inf
+    with open(tmp_path / "metrics.csv") as f:
+        assert f.read().splitlines()[2:] == ["2,train/loss,nan", "3,train/loss,inf"]
+
+
+def test_event_files_lie_in_the_logdir_so_tensorboard_names_the_run_by_its_path(tmp_path):
+    with MetricWriter(str(tmp_path / "runs" / "fedpals")) as writer:
+        writer.write_scalars(1, {"a": 1.0})
+    events = glob.glob(str(tmp_path / "runs" / "fedpals" / "events.out.tfevents.*"))
+    assert len(events) == 1
+    assert not os.path.exists(tmp_path / "runs" / "fedpals" / "tensorboard")
+
+
+def test_csv_has_one_row_per_scalar_and_is_rewound_with_the_jsonl(tmp_path):
+    logdir = str(tmp_path)
+    with MetricWriter(logdir) as writer:
+        for step in (1, 2, 3):
+            writer.write_scalars(step, {"target/accuracy": step / 4, "val/accuracy": 0.5})
+    with MetricWriter(logdir, resume_step=1) as writer:  # resumed after round 1
+        writer.write_scalars(2, {"target/accuracy": 0.125})
+    with open(tmp_path / "metrics.csv") as f:
+        assert f.read().splitlines() == [
+            "step,name,value",
+            "1,target/accuracy,0.25",
+            "1,val/accuracy,0.5",
+            "2,target/accuracy,0.125",
+        ]
+
+
+def test_histograms_go_to_tensorboard_and_jsonl_and_layouts_to_custom_scalars(tmp_path):
+    with MetricWriter(str(tmp_path)) as writer:
+        writer.write_layout({"accuracy": ["target/accuracy", "val/accuracy"]})
+        writer.write_histogram(1, "server/alpha", [0.2, 0.3, 0.5])
+        writer.write_scalars(1, {"server/ess": 12.0})
+        with pytest.raises(ValueError, match="has no values"):
+            writer.write_histogram(2, "server/alpha", [])
+        with pytest.raises(ValueError, match="step must not decrease"):
+            writer.write_histogram(0, "server/alpha", [1.0])
+    assert read_metrics(str(tmp_path)) == [
+        {"step": 1, "server/alpha": [0.2, 0.3, 0.5]},
+        {"step": 1, "server/ess": 12.0},
+    ]
+    events = _events(str(tmp_path))
+    (histogram,) = [v.histo for e in events for v in e.summary.value if v.tag == "server/alpha"]
+    assert histogram.num == 3 and histogram.sum == pytest.approx(1.0)
+    layouts = [v for e in events for v in e.summary.value if v.tag == "custom_scalars__config__"]
+    assert len(layouts) == 1
 
 
 @pytest.mark.parametrize(

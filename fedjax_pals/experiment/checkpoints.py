@@ -7,6 +7,10 @@ Each checkpoint (`<directory>/<round>/`) is an orbax Composite of three items:
 * `identity`: what the checkpoint belongs to (JSON): `train_and_evaluate` stores the resolved
   config and its digest, `run_training(checkpoint_path=...)` the run's fingerprint.
 
+Kept: the latest `max_to_keep` checkpoints and the best-validation one (the round whose
+validation accuracy is the highest so far, the earliest on ties: the round the results report),
+by an orbax preservation policy over the `metrics` each save records (`val_accuracy`, `round`).
+
 The identity travels with the state, so a checkpoint can never be resumed under another
 run's label, whatever else the directory holds. Orbax writes a checkpoint into a temporary
 directory and renames it when complete, so a run killed while saving leaves the previous
@@ -50,11 +54,15 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
-def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
+def identity_differences(
+    stored: Mapping, current: Mapping, *, allow_extension: bool = False
+) -> list[str]:
     """The keys on which two identities differ, as "key: stored -> current" lines.
 
     Identities with a `config_digest` are compared by digest, and their differences named
     from their `config`s (identity keys only: `engine` and `dataset.data_dir` do not count).
+    With `allow_extension`, a larger `training.rounds` alone is no difference: the run is
+    extended (see `budget_extension`).
     """
     if "config_digest" in stored or "config_digest" in current:
         if stored.get("config_digest") == current.get("config_digest"):
@@ -63,10 +71,47 @@ def identity_differences(stored: Mapping, current: Mapping) -> list[str]:
             lines = config_differences(stored.get("config") or {}, current.get("config") or {})
         except Exception:  # a foreign "config": name the digests only
             lines = []
+        if allow_extension and lines:
+            lines = budget_extension(stored.get("config") or {}, lines)
+            if not lines:
+                return []
         return lines or [
             f"config_digest: {stored.get('config_digest')!r} -> {current.get('config_digest')!r}"
         ]
     return mapping_differences(dict(stored), dict(current))
+
+
+def budget_extension(stored_config: Mapping, lines: list[str]) -> list[str]:
+    """`lines` (config differences) with a raised round budget accepted as an extension.
+
+    A run may be trained further when all that differs is a larger `training.rounds`: no
+    schedule depends on the budget (the client sample, the data order and the weights are
+    functions of the seed and the round alone), so its first rounds are those of the longer
+    run. Not under `algorithm.lam_schedule='hypergradient'`, whose state records lambda in
+    arrays as long as the budget: that difference stays, with the reason.
+    """
+    if len(lines) != 1 or not lines[0].startswith("training.rounds: "):
+        return lines
+    old, _, new = lines[0][len("training.rounds: ") :].partition(" -> ")
+    try:
+        old_rounds, new_rounds = int(old), int(new)
+    except ValueError:
+        return lines
+    if new_rounds < old_rounds:
+        return lines
+    schedule = (stored_config.get("algorithm") or {}).get("lam_schedule")
+    if schedule == "hypergradient":
+        return [
+            f"{lines[0]} (a run under algorithm.lam_schedule='hypergradient' cannot be "
+            "extended: its state records lambda in arrays as long as the round budget)"
+        ]
+    return []
+
+
+def _best_key(metrics: Mapping) -> tuple:
+    """How orbax ranks checkpoints for the best one: validation accuracy, then the earlier round
+    (orbax keeps the last of its ascending sort, so ties go to the earliest round)."""
+    return (float(metrics["val_accuracy"]), -int(metrics["round"]))
 
 
 class _QuietOrbax(_py_logging.Filter):
@@ -113,8 +158,13 @@ class Checkpointer:
       identity: a JSON-able mapping saved with every checkpoint; `restore` raises
         `CheckpointMismatchError` (naming the differing keys) when the stored one differs.
         None: no check.
-      max_to_keep: how many of the latest checkpoints are kept.
+      max_to_keep: how many of the latest checkpoints are kept (the best-validation one is
+        kept as well).
       remedy: what the error messages tell the user to do about a bad checkpoint.
+      read_only: only read (no directory is created, nothing is cleaned up or saved): for
+        reading the checkpoints of a run that may still be training.
+      allow_extension: accept the checkpoints of the same config with a smaller
+        `training.rounds` (the run is extended; see `budget_extension`).
 
     Every process calls `save`/`restore` (orbax writes from the primary process only).
     """
@@ -126,6 +176,8 @@ class Checkpointer:
         identity: Mapping[str, Any] | None = None,
         max_to_keep: int = 2,
         remedy: str = DEFAULT_REMEDY,
+        read_only: bool = False,
+        allow_extension: bool = False,
     ):
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise TypeError(f"directory must be a non-empty path, got {directory!r}.")
@@ -139,6 +191,8 @@ class Checkpointer:
             )
         self.identity = None if identity is None else json.loads(json.dumps(dict(identity)))
         self.max_to_keep = max_to_keep
+        self.read_only = bool(read_only)
+        self.allow_extension = bool(allow_extension)
         self.remedy = remedy.format(directory=self.directory)
         self._manager = None
 
@@ -156,15 +210,29 @@ class Checkpointer:
     def _mgr(self):
         if self._manager is None:
             ocp = self._ocp()
+            policies = ocp.checkpoint_managers
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=self.max_to_keep,
+                # The latest max_to_keep, and the best by validation accuracy (earliest on ties,
+                # as `TrainingHistory.best_val_index`): the reported model of a long run stays.
+                preservation_policy=policies.AnyPreservationPolicy(
+                    [
+                        policies.LatestN(n=self.max_to_keep),
+                        policies.BestN(
+                            get_metric_fn=_best_key, n=1, keep_checkpoints_without_metrics=False
+                        ),
+                    ]
+                ),
+                best_fn=_best_key,  # orbax writes the metrics only when it has a best_fn
+                best_mode="max",
                 create=False,
+                read_only=self.read_only,
                 # Synchronous saves: when save() returns the checkpoint is on disk.
                 enable_async_checkpointing=False,
                 # Leftovers of a save killed half-way are removed, never read.
-                cleanup_tmp_directories=True,
+                cleanup_tmp_directories=not self.read_only,
             )
-            os.makedirs(self.directory, exist_ok=True)
+            if not self.read_only:
+                os.makedirs(self.directory, exist_ok=True)
             try:
                 self._manager = ocp.CheckpointManager(
                     self.directory, options=options, item_names=ITEMS
@@ -231,13 +299,56 @@ class Checkpointer:
         if step is None or self.identity is None:
             return step
         stored = self.read_identity(step)
-        differences = identity_differences(stored, self.identity)
+        differences = identity_differences(
+            stored, self.identity, allow_extension=self.allow_extension
+        )
         if differences:
             raise CheckpointMismatchError(
                 f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
                 f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
             )
         return step
+
+    def _damage(self, step: int) -> CheckpointError | None:
+        """None if every item of checkpoint `step` can be read, else the error saying why."""
+        ocp = self._ocp()
+        try:
+            restored = self._mgr().restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(),
+                    history=ocp.args.JsonRestore(),
+                    identity=ocp.args.JsonRestore(),
+                ),
+            )
+            if not isinstance(restored.identity, dict) or not isinstance(restored.history, dict):
+                raise TypeError("identity or history is not a mapping")
+        except Exception as error:  # noqa: BLE001 - reported as the checkpoint's damage
+            return self._unreadable(step, error)
+        return None
+
+    def fall_back_to_intact(self) -> str | None:
+        """When the latest checkpoint cannot be read but an older one can, deletes the damaged
+        newer ones (their rounds are trained again) and returns one line saying so; None when
+        the latest is intact, or when no older one is (then `restore` reports the damage)."""
+        steps = self.steps()
+        if not steps or self._damage(steps[-1]) is None:
+            return None
+        damaged = [steps[-1]]
+        for step in reversed(steps[:-1]):
+            if self._damage(step) is not None:
+                damaged.append(step)
+                continue
+            for bad in damaged:  # every process calls it: orbax deletes from the primary
+                self._mgr().delete(bad)
+            self.close()  # the next reader lists the steps afresh
+            rounds = ", ".join(str(d) for d in sorted(damaged))
+            return (
+                f"the checkpoint of round{'s' if len(damaged) > 1 else ''} {rounds} in "
+                f"{self.directory} could not be read and was deleted; resuming from the intact "
+                f"checkpoint of round {step}."
+            )
+        return None
 
     # -- the Checkpointer protocol -----------------------------------------------------------
 
@@ -252,6 +363,10 @@ class Checkpointer:
         manager = self._mgr()
         if step in manager.all_steps():
             return  # a round is saved once; the same run computes the same state
+        if self.read_only:
+            raise CheckpointError(f"{self!r} is read-only: it cannot save.")
+        val = history_dict.get("val_accuracy") or []
+        metrics = {"val_accuracy": float(val[-1]), "round": step} if val else None
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -259,20 +374,28 @@ class Checkpointer:
                 history=ocp.args.JsonSave(history_dict),
                 identity=ocp.args.JsonSave(self.identity or {}),
             ),
+            metrics=metrics,
         )
         manager.wait_until_finished()
 
-    def restore(self, template: Any) -> tuple[Any, Any] | None:
-        """The latest checkpoint as (state, TrainingHistory), shaped like `template`; None if
-        there is none. Raises `CheckpointMismatchError` for another run's checkpoint and
-        `CheckpointError` for an unreadable one."""
+    def restore(self, template: Any, step: int | None = None) -> tuple[Any, Any] | None:
+        """The latest checkpoint (or that of round `step`) as (state, TrainingHistory), shaped
+        like `template`; None if there is none. Raises `CheckpointMismatchError` for another
+        run's checkpoint and `CheckpointError` for an unreadable one, or a `step` not kept."""
         import flax.serialization
 
         from fedjax_pals.training import TrainingHistory
 
-        step = self.check_identity()
-        if step is None:
+        latest = self.check_identity()
+        if latest is None:
             return None
+        if step is None:
+            step = latest
+        elif step not in self.steps():
+            raise CheckpointError(
+                f"there is no checkpoint of round {step} in {self.directory} (kept: "
+                f"{', '.join(map(str, self.steps()))})."
+            )
         ocp = self._ocp()
         template_dict = flax.serialization.to_state_dict(jax.device_get(template))
         try:

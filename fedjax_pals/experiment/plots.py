@@ -1,4 +1,10 @@
-"""Pictures of runs and sweeps (matplotlib, Agg backend; every function writes one PNG).
+"""Pictures of runs and sweeps (matplotlib, Agg backend; every function writes one figure, and
+a vector PDF beside every PNG).
+
+One style for every figure: each method has its colour and marker (`method_style`, by method
+name or its display label), accuracies are in %, axes are named by symbols and words
+(`axis_label`: lambda, epsilon, E, number of clients), and every legend with bands or error
+bars says "mean ± 1 std over n seeds".
 
 * `plot_curves`: target accuracy per round, test solid and validation dotted, one colour per
   run; a curve with one list per seed is drawn as its mean with a +-1 std band.
@@ -11,6 +17,8 @@
 * `plot_lambda_trajectories`: lambda per round of adaptive-lambda runs.
 * `plot_accuracy_vs_distance`: target accuracy against the projection distance d(T, S) of the
   synthetic task (the paper's Fig. 9), mean +- std over seeds per method.
+* `plot_label_distributions`: the clients' label distributions as a heatmap with T beside them,
+  and the server weights alpha of FedPALS and FedAvg per client next to it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,120 @@ import textwrap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+
+# Method -> (colour, marker), shared by every figure. FedPALS and its combinations are reds and
+# oranges, FedAvg blue, the Oracle black; unknown methods get the remaining colours in turn.
+METHOD_STYLES = {
+    "fedavg": ("#1f77b4", "o"),
+    "fedpals": ("#d62728", "s"),
+    "fedprox": ("#2ca02c", "^"),
+    "scaffold": ("#9467bd", "v"),
+    "afl": ("#8c564b", "D"),
+    "fedrs": ("#e377c2", "P"),
+    "fedshift": ("#7f7f7f", "X"),
+    "oracle": ("#000000", "*"),
+    "feddisco": ("#17becf", "h"),
+    "fedlc": ("#bcbd22", "p"),
+    "fedprox_fedpals": ("#ff7f0e", "^"),
+    "fedrs_fedpals": ("#ff9896", "P"),
+    "fedshift_fedpals": ("#c49c94", "X"),
+    "fedlc_fedpals": ("#dbdb8d", "p"),
+    "fedpals_adaptive": ("#a50f15", "d"),
+    "fedpals_unknown_t_bbse": ("#fb6a4a", "<"),
+    "fedpals_unknown_t_bbse_soft": ("#fc9272", ">"),
+    "fedpals_unknown_t_em": ("#67000d", "8"),
+}
+_SPARE_STYLES = [
+    ("#393b79", "o"),
+    ("#637939", "s"),
+    ("#8c6d31", "^"),
+    ("#843c39", "v"),
+    ("#7b4173", "D"),
+    ("#3182bd", "P"),
+    ("#31a354", "X"),
+    ("#756bb1", "h"),
+]
+# Config keys (the last part of a dotted key) -> what an axis says.
+AXIS_LABELS = {
+    "lam": "λ",
+    "ess_fraction": "ESS fraction",
+    "label_dp_epsilon": "privacy budget ε",
+    "local_epochs": "local epochs E",
+    "num_clients": "number of clients",
+    "clients_per_round": "clients per round",
+    "client_fraction": "fraction of clients per round",
+    "labels_per_client": "labels per client C",
+    "dirichlet_beta": "Dirichlet β",
+    "target_perturbation": "perturbation of T",
+    "synthetic_delta": "δ",
+    "learning_rate": "learning rate",
+    "batch_size": "batch size",
+    "rounds": "rounds",
+    "prox_mu": "μ (FedProx)",
+    "fedrs_alpha": "α (FedRS)",
+    "fedlc_tau": "τ (FedLC)",
+    "projection_distance": "projection distance d(T, S)",
+}
+
+
+def _method_key(label: str) -> str | None:
+    """The method of a key or of its display label (the longest known label it starts with)."""
+    if label in METHOD_STYLES:
+        return label
+    from fedjax_pals.experiment.protocol import METHOD_LABELS  # deferred: protocol imports us
+
+    best = None
+    for key, shown in METHOD_LABELS.items():
+        for name in (shown, key):
+            if (label == name or label.startswith(name + " ")) and (
+                best is None or len(name) > len(best[1])
+            ):
+                best = (key, name)
+    return None if best is None else best[0]
+
+
+def method_style(label: str) -> dict[str, str]:
+    """`{"color", "marker"}` of a method (its key, e.g. "fedpals", or its display label, e.g.
+    "FedPALS (ess_fraction=0.5)"): the same in every figure; unknown labels get a spare
+    style chosen from the label itself, so they too are stable across figures."""
+    key = _method_key(str(label))
+    if key is not None and key in METHOD_STYLES:
+        color, marker = METHOD_STYLES[key]
+    else:
+        import zlib
+
+        color, marker = _SPARE_STYLES[zlib.crc32(str(label).encode()) % len(_SPARE_STYLES)]
+    return {"color": color, "marker": marker}
+
+
+def axis_label(key: str) -> str:
+    """A config key (e.g. "algorithm.label_dp_epsilon") as an axis says it ("privacy budget
+    ε"); anything else unchanged."""
+    return AXIS_LABELS.get(str(key).rsplit(".", 1)[-1], str(key))
+
+
+def _seeds_note(counts) -> str:
+    """ "mean ± 1 std over n seeds" for the given per-point seed counts."""
+    counts = sorted({int(c) for c in counts if c})
+    if not counts:
+        return "mean ± 1 std"
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return f"mean ± 1 std over {n} seed{'s' if counts[-1] != 1 else ''}"
+
+
+def _seeds_entry(ax, seeds) -> None:
+    """A legend entry (an error-bar glyph) saying what the bars and bands are."""
+    ax.plot(
+        [], [], linestyle="none", marker="|", markersize=10, color="gray", label=_seeds_note(seeds)
+    )
+
+
+def _save(fig, path: str) -> None:
+    """Writes `path` (150 dpi for a PNG) and, beside a PNG, the same figure as a vector PDF."""
+    fig.savefig(path, dpi=150)
+    if path.endswith(".png"):
+        fig.savefig(path[: -len(".png")] + ".pdf")
 
 
 def _pyplot():
@@ -65,8 +187,10 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8.0, 4.2))
     handles = []
+    seeds = []
+    band_alpha = 0.15 if len(curves) <= 3 else 0.07  # many bands stay readable
     for index, (label, curve) in enumerate(curves.items()):
-        color = f"C{index % 10}"
+        color = method_style(label)["color"]
         rounds = np.asarray(curve["rounds"])
         for key, style in (("target_accuracy", "-"), ("val_accuracy", ":")):
             if key not in curve:
@@ -77,26 +201,32 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
                     f"curve {label!r}: {key} has {values.shape[-1]} values per seed but there "
                     f"are {rounds.shape[0]} rounds."
                 )
+            values = 100 * values
             mean = values.mean(0) if values.ndim == 2 else values
             ax.plot(rounds, mean, style, color=color, marker="." if len(rounds) < 15 else None)
             if values.ndim == 2 and key == "target_accuracy" and len(values) > 1:
                 std = values.std(0)
+                seeds.append(len(values))
                 ax.fill_between(
-                    rounds, mean - std, mean + std, color=color, alpha=0.15, linewidth=0
+                    rounds, mean - std, mean + std, color=color, alpha=band_alpha, linewidth=0
                 )
         handles.append(Line2D([], [], color=color, label=label))
     handles += [
         Line2D([], [], color="gray", linestyle="-", label="target test"),
         Line2D([], [], color="gray", linestyle=":", label="target validation"),
     ]
+    if seeds:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(color="gray", alpha=0.3, label=f"band: {_seeds_note(seeds)}"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy (%)")
     _title(ax, title)
     ax.grid(alpha=0.3)
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -122,17 +252,22 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     width = max(6.0, 1.2 + 0.45 * len(methods) * len(table_rows))
     fig, ax = plt.subplots(figsize=(min(width, 16.0), 4.2))
     spread = 0.8 / max(len(methods), 1)
+    seeds = []
     for m, method in enumerate(methods):
-        color = f"C{m % 10}"
+        style = method_style(method)
+        color = style["color"]
         for r, row in enumerate(table_rows):
             x = r + (m - (len(methods) - 1) / 2) * spread
             cell = row["cells"].get(method)
             if cell is not None and cell.get("mean") is not None:
+                seeds.append(
+                    (cell.get("target_accuracy") or {}).get("n") or len(cell.get("per_seed") or [])
+                )
                 ax.errorbar(
                     x,
                     100 * cell["mean"],
                     yerr=100 * (cell.get("std") or 0.0),
-                    fmt="o",
+                    fmt=style["marker"],
                     color=color,
                     capsize=3,
                     label=method if r == 0 else None,
@@ -143,7 +278,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
                     x + spread * 0.3,
                     100 * paper["mean"],
                     yerr=100 * (paper.get("std") or 0.0),
-                    fmt="o",
+                    fmt=style["marker"],
                     mfc="none",
                     color=color,
                     alpha=0.6,
@@ -151,6 +286,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
                 )
     if any(row.get("paper") for row in table_rows):
         ax.plot([], [], "o", mfc="none", color="gray", label="paper (hollow)")
+    _seeds_entry(ax, seeds)
     ax.set_xlim(-0.6, len(table_rows) - 0.4)
     ax.set_xticks(range(len(table_rows)))
     ax.set_xticklabels([str(row["row"]) for row in table_rows], fontsize=8)
@@ -159,7 +295,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -201,8 +337,25 @@ def plot_weights_vs_ess(
     positions = np.arange(sizes.size)
     for index, (label, alpha) in enumerate(alphas_by_label.items()):
         offset = (index - (len(alphas_by_label) - 1) / 2) * width
-        ax.bar(positions + offset, np.asarray(alpha)[order], width, label=label, color=f"C{index}")
-    ax.plot(positions, fedavg[order], "ko", markersize=4, label="FedAvg")
+        # FedPALS' lambdas as shades of FedPALS' colour, lightest for the smallest ESS.
+        shade = 0.35 + 0.65 * (index + 1) / len(alphas_by_label)
+        ax.bar(
+            positions + offset,
+            np.asarray(alpha)[order],
+            width,
+            label=label,
+            color=method_style("fedpals")["color"],
+            alpha=shade,
+        )
+    fedavg_style = method_style("fedavg")
+    ax.plot(
+        positions,
+        fedavg[order],
+        fedavg_style["marker"],
+        color=fedavg_style["color"],
+        markersize=4,
+        label="FedAvg",
+    )
     ax.set_xticks(positions)
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
     ax.set_xlabel("client (sorted by size, largest first)")
@@ -211,7 +364,7 @@ def plot_weights_vs_ess(
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -230,21 +383,22 @@ def plot_accuracy_vs_distance(
         raise ValueError("points is empty: give at least one method.")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    for index, (method, series) in enumerate(points.items()):
+    seeds = []
+    for method, series in points.items():
         series = sorted(series, key=lambda p: p["projection_distance"])
         distance = [p["projection_distance"] for p in series]
         mean = [100 * np.mean(p["target_accuracy"]) for p in series]
         std = [100 * np.std(p["target_accuracy"]) for p in series]
-        ax.errorbar(
-            distance, mean, yerr=std, marker="o", capsize=3, color=f"C{index}", label=method
-        )
-    ax.set_xlabel("projection distance d(T, S)")
+        seeds += [len(p["target_accuracy"]) for p in series]
+        ax.errorbar(distance, mean, yerr=std, capsize=3, label=method, **method_style(method))
+    _seeds_entry(ax, seeds)
+    ax.set_xlabel(axis_label("projection_distance"))
     ax.set_ylabel("target accuracy (%)")
     _title(ax, title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -258,29 +412,35 @@ def plot_accuracy_vs_axis(
       series: line label -> [{"x": value, "target_accuracy": [per seed]}, ...]. A point with
         x None (e.g. epsilon None: no privacy) is drawn as a dashed horizontal line of the
         line's colour. The x axis is logarithmic when the values span more than two decades.
-      x_label: the axis' name.
+      x_label: the axis' name; a config key (e.g. "label_dp_epsilon") is shown as its symbol
+        or words (`axis_label`), in the title too.
       title: the plot's title.
     """
     path = _check_path(path)
     if not series:
         raise ValueError("series is empty: give at least one line.")
+    shown = axis_label(x_label)
+    title = title.replace(str(x_label), shown)
+    x_label = shown
     xs = [p["x"] for points in series.values() for p in points if p["x"] is not None]
     if not xs:
         raise ValueError("series has no point with a numeric x.")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for index, (label, points) in enumerate(series.items()):
-        color = f"C{index % 10}"
+    seeds = []
+    for label, points in series.items():
+        style = method_style(label)
+        color = style["color"]
         numeric = sorted((p for p in points if p["x"] is not None), key=lambda p: p["x"])
+        seeds += [len(p["target_accuracy"]) for p in points]
         if numeric:
             ax.errorbar(
                 [p["x"] for p in numeric],
                 [100 * np.mean(p["target_accuracy"]) for p in numeric],
                 yerr=[100 * np.std(p["target_accuracy"]) for p in numeric],
-                marker="o",
                 capsize=3,
-                color=color,
                 label=label,
+                **style,
             )
         for p in points:
             if p["x"] is None:
@@ -289,8 +449,9 @@ def plot_accuracy_vs_axis(
                     color=color,
                     linestyle="--",
                     linewidth=1,
-                    label=f"{label}, {x_label}=None",
+                    label=f"{label}, no {x_label}",
                 )
+    _seeds_entry(ax, seeds)
     positive = [x for x in xs if x > 0]
     if len(positive) == len(xs) and max(positive) / min(positive) > 100:
         ax.set_xscale("log")
@@ -300,7 +461,7 @@ def plot_accuracy_vs_axis(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -326,10 +487,113 @@ def plot_lambda_trajectories(
         ax.plot(np.arange(1, lams.size + 1), lams, marker=".", color=f"C{index % 10}", label=label)
     ax.set_yscale("log")
     ax.set_xlabel("round")
-    ax.set_ylabel("lambda")
+    ax.set_ylabel(axis_label("lam"))
     _title(ax, title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_label_distributions(
+    path: str,
+    client_label_dists: Sequence[Sequence[float]],
+    target_label_dist: Sequence[float],
+    alphas: Mapping[str, Sequence[float]],
+    *,
+    title: str = "clients' label distributions, T and the server weights",
+    class_names: Sequence[str] | None = None,
+) -> None:
+    """The label-shift picture: the clients' label distributions S_i(Y) as a heatmap (one row
+    per client), the target's T(Y) as a row beneath them, and next to each client row its
+    weight alpha_i under each method (e.g. FedPALS and FedAvg) as bars.
+
+    Args:
+      path: the image file to write.
+      client_label_dists: S, shape (M, K), rows on the simplex.
+      target_label_dist: T, shape (K,).
+      alphas: method -> alpha, each of shape (M,) (drawn in the method's colour).
+      title: the figure's title.
+      class_names: the K class names (default 0 ... K-1).
+    """
+    path = _check_path(path)
+    dists = np.asarray(client_label_dists, dtype=float)
+    target = np.asarray(target_label_dist, dtype=float)
+    if dists.ndim != 2 or dists.size == 0:
+        raise ValueError(f"client_label_dists must have shape (M, K), got {dists.shape}.")
+    num_clients, num_classes = dists.shape
+    if target.shape != (num_classes,):
+        raise ValueError(
+            f"target_label_dist has shape {target.shape}, expected ({num_classes},) (one "
+            "probability per class)."
+        )
+    if not alphas:
+        raise ValueError("alphas is empty: give at least one method's weights.")
+    for method, alpha in alphas.items():
+        if np.shape(alpha) != (num_clients,):
+            raise ValueError(
+                f"alpha of {method!r} has shape {np.shape(alpha)}, expected ({num_clients},) "
+                "(one weight per client)."
+            )
+    names = [str(k) for k in range(num_classes)] if class_names is None else list(class_names)
+    if len(names) != num_classes:
+        raise ValueError(f"class_names has {len(names)} names for {num_classes} classes.")
+    plt = _pyplot()
+    height = 1.4 + 0.32 * (num_clients + 2)
+    fig, (ax_heat, ax_alpha) = plt.subplots(
+        1,
+        2,
+        figsize=(max(6.5, 2.8 + 0.42 * num_classes + 2.6), height),
+        gridspec_kw={"width_ratios": [max(num_classes, 3), 4]},
+        sharey=True,
+    )
+    # Rows: clients 0..M-1, then a blank row, then T.
+    grid = np.full((num_clients + 2, num_classes), np.nan)
+    grid[:num_clients] = dists
+    grid[num_clients + 1] = target
+    image = ax_heat.imshow(
+        np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0
+    )
+    rows = list(range(num_clients)) + [num_clients + 1]
+    ax_heat.set_yticks(rows)
+    ax_heat.set_yticklabels([f"client {i}" for i in range(num_clients)] + ["target T"], fontsize=8)
+    ax_heat.set_xticks(range(num_classes))
+    ax_heat.set_xticklabels(names, fontsize=8, rotation=90 if max(map(len, names)) > 3 else 0)
+    ax_heat.set_xlabel("class")
+    if num_classes * (num_clients + 1) <= 160:  # small grids: the values themselves
+        for r in rows:
+            for k in range(num_classes):
+                value = grid[r, k]
+                if value >= 0.005:
+                    ax_heat.text(
+                        k,
+                        r,
+                        f"{value:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=6,
+                        color="white" if value < 0.6 else "black",
+                    )
+    fig.colorbar(image, ax=ax_heat, fraction=0.046, pad=0.02, label="P(Y = class)")
+    ax_heat.set_title("label distributions S_i(Y) and T(Y)", fontsize=9)
+    width = 0.8 / len(alphas)
+    for index, (method, alpha) in enumerate(alphas.items()):
+        offset = (index - (len(alphas) - 1) / 2) * width
+        ax_alpha.barh(
+            np.arange(num_clients) + offset,
+            np.asarray(alpha, dtype=float),
+            height=width,
+            color=method_style(method)["color"],
+            label=method,
+        )
+    ax_alpha.set_xlabel("server weight α_i")
+    ax_alpha.set_xlim(0.0, max(1e-9, max(float(np.max(a)) for a in alphas.values())) * 1.1)
+    ax_alpha.grid(alpha=0.3, axis="x")
+    ax_alpha.legend(fontsize=8, loc="lower right")
+    ax_alpha.set_title("aggregation weights", fontsize=9)
+    ax_heat.set_ylim(num_clients + 1.5, -0.5)
+    fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
     plt.close(fig)

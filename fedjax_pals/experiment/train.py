@@ -66,6 +66,16 @@ def _has_sweep(config: Any) -> bool:
     return isinstance(config, dict) and bool(config.get("sweep"))
 
 
+# TensorBoard charts (Custom Scalars) whose curves share one plot.
+CHARTS = {
+    "accuracy (target, validation)": ["target/accuracy", "val/accuracy"],
+    "macro-F1 (target, validation)": ["target/macro_f1", "val/macro_f1"],
+    "loss (train, target, validation)": ["train/loss", "target/loss", "val/loss"],
+}
+# Per-client (per-class) scalars of alpha (of T's estimate) for at most this many clients.
+PER_CLIENT_SCALARS = 20
+
+
 class _PreparedRun:
     """One run between preparation and its results: its workdir, writer, progress and loop.
 
@@ -93,6 +103,8 @@ class _PreparedRun:
             if not overwrite:
                 # Every process reads (and so raises) alike: their orbax barriers line up.
                 wd.check_reusable()
+                if wd.fallback_note and main:
+                    logging.warning("%s", wd.fallback_note)
             self.task = task = build_task(resolved)
             if main and overwrite:
                 removed = wd.clear()
@@ -124,6 +136,7 @@ class _PreparedRun:
                 )
             )
             writer.write_hparams(self.plain)
+            writer.write_layout(CHARTS)
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
                 f"{self.title}: lam={lam} ESS={summary['ess']:.0f}/{summary['total_examples']} "
@@ -173,19 +186,69 @@ class _PreparedRun:
         }
 
     def _on_round(self, done: int, loss: float) -> None:
-        self.writer.write_scalars(done, {"train_loss": loss})
+        self.writer.write_scalars(done, {"train/loss": loss, **self._weight_scalars(done)})
         self.progress.update(1, loss=loss)
+
+    def _weight_scalars(self, done: int) -> dict:
+        """The server's weights alpha of round `done` over all clients (0 for those not taking
+        part): a histogram, per-client scalars for up to `PER_CLIENT_SCALARS` clients, and
+        their effective sample size."""
+        weights = getattr(self.run, "last_weights", None)
+        if weights is None or not self.main:
+            return {}
+        sizes = np.asarray(self.task.partition.client_sizes, np.float64)
+        alpha = np.zeros(len(sizes))
+        alpha[self.run.participants(done - 1)] = np.asarray(weights, np.float64)
+        self.writer.write_histogram(done, "server/alpha", alpha)
+        scalars = {"server/ess": float(1.0 / np.sum(alpha * alpha / sizes))}
+        if len(alpha) <= PER_CLIENT_SCALARS:
+            width = len(str(len(alpha) - 1))
+            scalars.update({f"server/alpha/client_{i:0{width}d}": a for i, a in enumerate(alpha)})
+        return scalars
+
+    def _server_scalars(self) -> dict:
+        """At an evaluation: the lambda in use, d(T, S), and T's estimate and its error."""
+        state = self.run.state
+        scalars = {}
+        data = state.algorithm_state
+        if isinstance(data, dict) and "lam_history" in data:  # the hypergradient schedule
+            lam = np.asarray(jax.device_get(data["lam_history"]), np.float64)
+            done = lam[np.isfinite(lam)]
+            if done.size:
+                scalars["server/lambda"] = float(done[-1])
+        elif self.task.lam is not None:
+            scalars["server/lambda"] = float(self.task.lam)
+        distance = self.header["projection_distance"]
+        if self.reestimation is not None:
+            from fedjax_pals.server_weights import projection_distance
+
+            estimate = np.asarray(self.reestimation.current(jax.device_get(state)), np.float64)
+            truth = np.asarray(self.task.partition.target_label_dist, np.float64)
+            distance = float(projection_distance(self.task.partition.client_label_dists, estimate))
+            scalars["server/target_estimate_l1_error"] = float(np.abs(estimate - truth).sum())
+            if estimate.size <= PER_CLIENT_SCALARS:
+                width = len(str(estimate.size - 1))
+                scalars.update(
+                    {
+                        f"server/target_estimate/class_{k:0{width}d}": v
+                        for k, v in enumerate(estimate)
+                    }
+                )
+        if distance is not None:
+            scalars["server/projection_distance"] = float(distance)
+        return scalars
 
     def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         self.writer.write_scalars(
             done,
             {
-                "target_accuracy": metrics["test"]["accuracy"],
-                "target_macro_f1": metrics["test"]["macro_f1"],
-                "target_loss": metrics["test"]["loss"],
-                "val_accuracy": metrics["val"]["accuracy"],
-                "val_macro_f1": metrics["val"]["macro_f1"],
-                "val_loss": metrics["val"]["loss"],
+                "target/accuracy": metrics["test"]["accuracy"],
+                "target/macro_f1": metrics["test"]["macro_f1"],
+                "target/loss": metrics["test"]["loss"],
+                "val/accuracy": metrics["val"]["accuracy"],
+                "val/macro_f1": metrics["val"]["macro_f1"],
+                "val/loss": metrics["val"]["loss"],
+                **(self._server_scalars() if self.main else {}),
             },
         )
         self.writer.flush()
@@ -227,8 +290,9 @@ def train_and_evaluate(
     Args:
       config: an `ml_collections.ConfigDict` of the `default_config()` schema (or a partial
         mapping laid over it); validated and resolved before anything else happens.
-      workdir: the run's directory: checkpoints/, results.json, metrics.jsonl, tensorboard/,
-        hparams.json, curves.png. A run it already holds is resumed if it has the same config.
+      workdir: the run's directory: checkpoints/, results.json, metrics.jsonl, metrics.csv,
+        TensorBoard event files, hparams.json, curves.png. A run it already holds is resumed if
+        it has the same config, or extended if only a larger training.rounds differs.
       overwrite: replace a run of another config held in `workdir` (its files are deleted only
         after the new config is validated and its data loaded).
       quiet: no progress bar and no log lines.

@@ -4,18 +4,25 @@
       .lock           an fcntl lock held while a run writes here (released when it ends or dies)
       checkpoints/    orbax checkpoints keyed by round, each with the config and its digest
       results.json    the results so far, rewritten at every evaluation
-      metrics.jsonl, hparams.json, tensorboard/   the metric writer's files
+      metrics.jsonl, metrics.csv, hparams.json, events.out.tfevents.*   the metric writer's
+                      files (TensorBoard's event files in the workdir: runs named by its path)
       curves.png      accuracy per round
 
 A workdir belongs to one config (by `config_digest`): a launch with another config is refused,
 naming the differing keys, unless `overwrite=True`, which deletes the files above (and
 nothing else) only after the new config has been validated and its task built. The lock stops
 a second launch on the same workdir at once, whatever its config.
+
+Two exceptions, neither of which needs `overwrite`: a config that differs only by a larger
+`training.rounds` extends the run (its checkpoints and results then record the new budget),
+and a damaged latest checkpoint with an older intact one is deleted and the run resumes from
+the older one (one warning line says so).
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import shutil
@@ -33,11 +40,14 @@ RUN_FILES = (
     CHECKPOINT_DIR,
     RESULTS_FILE,
     "metrics.jsonl",
+    "metrics.csv",
     "hparams.json",
-    "tensorboard",
+    "tensorboard",  # the event files of fedjax_pals <= 0.1
     "curves.png",
     "checkpoint.msgpack",  # the single-file checkpoint of fedjax_pals <= 0.1
 )
+# ... and TensorBoard's event files, in the workdir itself.
+RUN_FILE_PATTERNS = ("events.out.tfevents.*",)
 OVERWRITE_REMEDY = "pass --overwrite (overwrite=True) to replace it, or choose another --workdir"
 
 
@@ -50,12 +60,17 @@ class WorkdirLockedError(WorkdirError):
 
 
 def write_json(path: str, payload: Any) -> None:
-    """Writes JSON atomically (temporary file, then rename): a reader never sees half a file."""
+    """Writes JSON atomically (temporary file, then rename): a reader never sees half a file.
+    The file gets the mode of any file the process creates (0644 under umask 022), not
+    mkstemp's 0600: results on a shared runs folder are readable by the group."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=2)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -80,6 +95,8 @@ class Workdir:
         self.digest = digest
         self._want_lock = lock
         self._lock_fd: int | None = None
+        # `check_reusable`'s line about a damaged checkpoint it fell back from (None: none).
+        self.fallback_note: str | None = None
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -146,10 +163,19 @@ class Workdir:
             self.file(CHECKPOINT_DIR),
             identity=self.identity,
             remedy=OVERWRITE_REMEDY,
+            allow_extension=True,
+        )
+
+    def _pattern_files(self) -> list[str]:
+        return sorted(
+            os.path.basename(path)
+            for pattern in RUN_FILE_PATTERNS
+            for path in glob.glob(self.file(pattern))
         )
 
     def held_run_files(self) -> list[str]:
-        return [name for name in RUN_FILES if os.path.lexists(self.file(name))]
+        held = [name for name in RUN_FILES if os.path.lexists(self.file(name))]
+        return held + self._pattern_files()
 
     def check_reusable(self) -> int | None:
         """Checks that whatever run the workdir holds is this config's; returns the round of
@@ -174,6 +200,8 @@ class Workdir:
             )
         checkpointer = self.checkpointer()
         try:
+            # A damaged latest checkpoint with an older intact one: resume from that one.
+            self.fallback_note = checkpointer.fall_back_to_intact()
             step = checkpointer.check_identity()
         finally:
             checkpointer.close()
@@ -188,7 +216,7 @@ class Workdir:
                     f"cannot read {results} ({type(error).__name__}: {error}); it is not the "
                     f"results file of a fedjax_pals run; {OVERWRITE_REMEDY}."
                 ) from None
-            differences = identity_differences(stored, self.identity)
+            differences = identity_differences(stored, self.identity, allow_extension=True)
             if differences:
                 raise WorkdirError(
                     f"the workdir {self.path} holds the results of another config "
@@ -200,7 +228,7 @@ class Workdir:
     def clear(self) -> list[str]:
         """Deletes the run files (`RUN_FILES`) and nothing else; returns what it removed."""
         removed = []
-        for name in RUN_FILES:
+        for name in (*RUN_FILES, *self._pattern_files()):
             path = self.file(name)
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)

@@ -1,12 +1,16 @@
-"""Metric writer: TensorBoard event files (tensorboardX, no TensorFlow) and a JSONL log.
+"""Metric writer: TensorBoard event files (tensorboardX, no TensorFlow), JSONL and CSV logs.
 
 A run's `logdir` gets
 
-* `metrics.jsonl`: one JSON object per `write_scalars` call, `{"step": s, name: value, ...}`,
-  flushed at every call so a killed run loses nothing that was written;
-* `hparams.json`: the run's hyperparameters (flattened, written once per run);
-* `tensorboard/`: event files for `tensorboard --logdir <workdir>` (scalars under their own
-  names, hyperparameters through TensorBoard's HParams plugin).
+* `metrics.jsonl`: one JSON object per `write_scalars` call, `{"step": s, name: value, ...}`
+  (and one per `write_histogram`, `{"step": s, name: [values]}`), flushed at every call so a
+  killed run loses nothing that was written;
+* `metrics.csv`: the scalars again, one `step,name,value` row each (for spreadsheets, pandas);
+* `hparams.json`: the run's hyperparameters (flattened, written once per run; unset ones null);
+* `events.out.tfevents.*`: event files in the logdir itself, so that `tensorboard --logdir
+  <runs>` names each run by its workdir path (scalars under their own names, NaN and inf
+  included so that a divergence shows; histograms; hyperparameters through the HParams
+  plugin, unset ones left out; a Custom Scalars layout that puts curves on one chart).
 
 Resume: a run killed after its last checkpoint re-does the rounds after it, so a new writer
 on the same `logdir` rewinds the log at its first `write_scalars(step, ...)`: JSONL lines with
@@ -19,17 +23,21 @@ may be written by several calls (e.g. the training loss, then the evaluation, of
 
 from __future__ import annotations
 
+import csv
+import glob
 import json
-import math
 import numbers
 import os
 import uuid
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+CSV_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.json"
+EVENTS_PATTERN = "events.out.tfevents.*"
+# Where fedjax_pals <= 0.1 wrote the event files (TensorBoard then named runs ".../tensorboard").
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -52,8 +60,10 @@ def _scalar(name: str, value: Any) -> float:
     return float(array)
 
 
-def _hparam_value(value: Any) -> bool | int | float | str:
-    # TensorBoard's HParams plugin takes bool, number or string values only.
+def _hparam_value(value: Any) -> bool | int | float | str | None:
+    # TensorBoard's HParams plugin takes bool, number or string values only (None: unset).
+    if value is None:
+        return None
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, numbers.Integral):
@@ -114,14 +124,15 @@ class MetricWriter:
         self.enabled = bool(enabled)
         self._tb = None
         self._file = None
+        self._csv = None
         self._last_step: int | None = None
         self._closed = False
         if not self.enabled:
             return
         os.makedirs(self.logdir, exist_ok=True)
         self._jsonl_path = os.path.join(self.logdir, METRICS_FILE)
-        self._tb_dir = os.path.join(self.logdir, TENSORBOARD_DIR)
-        self._had_events = os.path.isdir(self._tb_dir) and bool(os.listdir(self._tb_dir))
+        self._csv_path = os.path.join(self.logdir, CSV_FILE)
+        self._had_events = bool(glob.glob(os.path.join(self.logdir, EVENTS_PATTERN)))
         if resume_step is not None:
             self._rewind(_check_step(resume_step) + 1)
 
@@ -134,7 +145,7 @@ class MetricWriter:
             # Event files are named by the second they were opened in; the suffix keeps a
             # resumed writer opened within the same second from overwriting the first file.
             suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            self._tb = SummaryWriter(logdir=self._tb_dir, flush_secs=30, filename_suffix=suffix)
+            self._tb = SummaryWriter(logdir=self.logdir, flush_secs=30, filename_suffix=suffix)
         return self._tb
 
     def _rewind(self, step: int) -> None:
@@ -145,6 +156,15 @@ class MetricWriter:
             with open(tmp, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(tmp, self._jsonl_path)
+        if os.path.exists(self._csv_path):
+            with open(self._csv_path, newline="") as f:
+                rows = [row for row in csv.reader(f) if len(row) == 3]
+            tmp = self._csv_path + ".tmp"
+            with open(tmp, "w", newline="") as f:
+                csv.writer(f).writerows(
+                    row for row in rows if not row[0].isdigit() or int(row[0]) < step
+                )
+            os.replace(tmp, self._csv_path)
         if self._had_events:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
 
@@ -182,7 +202,9 @@ class MetricWriter:
 
         # No experiment summary: the HParams plugin then builds one from this session and
         # lists every scalar tag of the run as a metric.
-        _, session_start, session_end = hparams_summary(flat, {})
+        _, session_start, session_end = hparams_summary(
+            {k: v for k, v in flat.items() if v is not None}, {}
+        )
         self._writer().file_writer.add_summary(session_start)
         self._writer().file_writer.add_summary(session_end)
 
@@ -193,13 +215,55 @@ class MetricWriter:
             raise TypeError(f"scalars must be a mapping name -> number, got {scalars!r}.")
         values = {name: _scalar(name, value) for name, value in scalars.items()}
         self._check_open()
+        self._check_step_order(step)
+        if not self.enabled:
+            self._last_step = step
+            return
+        self._log(step, values)
+        if self._csv is None:
+            new = not os.path.exists(self._csv_path) or not os.path.getsize(self._csv_path)
+            self._csv = open(self._csv_path, "a", newline="")
+            if new:
+                csv.writer(self._csv).writerow(["step", "name", "value"])
+        csv.writer(self._csv).writerows([step, name, repr(value)] for name, value in values.items())
+        self._csv.flush()
+        writer = self._writer()
+        for name, value in values.items():
+            # NaN and inf too: TensorBoard marks them, and a divergence must show.
+            writer.add_scalar(name, value, step)
+
+    def write_histogram(self, step: int, name: str, values: Any) -> None:
+        """Logs the distribution of `values` (e.g. the server's weight per client) at `step`:
+        a TensorBoard histogram and a JSONL line `{"step": step, name: [values]}`."""
+        step = _check_step(step)
+        if not isinstance(name, str) or not name or name == "step":
+            raise ValueError(f"a histogram needs a name other than 'step', got {name!r}.")
+        array = np.asarray(values, np.float64).ravel()
+        if array.size == 0:
+            raise ValueError(f"histogram {name!r} has no values.")
+        self._check_open()
+        self._check_step_order(step)
+        if not self.enabled:
+            self._last_step = step
+            return
+        self._log(step, {name: array.tolist()})
+        self._writer().add_histogram(name, array, step)
+
+    def write_layout(self, charts: Mapping[str, Sequence[str]], title: str = "fedjax_pals") -> None:
+        """TensorBoard Custom Scalars charts: `{chart: [tags drawn together]}`."""
+        self._check_open()
+        if self.enabled:
+            layout = {title: {chart: ["Multiline", list(tags)] for chart, tags in charts.items()}}
+            self._writer().add_custom_scalars(layout)
+
+    def _check_step_order(self, step: int) -> None:
         if self._last_step is not None and step < self._last_step:
             raise ValueError(
                 f"step must not decrease within a run: got {step} after {self._last_step}."
             )
-        if not self.enabled:
-            self._last_step = step
-            return
+
+    def _log(self, step: int, values: Mapping[str, Any]) -> None:
+        """One JSONL line (rewinding the logs at a writer's first step)."""
         if self._last_step is None:
             self._rewind(step)  # a resumed run re-does the rounds from `step` on
         self._last_step = step
@@ -207,14 +271,12 @@ class MetricWriter:
             self._file = open(self._jsonl_path, "a")
         self._file.write(json.dumps({"step": step, **values}) + "\n")
         self._file.flush()
-        writer = self._writer()
-        for name, value in values.items():
-            if math.isfinite(value):  # TensorBoard cannot draw NaN / inf
-                writer.add_scalar(name, value, step)
 
     def flush(self) -> None:
         if self._file is not None:
             self._file.flush()
+        if self._csv is not None:
+            self._csv.flush()
         if self._tb is not None:
             self._tb.flush()
 
@@ -225,6 +287,9 @@ class MetricWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._csv is not None:
+            self._csv.close()
+            self._csv = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None

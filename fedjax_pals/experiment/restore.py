@@ -1,0 +1,116 @@
+"""`restore_run(workdir, which)`: a trained run's model back from its workdir, nothing trained.
+
+    run = fjp.restore_run("runs/fedpals", which="best")
+    logits = run.model.apply(run.params, x)
+
+The run's resolved config comes from its latest checkpoint (the identity saved with it), the
+task is rebuilt from it (`build_task`: data, partition, algorithm, model), the initial server
+state is the template the checkpoint is restored into (with the partition's clients:
+`config.partition.num_clients` counts the target too, the state's clients do not), and
+`params` are the algorithm's evaluated parameters (`eval_params`: the averaged iterate for AFL,
+the global model otherwise): the model whose accuracy the run recorded at that round.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+
+from fedjax_pals.algorithms import ServerState, init_server_state
+from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer
+from fedjax_pals.experiment.config import validate_config
+from fedjax_pals.experiment.task import Task, build_task
+from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
+from fedjax_pals.models import Model
+from fedjax_pals.training import TrainingHistory
+
+WHICH = ("best", "last")
+
+
+class RestoredRun(NamedTuple):
+    """A run restored by `restore_run`.
+
+    model: the `Model` (`model.apply(params, x)` gives logits); params: its evaluated
+    parameters at `round`; config: the run's resolved config; history: the run's whole
+    `TrainingHistory` (to its latest checkpoint); round: the round restored (the
+    best-validation round for which="best", `history.rounds[history.best_val_index()]`);
+    state: the full `ServerState` of that round; task: the rebuilt `Task` (data, partition,
+    algorithm), e.g. to evaluate on its target sets.
+    """
+
+    model: Model
+    params: Any
+    config: ml_collections.ConfigDict
+    history: TrainingHistory
+    round: int
+    state: ServerState
+    task: Task
+
+
+def restore_run(
+    workdir: str | os.PathLike, which: str = "best", *, data_dir: str | None = None
+) -> RestoredRun:
+    """The model of the run in `workdir` at its best-validation round or its last checkpoint.
+
+    Args:
+      workdir: a workdir of `train_and_evaluate` (finished or not; it is only read).
+      which: "best": the round of the best validation accuracy (earliest on ties), the model
+        the results report (`best_val_round`); "last": the latest checkpoint.
+      data_dir: where the data set is, when it has moved since the run (default: the
+        config's `dataset.data_dir`).
+
+    Raises:
+      CheckpointError: no checkpoint in the workdir, an unreadable one, or a best round whose
+        checkpoint was not kept (runs of fedjax_pals before it kept the best one).
+      DatasetUnavailableError, TaskError: the data cannot be had to rebuild the task.
+    """
+    if which not in WHICH:
+        raise ValueError(f"which must be one of {WHICH}, got {which!r}.")
+    path = os.path.abspath(os.path.expanduser(os.fspath(workdir)))
+    directory = os.path.join(path, CHECKPOINT_DIR)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{path} holds no checkpoints ({directory} does not exist).")
+    checkpointer = Checkpointer(directory, read_only=True)
+    try:
+        latest = checkpointer.latest_round()
+        if latest is None:
+            raise CheckpointError(f"{path} holds no checkpoints ({directory} is empty).")
+        identity = checkpointer.read_identity(latest)
+        if not isinstance(identity.get("config"), dict):
+            raise CheckpointError(
+                f"the checkpoint in {directory}/{latest} records no config: it was not written "
+                "by train_and_evaluate (restore it with fjp.Checkpointer)."
+            )
+        config = ml_collections.ConfigDict(identity["config"])
+        if data_dir is not None:
+            config.dataset.data_dir = data_dir
+        config = validate_config(config)
+        task = build_task(config)
+        params = task.model.init(jax.random.PRNGKey(0))
+        template = init_server_state(task.algorithm, params, task.partition.num_clients)
+        state, history = checkpointer.restore(template)
+        step = latest
+        if which == "best":
+            step = history.rounds[history.best_val_index()]
+            if step not in checkpointer.steps():
+                raise CheckpointError(
+                    f"the best-validation round {step} of the run in {path} has no checkpoint "
+                    f"(kept: {', '.join(map(str, checkpointer.steps()))}; a run of an older "
+                    "fedjax_pals kept only the last 2); use which='last'."
+                )
+            if step != latest:
+                state, _ = checkpointer.restore(template, step=step)
+    finally:
+        checkpointer.close()
+    return RestoredRun(
+        model=task.model,
+        params=task.algorithm.eval_params(state),
+        config=config,
+        history=history,
+        round=int(step),
+        state=state,
+        task=task,
+    )

@@ -1,0 +1,190 @@
+"""Runs you can keep and extend: restore_run, the best checkpoint kept, a raised round budget,
+and a damaged latest checkpoint resumed from an older intact one."""
+
+import glob
+import logging
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.experiment.checkpoints import budget_extension
+
+
+def _config(rounds, learning_rate=0.5, eval_every=1):
+    return {
+        "dataset": {"name": "synthetic"},
+        "training": {
+            "rounds": rounds,
+            "eval_every": eval_every,
+            "batch_size": 8,
+            "learning_rate": learning_rate,
+        },
+    }
+
+
+def _target_accuracy(run):
+    partition = run.task.partition
+    evaluate = fjp.make_evaluator(
+        run.model.apply,
+        run.task.dataset.test.x[partition.target_test_indices],
+        run.task.dataset.test.y[partition.target_test_indices],
+        run.model.num_classes,
+    )
+    return evaluate(run.params)["accuracy"]
+
+
+def _leaves_equal(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(la, lb)
+    )
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    """20 rounds at a learning rate whose validation accuracy peaks early (round 13 on CPU)."""
+    workdir = tmp_path_factory.mktemp("long")
+    results = fjp.train_and_evaluate(_config(20), str(workdir), quiet=True)
+    return workdir, results
+
+
+# -- the best checkpoint is kept -------------------------------------------------------------
+
+
+def test_the_checkpointer_keeps_the_best_validation_round_besides_the_last_two(tmp_path):
+    state = fjp.ServerState(
+        params={"w": np.zeros(2, np.float32)},
+        client_states=(),
+        algorithm_state=(),
+        weighting_state=(),
+        round=np.int32(0),
+    )
+    checkpointer = fjp.Checkpointer(tmp_path / "ck")
+    kept = []
+    for step, val in [(1, 0.5), (2, 0.9), (3, 0.7), (4, 0.9), (5, 0.6), (6, 0.8)]:
+        history = fjp.TrainingHistory(
+            rounds=[step],
+            target_accuracy=[0.0],
+            target_macro_f1=[0.0],
+            val_accuracy=[val],
+            val_macro_f1=[0.0],
+            train_loss=[1.0] * step,
+        )
+        checkpointer.save(state._replace(round=np.int32(step)), history)
+        kept.append(checkpointer.steps())
+    checkpointer.close()
+    # Round 2 is the best (round 4 ties it later: the earliest wins, as best_val_index).
+    assert kept == [[1], [1, 2], [2, 3], [2, 3, 4], [2, 4, 5], [2, 5, 6]]
+
+
+def test_restore_run_returns_the_best_and_the_last_model_after_20_rounds(long_run):
+    workdir, results = long_run
+    best_round = results["best_val_round"]
+    # The best round is early: without the best-checkpoint policy it would be deleted.
+    assert best_round < 19
+    assert fjp.Checkpointer(workdir / "checkpoints").steps() == [best_round, 19, 20]
+
+    best = fjp.restore_run(workdir, which="best")
+    assert isinstance(best, fjp.RestoredRun)
+    assert best.round == best_round and int(best.state.round) == best_round
+    assert _target_accuracy(best) == results["target_accuracy_at_best_val"]
+    assert best.config.to_dict() == fjp.validate_config(_config(20)).to_dict()
+    # The config counts the target among the clients; the partition (and the state) do not.
+    assert best.config.partition.num_clients == 3 and best.task.partition.num_clients == 2
+    assert len(jax.tree_util.tree_leaves(best.state.client_states)) == 0 or all(
+        leaf.shape[0] == 2 for leaf in jax.tree_util.tree_leaves(best.state.client_states)
+    )
+    assert best.history.rounds == results["rounds"]
+    assert best.history.val_accuracy == results["val_accuracy"]
+    assert best.history.train_loss == results["train_loss"]
+
+    last = fjp.restore_run(str(workdir), which="last")
+    assert last.round == 20
+    assert _target_accuracy(last) == results["final_target_accuracy"]
+    assert not _leaves_equal(best.params, last.params)
+
+
+def test_restore_run_refuses_what_it_cannot_restore(tmp_path):
+    with pytest.raises(ValueError, match=r"which must be one of \('best', 'last'\)"):
+        fjp.restore_run(tmp_path, which="final")
+    with pytest.raises(fjp.CheckpointError, match="holds no checkpoints"):
+        fjp.restore_run(tmp_path)
+
+
+# -- a raised round budget extends the run ----------------------------------------------------
+
+
+@pytest.mark.parametrize("eval_every", [1])
+def test_a_finished_run_extended_to_5_rounds_equals_a_5_round_run(tmp_path, eval_every):
+    extended, one_go = str(tmp_path / "extended"), str(tmp_path / "one_go")
+    fjp.train_and_evaluate(_config(3, 0.05, eval_every), extended, quiet=True)
+    results = fjp.train_and_evaluate(_config(5, 0.05, eval_every), extended, quiet=True)
+    expected = fjp.train_and_evaluate(_config(5, 0.05, eval_every), one_go, quiet=True)
+    for key in expected:
+        if key != "wall_seconds":
+            assert results[key] == expected[key], key
+    assert _leaves_equal(
+        fjp.restore_run(extended, "last").state, fjp.restore_run(one_go, "last").state
+    )
+    # The identity records the budget reached.
+    identity = fjp.Checkpointer(os.path.join(extended, "checkpoints")).read_identity()
+    assert identity["config"]["training"]["rounds"] == 5
+    assert identity["config_digest"] == fjp.config_digest(_config(5, 0.05, eval_every))
+    # A smaller budget is still another run.
+    with pytest.raises(fjp.CheckpointMismatchError, match=r"training\.rounds: 5 -> 4"):
+        fjp.train_and_evaluate(_config(4, 0.05, eval_every), extended, quiet=True)
+
+
+def test_only_a_raised_budget_alone_is_an_extension():
+    plain = {"algorithm": {"lam_schedule": None}}
+    assert budget_extension(plain, ["training.rounds: 3 -> 5"]) == []
+    assert budget_extension(plain, ["training.rounds: 5 -> 3"]) == ["training.rounds: 5 -> 3"]
+    two = ["training.learning_rate: 0.1 -> 0.2", "training.rounds: 3 -> 5"]
+    assert budget_extension(plain, two) == two
+    (line,) = budget_extension(
+        {"algorithm": {"lam_schedule": "hypergradient"}}, ["training.rounds: 3 -> 5"]
+    )
+    assert "cannot be extended" in line and "hypergradient" in line
+
+
+# -- a damaged latest checkpoint --------------------------------------------------------------
+
+
+def _truncate(step_dir):
+    paths = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+    assert paths
+    for path in paths:
+        with open(path, "r+b") as f:
+            f.truncate(3)
+
+
+def test_a_damaged_latest_checkpoint_resumes_from_the_older_intact_one(long_run, tmp_path, caplog):
+    workdir, expected = long_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    _truncate(str(copy / "checkpoints" / "20"))
+    with caplog.at_level(logging.WARNING):
+        resumed = fjp.train_and_evaluate(_config(20), str(copy), quiet=True)
+    lines = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert lines == [
+        f"the checkpoint of round 20 in {copy}/checkpoints could not be read and was deleted; "
+        "resuming from the intact checkpoint of round 19."
+    ]
+    for key in expected:
+        if key != "wall_seconds":
+            assert resumed[key] == expected[key], key
+    assert fjp.Checkpointer(copy / "checkpoints").steps() == [expected["best_val_round"], 19, 20]
+
+
+def test_when_every_checkpoint_is_damaged_the_error_remains(long_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(long_run[0], copy)
+    for step in fjp.Checkpointer(copy / "checkpoints").steps():
+        _truncate(str(copy / "checkpoints" / str(step)))
+    with pytest.raises(fjp.CheckpointError, match=r"checkpoints/20: it is truncated"):
+        fjp.train_and_evaluate(_config(20), str(copy), quiet=True)
