@@ -56,7 +56,7 @@ def label_distribution_figure(workdir: str) -> str | None:
         path,
         partition["client_label_dists"],
         partition["target_label_dist"],
-        {fjp.METHOD_LABELS[m]: results[m][seed]["alpha"] for m in ("fedpals", "fedavg")},
+        {fjp.method_label(m): results[m][seed]["alpha"] for m in ("fedpals", "fedavg")},
         title=partition["description"]
         + ("" if "seed" in partition["description"] else f", seed {seed}")
         + ": label distributions and server weights",

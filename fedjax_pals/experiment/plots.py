@@ -29,6 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fedjax_pals.registry import method_labels
+
 
 # Method -> (colour, marker), shared by every figure. FedPALS and its combinations are reds and
 # oranges, FedAvg blue, the Oracle black; unknown methods get the remaining colours in turn.
@@ -89,10 +91,8 @@ def _method_key(label: str) -> str | None:
     """The method of a key or of its display label (the longest known label it starts with)."""
     if label in METHOD_STYLES:
         return label
-    from fedjax_pals.experiment.protocol import METHOD_LABELS  # deferred: protocol imports us
-
     best = None
-    for key, shown in METHOD_LABELS.items():
+    for key, shown in method_labels().items():
         for name in (shown, key):
             if (label == name or label.startswith(name + " ")) and (
                 best is None or len(name) > len(best[1])
