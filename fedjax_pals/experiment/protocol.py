@@ -238,7 +238,21 @@ class RunRecord:
     results: Mapping[str, Any]
 
 
+# Server optimisers in front of a method key ("fedadam_fedpals"; a bare "fedadam" is FedAvg
+# with it, Reddi et al.'s name for that method).
+SERVER_OPTIMIZER_LABELS = {
+    "fedavgm": "FedAvgM",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+}
+
+
 def method_label(method: str) -> str:
+    optimizer, _, rest = method.partition("_")
+    if method not in METHOD_LABELS and optimizer in SERVER_OPTIMIZER_LABELS:
+        label = SERVER_OPTIMIZER_LABELS[optimizer]
+        return f"{label}+{method_label(rest)}" if rest else label
     return METHOD_LABELS.get(method, method)
 
 
