@@ -739,7 +739,11 @@ _OWN_SERVER_UPDATE = ("scaffold", "afl")
 
 def _server_section(s: dict, algorithm: str, adaptive: bool) -> dict:
     """The resolved `server` section: all None for the plain weighted average (sgd, eta = 1)."""
-    optimizer = _choice("server.optimizer", s["optimizer"], SERVER_OPTIMIZERS)
+    # None: a resolved config's plain weighted average (validation is idempotent).
+    optimizer = _choice("server.optimizer", s["optimizer"], SERVER_OPTIMIZERS, optional=True)
+    if optimizer is None:
+        optimizer = "sgd"
+        s = {**s, "learning_rate": 1.0 if s["learning_rate"] is None else s["learning_rate"]}
     decay = dict(low=0.0, high=1.0, high_open=True)
     values = dict(
         learning_rate=_maybe(
@@ -753,8 +757,10 @@ def _server_section(s: dict, algorithm: str, adaptive: bool) -> dict:
     used = _SERVER_KEYS[optimizer]
     for key in used:
         if values[key] is None:
-            raise ConfigError(f"config.server.{key} is None, but server.optimizer={optimizer!r} needs it.")
-    resolved = dict(optimizer=optimizer, **{k: (v if k in used else None) for k, v in values.items()})
+            raise ConfigError(
+                f"config.server.{key} is None, but server.optimizer={optimizer!r} needs it."
+            )
+    resolved = dict(optimizer=optimizer, **{k: v if k in used else None for k, v in values.items()})
     if optimizer == "sgd" and values["learning_rate"] == 1.0:
         return {key: None for key in resolved}  # today's server update: not part of the identity
     if algorithm in _OWN_SERVER_UPDATE or adaptive:
