@@ -35,6 +35,10 @@ class ServerState(NamedTuple):
     algorithm_state: PyTree  # server-side extras (e.g. SCAFFOLD's c); () when none
     weighting_state: PyTree  # the weighting's data (FedPALS: T and lam); () when none
     round: jax.Array  # int32, rounds completed
+    # The server optimiser's state (server_optimizers.py: FedAdam's m and v, FedAvgM's
+    # momentum); () for the plain weighted average. Last and defaulted: existing callers and
+    # checkpoints of the runs without a server optimiser keep their shape.
+    server_opt_state: PyTree = ()
 
 
 class ClientInfo(NamedTuple):
@@ -188,6 +192,9 @@ class FederatedAlgorithm(NamedTuple):
 
     init_algorithm_state(params, num_clients) -> the server-side extras.
     eval_params(state) -> the params to evaluate (the averaged iterate for AFL).
+    server_optimizer: the optax transformation whose state `init_server_state` puts in
+      `ServerState.server_opt_state` (server_optimizers.with_server_optimizer sets it with
+      the server update that reads it); None for the plain weighted average.
     """
 
     name: str
@@ -196,6 +203,7 @@ class FederatedAlgorithm(NamedTuple):
     server_update: ServerUpdate
     init_algorithm_state: Callable[[Params, int], PyTree]
     eval_params: Callable[[ServerState], Params]
+    server_optimizer: optax.GradientTransformation | None = None
 
 
 def init_server_state(
@@ -211,6 +219,9 @@ def init_server_state(
         algorithm_state=algorithm.init_algorithm_state(params, num_clients),
         weighting_state=algorithm.weighting.init(),
         round=jnp.zeros((), jnp.int32),
+        server_opt_state=(
+            () if algorithm.server_optimizer is None else algorithm.server_optimizer.init(params)
+        ),
     )
 
 

@@ -41,6 +41,15 @@ from fedjax_pals.data import FederatedPartition
 
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
+# A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
+# is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it (Reddi et al.'s
+# name for that method). server_optimizers.py defines them; "sgd" is the plain average.
+SERVER_OPTIMIZER_LABELS = {
+    "fedavgm": "FedAvgM",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+}
 
 
 # -- hyperparameters --------------------------------------------------------------------------
@@ -291,7 +300,8 @@ def client_side_methods() -> tuple[str, ...]:
 
 
 def method_keys() -> tuple[str, ...]:
-    """Every key a sweep or config may name: methods, `<client-side>_fedpals`, variants."""
+    """Every key a config may name as algorithm.name: methods, `<client-side>_fedpals`,
+    variants (a sweep may also put a server optimiser in front: `_server_optimizer_split`)."""
     combined = tuple(f"{name}{FEDPALS_SUFFIX}" for name in client_side_methods())
     return registered_methods() + combined + tuple(_VARIANTS)
 
@@ -311,11 +321,25 @@ def get_method(name: str) -> Method:
     return _METHODS[name]
 
 
+def _server_optimizer_split(key: str) -> tuple[str | None, str]:
+    """("fedadam", "fedpals") for "fedadam_fedpals", ("fedadam", "fedavg") for "fedadam",
+    (None, key) for a key without a server optimiser in front."""
+    if key in _METHODS or key in _VARIANTS:
+        return None, key
+    optimizer, _, rest = key.partition("_")
+    if optimizer in SERVER_OPTIMIZER_LABELS:
+        return optimizer, rest or "fedavg"
+    return None, key
+
+
 def method_overrides(key: str) -> dict[str, Any]:
     """The config keys that a method key sets: {"algorithm.name": ..., "algorithm.weights": ...}
-    plus a variant's own keys."""
+    plus a variant's own keys, and "server.optimizer" for a server optimiser in front."""
     if not isinstance(key, str):
         raise ValueError(f"a method key must be a string, got {key!r}.")
+    optimizer, rest = _server_optimizer_split(key)
+    if optimizer is not None:
+        return {**method_overrides(rest), "server.optimizer": optimizer}
     if key in _VARIANTS:
         variant = _VARIANTS[key]
         return {"algorithm.name": variant.method, "algorithm.weights": None, **variant.overrides}
@@ -335,6 +359,10 @@ def method_overrides(key: str) -> dict[str, Any]:
 
 def method_label(key: str) -> str:
     """The column header / legend of a method key ("FedProx+FedPALS"); unknown keys as they are."""
+    optimizer, rest = _server_optimizer_split(key)
+    if optimizer is not None:
+        label = SERVER_OPTIMIZER_LABELS[optimizer]
+        return label if rest == "fedavg" else f"{label}+{method_label(rest)}"
     if key in _VARIANTS:
         return _VARIANTS[key].label
     if key in _METHODS:

@@ -102,6 +102,8 @@ declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
 COMPARE[beyond_adaptive_lambda]="table1_fmnist_c3,beyond_adaptive_lambda_c3,table1_fmnist_c2,beyond_adaptive_lambda_c2"
 COMPARE[beyond_unknown_target]="table1_fmnist_c3,beyond_unknown_target_c3"
+COMPARE[beyond_server_optimizers]="table1_fmnist_c3,beyond_fedadam_fedpals_c3,beyond_fedavgm_c3,\
+table1_fmnist_c2,beyond_fedadam_fedpals_c2,beyond_fedavgm_c2"
 COMPARE[beyond_feddisco_fedlc]="table1_fmnist_c3,beyond_feddisco_fedlc_c3,table1_fmnist_c2,beyond_feddisco_fedlc_c2"
 FEDDISCO_FEDLC="--config.training.rounds=10 \
 --config.sweep.methods='(\"feddisco\",\"fedlc\")' --config.sweep.grid.training.learning_rate='(0.1,)' \
@@ -111,12 +113,24 @@ ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
 ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
+# Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
+# "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
+# values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
+for c in 3 2; do
+  for m in fedadam fedavgm; do
+    if [[ $m == fedadam ]]; then name="beyond_fedadam_fedpals_c$c"; else name="beyond_fedavgm_c$c"; fi
+    ARGS[$name]=""
+    CONFIG[$name]="configs/beyond_server_optimizers.py:$c,$m,session"
+  done
+done
 ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_adaptive_lambda_c3
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
-       beyond_unknown_target_c3 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
-       local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc)
+       beyond_unknown_target_c3 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
+       beyond_fedavgm_c2 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
+       local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc
+       beyond_server_optimizers)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.

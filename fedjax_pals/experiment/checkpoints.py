@@ -358,7 +358,9 @@ class Checkpointer:
 
         ocp = self._ocp()
         step = int(state.round)
-        state_dict = flax.serialization.to_state_dict(jax.device_get(state))
+        state_dict = _without_empty_opt_state(
+            flax.serialization.to_state_dict(jax.device_get(state))
+        )
         history_dict = history.to_dict() if hasattr(history, "to_dict") else dict(history)
         manager = self._mgr()
         if step in manager.all_steps():
@@ -397,7 +399,8 @@ class Checkpointer:
                 f"{', '.join(map(str, self.steps()))})."
             )
         ocp = self._ocp()
-        template_dict = flax.serialization.to_state_dict(jax.device_get(template))
+        full_template_dict = flax.serialization.to_state_dict(jax.device_get(template))
+        template_dict = _without_empty_opt_state(full_template_dict)
         try:
             restored = self._mgr().restore(
                 step,
@@ -406,7 +409,9 @@ class Checkpointer:
                     history=ocp.args.JsonRestore(),
                 ),
             )
-            state = flax.serialization.from_state_dict(template, restored.state)
+            state = flax.serialization.from_state_dict(
+                template, {**full_template_dict, **restored.state}
+            )
             history = TrainingHistory(**restored.history)
         except Exception as error:
             raise self._unreadable(step, error) from None
@@ -430,3 +435,12 @@ class Checkpointer:
         if self._manager is not None:
             self._manager.close()
             self._manager = None
+
+
+def _without_empty_opt_state(state_dict: Any) -> Any:
+    """The state dict without an empty `server_opt_state` (no server optimiser): checkpoints
+    of such runs keep the layout they had before ServerState gained the field, so the ones
+    written before it still restore, and the field comes back from the template."""
+    if isinstance(state_dict, Mapping) and state_dict.get("server_opt_state", None) == {}:
+        return {k: v for k, v in state_dict.items() if k != "server_opt_state"}
+    return state_dict

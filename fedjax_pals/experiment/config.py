@@ -53,6 +53,14 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     training.rounds, local_epochs, batch_size, learning_rate, eval_every
     training.clients_per_round  participants per round out of the num_clients - 1 training
     training.client_fraction    clients (give one of the two; neither = all of them)
+    server.optimizer            sgd (default: theta + eta * weighted mean delta, today's server
+                                update at eta = 1) | fedavgm | fedadam | fedyogi | fedadagrad:
+                                Reddi et al.'s server optimisers on the weighted mean delta of
+                                any weighting (server_optimizers.py); not with scaffold / afl
+    server.learning_rate        the server's eta, > 0
+    server.momentum             FedAvgM's momentum, in [0, 1)
+    server.b1, b2, tau          FedAdam / FedYogi / FedAdagrad's b1, b2 in [0, 1) (Adagrad: no
+                                b2) and tau > 0 (v starts at tau^2)
     engine.backend, engine.chunk_size   how rounds execute (not part of the run's identity)
 
 `validate_config(config)` checks every value (type, range, consistency) without touching any
@@ -88,6 +96,7 @@ from fedjax_pals.data import registered_datasets
 # The method registry, with the methods that ship with the package registered.
 from fedjax_pals import builtin_methods  # noqa: F401  (registers the built-in methods)
 from fedjax_pals import registry
+from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 
 LABEL_DP_MECHANISMS = ("laplace", "gaussian")
 # The methods' hyperparameters (registry.py) that were config keys before the registry: in a
@@ -104,7 +113,16 @@ OPTIONAL_IDENTITY_KEYS = (
     "algorithm.lam_hyper_lr",
     "algorithm.target_estimation",
     "algorithm.target_estimation_every",
+    "server.optimizer",
+    "server.learning_rate",
+    "server.momentum",
+    "server.b1",
+    "server.b2",
+    "server.tau",
 )
+# Sections added after runs had been recorded: left out of a run's identity when every key in
+# them is None (the plain weighted average: `server` resolves to all None).
+OPTIONAL_IDENTITY_SECTIONS = ("server",)
 TARGET_ESTIMATORS = ("bbse", "bbse_soft", "em")
 LAM_SCHEDULES = ("fixed", "hypergradient")
 WEIGHTINGS = ("fedavg", "fedpals")
@@ -194,8 +212,11 @@ def default_config() -> ml_collections.ConfigDict:
             eval_every=1,
         )
     )
+    config.server = ml_collections.ConfigDict(
+        dict(optimizer="sgd", learning_rate=1.0, momentum=0.9, b1=0.9, b2=0.99, tau=1e-3)
+    )
     config.engine = ml_collections.ConfigDict(dict(backend="auto", chunk_size=64))
-    for section in ("dataset", "partition", "algorithm", "training", "engine"):
+    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
         config[section].lock()
     return config
 
@@ -660,6 +681,8 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         ),
     )
 
+    r["server"] = _server_section(c["server"], algorithm, adaptive)
+
     # -- engine
     e = c["engine"]
     backends = _backend_names()
@@ -669,8 +692,56 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     )
 
     resolved = ml_collections.ConfigDict(r)
-    for section in ("dataset", "partition", "algorithm", "training", "engine"):
+    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
         resolved[section].lock()
+    return resolved
+
+
+# The server optimisers' keys (the others resolve to None).
+_SERVER_KEYS = {
+    "sgd": ("learning_rate",),
+    "fedavgm": ("learning_rate", "momentum"),
+    "fedadam": ("learning_rate", "b1", "b2", "tau"),
+    "fedyogi": ("learning_rate", "b1", "b2", "tau"),
+    "fedadagrad": ("learning_rate", "b1", "tau"),
+}
+# Methods with a server update of their own, which a server optimiser cannot replace.
+_OWN_SERVER_UPDATE = ("scaffold", "afl")
+
+
+def _server_section(s: dict, algorithm: str, adaptive: bool) -> dict:
+    """The resolved `server` section: all None for the plain weighted average (sgd, eta = 1)."""
+    # None: a resolved config's plain weighted average (validation is idempotent).
+    optimizer = _choice("server.optimizer", s["optimizer"], SERVER_OPTIMIZERS, optional=True)
+    if optimizer is None:
+        optimizer = "sgd"
+        s = {**s, "learning_rate": 1.0 if s["learning_rate"] is None else s["learning_rate"]}
+    decay = dict(low=0.0, high=1.0, high_open=True)
+    values = dict(
+        learning_rate=_maybe(
+            _real, "server.learning_rate", s["learning_rate"], low=0.0, low_open=True
+        ),
+        momentum=_maybe(_real, "server.momentum", s["momentum"], **decay),
+        b1=_maybe(_real, "server.b1", s["b1"], **decay),
+        b2=_maybe(_real, "server.b2", s["b2"], **decay),
+        tau=_maybe(_real, "server.tau", s["tau"], low=0.0, low_open=True),
+    )
+    used = _SERVER_KEYS[optimizer]
+    for key in used:
+        if values[key] is None:
+            raise ConfigError(
+                f"config.server.{key} is None, but server.optimizer={optimizer!r} needs it."
+            )
+    resolved = dict(optimizer=optimizer, **{k: v if k in used else None for k, v in values.items()})
+    if optimizer == "sgd" and values["learning_rate"] == 1.0:
+        return {key: None for key in resolved}  # today's server update: not part of the identity
+    if algorithm in _OWN_SERVER_UPDATE or adaptive:
+        what = "lam_schedule='hypergradient'" if adaptive else f"algorithm.name={algorithm!r}"
+        raise ConfigError(
+            f"config.server.optimizer={optimizer!r} (learning_rate={values['learning_rate']:g}) "
+            f"replaces the plain weighted average, but {what} has a server update of its own; "
+            "use server.optimizer='sgd' with learning_rate=1."
+        )
     return resolved
 
 
@@ -705,6 +776,9 @@ def config_identity(config: Any) -> dict:
         for key in registry.hyperparameter_fields():
             if key not in ALWAYS_IDENTITY_HYPERPARAMETERS and algorithm.get(key, 0) is None:
                 algorithm.pop(key)
+    for section in OPTIONAL_IDENTITY_SECTIONS:
+        if identity.get(section, None) == {}:
+            identity.pop(section)
     return identity
 
 

@@ -10,8 +10,11 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     "<client-side method>_fedpals" for that method with FedPALS' server weights
                     (fedprox_fedpals is the paper's FedProx+FedPALS), or fedpals_adaptive
                     (FedPALS with lam_schedule='hypergradient'), or fedpals_unknown_t_bbse /
-                    _bbse_soft / _em (FedPALS with T re-estimated, algorithm.target_estimation).
-                    Default: the base config's
+                    _bbse_soft / _em (FedPALS with T re-estimated, algorithm.target_estimation),
+                    or a server optimiser before any of these: "<optimizer>_<method>" sets
+                    server.optimizer (fedadam_fedpals: FedPALS' weights, FedAdam's server
+                    step), a bare "<optimizer>" is FedAvg with it (fedavgm, fedadam, fedyogi,
+                    fedadagrad: Reddi et al.'s methods). Default: the base config's
                     algorithm as it is.
     sweep.grid      nested like the config, tuples at the leaves: hyperparameters to select on
                     the target validation set, e.g. grid.training.learning_rate = (0.1, 0.01).
@@ -99,7 +102,14 @@ FAILURE_STATUSES = ("diverged", "unreachable", "failed")
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
 # Keys that are not hyperparameters or task axes of a sweep.
-_NOT_AXES = ("seed", "algorithm.name", "algorithm.weights", "engine.backend", "engine.chunk_size")
+_NOT_AXES = (
+    "seed",
+    "algorithm.name",
+    "algorithm.weights",
+    "server.optimizer",
+    "engine.backend",
+    "engine.chunk_size",
+)
 _DATASET_LABELS = {
     "fashion_mnist": "Fashion-MNIST",
     "cifar10": "CIFAR-10",

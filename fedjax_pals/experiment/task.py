@@ -37,6 +37,7 @@ from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.models import Model, make_model
 from fedjax_pals.privacy import private_label_dists, with_server_label_dists
+from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, effective_sample_size, lambda_for_ess
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
@@ -230,6 +231,11 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         algorithm = algorithm._replace(
             weighting=with_server_label_dists(algorithm.weighting, server_dists)
         )
+    if config.server.optimizer is not None:  # else the plain weighted average, as before
+        key, optimizer = algorithm.name, config.server.optimizer  # the method key, e.g. fedpals
+        algorithm = server_optimizer_for(algorithm, **config.server.to_dict())
+        # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
+        algorithm = algorithm._replace(name=optimizer if key == "fedavg" else f"{optimizer}_{key}")
     t = config.training
     training = LocalTraining(
         local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate

@@ -1,0 +1,222 @@
+"""Server optimisers: FedAvgM, FedAdam, FedYogi, FedAdagrad as optax transformations.
+
+Reddi et al., "Adaptive Federated Optimization" (ICLR 2021), Algorithm 2 (FedOpt): the server
+treats the weighted mean of the clients' updates as a pseudo-gradient,
+
+    Delta_t = sum_i alpha_i (theta_i - theta_t)             (alpha: any weighting, FedPALS too)
+    m_t     = b1 m_{t-1} + (1 - b1) Delta_t                 (m_{-1} = 0)
+    v_t     = v_{t-1} + Delta_t^2                                      FedAdagrad
+            = v_{t-1} - (1 - b2) Delta_t^2 sign(v_{t-1} - Delta_t^2)   FedYogi
+            = b2 v_{t-1} + (1 - b2) Delta_t^2                          FedAdam
+    theta_{t+1} = theta_t + eta m_t / (sqrt(v_t) + tau)
+
+with v_{-1} = tau^2 (Algorithm 2 takes any v_{-1} >= tau^2; we use the smallest), no bias
+correction and tau OUTSIDE the square root. optax's `adam`/`yogi`/`adagrad` differ from this:
+`scale_by_adam` bias-corrects m and v (a first step of eta * sign(Delta) instead of
+eta * 0.1 Delta / (sqrt(0.01 Delta^2 + tau^2 ...) + tau)) and starts v at 0; `scale_by_yogi`
+bias-corrects too and starts m AND v at 1e-6; `scale_by_rss` (adagrad) divides by
+sqrt(v + eps) with no first moment. So the three adaptive variants are one small
+transformation here (`scale_by_fedopt`, typed state `ScaleByFedOptState`), chained with
+`optax.scale(-eta)`.
+
+FedAvgM (Hsu et al., 2019; Reddi et al.'s baseline) is server SGD with heavy-ball momentum on
+the pseudo-gradient -Delta: v_t = b v_{t-1} + Delta_t, theta_{t+1} = theta_t + eta v_t, which
+`optax.sgd(eta, momentum=b)` (trace, not Nesterov) computes exactly. `sgd` is
+`optax.sgd(eta)`: theta + eta Delta, today's `weighted_average_update(eta)` bit for bit.
+
+Every transformation receives g = -Delta (optax minimises), so `optax.apply_updates(params,
+updates)` moves along +Delta. Its state lives in `ServerState.server_opt_state` (one pytree
+per run: vmapped over the runs axis, saved in checkpoints with the rest of the state).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_pals import _validation
+from fedjax_pals.algorithms import (
+    ClientOutputs,
+    FederatedAlgorithm,
+    ServerState,
+    ServerUpdate,
+    weighted_average_update,
+)
+
+# `sgd` at learning rate 1 is the plain weighted average (today's server update).
+SERVER_OPTIMIZERS = ("sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+ADAPTIVE = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
+# Reddi et al.'s defaults (Sec. 5 / App. D): b1 = 0.9, b2 = 0.99, tau tuned (1e-3 typical);
+# FedAvgM with momentum 0.9.
+DEFAULT_B1 = 0.9
+DEFAULT_B2 = 0.99
+DEFAULT_TAU = 1e-3
+DEFAULT_MOMENTUM = 0.9
+
+
+class ScaleByFedOptState(NamedTuple):
+    """Reddi et al.'s m_t (first moment of the pseudo-gradient) and v_t (second moment)."""
+
+    m: optax.Params
+    v: optax.Params
+
+
+def scale_by_fedopt(variant: str, b1: float, b2: float, tau: float) -> optax.GradientTransformation:
+    """g -> m / (sqrt(v) + tau), Reddi et al.'s m and v of `variant` (adam | yogi | adagrad).
+
+    m is linear in g and v reads g^2 only, so on g = -Delta this returns -(m_Delta / (sqrt(v)
+    + tau)); `optax.scale(-eta)` after it gives Algorithm 2's step eta m / (sqrt(v) + tau).
+    """
+    if variant not in ("adam", "yogi", "adagrad"):
+        raise ValueError(f"variant must be 'adam', 'yogi' or 'adagrad', got {variant!r}.")
+
+    def init(params):
+        m = jax.tree_util.tree_map(jnp.zeros_like, params)
+        v = jax.tree_util.tree_map(lambda p: jnp.full_like(p, tau * tau), params)
+        return ScaleByFedOptState(m=m, v=v)
+
+    def second_moment(v, g):
+        g2 = g * g
+        if variant == "adam":
+            return b2 * v + (1.0 - b2) * g2
+        if variant == "yogi":
+            return v - (1.0 - b2) * g2 * jnp.sign(v - g2)
+        return v + g2
+
+    def update(updates, state, params=None):
+        del params
+        m = jax.tree_util.tree_map(lambda m, g: b1 * m + (1.0 - b1) * g, state.m, updates)
+        v = jax.tree_util.tree_map(second_moment, state.v, updates)
+        step = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + tau), m, v)
+        return step, ScaleByFedOptState(m=m, v=v)
+
+    return optax.GradientTransformation(init, update)
+
+
+@functools.cache
+def server_optimizer(
+    name: str,
+    learning_rate: float = 1.0,
+    *,
+    momentum: float = DEFAULT_MOMENTUM,
+    b1: float = DEFAULT_B1,
+    b2: float = DEFAULT_B2,
+    tau: float = DEFAULT_TAU,
+) -> optax.GradientTransformation:
+    """The optax transformation of server optimiser `name` (see the module docstring).
+
+    Cached: equal arguments give the same object, so runs differing only in what lives in the
+    state share one compiled round.
+    """
+    if name not in SERVER_OPTIMIZERS:
+        raise ValueError(f"server optimizer must be one of {list(SERVER_OPTIMIZERS)}, got {name!r}.")
+    eta = _validation.check_positive("learning_rate", learning_rate)
+    if name == "sgd":
+        return optax.sgd(eta)
+    if name == "fedavgm":
+        return optax.sgd(eta, momentum=_check_decay("momentum", momentum))
+    b1 = _check_decay("b1", b1)
+    b2 = _check_decay("b2", b2)
+    tau = _validation.check_positive("tau", tau)
+    return optax.chain(scale_by_fedopt(ADAPTIVE[name], b1, b2, tau), optax.scale(-eta))
+
+
+def _check_decay(name: str, value: float) -> float:
+    value = float(value)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+    return value
+
+
+def _weighted_mean_delta(deltas, weights):
+    """sum_i alpha_i (theta_i - theta), as `weighted_average_update` reduces it."""
+    return jax.tree_util.tree_map(
+        lambda delta: jnp.tensordot(weights.astype(delta.dtype), delta, axes=1), deltas
+    )
+
+
+@functools.cache
+def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
+    """The server update theta <- theta + optimizer step on -(sum_i alpha_i Delta_i).
+
+    Composes with any weighting (alpha comes in from the engine). Reads and writes
+    `state.server_opt_state` (initialised by `init_server_state` from
+    `FederatedAlgorithm.server_optimizer`). With `optax.sgd(eta)` it equals
+    `weighted_average_update(eta)` bit for bit.
+    """
+
+    def update(state: ServerState, participants, outputs: ClientOutputs, weights):
+        delta = _weighted_mean_delta(outputs.deltas, weights)
+        pseudo_gradient = jax.tree_util.tree_map(jnp.negative, delta)
+        updates, opt_state = optimizer.update(pseudo_gradient, state.server_opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        client_states = jax.tree_util.tree_map(
+            lambda all_states, new: all_states.at[participants].set(new),
+            state.client_states,
+            outputs.client_states,
+        )
+        return state._replace(
+            params=params,
+            client_states=client_states,
+            server_opt_state=opt_state,
+        )
+
+    return update
+
+
+SERVER_OPTIMIZER_NAMES = {
+    "sgd": "sgd",
+    "fedavgm": "FedAvgM",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+}
+
+
+def with_server_optimizer(
+    algorithm: FederatedAlgorithm, optimizer: optax.GradientTransformation, label: str = "opt"
+) -> FederatedAlgorithm:
+    """`algorithm` with its plain weighted average replaced by `optimizer` on the server.
+
+    Applies to every algorithm whose server update is `weighted_average_update()` (FedAvg,
+    FedPALS, the client-side methods with either weighting, FedDisco, FedLC, the Oracle, the
+    DP and T-estimating FedPALS); SCAFFOLD and AFL have server updates of their own and are
+    refused.
+    """
+    if algorithm.server_update is not weighted_average_update():
+        raise ValueError(
+            f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "
+            "has a server update of its own (SCAFFOLD's control variates, AFL's lambda)."
+        )
+    return algorithm._replace(
+        name=f"{label}+{algorithm.name}",
+        server_update=optimizer_update(optimizer),
+        server_optimizer=optimizer,
+    )
+
+
+def server_optimizer_for(
+    algorithm: FederatedAlgorithm,
+    optimizer: str,
+    learning_rate: float,
+    momentum: float | None = None,
+    b1: float | None = None,
+    b2: float | None = None,
+    tau: float | None = None,
+) -> FederatedAlgorithm:
+    """`algorithm` with server optimiser `optimizer` (the resolved config's `server` section;
+    keys the optimiser does not use are None)."""
+    given = dict(momentum=momentum, b1=b1, b2=b2, tau=tau)
+    transformation = server_optimizer(
+        optimizer, learning_rate, **{k: v for k, v in given.items() if v is not None}
+    )
+    settings = ",".join(
+        f"{k}={v:g}" for k, v in dict(eta=learning_rate, **given).items() if v is not None
+    )
+    return with_server_optimizer(
+        algorithm, transformation, f"{SERVER_OPTIMIZER_NAMES[optimizer]}({settings})"
+    )
