@@ -4,8 +4,10 @@ The step: batch 32 of 28x28x1 float32 inputs gathered from a device array,
 conv 5x5 1->6, ReLU, max-pool 2, conv 5x5 6->16, ReLU, max-pool 2, dense
 256-120-84-10 (ReLU), softmax cross-entropy, SGD (lr 0.1). Cases:
 
-* `engine`: the engine's local step (`fjp.make_client_update(...).step`, FedAvg),
-  jitted, one step per call; what every backend maps over the clients.
+* `engine`: the engine's local step (`fjp.make_client_update(...).step`, FedAvg;
+  what every backend maps over the clients) as the CPU default backend
+  (host_loop) calls it: 4 steps unrolled per jitted call, batches gathered
+  inside. `engine_1step`: the same, one step per call.
 * `plain_loop`: the benchmark's plain loop step (`BaselineLoop`, the ratio's
   reference in experiments/benchmark.py), one step per call.
 * `flax_nhwc`: the plain loop's step with flax's own `_LeNet.apply` (NHWC
@@ -33,6 +35,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -46,7 +49,8 @@ INPUT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 LEARNING_RATE = 0.1
 NUM_EXAMPLES = 2048
-JAX_CASES = ("engine", "plain_loop", "flax_nhwc")
+JAX_CASES = ("engine", "engine_1step", "plain_loop", "flax_nhwc")
+STEPS_PER_CALL = 4  # the host_loop backend's default (fjp.HostLoop)
 TORCH_CASES = ("torch_channels_last", "torch_nchw")
 REFERENCE = "torch_channels_last"
 _PREFIX = "@@fjp-step "
@@ -113,25 +117,34 @@ def _jax_cases(steps: int) -> dict:
         jnp.int32(NUM_EXAMPLES),
         jax.tree_util.tree_map(lambda leaf: leaf[0], server.client_states),
     )
-    step = jax.jit(update.step, donate_argnums=(0,))
     mask = jnp.ones((BATCH,), bool)
     carry0 = jax.jit(update.start)(server)
 
-    def gather(t):
-        rows = batches[0, t]
-        return train_x[rows], train_y[rows]
+    def block(carry, t0, k):
+        # As the host_loop backend's call: k local steps unrolled, the batches gathered inside.
+        for i in range(k):
+            rows = batches[0, (t0 + i) % steps]
+            carry = update.step(carry, train_x[rows], train_y[rows], mask, info, server)
+        return carry
 
-    gather = jax.jit(gather)
+    blocks = {
+        k: jax.jit(functools.partial(block, k=k), donate_argnums=(0,)) for k in (1, STEPS_PER_CALL)
+    }
 
-    def run_engine(n, state=[carry0]):
-        carry = state[0]
-        for t in range(n):
-            xb, yb = gather(np.int32(t % steps))
-            carry = step(carry, xb, yb, mask, info, server)
-        jax.block_until_ready(carry)
-        state[0] = carry
+    def engine_case(k):
+        def run(n, state=[carry0]):
+            carry = jax.tree_util.tree_map(jnp.copy, state[0])
+            t = 0
+            while t < n:
+                size = k if n - t >= k else 1
+                carry = blocks[size](carry, np.int32(t))
+                t += size
+            jax.block_until_ready(carry)
 
-    cases["engine"] = run_engine
+        return run
+
+    cases["engine"] = engine_case(STEPS_PER_CALL)
+    cases["engine_1step"] = engine_case(1)
     return cases
 
 
