@@ -14,6 +14,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 Params = chex.ArrayTree
 
@@ -59,20 +60,82 @@ class _LeNet(nn.Module):
         return nn.Dense(self.num_classes, use_bias=self.head_bias)(x)
 
 
+# ----------------------------------------------------------------------------
+# The LeNet's forward pass on the CPU: the same function of the same parameters,
+# formulated for XLA's CPU backend (BUILD_NOTES.md, "A faster client step on CPU").
+#
+# XLA:CPU runs flax's NHWC convolutions with 1 and 6 input channels through Eigen
+# at a few GFLOP/s, and the input gradient of the second one (a padded
+# convolution) is slower still; the 6- and 16-channel minor dimension also
+# vectorises poorly in the elementwise ops and pooling. Here activations are laid
+# out channel-first, (C, B, H, W), and each convolution is its patches (25
+# shifted slices, stacked: (kh*kw*C_in, B*H_out*W_out)) times the kernel
+# reshaped to (kh*kw*C_in, C_out), one matmul that XLA hands to its matmul
+# library; the kernel's gradient is one matmul too, and the input gradient of
+# the second convolution a matmul plus a sum of slices. Max pooling is the same
+# `reduce_window` as flax's `nn.max_pool` (so its gradient, select-and-scatter,
+# picks the same element on ties). The parameters, their tree and the logits
+# are flax's, up to float32 rounding (the sums run in another order).
+
+
+def _conv_patches_cf(h, kernel, bias):
+    """VALID, stride-1 convolution of h (C, B, H, W) by an HWIO kernel: (C_out, B, H', W')."""
+    kh, kw, c_in, c_out = kernel.shape
+    _, b, height, width = h.shape
+    ho, wo = height - kh + 1, width - kw + 1
+    rows = [h[:, :, i : i + ho, j : j + wo] for i in range(kh) for j in range(kw)]
+    patches = jnp.stack(rows).reshape(kh * kw * c_in, b * ho * wo)  # rows ordered (i, j, c)
+    out = kernel.reshape(kh * kw * c_in, c_out).T @ patches
+    return (out + bias[:, None]).reshape(c_out, b, ho, wo)
+
+
+def _max_pool_cf(h):
+    """2x2, stride 2, VALID max pooling of h (C, B, H, W), as flax's nn.max_pool."""
+    return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+
+def _lenet_apply_cpu(params, x):
+    """`_LeNet.apply` for inputs (B, H, W, C), channel-first inside (see above)."""
+    conv0, conv1 = params["Conv_0"], params["Conv_1"]
+    dtype = jnp.result_type(x, conv0["kernel"])
+    h = jnp.transpose(x.astype(dtype), (3, 0, 1, 2))  # (C, B, H, W)
+    h = _max_pool_cf(jax.nn.relu(_conv_patches_cf(h, conv0["kernel"], conv0["bias"])))
+    h = _max_pool_cf(jax.nn.relu(_conv_patches_cf(h, conv1["kernel"], conv1["bias"])))
+    h = jnp.transpose(h, (1, 2, 3, 0)).reshape(x.shape[0], -1)  # flax's NHWC flattening
+    for name in ("Dense_0", "Dense_1"):
+        h = jax.nn.relu(h @ params[name]["kernel"] + params[name]["bias"])
+    head = params["Dense_2"]
+    logits = h @ head["kernel"]
+    return logits + head["bias"] if "bias" in head else logits
+
+
 def _from_flax(
     name: str,
     module: nn.Module,
     input_shape: Sequence[int],
     num_classes: int,
     is_convolutional: bool,
+    cpu_apply: Callable[[Params, jax.Array], jax.Array] | None = None,
 ) -> Model:
+    """A Model of a flax module; `cpu_apply`, if given, is the module's apply on the CPU.
+
+    The choice is made when the computation is lowered (`lax.platform_dependent`):
+    a program for the CPU gets `cpu_apply`, one for an accelerator flax's apply.
+    """
     dummy = jnp.zeros((1, *input_shape), jnp.float32)
 
     def init(key):
         return module.init(key, dummy)["params"]
 
-    def apply(params, x):
+    def flax_apply(params, x):
         return module.apply({"params": params}, x)
+
+    if cpu_apply is None:
+        apply = flax_apply
+    else:
+
+        def apply(params, x):
+            return lax.platform_dependent(params, x, cpu=cpu_apply, default=flax_apply)
 
     return Model(name, init, apply, num_classes, is_convolutional)
 
@@ -116,6 +179,7 @@ def _lenet(input_shape, num_classes, head_bias):
         input_shape,
         num_classes,
         is_convolutional=True,
+        cpu_apply=_lenet_apply_cpu,
     )
 
 

@@ -73,3 +73,60 @@ def test_lenet_without_head_bias_is_fedrs_reference_head():
     np.testing.assert_array_equal(model.apply(zero, x), np.zeros((2, 10)))
     with pytest.raises(ValueError, match="head_bias must be a bool"):
         fjp.lenet((28, 28, 1), 10, head_bias=0)
+
+
+def _flax_lenet_apply(num_classes, head_bias=True):
+    from fedjax_pals.models import _LeNet
+
+    module = _LeNet(num_classes, head_bias)
+    return lambda params, x: module.apply({"params": params}, x)
+
+
+@pytest.mark.parametrize(
+    "input_shape, head_bias", [((28, 28, 1), True), ((32, 32, 3), True), ((28, 28, 1), False)]
+)
+def test_lenet_cpu_formulation_equals_flax_in_values_and_gradients(input_shape, head_bias):
+    # On the CPU the LeNet runs channel-first, convolutions as patches x kernel (models.py);
+    # the params are flax's and the logits and gradients equal flax's to float32 rounding.
+    model = fjp.lenet(input_shape, 10, head_bias=head_bias)
+    params = model.init(jax.random.PRNGKey(0))
+    x = jax.random.uniform(jax.random.PRNGKey(1), (4, *input_shape))
+    y = jnp.array([0, 3, 7, 9])
+    flax_apply = _flax_lenet_apply(10, head_bias)
+    np.testing.assert_allclose(
+        jax.jit(model.apply)(params, x), jax.jit(flax_apply)(params, x), rtol=1e-5, atol=1e-6
+    )
+
+    def loss(apply):
+        return lambda p: -jnp.mean(jax.nn.log_softmax(apply(p, x))[jnp.arange(4), y])
+
+    got = jax.jit(jax.grad(loss(model.apply)))(params)
+    want = jax.jit(jax.grad(loss(flax_apply)))(params)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_lenet_cpu_formulation_routes_pooling_ties_as_flax():
+    # Constant inputs make every pooling window a tie: the gradient must still go where
+    # flax's select-and-scatter sends it (the first maximum), not be split.
+    model = fjp.lenet((28, 28, 1), 10)
+    params = model.init(jax.random.PRNGKey(0))
+    params = {**params, "Conv_0": {**params["Conv_0"], "bias": jnp.full((6,), 0.1)}}
+    x = jnp.zeros((2, 28, 28, 1)).at[:, 10:18, 10:18].set(1.0)
+    flax_apply = _flax_lenet_apply(10)
+    # The input's gradient shows where each window's gradient went.
+    got = jax.jit(jax.grad(lambda p, x: jnp.sum(model.apply(p, x) ** 2), (0, 1)))(params, x)
+    want = jax.jit(jax.grad(lambda p, x: jnp.sum(flax_apply(p, x) ** 2), (0, 1)))(params, x)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_lenet_cpu_formulation_is_what_a_cpu_program_runs():
+    model = fjp.lenet((28, 28, 1), 10)
+    params = model.init(jax.random.PRNGKey(0))
+    hlo = jax.jit(model.apply).lower(params, jnp.zeros((2, 28, 28, 1))).as_text()
+    if jax.default_backend() == "cpu":
+        assert "convolution" not in hlo and "dot_general" in hlo
+    else:
+        assert "convolution" in hlo
