@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file (configs/*.py).")
+_CONFIG = common.define_config_file("config", None, "Sweep config file (configs/*.py).")
 _LIST = flags.DEFINE_boolean("list", False, "Print the sweep's runs and exit.")
 flags.mark_flags_as_required(["config"])
 
@@ -55,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)
