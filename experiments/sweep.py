@@ -51,6 +51,12 @@ def main(argv):
         print(f"wrote {os.path.join(workdir, 'table.md')}, table.json and the figures")
     if failed:
         raise SystemExit(f"error: {len(failed)} run(s) failed; see {workdir}/runs/<name>/error.txt")
+    busy = [name for name, s in summary["runs"].items() if s == "busy"]
+    if busy:
+        raise SystemExit(
+            f"error: {len(busy)} run(s) are held by another process (e.g. {busy[0]}); run the "
+            "same command again once it has finished."
+        )
 
 
 if __name__ == "__main__":

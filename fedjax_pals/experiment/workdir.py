@@ -123,8 +123,10 @@ class Workdir:
                 f"the workdir {self.path} is in use by another run (process {holder} holds "
                 f"{path}); wait for it to finish, or choose another --workdir."
             ) from None
+        import socket
+
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._lock_fd = fd
 
     def close(self) -> None:
