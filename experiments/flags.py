@@ -23,6 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 import fedjax_pals as fjp
+from fedjax_pals import runtime
 from experiments import config_args
 
 WORKDIR = flags.DEFINE_string(
@@ -113,7 +114,12 @@ def run(main: Callable[[list[str]], object]) -> None:
     def checked_main(args: list[str]):
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
-        return main(args)
+        try:
+            return main(args)
+        except Exception as error:
+            if runtime.is_lost_peer_error(error):  # a peer died: one line, not a traceback
+                sys.exit(f"error: {runtime.lost_peer_message(error)}")
+            raise
 
     app.run(checked_main, argv=argv, flags_parser=_parse_flags)
 
