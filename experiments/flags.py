@@ -79,6 +79,44 @@ def usage_error(message: str) -> None:
     sys.exit(USAGE_ERROR_STATUS)
 
 
+def check_number_list(
+    holder: flags.FlagHolder,
+    low: float,
+    high: float,
+    *,
+    include_low: bool = True,
+    include_high: bool = True,
+    meaning: str = "",
+) -> None:
+    """Registers a check (run while absl parses, so before any data is read) that every item of
+    a list flag is a number in the interval; a bad item is named in the one `error:` line."""
+    interval = f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
+    what = f" ({meaning})" if meaning else ""
+
+    def check(values) -> bool:
+        if values is None:
+            return True
+        if not values:
+            raise flags.ValidationError(f"--{holder.name} needs at least one number in {interval}.")
+        for text in values:
+            try:
+                value = float(text)
+            except ValueError:
+                raise flags.ValidationError(
+                    f"{text!r} is not a number; give numbers in "
+                    f"{interval}{what}, comma-separated."
+                ) from None
+            above = value > low if not include_low else value >= low
+            below = value < high if not include_high else value <= high
+            if not (above and below):  # NaN fails both
+                raise flags.ValidationError(
+                    f"{text} is outside {interval}{what}."
+                )
+        return True
+
+    flags.register_validator(holder, check)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)

@@ -26,6 +26,9 @@ _FRACTIONS = flags.DEFINE_list(
     "ess_fractions", ["0.1", "0.25", "0.5", "0.75"], "ESS fractions of N whose weights to draw."
 )
 flags.mark_flags_as_required(["config", "workdir"])
+common.check_number_list(
+    _FRACTIONS, 0.0, 1.0, include_low=False, meaning="an ESS fraction of N: ESS(alpha) <= N"
+)
 
 
 def main(argv):
