@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals.adaptive_lambda import lam_report
+from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import Progress
@@ -247,17 +248,18 @@ def train_and_evaluate(
       DatasetUnavailableError, TaskError: data that cannot be had, or cannot make this run.
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
-    prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
-    engine = prepared.config.engine
-    try:
-        (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
-    except BaseException:
-        prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
-        raise
-    outcome = prepared.finish(outcome)
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+    with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
+        prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
+        engine = prepared.config.engine
+        try:
+            (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
+        except BaseException:
+            prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
+            raise
+        outcome = prepared.finish(outcome)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
 
 def _train_group(
@@ -326,6 +328,8 @@ def train_and_evaluate_many(
     outcomes: list = [None] * len(configs)
 
     def done(index: int, outcome) -> None:
+        if isinstance(outcome, BaseException):
+            outcome = diskspace.run_disk_full(outcome, workdirs[index])
         outcomes[index] = outcome
         if on_done is not None:
             on_done(index, outcome)

@@ -50,17 +50,23 @@ class WorkdirLockedError(WorkdirError):
 
 
 def write_json(path: str, payload: Any) -> None:
-    """Writes JSON atomically (temporary file, then rename): a reader never sees half a file."""
+    """Writes JSON atomically (temporary file, then rename): a reader never sees half a file.
+
+    A full disk raises `DiskFullError` naming `path` (and the old file is intact)."""
+    from fedjax_pals.experiment import diskspace
+
+    text = json.dumps(payload, indent=2)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with diskspace.writing(path, needed=len(text.encode())):
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
 
 class Workdir:
@@ -98,6 +104,10 @@ class Workdir:
             os.close(fd)
             os.remove(probe)
         except OSError as error:
+            from fedjax_pals.experiment import diskspace
+
+            if diskspace.is_disk_full(error):
+                raise diskspace.disk_full_error(self.file(".write-test")) from None
             raise WorkdirError(
                 f"cannot write to the workdir {self.path} ({type(error).__name__}: "
                 f"{error.strerror or error}); choose a writable --workdir."
