@@ -30,6 +30,7 @@ from absl import logging
 from fedjax_pals.adaptive_lambda import lam_report
 from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
+from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import Progress
 from fedjax_pals.experiment.task import build_task, task_summary
@@ -59,6 +60,16 @@ def _resolved_backend(backend: str, model) -> str:
     from fedjax_pals import engine
 
     return engine.resolve_backend(backend, model)
+
+
+def _read_results(path: str) -> dict | None:
+    """A run's results.json so far, or None if there is none it can read."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return results if isinstance(results, dict) else None
 
 
 def _has_sweep(config: Any) -> bool:
@@ -107,11 +118,19 @@ class _PreparedRun:
             self.backend = _resolved_backend(resolved.engine.backend, task.model)
             rounds = resolved.training.rounds
             self.title = f"{resolved.algorithm.name} on {task.partition.description}"
+            segments, engine_warning = engine_segments(
+                _read_results(wd.file(RESULTS_FILE)) if start_round else None,
+                start_round,
+                self.backend,
+            )
+            if engine_warning and main:
+                logging.warning("%s: %s", wd.path, engine_warning)
             self.header = {
                 "config": self.plain,
                 "config_digest": digest,
                 **summary,
                 "backend": self.backend,
+                "engine": segments,  # the backend and devices each round ran on
             }
             self.writer = writer = stack.enter_context(
                 MetricWriter(wd.path, enabled=main, resume_step=start_round)
