@@ -139,3 +139,20 @@ def test_a_killed_process_of_a_real_two_process_run_ends_the_launch_within_15_se
         "command again to resume the run from its last checkpoint."
     )
     assert "Traceback" not in stdout + stderr
+
+
+def test_a_process_whose_peer_died_says_so_in_one_line(monkeypatch):
+    from fedjax_pals import runtime
+
+    lost = ValueError(
+        "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+        "error [127.0.0.1]:45978: Connection reset by peer"
+    )
+    assert not runtime.is_lost_peer_error(lost)  # one process: no peer to lose
+    monkeypatch.setitem(runtime._configured, "distributed", True)
+    assert runtime.is_lost_peer_error(lost)
+    assert not runtime.is_lost_peer_error(ValueError("config.training.rounds must be >= 1"))
+    message = runtime.lost_peer_message(lost)
+    assert message.startswith("process 0 of 1 lost contact with another process of the run")
+    assert "Connection reset by peer" in message and "run the same command again" in message
+    assert "\n" not in message
