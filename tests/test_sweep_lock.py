@@ -87,5 +87,6 @@ def test_a_run_workdir_lock_names_pid_and_host(tmp_path):
     from fedjax_pals.experiment.workdir import Workdir
 
     with Workdir(tmp_path, resolved, "d"):
-        with pytest.raises(fjp.WorkdirLockedError, match=f"{os.getpid()} on {socket.gethostname()}"):
+        holder = f"{os.getpid()} on {socket.gethostname()}"
+        with pytest.raises(fjp.WorkdirLockedError, match=holder):
             Workdir(tmp_path, resolved, "d").open()

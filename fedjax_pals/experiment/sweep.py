@@ -585,8 +585,6 @@ def run_sweep(
        "errors": {name: message},
        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
-    import fedjax_pals as fjp
-
     runs, sweep = _runs(config)
     workdir = os.fspath(workdir)
     _check_workdir(workdir)

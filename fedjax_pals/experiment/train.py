@@ -256,8 +256,9 @@ def train_and_evaluate(
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
       partition, lam, alpha, ess, total_examples, projection_distance, clients_per_round,
-      backend, rounds, target_accuracy, target_macro_f1, val_accuracy, val_macro_f1,
-      train_loss, wall_seconds, final_target_accuracy, final_target_macro_f1, best_val_round,
+      backend, engine (the backend and devices each round ran on), rounds, target_accuracy,
+      target_macro_f1, val_accuracy, val_macro_f1, train_loss, wall_seconds,
+      final_target_accuracy, final_target_macro_f1, best_val_round,
       target_accuracy_at_best_val, target_macro_f1_at_best_val.
 
     Raises:
