@@ -29,8 +29,20 @@ def _load(path: str) -> dict:
         path = os.path.join(path, "table.json")
     if not os.path.isfile(path):
         raise SystemExit(f"error: {path} does not exist; run the sweep (experiments.sweep) first.")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError) as error:
+        raise SystemExit(
+            f"error: cannot read {path} ({type(error).__name__}: {' '.join(str(error).split())}); "
+            "it is not a table.json written by experiments.sweep: run that sweep again."
+        ) from None
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+        raise SystemExit(
+            f"error: {path} is not a table.json written by experiments.sweep (no 'rows'); run "
+            "that sweep again."
+        )
+    return table
 
 
 def main(argv):
@@ -47,4 +59,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

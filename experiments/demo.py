@@ -17,13 +17,12 @@ import json
 import os
 
 from absl import app
-from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEMO_CONFIG, "The demo's sweep config.")
+_CONFIG = common.define_config_file("config", _DEMO_CONFIG, "The demo's sweep config.")
 
 # The synthetic task's training settings (the data set has 58 training examples).
 SYNTHETIC_FALLBACK = dict(rounds=30, batch_size=8, learning_rate=0.05)
@@ -103,4 +102,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

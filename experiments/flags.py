@@ -6,16 +6,25 @@
 --cpu_devices, --coordinator_address, --num_processes, --process_id
                 the JAX runtime: host devices of this process, and the `jax.distributed`
                 settings of a multi-process launch (see fjp.configure_runtime)
+
+Every main defines its config flag with `define_config_file` and starts with `run(main)`
+(instead of `app.run`): a mistake in the command line (a missing or broken config file, a
+key path that names no key, an unknown flag, a bad flag value) is then one `error:` line on
+stderr and exit status 2, before any data is read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from typing import Callable
 
-from absl import flags
+from absl import app, flags
+from ml_collections import config_flags
 
 import fedjax_pals as fjp
+from fedjax_pals import runtime
+from experiments import config_args
 
 WORKDIR = flags.DEFINE_string(
     "workdir", None, "Working directory: checkpoints/, results.json, metrics, TensorBoard, plots."
@@ -49,6 +58,108 @@ USER_ERRORS = tuple(
         "TrainingDivergedError",
     )
 )
+
+
+# Exit status of a command-line mistake (absl's own for a flag error).
+USAGE_ERROR_STATUS = 2
+
+# name -> default config file of the config flags the mains define.
+_CONFIG_FLAGS: dict[str, str | None] = {}
+
+
+def define_config_file(name: str, default: str | None, help_string: str) -> flags.FlagHolder:
+    """`config_flags.DEFINE_config_file`, checked by `run` before absl parses it."""
+    _CONFIG_FLAGS[name] = default
+    return config_flags.DEFINE_config_file(name, default, help_string)
+
+
+def usage_error(message: str) -> None:
+    """Prints `error: <message>` (one line) on stderr and exits with status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(USAGE_ERROR_STATUS)
+
+
+def check_number_list(
+    holder: flags.FlagHolder,
+    low: float,
+    high: float,
+    *,
+    include_low: bool = True,
+    include_high: bool = True,
+    meaning: str = "",
+) -> None:
+    """Registers a check (run while absl parses, so before any data is read) that every item of
+    a list flag is a number in the interval; a bad item is named in the one `error:` line."""
+    interval = f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
+    what = f" ({meaning})" if meaning else ""
+
+    def check(values) -> bool:
+        if values is None:
+            return True
+        if not values:
+            raise flags.ValidationError(f"--{holder.name} needs at least one number in {interval}.")
+        for text in values:
+            try:
+                value = float(text)
+            except ValueError:
+                raise flags.ValidationError(
+                    f"{text!r} is not a number; give numbers in "
+                    f"{interval}{what}, comma-separated."
+                ) from None
+            above = value > low if not include_low else value >= low
+            below = value < high if not include_high else value <= high
+            if not (above and below):  # NaN fails both
+                raise flags.ValidationError(
+                    f"{text} is outside {interval}{what}."
+                )
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        usage_error(str(error))
+    # ml_collections raises these while applying a --config.<path> override.
+    except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+        text = error.args[0] if isinstance(error, KeyError) and error.args else error
+        usage_error(f"while parsing the flags: {type(error).__name__}: {text}")
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+    """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
+    from fedjax_pals.experiment import config as config_lib
+    from fedjax_pals.experiment import sweep as sweep_lib
+
+    argv = list(sys.argv)
+    new_keys: dict[str, dict] = {}
+    schema_paths = set(config_lib.flatten(config_lib.default_config()))
+    for name, default in _CONFIG_FLAGS.items():
+        try:
+            argv, new_keys[name] = config_args.check_config_argv(
+                argv,
+                name,
+                default,
+                schema_paths=schema_paths,
+                sweep_keys=sweep_lib.SWEEP_KEYS,
+            )
+        except config_args.ConfigArgError as error:
+            usage_error(str(error))
+    sys.argv = argv  # ml_collections reads the overrides from sys.argv
+
+    def checked_main(args: list[str]):
+        for name, keys in new_keys.items():
+            config_args.apply_new_keys(flags.FLAGS[name].value, keys)
+        try:
+            return main(args)
+        except Exception as error:
+            if runtime.is_lost_peer_error(error):  # a peer died: one line, not a traceback
+                sys.exit(f"error: {runtime.lost_peer_message(error)}")
+            raise
+
+    app.run(checked_main, argv=argv, flags_parser=_parse_flags)
 
 
 def configure_runtime() -> None:

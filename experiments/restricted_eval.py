@@ -38,6 +38,9 @@ _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep workdirs whose runs to re-eva
 _METHODS = flags.DEFINE_list("methods", ["fedrs", "fedavg"], "Method directories under runs/.")
 _ALPHAS = flags.DEFINE_list("alphas", ["0.5"], "Scalings a_k of the target's absent classes.")
 flags.mark_flags_as_required(["workdir", "sweeps"])
+common.check_number_list(
+    _ALPHAS, 0.0, 1.0, include_high=False, meaning="the scaling of the absent classes' logits"
+)
 
 _BATCH = 1024
 
@@ -84,24 +87,27 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     common.configure_runtime()
-    alphas = [float(a) for a in _ALPHAS.value]
-    if any(not 0.0 <= a < 1.0 for a in alphas):
-        raise app.UsageError(f"--alphas must be in [0, 1), got {_ALPHAS.value}.")
-    runs, groups = {}, {}
+    alphas = [float(a) for a in _ALPHAS.value]  # checked while parsing (check_number_list)
+    # Every sweep and method is found before any run's data is read.
+    todo = []
     for sweep in _SWEEPS.value:
+        if not os.path.isdir(os.path.join(sweep, "runs")):
+            common.usage_error(f"--sweeps: {sweep} is not a sweep workdir (it has no runs/).")
         for method in _METHODS.value:
             pattern = os.path.join(sweep, "runs", method, "**", "results.json")
             found = sorted(os.path.dirname(p) for p in glob.glob(pattern, recursive=True))
             if not found:
-                raise app.UsageError(f"no finished runs of {method!r} under {sweep}/runs.")
-            for run_dir in found:
-                name = os.path.join(
-                    os.path.basename(os.path.normpath(sweep)),
-                    os.path.relpath(run_dir, os.path.join(sweep, "runs")),
-                )
-                runs[name] = record = evaluate_run(run_dir, alphas)
-                groups.setdefault(os.path.dirname(name), []).append(record)
-                print(name, json.dumps(record), flush=True)
+                common.usage_error(f"--methods: no finished runs of {method!r} under {sweep}/runs.")
+            todo += [(sweep, run_dir) for run_dir in found]
+    runs, groups = {}, {}
+    for sweep, run_dir in todo:
+        name = os.path.join(
+            os.path.basename(os.path.normpath(sweep)),
+            os.path.relpath(run_dir, os.path.join(sweep, "runs")),
+        )
+        runs[name] = record = evaluate_run(run_dir, alphas)
+        groups.setdefault(os.path.dirname(name), []).append(record)
+        print(name, json.dumps(record), flush=True)
     workdir = common.WORKDIR.value
     os.makedirs(workdir, exist_ok=True)
     summary = {}
@@ -131,4 +137,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

@@ -15,12 +15,11 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py).")
+_CONFIG = common.define_config_file("config", None, "Config file (configs/*.py).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

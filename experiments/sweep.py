@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file (configs/*.py).")
+_CONFIG = common.define_config_file("config", None, "Sweep config file (configs/*.py).")
 _LIST = flags.DEFINE_boolean("list", False, "Print the sweep's runs and exit.")
 flags.mark_flags_as_required(["config"])
 
@@ -52,7 +51,13 @@ def main(argv):
         print(f"wrote {os.path.join(workdir, 'table.md')}, table.json and the figures")
     if failed:
         raise SystemExit(f"error: {len(failed)} run(s) failed; see {workdir}/runs/<name>/error.txt")
+    busy = [name for name, s in summary["runs"].items() if s == "busy"]
+    if busy:
+        raise SystemExit(
+            f"error: {len(busy)} run(s) are held by another process (e.g. {busy[0]}); run the "
+            "same command again once it has finished."
+        )
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

@@ -17,16 +17,18 @@ import os
 
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (configs/*.py).")
+_CONFIG = common.define_config_file("config", None, "Run config file (configs/*.py).")
 _FRACTIONS = flags.DEFINE_list(
     "ess_fractions", ["0.1", "0.25", "0.5", "0.75"], "ESS fractions of N whose weights to draw."
 )
 flags.mark_flags_as_required(["config", "workdir"])
+common.check_number_list(
+    _FRACTIONS, 0.0, 1.0, include_low=False, meaning="an ESS fraction of N: ESS(alpha) <= N"
+)
 
 
 def main(argv):
@@ -82,4 +84,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common.run(main)

@@ -189,6 +189,7 @@ from fedjax_pals.experiment.checkpoints import (  # noqa: E402
 )
 from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
 from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
+from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
 from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_many  # noqa: E402
 from fedjax_pals.experiment.restore import RestoredRun, restore_run  # noqa: E402
 

@@ -8,17 +8,33 @@ Each child gets `FEDJAX_PALS_COORDINATOR`, `FEDJAX_PALS_NUM_PROCESSES` and
 when no explicit settings are given, and `FEDJAX_PALS_LOCAL_PROCESSES`, so
 that `cpu_devices="auto"` divides the cores among the local processes. The
 children's output is interleaved on this terminal, prefixed by process id;
-the launcher exits with the first non-zero exit status (and stops the others).
+the launcher exits with the first non-zero exit status (128 + the signal's number
+for a process killed by a signal).
+
+When one process dies while the others still run (they would wait on it in a
+collective, and JAX's preemption notifier swallows SIGTERM), the launcher sends
+the others SIGTERM, then SIGKILL after `GRACE_SECONDS`, and prints one line
+naming the process, how it died, and that the same command resumes the run.
+The children never outlive the launcher: each is the leader of its own process
+group (signalled as a group), and on Linux dies with the launcher
+(PR_SET_PDEATHSIG), even when the launcher itself is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+
+# Seconds between SIGTERM and SIGKILL when the launcher stops its children.
+GRACE_SECONDS = 3.0
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -27,10 +43,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pump(stream, prefix: str, out) -> None:
+def _pump(stream, prefix: str, out, muted: threading.Event) -> None:
     for line in iter(stream.readline, ""):
+        if muted.is_set():
+            continue  # after a peer's death: the others' failures are its consequence
         out.write(f"{prefix}{line}")
         out.flush()
+
+
+def _die_with_parent(parent: int):
+    """A `preexec_fn`: the child gets SIGKILL when the launcher dies (Linux; else nothing)."""
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            except (OSError, AttributeError):
+                return
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def describe_exit(code: int) -> str:
+    """`Popen.returncode` in words: "exited with status 3", "was killed by SIGKILL"."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with status {code}"
+
+
+def exit_status(code: int) -> int:
+    """A shell's exit status for `Popen.returncode` (128 + N for a death by signal N)."""
+    return 128 - code if code < 0 else code
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(child.pid, sig)  # the child leads its own group: its own children too
+    except (ProcessLookupError, PermissionError):
+        try:
+            child.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop(children: list[subprocess.Popen], grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM to every running child's group, then SIGKILL to those still there after `grace`."""
+    running = [c for c in children if c.poll() is None]
+    for child in running:
+        _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for child in running:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for child in running:
+        if child.poll() is None:
+            _signal_group(child, signal.SIGKILL)
+    for child in running:
+        child.wait()
 
 
 def launch(command: list[str], num_processes: int, port: int | None = None) -> int:
@@ -41,37 +119,73 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
         raise ValueError("no command to launch (put it after --).")
     address = f"127.0.0.1:{port or free_port()}"
     children, pumps = [], []
-    for i in range(num_processes):
-        env = dict(
-            os.environ,
-            FEDJAX_PALS_COORDINATOR=address,
-            FEDJAX_PALS_NUM_PROCESSES=str(num_processes),
-            FEDJAX_PALS_PROCESS_ID=str(i),
-            FEDJAX_PALS_LOCAL_PROCESSES=str(num_processes),
-        )
-        child = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        children.append(child)
-        pump = threading.Thread(target=_pump, args=(child.stdout, f"[{i}] ", sys.stdout))
-        pump.start()
-        pumps.append(pump)
-    status = 0
-    remaining = list(children)
-    while remaining:
-        for child in list(remaining):
-            try:
-                code = child.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                continue
-            remaining.remove(child)
-            if code != 0 and status == 0:
-                status = code
-                for other in remaining:
-                    other.terminate()
-    for pump in pumps:
-        pump.join()
-    return status
+    muted = threading.Event()
+    previous_term = signal.getsignal(signal.SIGTERM)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:  # a SIGTERM to the launcher stops its children (the finally below)
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        # Every child is started before any thread (preexec_fn is not thread-safe).
+        for i in range(num_processes):
+            env = dict(
+                os.environ,
+                FEDJAX_PALS_COORDINATOR=address,
+                FEDJAX_PALS_NUM_PROCESSES=str(num_processes),
+                FEDJAX_PALS_PROCESS_ID=str(i),
+                FEDJAX_PALS_LOCAL_PROCESSES=str(num_processes),
+            )
+            children.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent(os.getpid()),
+                )
+            )
+        for i, child in enumerate(children):
+            pump = threading.Thread(target=_pump, args=(child.stdout, f"[{i}] ", sys.stdout, muted))
+            pump.start()
+            pumps.append(pump)
+        status = 0
+        remaining = list(children)
+        while remaining:
+            for child in list(remaining):
+                try:
+                    code = child.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    continue
+                remaining.remove(child)
+                if code != 0 and status == 0:
+                    status = exit_status(code)
+                    if remaining or code < 0:
+                        # A peer's death: the others would wait on it (JAX swallows SIGTERM).
+                        stopped = [children.index(c) for c in remaining]
+                        muted.set()
+                        stop(remaining)
+                        remaining.clear()
+                        for pump in pumps:
+                            pump.join(timeout=1.0)
+                        others = ", ".join(str(i) for i in stopped)
+                        print(
+                            f"error: process {children.index(child)} of {num_processes} "
+                            f"{describe_exit(code)}"
+                            + (f"; stopped process(es) {others}" if others else "")
+                            + "; run the same command again to resume the run from its last "
+                            "checkpoint.",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        break
+        for pump in pumps:
+            pump.join()
+        return status
+    finally:
+        stop(children)  # on an exception or a signal: no child outlives the launcher
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,6 +111,35 @@ def configure_runtime(
     return dict(_configured)
 
 
+# What a collective or the coordination service raises when another process has died.
+_LOST_PEER_MARKERS = (
+    "gloo",
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "coordination service",
+    "heartbeat",
+)
+
+
+def is_lost_peer_error(error: BaseException) -> bool:
+    """True for the error a process of a multi-process run gets when a peer has died."""
+    if not _configured.get("distributed"):
+        return False
+    text = str(error).lower()
+    return any(marker in text for marker in _LOST_PEER_MARKERS)
+
+
+def lost_peer_message(error: BaseException) -> str:
+    """One line for `is_lost_peer_error`: which process, what it saw, how to resume."""
+    first = " ".join(str(error).split())[:200]
+    return (
+        f"process {jax.process_index()} of {jax.process_count()} lost contact with another "
+        f"process of the run ({type(error).__name__}: {first}); run the same command again to "
+        "resume the run from its last checkpoint."
+    )
+
+
 def is_main_process() -> bool:
     """True in the process that writes files (process 0); always True in a single process."""
     return jax.process_index() == 0

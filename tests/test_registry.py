@@ -205,3 +205,16 @@ def test_the_example_fednova_update_normalises_by_local_steps(registries_restore
     expected = 0.5 * (w64 @ tau64) * ((w64 / tau64) @ deltas.astype(np.float64))
     np.testing.assert_allclose(np.asarray(new.params["w"]), expected, rtol=1e-5, atol=1e-6)
     assert int(new.round) == 0  # the engine, not a server update, counts the rounds
+
+
+def test_server_optimiser_keys_and_labels_cover_every_server_optimiser():
+    from fedjax_pals import server_optimizers
+
+    assert set(registry.SERVER_OPTIMIZER_LABELS) == set(server_optimizers.SERVER_OPTIMIZERS) - {"sgd"}
+    for optimizer, label in registry.SERVER_OPTIMIZER_LABELS.items():
+        assert registry.method_overrides(f"{optimizer}_fedpals") == {
+            "algorithm.name": "fedpals",
+            "algorithm.weights": None,
+            "server.optimizer": optimizer,
+        }
+        assert fjp.method_label(optimizer) == label

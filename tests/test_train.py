@@ -19,7 +19,7 @@ CONFIG = {
 }
 RESULT_KEYS = (
     "config config_digest dataset_source partition lam alpha ess total_examples "
-    "projection_distance clients_per_round backend rounds target_accuracy target_macro_f1 "
+    "projection_distance clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
     "target_macro_f1_at_best_val"

@@ -130,7 +130,8 @@ def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_hold
     _, resolved, digest = _resolved()
     with Workdir(tmp_path, resolved, digest):
         with pytest.raises(
-            fjp.WorkdirLockedError, match=rf"in use by another run \(process {os.getpid()} holds"
+            fjp.WorkdirLockedError,
+            match=rf"in use by another run \(process {os.getpid()} on \S+ holds",
         ):
             Workdir(tmp_path, resolved, digest).open()
     Workdir(tmp_path, resolved, digest).open().close()  # released on close
@@ -155,7 +156,7 @@ def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_hold
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(fjp.WorkdirLockedError, match=rf"process {holder.pid} holds"):
+        with pytest.raises(fjp.WorkdirLockedError, match=rf"process {holder.pid} on \S+ holds"):
             Workdir(tmp_path, resolved, digest).open()
     finally:
         holder.kill()

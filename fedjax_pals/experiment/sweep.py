@@ -51,7 +51,12 @@ results.json has the run's config digest and its last round is skipped; the othe
 (re)started and resume from their own checkpoints. A run that raises does not stop the sweep:
 "diverged" (TrainingDivergedError) and "unreachable" (an ESS fraction out of reach for that
 partition) are outcomes of a grid, that point is just not eligible for selection; anything else
-is "failed" and reported (traceback in the run's error.txt).
+is "failed" and reported (traceback in the run's error.txt). A run whose workdir another
+process holds (e.g. an `experiments.run` on it) is "busy": not a failure, and nothing is
+written into it.
+
+One sweep at a time per workdir: the sweep holds `<workdir>/.sweep.lock` while it runs, and a
+second sweep on the same workdir fails at once, naming the holder's pid and host.
 """
 
 from __future__ import annotations
@@ -70,9 +75,10 @@ import ml_collections
 
 from fedjax_pals import registry
 from fedjax_pals.experiment import config as config_lib
+from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import protocol as protocol_lib
 from fedjax_pals.experiment.progress import Progress
-from fedjax_pals.experiment.workdir import write_json
+from fedjax_pals.experiment.workdir import WorkdirLockedError, write_json
 from fedjax_pals.runtime import is_main_process
 
 ConfigError = config_lib.ConfigError
@@ -98,7 +104,9 @@ FIGURES = (
     "lambda_trajectories",
 )
 # How a run that returned no results ended (see `_failure_status`).
-FAILURE_STATUSES = ("diverged", "unreachable", "failed")
+FAILURE_STATUSES = ("diverged", "unreachable", "failed", "busy")
+# Held while a sweep runs in its workdir.
+SWEEP_LOCK_FILE = ".sweep.lock"
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
 # Keys that are not hyperparameters or task axes of a sweep.
@@ -508,7 +516,7 @@ def execute_runs(
         def on_done(index: int, outcome) -> None:
             workdir, name = workdirs[index], names[index]
             if isinstance(outcome, BaseException):
-                if is_main_process():
+                if is_main_process() and not isinstance(outcome, WorkdirLockedError):
                     os.makedirs(workdir, exist_ok=True)
                     with open(os.path.join(workdir, "error.txt"), "w") as f:
                         f.write("".join(traceback.format_exception(outcome)))
@@ -555,15 +563,34 @@ def run_sweep(
     the figures named in `sweep.figures`.
 
     Returns:
-      {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed"},
+      {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed" | "busy"},
        "errors": {name: message},
        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
-    import fedjax_pals as fjp
-
     runs, sweep = _runs(config)
     workdir = os.fspath(workdir)
     _check_workdir(workdir)
+    lock = None
+    if is_main_process():
+        lock = locks.acquire(
+            os.path.join(workdir, SWEEP_LOCK_FILE), f"the sweep workdir {os.path.abspath(workdir)}"
+        )
+    try:
+        return _run_sweep_locked(config, runs, sweep, workdir, quiet=quiet, overwrite=overwrite)
+    finally:
+        locks.release(lock)
+
+
+def _run_sweep_locked(
+    config: Any,
+    runs: Sequence[SweepRun],
+    sweep: Mapping[str, Any],
+    workdir: str,
+    *,
+    quiet: bool,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """`run_sweep` once the sweep holds its workdir's lock."""
     run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
     previous = [_read_results(d) for d in run_dirs]
     if not overwrite:
@@ -654,6 +681,8 @@ def _failure_status(error: BaseException) -> str:
     point is simply not eligible, as in the paper's "ESS of 10, 25, 50, 75 %" where reachable.
     Anything else is "failed", a problem to report.
     """
+    if isinstance(error, WorkdirLockedError):
+        return "busy"  # another process holds the run: neither it nor this sweep failed
     if isinstance(error, FloatingPointError):
         return "diverged"
     text = str(error)

@@ -28,7 +28,9 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals.adaptive_lambda import lam_report
+from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
+from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import Progress
 from fedjax_pals.experiment.task import build_task, task_summary
@@ -58,6 +60,16 @@ def _resolved_backend(backend: str, model) -> str:
     from fedjax_pals import engine
 
     return engine.resolve_backend(backend, model)
+
+
+def _read_results(path: str) -> dict | None:
+    """A run's results.json so far, or None if there is none it can read."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return results if isinstance(results, dict) else None
 
 
 def _has_sweep(config: Any) -> bool:
@@ -118,11 +130,19 @@ class _PreparedRun:
             self.backend = _resolved_backend(resolved.engine.backend, task.model)
             rounds = resolved.training.rounds
             self.title = f"{resolved.algorithm.name} on {task.partition.description}"
+            segments, engine_warning = engine_segments(
+                _read_results(wd.file(RESULTS_FILE)) if start_round else None,
+                start_round,
+                self.backend,
+            )
+            if engine_warning and main:
+                logging.warning("%s: %s", wd.path, engine_warning)
             self.header = {
                 "config": self.plain,
                 "config_digest": digest,
                 **summary,
                 "backend": self.backend,
+                "engine": segments,  # the backend and devices each round ran on
             }
             self.writer = writer = stack.enter_context(
                 MetricWriter(wd.path, enabled=main, resume_step=start_round)
@@ -300,8 +320,9 @@ def train_and_evaluate(
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
       partition, lam, alpha, ess, total_examples, projection_distance, clients_per_round,
-      backend, rounds, target_accuracy, target_macro_f1, val_accuracy, val_macro_f1,
-      train_loss, wall_seconds, final_target_accuracy, final_target_macro_f1, best_val_round,
+      backend, engine (the backend and devices each round ran on), rounds, target_accuracy,
+      target_macro_f1, val_accuracy, val_macro_f1, train_loss, wall_seconds,
+      final_target_accuracy, final_target_macro_f1, best_val_round,
       target_accuracy_at_best_val, target_macro_f1_at_best_val.
 
     Raises:
@@ -311,17 +332,18 @@ def train_and_evaluate(
       DatasetUnavailableError, TaskError: data that cannot be had, or cannot make this run.
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
-    prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
-    engine = prepared.config.engine
-    try:
-        (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
-    except BaseException:
-        prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
-        raise
-    outcome = prepared.finish(outcome)
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+    with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
+        prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
+        engine = prepared.config.engine
+        try:
+            (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
+        except BaseException:
+            prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
+            raise
+        outcome = prepared.finish(outcome)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
 
 def _train_group(
@@ -390,6 +412,8 @@ def train_and_evaluate_many(
     outcomes: list = [None] * len(configs)
 
     def done(index: int, outcome) -> None:
+        if isinstance(outcome, BaseException):
+            outcome = diskspace.run_disk_full(outcome, workdirs[index])
         outcomes[index] = outcome
         if on_done is not None:
             on_done(index, outcome)

@@ -62,20 +62,25 @@ class WorkdirLockedError(WorkdirError):
 def write_json(path: str, payload: Any) -> None:
     """Writes JSON atomically (temporary file, then rename): a reader never sees half a file.
     The file gets the mode of any file the process creates (0644 under umask 022), not
-    mkstemp's 0600: results on a shared runs folder are readable by the group."""
+    mkstemp's 0600: results on a shared runs folder are readable by the group. A full disk
+    raises `DiskFullError` naming `path` (and the old file is intact)."""
+    from fedjax_pals.experiment import diskspace
+
+    text = json.dumps(payload, indent=2)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with diskspace.writing(path, needed=len(text.encode())):
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
 
 class Workdir:
@@ -115,6 +120,10 @@ class Workdir:
             os.close(fd)
             os.remove(probe)
         except OSError as error:
+            from fedjax_pals.experiment import diskspace
+
+            if diskspace.is_disk_full(error):
+                raise diskspace.disk_full_error(self.file(".write-test")) from None
             raise WorkdirError(
                 f"cannot write to the workdir {self.path} ({type(error).__name__}: "
                 f"{error.strerror or error}); choose a writable --workdir."
@@ -140,8 +149,10 @@ class Workdir:
                 f"the workdir {self.path} is in use by another run (process {holder} holds "
                 f"{path}); wait for it to finish, or choose another --workdir."
             ) from None
+        import socket
+
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._lock_fd = fd
 
     def close(self) -> None:

@@ -1,0 +1,131 @@
+"""Command-line mistakes of the mains: one `error:` line, exit status 2, before any data is read."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments import config_args
+from fedjax_pals.experiment import config as config_lib
+from fedjax_pals.experiment import sweep as sweep_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCHEMA = set(config_lib.flatten(config_lib.default_config()))
+
+
+def _check(*args, config="configs/demo.py"):
+    argv = ["prog", f"--config={os.path.join(ROOT, config)}", *args]
+    return config_args.check_config_argv(
+        argv, "config", None, schema_paths=SCHEMA, sweep_keys=sweep_lib.SWEEP_KEYS
+    )
+
+
+def _main(module, *args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def _one_error_line(completed):
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "arg, expected",
+    [
+        ("--config.training.learning_rat=0.1", "did you mean 'learning_rate'?"),
+        ("--config.training.round=3", "did you mean 'rounds'?"),
+        ("--config.trainin.rounds=3", "config has no key 'trainin' (did you mean 'training'?)"),
+        ("--config.foo=1", "--config.foo: config has no key 'foo'"),
+        ("--config.sweep.sedes=(0,1)", "'sedes' is not a sweep key (did you mean 'seeds'?)"),
+        ("--config.sweep.grid.algorithm.lamb=(0.0,)", "did you mean 'algorithm.lam'?"),
+        ("--config.training.rounds.x=3", "config.training.rounds is a value (4), not a section"),
+    ],
+)
+def test_a_key_path_that_names_no_key_is_named_with_the_near_key(arg, expected):
+    with pytest.raises(config_args.ConfigArgError) as info:
+        start = time.perf_counter()
+        _check(arg)
+    assert time.perf_counter() - start < 1.0
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_existing_keys_pass_through_and_new_axes_over_config_keys_are_taken_out():
+    argv, new = _check(
+        "--config.training.rounds=2",
+        "--config.sweep.grid.algorithm.lam=(0.0,)",
+        "--config.sweep.axes.training.local_epochs",
+        "(1, 2)",
+        "--config.sweep.row=demo",
+        "--quiet",
+    )
+    assert argv[2:] == ["--config.training.rounds=2", "--quiet"]
+    assert new == {
+        "sweep.grid.algorithm.lam": (0.0,),
+        "sweep.axes.training.local_epochs": (1, 2),
+        "sweep.row": "demo",
+    }
+    # A grid section gains a new axis; an axis it has is overridden by ml_collections.
+    argv, new = _check(
+        "--config.sweep.grid.training.batch_size=(4,)",
+        "--config.sweep.grid.algorithm.lam=(0.1,)",
+        config="configs/synthetic_fig9.py",
+    )
+    assert new == {"sweep.grid.training.batch_size": (4,)}
+    assert argv[2:] == ["--config.sweep.grid.algorithm.lam=(0.1,)"]
+
+
+def test_a_missing_or_broken_config_file_is_named(tmp_path):
+    with pytest.raises(config_args.ConfigArgError, match="configs/dmo.py does not exist"):
+        config_args.load_config_file("configs/dmo.py")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def get_config(:\n    pass\n")
+    with pytest.raises(config_args.ConfigArgError, match=f"syntax error in {broken}, line 1"):
+        config_args.load_config_file(str(broken))
+    raising = tmp_path / "raising.py"
+    raising.write_text("def get_config():\n    return {}['x']\n")
+    with pytest.raises(config_args.ConfigArgError, match="get_config\\(\\) raised KeyError"):
+        config_args.load_config_file(str(raising))
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--config.training.learning_rat=0.1"], "did you mean 'learning_rate'?"),
+        (["--config.sweep.grid.algorithm.lamb=(0.0,)"], "did you mean 'algorithm.lam'?"),
+        (["--config.training.rounds=abc"], "--config.training.rounds=abc"),
+        (["--listt"], "Unknown command line flag 'listt'"),
+    ],
+)
+def test_the_sweep_command_reports_a_command_line_mistake_in_one_line(args, expected):
+    line = _one_error_line(_main("experiments.sweep", "--config=configs/demo.py", "--list", *args))
+    assert expected in line
+
+
+def test_the_run_command_names_a_missing_config_file(tmp_path):
+    line = _one_error_line(
+        _main("experiments.run", "--config=configs/nope.py", f"--workdir={tmp_path / 'w'}")
+    )
+    assert "configs/nope.py does not exist" in line
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_new_grid_axis_on_the_command_line_is_a_sweep_axis():
+    completed = _main(
+        "experiments.sweep",
+        "--config=configs/demo.py",
+        "--list",
+        "--config.sweep.grid.algorithm.lam=(0.0,0.1)",
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "fedpals/lam=0.1/seed_1" in completed.stdout and "6 runs" in completed.stdout

@@ -1,0 +1,158 @@
+"""A dying process of a `python -m fedjax_pals.launch`: every process ends soon, in one line, and
+no child outlives the launcher (even a SIGKILLed one)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Process 1 dies by SIGKILL once both have started; process 0 ignores SIGTERM, as a JAX process
+# does (its preemption notifier catches it), and would otherwise wait for a minute.
+PEER = textwrap.dedent("""
+    import os, signal, sys, time
+    i = int(os.environ["FEDJAX_PALS_PROCESS_ID"])
+    signal.signal(signal.SIGTERM, lambda *a: print("SIGTERM ignored", flush=True))
+    print("started", os.getpid(), flush=True)
+    if i == 1 and sys.argv[1] == "die":
+        time.sleep(1.0)
+        print("dying at", time.time(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(120)
+""")
+
+
+def _launcher(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedjax_pals.launch", "--num_processes=2", "--", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_peer_death_stops_the_others_within_seconds_in_one_line():
+    launcher = _launcher(sys.executable, "-c", PEER, "die")
+    stdout, stderr = launcher.communicate(timeout=120)
+    ended = time.time()
+    died = float(next(l for l in stdout.splitlines() if "dying at" in l).split()[-1])
+    assert ended - died < 15, ended - died
+    assert launcher.returncode == 128 + signal.SIGKILL
+    lines = stderr.strip().splitlines()
+    assert lines == [
+        "error: process 1 of 2 was killed by SIGKILL; stopped process(es) 0; run the same "
+        "command again to resume the run from its last checkpoint."
+    ], stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_launcher_leaves_no_child_running():
+    launcher = _launcher(sys.executable, "-c", PEER, "live")
+    pids = []
+    for line in launcher.stdout:
+        if "started" in line:
+            pids.append(int(line.split()[-1]))
+        if len(pids) == 2:
+            break
+    assert all(_alive(pid) for pid in pids)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "children outlived the launcher"
+
+
+def test_a_sigterm_to_the_launcher_stops_children_that_ignore_it():
+    launcher = _launcher(sys.executable, "-c", PEER, "live")
+    pids = []
+    for line in launcher.stdout:
+        if "started" in line:
+            pids.append(int(line.split()[-1]))
+        if len(pids) == 2:
+            break
+    start = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=30)
+    assert time.monotonic() - start < 10
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _children(pid):
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    return children
+
+
+def _process_id(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"FEDJAX_PALS_PROCESS_ID"])
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_process_of_a_real_two_process_run_ends_the_launch_within_15_seconds(tmp_path):
+    workdir = tmp_path / "run"
+    launcher = _launcher(
+        sys.executable,
+        "-m",
+        "experiments.run",
+        "--config=configs/synthetic.py",
+        "--config.training.rounds=3000",
+        "--config.training.eval_every=10",
+        f"--workdir={workdir}",
+        "--quiet",
+    )
+    deadline = time.monotonic() + 300
+    while not (workdir / "results.json").exists():  # both processes are training
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    victim = next(p for p in _children(launcher.pid) if _process_id(p) == 1)
+    killed = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    stdout, stderr = launcher.communicate(timeout=60)
+    assert time.monotonic() - killed < 15
+    assert launcher.returncode == 128 + signal.SIGKILL
+    assert stderr.strip().splitlines()[-1] == (
+        "error: process 1 of 2 was killed by SIGKILL; stopped process(es) 0; run the same "
+        "command again to resume the run from its last checkpoint."
+    )
+    assert "Traceback" not in stdout + stderr
+
+
+def test_a_process_whose_peer_died_says_so_in_one_line(monkeypatch):
+    from fedjax_pals import runtime
+
+    lost = ValueError(
+        "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read "
+        "error [127.0.0.1]:45978: Connection reset by peer"
+    )
+    assert not runtime.is_lost_peer_error(lost)  # one process: no peer to lose
+    monkeypatch.setitem(runtime._configured, "distributed", True)
+    assert runtime.is_lost_peer_error(lost)
+    assert not runtime.is_lost_peer_error(ValueError("config.training.rounds must be >= 1"))
+    message = runtime.lost_peer_message(lost)
+    assert message.startswith("process 0 of 1 lost contact with another process of the run")
+    assert "Connection reset by peer" in message and "run the same command again" in message
+    assert "\n" not in message
