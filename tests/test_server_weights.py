@@ -978,7 +978,15 @@ def test_bad_client_sizes_raise(case):
 
 @pytest.mark.parametrize(
     "lam,message",
-    [(-1.0, "lam must be >= 0"), (-np.inf, "lam must be >= 0"), (np.nan, "lam is NaN")],
+    [
+        (-1.0, "lam must be >= 0"),
+        (-np.inf, "lam must be >= 0"),
+        (np.nan, "lam is NaN"),
+        (None, "lam must be a real number, got None"),
+        ("1.0", "lam must be a real number, got '1.0'"),
+        (True, "lam must be a real number, got True"),
+        ([1.0, "a"], "lam must be a real number"),
+    ],
 )
 def test_bad_lambda_raises(lam, message):
     dists, target, sizes = _valid_problem()
