@@ -82,7 +82,18 @@ def check_client_sizes(client_sizes: Any, num_clients: int | None = None) -> np.
 
 
 def check_lam(lam: Any) -> float:
-    value = np.asarray(lam, dtype=np.float64)
+    """The trade-off lam of eq. 8: a real scalar >= 0 (inf allowed: FedAvg); NaN refused."""
+    if isinstance(lam, (bool, np.bool_, str, bytes)) or lam is None:
+        raise ValueError(f"lam must be a real number, got {lam!r}.")
+    try:
+        value = np.asarray(lam)
+    except Exception as exc:  # e.g. a ragged sequence
+        raise ValueError(f"lam must be a real number, got {lam!r}.") from exc
+    if value.dtype == np.bool_ or not (
+        np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)
+    ):
+        raise ValueError(f"lam must be a real number, got {lam!r}.")
+    value = value.astype(np.float64)
     if value.ndim != 0:
         raise ValueError(
             f"lam must be a scalar here, got shape {value.shape} (vmap over lam instead)."

@@ -162,6 +162,26 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
     return update
 
 
+def _check_val_labels(val_labels: chex.ArrayLike, num_classes: int) -> np.ndarray:
+    """Class indices in [0, K): the cross-entropy would read a label >= K as garbage (JAX
+    clamps out-of-range gathers) and a fractional one would be truncated silently."""
+    array = np.asarray(val_labels)
+    if array.ndim != 1:
+        raise ValueError(f"val_labels must be a 1-D vector of class indices, got shape {array.shape}.")
+    if array.size and not (
+        np.issubdtype(array.dtype, np.integer)
+        or (np.issubdtype(array.dtype, np.floating) and np.all(array == np.round(array)))
+    ):
+        raise ValueError(f"val_labels must be integer class indices, got dtype {array.dtype}.")
+    if array.size and (array.min() < 0 or array.max() >= num_classes):
+        bad = array[(array < 0) | (array >= num_classes)]
+        raise ValueError(
+            f"val_labels must lie in [0, K) = [0, {num_classes}) (K from client_label_dists), "
+            f"got {bad[:5].tolist()}."
+        )
+    return array.astype(np.int32)
+
+
 def adaptive_fedpals(
     target_label_dist: chex.ArrayLike,
     client_label_dists: chex.ArrayLike,
@@ -208,7 +228,7 @@ def adaptive_fedpals(
     dists = _validation.check_label_dists("client_label_dists", client_label_dists)
     sizes = _validation.check_client_sizes(client_sizes, dists.shape[0])
     val_inputs = np.asarray(val_inputs, np.float32)
-    val_labels = np.asarray(val_labels, np.int32)
+    val_labels = _check_val_labels(val_labels, dists.shape[1])
     if val_inputs.shape[0] == 0 or val_inputs.shape[0] != val_labels.shape[0]:
         raise ValueError(
             f"val_inputs and val_labels must hold the same number (>= 1) of examples, got "

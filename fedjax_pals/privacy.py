@@ -219,8 +219,25 @@ def project_to_simplex(values: Any) -> np.ndarray:
     argmin_{p >= 0, sum p = 1} ||p - v||_2 = max(v - theta, 0), theta chosen so that the
     result sums to 1 (the sort-based algorithm: Held, Wolfe & Crowder, 1974; Duchi et al.,
     ICML 2008, Fig. 1).
+
+    Raises:
+      ValueError: an input that is empty (no rows or no entries per row), not numeric, or
+        has NaN or infinite entries (a projection of those is not defined).
     """
-    v = np.asarray(values, np.float64)
+    try:
+        v = np.asarray(values, np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"project_to_simplex needs a numeric array of values, got {values!r}."
+        ) from exc
+    if v.ndim == 0 or v.size == 0:
+        raise ValueError(
+            "project_to_simplex needs a non-empty vector (or rows of one) to project, got "
+            f"shape {v.shape}."
+        )
+    if not np.all(np.isfinite(v)):
+        bad = "NaN" if np.isnan(v).any() else "infinite"
+        raise ValueError(f"project_to_simplex got {bad} entries; the projection is undefined.")
     flat = v.reshape(-1, v.shape[-1])
     u = -np.sort(-flat, axis=1)
     cumulative = np.cumsum(u, axis=1) - 1.0

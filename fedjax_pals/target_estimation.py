@@ -92,8 +92,25 @@ def bbse_label_dist(
 
     Returns:
       (K,) float64 on the simplex. Classes absent from the source data get weight 0 in S * w.
+
+    Raises:
+      ValueError: when the confusion matrix restricted to the classes present in the
+        source data is singular (rank below their number; e.g. a model that predicts one
+        class for everything). Then C w = mu has many solutions and BBSE's estimate is not
+        identified; no fallback is guessed: use `em_label_dist` (which needs only the
+        source label marginal) or a model whose predictions separate the classes.
     """
     confusion, source = bbse_confusion(source_probs, source_labels, soft)
+    present = source > 0
+    rank = np.linalg.matrix_rank(confusion[:, present])
+    if rank < present.sum():
+        raise ValueError(
+            f"BBSE's confusion matrix is singular: rank {rank} over the {present.sum()} classes "
+            "present in the source data, so the model's predictions cannot tell them apart "
+            f"(predicted classes on the source data: {np.flatnonzero(confusion.sum(axis=1) > 0).tolist()}) "
+            "and the target estimate is not identified. Use em_label_dist, or a model that "
+            "separates the classes."
+        )
     target = _probs("target_probs", target_probs)
     if target.shape[1] != confusion.shape[0]:
         raise ValueError(

@@ -193,6 +193,14 @@ def test_bad_settings_are_refused():
         fjp.adaptive_fedpals(*args, 1.0, model.apply, x, y[:3], rounds=3)
     with pytest.raises(ValueError, match="hyper_learning_rate"):
         fjp.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3, hyper_learning_rate=0)
+    # Labels outside [0, K) (K = 3 here) or fractional ones: before, accepted silently.
+    for bad, message in [
+        (np.array([0, 1, 3, 2, 1]), r"val_labels must lie in \[0, K\) = \[0, 3\).*\[3\]"),
+        (np.array([0, -1, 2, 2, 1]), r"val_labels must lie in \[0, K\).*\[-1\]"),
+        (np.array([0.0, 1.5, 2.0, 2.0, 1.0]), "val_labels must be integer class indices"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            fjp.adaptive_fedpals(*args, 1.0, model.apply, x, bad, rounds=3)
     algorithm = fjp.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3)
     with pytest.raises(ValueError, match="built for 2 clients, the run has 3"):
         fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)

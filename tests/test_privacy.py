@@ -126,6 +126,24 @@ def _bisection_projection(v):
     return np.maximum(v - 0.5 * (low + high), 0)
 
 
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ([0.2, np.nan, 0.5], "project_to_simplex got NaN entries"),
+        ([[0.2, 0.3], [np.inf, 0.1]], "project_to_simplex got infinite entries"),
+        ([], r"non-empty vector .* got shape \(0,\)"),
+        (np.zeros((3, 0)), r"non-empty vector .* got shape \(3, 0\)"),
+        (np.zeros((0, 4)), r"non-empty vector .* got shape \(0, 4\)"),
+        (0.5, r"non-empty vector .* got shape \(\)"),
+        (["a", "b"], "needs a numeric array"),
+    ],
+)
+def test_projection_onto_the_simplex_refuses_what_has_no_projection(values, message):
+    # Before: NaN in, NaN out; an empty input raised numpy's reshape error.
+    with pytest.raises(ValueError, match=message):
+        fjp.project_to_simplex(values)
+
+
 def test_projection_onto_the_simplex_matches_an_independent_reference():
     rng = np.random.default_rng(0)
     values = rng.normal(scale=2.0, size=(50, 7))

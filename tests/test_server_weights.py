@@ -824,6 +824,108 @@ def test_projection_distance_is_zero_inside_hull(seed):
 
 
 # ---------------------------------------------------------------------------
+# Many clients: the dual Newton / face-step solver against the float64 reference.
+# ---------------------------------------------------------------------------
+
+
+def _edge_problem(case, rng):
+    num_classes = 10
+    if case == "many clients, sparse":
+        dists = _random_dists(rng, 200, num_classes)
+        sizes = _random_sizes(rng, 200)
+        return dists, _random_target(rng, dists, "random"), sizes
+    if case == "many clients, target inside the hull":
+        dists = _random_dists(rng, 200, num_classes, sparse=False, concentrations=(0.5,))
+        sizes = _random_sizes(rng, 200)
+        return dists, _random_target(rng, dists, "inside"), sizes
+    if case == "sizes 1 to 1e6":
+        dists = _random_dists(rng, 120, num_classes)
+        sizes = np.round(np.exp(rng.uniform(0, np.log(1e6), 120)))
+        return dists, _random_target(rng, dists, "sparse"), sizes
+    if case == "target at a vertex":
+        dists = _random_dists(rng, 150, num_classes, sparse=False)
+        sizes = _random_sizes(rng, 150)
+        return dists, np.eye(num_classes)[3], sizes
+    if case == "target is a client":
+        dists = _random_dists(rng, 150, num_classes)
+        sizes = _random_sizes(rng, 150)
+        return dists, dists[17].copy(), sizes
+    if case == "duplicated clients":
+        distinct = _random_dists(rng, 60, num_classes)
+        dists = np.vstack([distinct, distinct[:30], distinct[:10]])
+        sizes = _random_sizes(rng, 100)
+        return dists, _random_target(rng, distinct, "random"), sizes
+    if case == "one client":
+        dists = _random_dists(rng, 1, num_classes)
+        return dists, _random_target(rng, dists, "random"), np.array([12.0])
+    raise ValueError(case)
+
+
+_EDGE_CASES = [
+    "many clients, sparse",
+    "many clients, target inside the hull",
+    "sizes 1 to 1e6",
+    "target at a vertex",
+    "target is a client",
+    "duplicated clients",
+    "one client",
+]
+
+
+@pytest.mark.parametrize("case", _EDGE_CASES)
+def test_weights_on_larger_and_edge_problems_reach_reference_optimum(case):
+    # Fresh random inputs each run: the solver must not depend on lucky seeds.
+    rng = np.random.default_rng()
+    dists, target, sizes = _edge_problem(case, rng)
+    total = sizes.sum()
+    for ratio in [0.0, 1e-6, 1e-3, 1e-1, 10.0]:
+        lam = ratio * total
+        alpha = np.asarray(fedpals_weights(dists, target, sizes, lam), np.float64)
+        _assert_on_simplex(alpha, len(sizes))
+        _assert_near_optimal(alpha, dists, target, sizes, lam, f"{case}, lam/N={ratio}")
+    # Huge lam (the reference's NNLS support guess breaks down there): FedAvg (Prop. 2).
+    alpha = fedpals_weights(dists, target, sizes, 1e6 * total)
+    np.testing.assert_allclose(alpha, sizes / total, atol=1e-4)
+    if case == "target is a client":  # lam = 0 matches the target exactly
+        alpha = fedpals_weights(dists, target, sizes, 0.0)
+        assert _objective(alpha, dists, target, sizes, 0.0) < 1e-10
+
+
+def test_lambda_zero_in_the_hull_returns_nearly_the_largest_ess_minimiser():
+    # M > K with T in Conv(S): many minimisers; the one returned is (within a few % of ESS)
+    # the lam -> 0+ limit, the largest-ESS one (App. B.2), not an arbitrary one.
+    rng = np.random.default_rng(5)
+    dists = _random_dists(rng, 200, 5, sparse=False, concentrations=(1.0,))
+    sizes = _random_sizes(rng, 200)
+    target = _random_target(rng, dists, "inside")
+    alpha = fedpals_weights(dists, target, sizes, 0.0)
+    assert _objective(alpha, dists, target, sizes, 0.0) < 1e-10
+    limit = _reference_weights(dists, target, sizes, 1e-9 * sizes.sum())
+    assert _ess(alpha, sizes) >= 0.97 * _ess(limit, sizes), (_ess(alpha, sizes), _ess(limit, sizes))
+
+
+def test_vmap_over_runs_of_many_clients_matches_per_call():
+    rng = np.random.default_rng(6)
+    problems = [
+        (_random_dists(rng, 300, 10), None, _random_sizes(rng, 300)) for _ in range(3)
+    ]
+    dists = np.stack([p[0] for p in problems])
+    sizes = np.stack([p[2] for p in problems])
+    targets = np.stack([_random_target(rng, d, "random") for d in dists])
+    lams = np.array([0.0, 1e-3, 1.0]) * sizes.sum(axis=1)
+    batched = np.asarray(jax.jit(jax.vmap(fedpals_weights))(dists, targets, sizes, lams))
+    for b in range(3):
+        _assert_near_optimal(batched[b], dists[b], targets[b], sizes[b], lams[b], f"run {b}")
+        single = np.asarray(fedpals_weights(dists[b], targets[b], sizes[b], lams[b]))
+        np.testing.assert_allclose(
+            _objective(batched[b], dists[b], targets[b], sizes[b], lams[b]),
+            _objective(single, dists[b], targets[b], sizes[b], lams[b]),
+            rtol=1e-6,
+            atol=1e-9,
+        )
+
+
+# ---------------------------------------------------------------------------
 # Proposition 1: omega-weighted client SGD steps equal the target SGD step.
 # ---------------------------------------------------------------------------
 
@@ -978,7 +1080,15 @@ def test_bad_client_sizes_raise(case):
 
 @pytest.mark.parametrize(
     "lam,message",
-    [(-1.0, "lam must be >= 0"), (-np.inf, "lam must be >= 0"), (np.nan, "lam is NaN")],
+    [
+        (-1.0, "lam must be >= 0"),
+        (-np.inf, "lam must be >= 0"),
+        (np.nan, "lam is NaN"),
+        (None, "lam must be a real number, got None"),
+        ("1.0", "lam must be a real number, got '1.0'"),
+        (True, "lam must be a real number, got True"),
+        ([1.0, "a"], "lam must be a real number"),
+    ],
 )
 def test_bad_lambda_raises(lam, message):
     dists, target, sizes = _valid_problem()

@@ -112,6 +112,24 @@ def test_bbse_is_the_solution_of_the_confusion_system():
     )
 
 
+def test_bbse_refuses_a_singular_confusion_matrix():
+    # A model that predicts class 0 for everything: C has one non-zero row, so C w = mu has
+    # a whole affine space of solutions and BBSE's estimate is not identified (before: the
+    # least-squares minimum-norm one, an arbitrary estimate, returned silently).
+    rng = np.random.default_rng(3)
+    source_labels = rng.integers(0, 3, size=200)
+    source_probs = np.tile([0.8, 0.1, 0.1], (200, 1))
+    target_probs = np.tile([0.7, 0.2, 0.1], (50, 1))
+    for soft in (False, True):
+        with pytest.raises(ValueError, match="confusion matrix is singular: rank 1 over the 3"):
+            fjp.bbse_label_dist(source_probs, source_labels, target_probs, soft=soft)
+    # A class absent from the source data is not a singularity: it gets weight 0.
+    probs = np.eye(3)[[0, 1, 0, 1, 0, 1]] * 0.9 + 0.05
+    probs /= probs.sum(axis=1, keepdims=True)
+    estimate = fjp.bbse_label_dist(probs, np.array([0, 1, 0, 1, 0, 1]), probs[:4])
+    assert estimate[2] == 0.0 and estimate.sum() == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("method", ["bbse", "bbse_soft"])
 def test_bbse_recovers_a_known_target_within_its_asymptotic_error(data, method):
     target_probs, source_probs, source_labels = data
