@@ -28,8 +28,13 @@ whole life, and during the timed rounds alone); RSS after loading the data set;
 the bytes per client of the O(M) tables (index rows, sizes, label
 distributions). Writes JSON and draws the curves (PNG + PDF).
 
+Also: `--runs_split=R` alternates one run's round with R runs' round (the
+benchmark's LeNet FedAvg round) and records each phase; `--from_json=a,b`
+merges result files and redraws.
+
 Usage:
   python -m experiments.scaling
+  python -m experiments.scaling --runs_split=8 --devices=auto --output=results/runs_split.json
   python -m experiments.scaling --num_clients=100,1000 --participants_curve= \
       --output=results/scaling_small.json --plot=results/scaling_small
 """
