@@ -14,6 +14,7 @@ Divergence is detected every round (see `divergence_limit`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import time
@@ -45,7 +46,9 @@ def sample_participants(
     """The sorted client ids taking part in round `round_index`.
 
     Depends only on (seed, round_index): reproducible, and independent of what
-    happened in earlier rounds. None or num_clients means every client.
+    happened in earlier rounds. None or num_clients means every client. Up to
+    `PERMUTATION_SAMPLING_MAX_CLIENTS` clients the sample is drawn as it always
+    was (a random permutation of all M ids, O(M log M)); above, in O(m).
     """
     if clients_per_round is None:
         return np.arange(num_clients, dtype=np.int32)
@@ -60,11 +63,31 @@ def sample_participants(
         )
     if clients_per_round == num_clients:
         return np.arange(num_clients, dtype=np.int32)
-    key = jax.random.fold_in(
-        jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
-    )
-    chosen = jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
-    return np.sort(np.asarray(chosen, np.int32))
+    if num_clients <= PERMUTATION_SAMPLING_MAX_CLIENTS:
+        key = jax.random.fold_in(
+            jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
+        )
+        return np.asarray(_choose_by_permutation(key, num_clients, clients_per_round))
+    # O(m) for m << M (NumPy's Generator.choice without replacement draws by Floyd's
+    # algorithm when m <= M / 50, else permutes M ids in C, ~1 ms at M = 10^5).
+    rng = np.random.default_rng([_SAMPLING_STREAM, int(seed), int(round_index)])
+    return np.sort(rng.choice(num_clients, clients_per_round, replace=False)).astype(np.int32)
+
+
+# Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
+# `choice` without replacement), as it always was: the same seed gives the same clients as in
+# every run recorded so far (the paper's configurations have M <= 100). The permutation sorts
+# M keys, O(M log M) per round: ~2 ms at M = 1,000, 11-29 ms at 10^4 and 180 ms at 10^5 on
+# this 2-core CPU, against ~1 s of training for 100 LeNet clients. Above it, clients are
+# drawn by `np.random.Generator.choice` (O(m); under 1 ms at M = 10^5 or 10^6).
+PERMUTATION_SAMPLING_MAX_CLIENTS = 4096
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _choose_by_permutation(key, num_clients: int, clients_per_round: int):
+    return jnp.sort(
+        jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
+    ).astype(jnp.int32)
 
 
 def clients_per_round_from(

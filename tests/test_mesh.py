@@ -84,3 +84,43 @@ def test_two_processes_give_the_one_process_numbers(one_device_results):
         assert out["process_count"] == 2 and out["device_count"] == 2
         assert len(out["results"]) == mesh_worker.num_results("minimal")
         _assert_same(out["results"], one_device_results)
+
+
+_SHARED_DATA_CHECK = r"""
+import json
+import numpy as np
+import fedjax_pals as fjp
+from fedjax_pals import _host
+
+fjp.configure_runtime(cpu_devices=2)
+x = _host.aligned_empty((50, 4), np.float32)
+x[...] = np.arange(200, dtype=np.float32).reshape(50, 4)
+split = fjp.data.LabeledSplit(x, np.arange(50) % 3)  # read-only views, as the loaders return
+data = fjp.device_data(split.x, split.y, np.zeros((3, 2), np.int32), np.full(3, 2),
+                       np.full((3, 3), 1 / 3, np.float32))
+engine = fjp.round_engine(fjp.fedavg(), fjp.logistic_regression((4,), 3),
+                          fjp.LocalTraining(local_epochs=1, batch_size=2, learning_rate=0.1))
+placed = engine.place_data(data)
+host = split.x.ctypes.data
+w = _host.aligned_empty((4, 2), np.float32)  # aligned but writeable: copied, not aliased
+w[...] = 1.0
+print(json.dumps({
+    "devices": len(placed.train_x.addressable_shards),
+    "device_data_aliases_host": data.train_x.unsafe_buffer_pointer() == host,
+    "shards_alias_host": [s.data.unsafe_buffer_pointer() == host
+                          for s in placed.train_x.addressable_shards],
+    "values_equal": bool(np.array_equal(np.asarray(placed.train_x.addressable_data(1)), x)),
+    "writeable_copied": fjp.device_data(w, np.zeros(4, np.int32), np.zeros((1, 4), np.int32),
+        np.full(1, 4), np.ones((1, 3), np.float32)).train_x.unsafe_buffer_pointer()
+        != w.ctypes.data,
+}))
+"""
+
+
+def test_the_data_set_is_held_once_by_the_host_devices_of_a_process():
+    """Replicas on host devices alias one host buffer (the loader's), not a copy per device."""
+    (out,) = _run([sys.executable, "-c", _SHARED_DATA_CHECK])
+    assert out["devices"] == 2
+    assert out["device_data_aliases_host"]
+    assert out["shards_alias_host"] == [True, True]
+    assert out["values_equal"] and out["writeable_copied"]

@@ -174,6 +174,22 @@ def test_sampling_is_reproducible_and_changes_with_the_round():
     np.testing.assert_array_equal(fjp.sample_participants(0, 0, 7, None), np.arange(7))
 
 
+def test_sampling_many_clients_is_reproducible_and_does_not_permute_them_all():
+    from fedjax_pals import training
+
+    many = training.PERMUTATION_SAMPLING_MAX_CLIENTS + 1
+    first = fjp.sample_participants(seed=3, round_index=5, num_clients=many, clients_per_round=50)
+    np.testing.assert_array_equal(first, fjp.sample_participants(3, 5, many, 50))
+    assert not np.array_equal(first, fjp.sample_participants(3, 6, many, 50))
+    assert not np.array_equal(first, fjp.sample_participants(4, 5, many, 50))
+    assert first.dtype == np.int32 and len(set(first.tolist())) == 50
+    assert np.all(np.diff(first) > 0) and 0 <= first[0] and first[-1] < many
+    # Below the threshold: the prefix of jax's permutation, as in every recorded run.
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(3), 2), 5)
+    legacy = np.sort(np.asarray(jax.random.choice(key, 1000, (40,), replace=False)))
+    np.testing.assert_array_equal(fjp.sample_participants(3, 5, 1000, 40), legacy)
+
+
 @pytest.mark.parametrize(
     "count, fraction, expected", [(None, None, 50), (7, None, 7), (None, 0.1, 5), (None, 0.001, 1)]
 )

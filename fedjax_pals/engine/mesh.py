@@ -48,14 +48,46 @@ def _on_mesh(leaf: Any, sharding: NamedSharding) -> bool:
     return isinstance(leaf, jax.Array) and leaf.sharding == sharding
 
 
+def shares_host_memory(mesh: Mesh) -> bool:
+    """True when this process's devices of the mesh are host (CPU) devices: one memory."""
+    return all(d.platform == "cpu" for d in local_devices(mesh))
+
+
+def host_view(leaf: Any) -> np.ndarray:
+    """A NumPy view of a host-resident array, without a copy where possible.
+
+    A jax.Array on one CPU device (or replicated: its first shard) is viewed in
+    place (read-only); anything else is placed once on the default device first.
+    """
+    if isinstance(leaf, jax.Array) and not (
+        len(leaf.sharding.device_set) == 1 or leaf.sharding.is_fully_replicated
+    ):
+        raise ValueError("host_view needs an array held whole by one device.")
+    if not isinstance(leaf, jax.Array):
+        leaf = jax.numpy.asarray(leaf)
+    if len(leaf.sharding.device_set) > 1:
+        leaf = leaf.addressable_data(0)
+    return np.asarray(leaf)
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
-    """Every leaf replicated on every device of the mesh (every process gives the same values)."""
+    """Every leaf replicated on every device of the mesh (every process gives the same values).
+
+    Host devices of one process share its memory, so on a CPU mesh the replicas
+    are not copies: every device's buffer aliases one host buffer (JAX places a
+    64-byte-aligned NumPy array on a CPU device without copying it). A data set
+    replicated over D host devices is then held once per process, not D + 1
+    times. Replicated buffers are never donated, so the aliasing is safe.
+    """
     sharding = replicated(mesh)
+    share = shares_host_memory(mesh)
 
     def put(leaf):
         if _on_mesh(leaf, sharding):
             return leaf
         if jax.process_count() == 1:
+            if share and len(sharding.device_set) > 1 and hasattr(leaf, "shape"):
+                return jax.device_put(host_view(leaf), sharding)
             return jax.device_put(leaf, sharding)
         host = np.asarray(local_view(leaf))
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

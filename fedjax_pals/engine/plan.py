@@ -17,7 +17,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from fedjax_pals._host import is_aligned
 from fedjax_pals.algorithms import ClientInfo, ServerState
 from fedjax_pals.engine.client_update import LocalTraining, client_schedule
 
@@ -36,11 +38,31 @@ class DeviceData(NamedTuple):
 RUNS_AXES = DeviceData(None, None, 0, 0, 0)
 
 
+def _examples_on_device(x, dtype) -> jax.Array:
+    """`x` on the default device; on a CPU, a read-only, 64-byte-aligned, C-contiguous NumPy
+    array of `dtype` is not copied (the device buffer aliases it), so the data set is held
+    once per process: `fjp.load_fashion_mnist` returns such arrays. Anything else is copied
+    (a writeable array could change under the device's feet)."""
+    if isinstance(x, np.ndarray) and (
+        x.dtype == dtype
+        and x.flags.c_contiguous
+        and not x.flags.writeable
+        and is_aligned(x)
+        and jax.default_backend() == "cpu"
+    ):
+        return jax.device_put(x)
+    return jnp.asarray(x, dtype)
+
+
 def device_data(train_x, train_y, client_indices, client_sizes, client_label_dists) -> DeviceData:
-    """DeviceData from host arrays (placed on the default device; see `mesh.replicate`)."""
+    """DeviceData from host arrays (placed on the default device; see `mesh.replicate`).
+
+    The examples are not copied when they are a read-only, aligned NumPy array on
+    a CPU (as the data set loaders return): the device aliases the host's buffer.
+    """
     return DeviceData(
-        jnp.asarray(train_x, jnp.float32),
-        jnp.asarray(train_y, jnp.int32),
+        _examples_on_device(train_x, np.float32),
+        _examples_on_device(train_y, np.int32),
         jnp.asarray(client_indices, jnp.int32),
         jnp.asarray(client_sizes, jnp.int32),
         jnp.asarray(client_label_dists, jnp.float32),

@@ -1,0 +1,46 @@
+"""The scaling command's pieces that need no training (the curves themselves are measured)."""
+
+import numpy as np
+
+from experiments import scaling
+
+
+def test_label_shift_clients_have_n_examples_of_their_drawn_labels_and_scale_past_the_data():
+    labels = np.repeat(np.arange(10), 30)  # 300 examples, 30 per class
+    indices, counts, target = scaling.label_shift_clients(labels, 500, 4, 0.5, seed=0)
+    assert (
+        indices.shape == (500, 4) and indices.dtype == np.int32
+    )  # 2,000 > 300 examples
+    assert counts.shape == (500, 10) and np.all(counts.sum(axis=1) == 4)
+    for row, count in zip(indices[:50], counts[:50]):
+        np.testing.assert_array_equal(np.bincount(labels[row], minlength=10), count)
+    assert target.shape == (10,) and np.isclose(target.sum(), 1.0)
+    again = scaling.label_shift_clients(labels, 500, 4, 0.5, seed=0)
+    np.testing.assert_array_equal(indices, again[0])
+    # A label shift: the clients' label mixes differ.
+    assert np.std(counts / 4, axis=0).mean() > 0.1
+
+
+def test_the_table_reports_errors_and_rows():
+    row = {
+        "curve": "M",
+        "num_clients": 100,
+        "participants": 10,
+        "device_count": 1,
+        "round_s": 0.5,
+        "round_cpu_s": 0.4,
+        "training_s": 0.3,
+        "solve_s": 0.1,
+        "aggregation_s": 0.0,
+        "plan_s": 0.001,
+        "sample_s": 0.001,
+        "first_round_s": 9.0,
+        "compile_s": 8.0,
+        "peak_rss_mib": 700.0,
+        "rss_after_load_mib": 400.0,
+        "bytes_per_client": 76.0,
+    }
+    table = scaling.markdown_table(
+        [row, {"curve": "m", "num_clients": 10, "participants": 10, "error": "x"}]
+    )
+    assert "| M | 100 | 10 | 1 | 0.500 | 0.400 |" in table and "error" in table
