@@ -8,7 +8,7 @@ Each client releases its label histogram once, before training, through the Lapl
 mechanism (epsilon-DP per client; replace-one neighbours, L1 sensitivity 2, noise
 Lap(2 / epsilon) per count; n_i stays exact and public), post-processed onto the simplex by
 Euclidean projection; FedPALS' weights (eq. 8) and its ESS search see only the release, local
-training is unchanged (`fjp.private_label_dists`, `fedjax_pals/privacy.py` states the full
+training is unchanged (`fjp.privacy.private_label_dists`, `fedjax_pals/privacy.py` states the full
 accounting). The rows: epsilon in {exact S (None), 1, 0.1, 0.01, 0.001} crossed with the
 client size: 10 clients (9 training, about 3,600 examples each with C = 3) and 100 clients
 (99 training, about 600 each), so that the curve of target accuracy against epsilon can be

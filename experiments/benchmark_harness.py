@@ -1,7 +1,7 @@
 r"""Throughput of one federated round: the engine's backends vs a plain loop.
 
 A *case* is (model, M, backend, devices, processes, runs): one FedAvg round of
-`fjp.RoundEngine` in which m of M clients participate (all by default; E local
+`fjp.engine.RoundEngine` in which m of M clients participate (all by default; E local
 epochs of minibatch SGD, batch B), with the client axis executed by `backend`, in
 `processes` JAX processes of `devices` CPU devices each, for `runs` runs at
 once (the engine's runs axis). The reference is the *baseline loop*
@@ -9,7 +9,7 @@ once (the engine's runs axis). The reference is the *baseline loop*
 default threading), a Python loop over clients and steps of one jitted
 single-client SGD step (`jax.value_and_grad` + `optax.sgd`, the batch gathered
 from the device arrays inside the jit), with the same batch size, steps per
-client, data order (`fjp.client_schedule`, client key fold_in(round_key, id))
+client, data order (`fjp.engine.client_schedule`, client key fold_in(round_key, id))
 and FedAvg weights n_i / sum_j n_j, so its params equal the engine's.
 
 Device settings such as `jax_num_cpu_devices` only take effect at process
@@ -84,7 +84,7 @@ _MIN_FOREIGN_WINDOW_S = 0.5
 
 
 def available_backends() -> tuple[str, ...]:
-    """The engine's backend names (`fjp.BACKENDS`; `fjp.STRATEGIES` in older versions)."""
+    """The engine's backend names (`fjp.engine.BACKENDS`; `fjp.STRATEGIES` in older versions)."""
     names = getattr(fjp, "BACKENDS", None) or getattr(fjp, "STRATEGIES")
     return tuple(str(getattr(b, "name", b)) for b in names)
 
@@ -599,7 +599,7 @@ def synthetic_data(
     examples_per_client: int,
     seed: int,
     input_shape: Sequence[int] = INPUT_SHAPE,
-) -> "fjp.DeviceData":
+) -> "fjp.engine.DeviceData":
     """Uniform [0, 1) inputs and random labels; client i owns rows [i n, (i + 1) n)."""
     rng = np.random.default_rng(seed)
     n = examples_per_client
@@ -611,7 +611,7 @@ def synthetic_data(
     label_dists = np.stack([np.bincount(y[row], minlength=NUM_CLASSES) / n for row in indices])
     if model_name == "logistic_regression":
         x = x.reshape(total, -1)
-    return fjp.device_data(x, y, indices, sizes, label_dists.astype(np.float32))
+    return fjp.engine.device_data(x, y, indices, sizes, label_dists.astype(np.float32))
 
 
 def local_training(settings: BenchmarkSettings) -> "fjp.LocalTraining":
@@ -631,7 +631,7 @@ class BaselineLoop:
 
     x_{t+1} = x_t + sum_i (n_i / sum_j n_j) (x_i - x_t), where x_i is client i after
     its local steps of SGD from x_t. Uses the engine's data order
-    (`fjp.client_schedule`, client key fold_in(round_key, client_id)) so that its
+    (`fjp.engine.client_schedule`, client key fold_in(round_key, client_id)) so that its
     result can be checked against the engine's; the schedule is computed once per
     round for all clients. Requires full batches (examples_per_client %
     batch_size == 0).
@@ -662,7 +662,7 @@ class BaselineLoop:
             max_examples = client_indices.shape[1]
 
             def one(c):
-                positions, mask = fjp.client_schedule(
+                positions, mask = fjp.engine.client_schedule(
                     jax.random.fold_in(key, c), client_sizes[c], max_examples, training
                 )
                 return client_indices[c][positions], mask
@@ -686,7 +686,7 @@ class BaselineLoop:
         self._zeros = jax.jit(lambda p: jax.tree_util.tree_map(jnp.zeros_like, p))
         self._apply = jax.jit(lambda g, acc: jax.tree_util.tree_map(jnp.add, g, acc))
 
-    def run_round(self, data: "fjp.DeviceData", params, participants, key):
+    def run_round(self, data: "fjp.engine.DeviceData", params, participants, key):
         """One FedAvg round from `params` over `participants`; returns the new params."""
         jnp = self._jnp
         participants = jnp.asarray(participants, jnp.int32)
@@ -708,7 +708,7 @@ class BaselineLoop:
             acc = self._accumulate(acc, local, params, weights[j])
         return self._apply(params, acc)
 
-    def local_update(self, data: "fjp.DeviceData", params, client: int, key):
+    def local_update(self, data: "fjp.engine.DeviceData", params, client: int, key):
         """Client `client`'s params after its local steps from `params` (the loop's inner part,
         with the same jitted step and data order; for other frameworks' clients)."""
         jnp = self._jnp
@@ -743,13 +743,13 @@ def make_engine(
     training: "fjp.LocalTraining",
     backend: str,
     chunk_size: int,
-) -> "fjp.RoundEngine":
-    """A fresh `fjp.RoundEngine` (so its first round is a cold compile)."""
-    params = inspect.signature(fjp.RoundEngine).parameters
+) -> "fjp.engine.RoundEngine":
+    """A fresh `fjp.engine.RoundEngine` (so its first round is a cold compile)."""
+    params = inspect.signature(fjp.engine.RoundEngine).parameters
     kwargs: dict[str, Any] = {"backend" if "backend" in params else "strategy": backend}
     if "chunk_size" in params:
         kwargs["chunk_size"] = chunk_size
-    return fjp.RoundEngine(algorithm, model, training, **kwargs)
+    return fjp.engine.RoundEngine(algorithm, model, training, **kwargs)
 
 
 class _Unsupported(Exception):
@@ -767,7 +767,7 @@ class CaseRunner:
         self,
         case: BenchmarkCase,
         model: "fjp.Model",
-        data: "fjp.DeviceData",
+        data: "fjp.engine.DeviceData",
         settings: BenchmarkSettings,
         timer: CompileTimer,
     ):

@@ -50,11 +50,11 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     tables = [_load(path) for path in _TABLES.value]
     try:
-        table = fjp.merge_tables(tables, title=_TITLE.value)
+        table = fjp.experiment.protocol.merge_tables(tables, title=_TITLE.value)
     except ValueError as error:
         raise SystemExit(f"error: {error}")
-    fjp.write_protocol_report(common.WORKDIR.value, table)
-    print(fjp.table_markdown(table))
+    fjp.experiment.protocol.write_protocol_report(common.WORKDIR.value, table)
+    print(fjp.experiment.protocol.table_markdown(table))
     print(f"\nwrote {os.path.join(common.WORKDIR.value, 'table.md')}, table.json, comparison.png")
 
 

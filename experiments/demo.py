@@ -51,7 +51,7 @@ def label_distribution_figure(workdir: str) -> str | None:
     seed = common_seeds[0]
     partition = results["fedpals"][seed]["partition"]
     path = os.path.join(os.path.abspath(workdir), "label_distributions.png")
-    fjp.plot_label_distributions(
+    fjp.experiment.plots.plot_label_distributions(
         path,
         partition["client_label_dists"],
         partition["target_label_dist"],

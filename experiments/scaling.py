@@ -17,7 +17,7 @@ whatever M, the clients are O(M) rows of indices. (`fjp.dirichlet_partition`
 gives disjoint clients, so at most 60,000 / n of them; the partition here is
 the same Dirichlet label mix without that cap.) The target T is one more
 Dirichlet draw. Every round samples its m participants
-(`fjp.sample_participants`) and re-solves the FedPALS weights over them.
+(`fjp.training.sample_participants`) and re-solves the FedPALS weights over them.
 
 Per point: time per round, split into sampling, the plan, training (the
 clients' updates), the FedPALS solve (timed alone on the round's participants,
@@ -218,7 +218,7 @@ class PointRunner:
         sizes = counts.sum(axis=1)
         dists = (counts / sizes[:, None]).astype(np.float32)
         self.partition_s = time.perf_counter() - started
-        self.data = fjp.device_data(
+        self.data = fjp.engine.device_data(
             dataset.train.x, dataset.train.y, indices, sizes, dists
         )
         tables = (
@@ -235,7 +235,7 @@ class PointRunner:
             batch_size=spec["batch_size"],
             learning_rate=spec["learning_rate"],
         )
-        self.engine = fjp.round_engine(
+        self.engine = fjp.engine.round_engine(
             algorithm, model, training, backend=spec["backend"]
         )
         seed = spec["seed"]
@@ -272,7 +272,7 @@ class PointRunner:
         jax, timings = self.jax, {}
         cpu0 = _cpu_s()
         t0 = time.perf_counter()
-        self.participants = self.fjp.sample_participants(
+        self.participants = self.fjp.training.sample_participants(
             self.spec["seed"], r, self.num_clients, self.m
         )
         timings["sample"] = time.perf_counter() - t0
@@ -590,7 +590,7 @@ def runs_split(runs: int, num_clients: int, pairs: int, devices: str) -> dict:
     data = bench.synthetic_data("lenet", num_clients, settings.examples_per_client, 0)
     training = bench.local_training(settings)
     algorithm = fjp.fedavg()
-    engine = fjp.round_engine(algorithm, model, training)
+    engine = fjp.engine.round_engine(algorithm, model, training)
     participants = np.arange(num_clients, dtype=np.int32)
     solo = fjp.init_server_state(
         algorithm, model.init(jax.random.PRNGKey(0)), num_clients

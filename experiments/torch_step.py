@@ -4,7 +4,7 @@ The step: batch 32 of 28x28x1 float32 inputs gathered from a device array,
 conv 5x5 1->6, ReLU, max-pool 2, conv 5x5 6->16, ReLU, max-pool 2, dense
 256-120-84-10 (ReLU), softmax cross-entropy, SGD (lr 0.1). Cases:
 
-* `engine`: the engine's local step (`fjp.make_client_update(...).step`, FedAvg;
+* `engine`: the engine's local step (`fjp.engine.make_client_update(...).step`, FedAvg;
   what every backend maps over the clients) as the CPU default backend
   (host_loop) calls it: 4 steps unrolled per jitted call, batches gathered
   inside. `engine_1step`: the same, one step per call.
@@ -110,7 +110,7 @@ def _jax_cases(steps: int) -> dict:
         cases[name] = run
 
     algorithm = fjp.fedavg()
-    update = fjp.make_client_update(algorithm, model, training)
+    update = fjp.engine.make_client_update(algorithm, model, training)
     server = fjp.init_server_state(algorithm, params, num_clients=1)
     info = fjp.ClientInfo(
         jnp.full((NUM_CLASSES,), 1.0 / NUM_CLASSES, jnp.float32),

@@ -67,7 +67,7 @@ def main(argv):
     title = f"{partition.description}: FedPALS weights vs FedAvg"
     if unreachable:
         title += f" (ESS {', '.join(f'{100 * f:g}' for f in unreachable)} % out of reach)"
-    fjp.plot_weights_vs_ess(path, sizes, alphas, title=title)
+    fjp.experiment.plots.plot_weights_vs_ess(path, sizes, alphas, title=title)
     with open(os.path.join(workdir, "weights.json"), "w") as f:
         json.dump(
             dict(

@@ -60,7 +60,7 @@ def cases(size: str = "full"):
     """
     import fedjax_pals as fjp
 
-    out = [(f"logreg/fedpals/{b}", "logreg", "fedpals", b) for b in fjp.BACKENDS]
+    out = [(f"logreg/fedpals/{b}", "logreg", "fedpals", b) for b in fjp.engine.BACKENDS]
     if size in ("quick", "full"):
         out += [(f"logreg/{a}/host_loop", "logreg", a, "host_loop") for a in algorithms()]
     if size == "full":
@@ -85,10 +85,10 @@ def run_cases(size: str = "full") -> dict[str, list[float]]:
         algorithm = algorithms()[algorithm_name]
         training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=0.1)
         # min_clients_per_device=1: split even these few clients over the devices.
-        engine = fjp.round_engine(
+        engine = fjp.engine.round_engine(
             algorithm, model, training, backend=backend, chunk_size=3, min_clients_per_device=1
         )
-        data = fjp.device_data(x, y, rows, sizes, dists)
+        data = fjp.engine.device_data(x, y, rows, sizes, dists)
         state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(1)), len(SIZES))
         for r, who in enumerate(PARTICIPANTS):
             state, _ = engine.run_round(data, state, np.asarray(who), jax.random.PRNGKey(r))
@@ -124,7 +124,7 @@ def _runs_case(backend: str) -> list[float]:
     targets = [np.array([0.6, 0.3, 0.1]), np.array([0.2, 0.2, 0.6]), np.array([1 / 3] * 3)]
     runs = [fjp.fedpals(t, lam) for t, lam in zip(targets, [0.0, 0.05, 1.0])]
     training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=0.1)
-    engine = fjp.round_engine(
+    engine = fjp.engine.round_engine(
         runs[0], model, training, backend=backend, chunk_size=3, min_clients_per_device=1
     )
     stack = lambda *trees: jax.tree_util.tree_map(lambda *l: jnp.stack(l), *trees)
@@ -134,7 +134,7 @@ def _runs_case(backend: str) -> list[float]:
             for r, a in enumerate(runs)
         ]
     )
-    data = fjp.device_data(x, y, *[np.stack([t] * 3) for t in (rows, sizes, dists)])
+    data = fjp.engine.device_data(x, y, *[np.stack([t] * 3) for t in (rows, sizes, dists)])
     for r, who in enumerate(PARTICIPANTS):
         keys = jnp.stack([jax.random.PRNGKey(100 * run + r) for run in range(3)])
         states, _ = engine.run_rounds(data, states, np.stack([who] * 3), keys)

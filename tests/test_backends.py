@@ -27,11 +27,11 @@ def test_host_loop_gives_the_same_round_for_any_steps_per_call(steps_per_call):
     model = fjp.lenet((16, 16, 1), 3)
     x, y, rows, sizes, dists = _random_task(4, [9, 3, 6], (16, 16, 1))
     training = fjp.LocalTraining(local_epochs=2, batch_size=2, learning_rate=0.1)
-    data = fjp.device_data(x, y, rows, sizes, dists)
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
     state = fjp.init_server_state(fjp.fedavg(), model.init(jax.random.PRNGKey(0)), 3)
     results = []
     for k in (steps_per_call, 2):
-        engine = fjp.RoundEngine(
+        engine = fjp.engine.RoundEngine(
             fjp.fedavg(), model, training, backend="host_loop", steps_per_call=k
         )
         new_state, metrics = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(1))
@@ -65,9 +65,9 @@ def test_bad_backend_settings_are_named(make, match):
 
 def test_the_default_is_one_launch_per_round_on_accelerators_and_the_measured_fastest_on_cpu():
     lenet, logreg = fjp.lenet((16, 16, 1), 3), fjp.logistic_regression((4,), 3)
-    assert fjp.default_backend(lenet, "gpu") == fjp.default_backend(logreg, "tpu") == "vmap_scan"
-    assert fjp.default_backend(lenet, "cpu") == "host_loop"
-    assert fjp.default_backend(logreg, "cpu") == "vmap_chunked"
+    assert fjp.engine.default_backend(lenet, "gpu") == fjp.engine.default_backend(logreg, "tpu") == "vmap_scan"
+    assert fjp.engine.default_backend(lenet, "cpu") == "host_loop"
+    assert fjp.engine.default_backend(logreg, "cpu") == "vmap_chunked"
 
 
 def test_vmap_chunked_chunks_hold_a_multiple_of_the_devices():

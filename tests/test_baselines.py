@@ -44,14 +44,14 @@ def _label_task(label_counts, seed=0, pool=60):
     train_y = np.repeat(np.arange(K), pool).astype(np.int32)
     test_y = np.repeat(np.arange(K), 20).astype(np.int32)
     train_x = (means[train_y] + rng.normal(size=(len(train_y), DIM))).astype(np.float32)
-    partition = fjp.partition_from_label_counts(
+    partition = fjp.data.partition_from_label_counts(
         train_y, test_y, np.asarray(label_counts), seed=seed, description="test task"
     )
     return train_x, train_y, partition
 
 
 def _data(train_x, train_y, partition):
-    return fjp.device_data(
+    return fjp.engine.device_data(
         train_x,
         train_y,
         partition.client_indices,
@@ -71,7 +71,7 @@ def _run(
 ):
     """Rounds of `algorithm`; returns (states after each round incl. the initial, metrics)."""
     num_clients = int(data.client_sizes.shape[0])
-    engine = fjp.round_engine(algorithm, model, training, backend=backend)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend=backend)
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(seed)), num_clients)
     states, metrics = [state], []
     for r in range(rounds):
@@ -147,7 +147,7 @@ def test_fedshift_with_identical_client_label_dists_equals_fedavg():
     assert not _tree_equal(ref[-1].params, ref[0].params)
     # Another P (per-run data in the state) shifts the logits, with the same compiled round:
     # the rounds above compiled everything these rounds run.
-    counter = fjp.CompilationCounter()
+    counter = fjp.engine.CompilationCounter()
     with counter.track():
         other, _ = _run(baselines.fedshift([0.6, 0.3, 0.1]), data, model, TRAINING, rounds=3)
     assert counter.compilations == 0
@@ -336,7 +336,7 @@ def test_oracle_clients_have_the_target_label_dist_and_their_sizes():
     for i, n in enumerate(partition.client_sizes):
         labels = train_y[oracle.client_example_indices(i)]
         hist = np.bincount(labels, minlength=K)
-        np.testing.assert_array_equal(hist, fjp.largest_remainder_counts(target, int(n)))
+        np.testing.assert_array_equal(hist, fjp.data.largest_remainder_counts(target, int(n)))
         assert np.max(np.abs(hist / n - target)) < 1.0 / n
         assert not set(oracle.client_example_indices(i)) & set(partition.target_val_indices)
     assert fjp.make_algorithm("oracle").client is fjp.fedavg().client
@@ -351,7 +351,7 @@ def test_fedpals_weights_with_partial_participation_match_fedpals_weights():
         "fedprox", partition=partition, lam=lam, prox_mu=0.01, weights="fedpals"
     )
     assert algorithm.name == "fedprox_fedpals"
-    chosen = lambda r: fjp.sample_participants(7, r, partition.num_clients, 3)
+    chosen = lambda r: fjp.training.sample_participants(7, r, partition.num_clients, 3)
     _, metrics = _run(algorithm, data, model, TRAINING, rounds=3, participants=chosen)
     dists, sizes = partition.client_label_dists, partition.client_sizes
     for r, m in enumerate(metrics):
@@ -361,13 +361,13 @@ def test_fedpals_weights_with_partial_participation_match_fedpals_weights():
 
 
 def test_sample_participants_is_reproducible_and_changes_with_the_round():
-    a = [fjp.sample_participants(3, r, 20, 5) for r in range(4)]
-    b = [fjp.sample_participants(3, r, 20, 5) for r in range(4)]
+    a = [fjp.training.sample_participants(3, r, 20, 5) for r in range(4)]
+    b = [fjp.training.sample_participants(3, r, 20, 5) for r in range(4)]
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
         assert len(np.unique(x)) == 5 and np.all(np.diff(x) > 0)
     assert len({tuple(x) for x in a}) > 1
-    assert tuple(fjp.sample_participants(4, 0, 20, 5)) != tuple(a[0])
+    assert tuple(fjp.training.sample_participants(4, 0, 20, 5)) != tuple(a[0])
 
 
 def test_make_algorithm_builds_stable_pieces_and_validates():
@@ -383,7 +383,7 @@ def test_make_algorithm_builds_stable_pieces_and_validates():
         assert first.weighting.weights is again.weighting.weights
         assert first.server_update is again.server_update
     model, training = fjp.logistic_regression((2,), 3), TRAINING
-    assert fjp.round_engine(baselines.scaffold(1.0), model, training) is fjp.round_engine(
+    assert fjp.engine.round_engine(baselines.scaffold(1.0), model, training) is fjp.engine.round_engine(
         fjp.make_algorithm("scaffold", server_lr=1.0), model, training
     )
     assert fjp.make_algorithm("fedrs", fedrs_alpha=0.5).client == baselines.fedrs_client(0.5)

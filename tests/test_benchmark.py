@@ -456,7 +456,7 @@ def test_run_benchmark_two_processes_equal_the_baseline():
 
 @pytest.mark.integration
 @pytest.mark.skipif(
-    not hasattr(fjp.RoundEngine, "run_rounds"), reason="the engine has no runs axis yet"
+    not hasattr(fjp.engine.RoundEngine, "run_rounds"), reason="the engine has no runs axis yet"
 )
 def test_run_benchmark_runs_axis_counts_every_run_and_run_zero_equals_the_baseline():
     cases = bench.benchmark_cases(["logistic_regression"], [2], ["auto"], runs=[3])

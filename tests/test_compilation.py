@@ -7,7 +7,7 @@ import fedjax_pals as fjp
 
 
 def test_a_new_program_counts_once_and_a_cached_call_not_at_all():
-    counter = fjp.CompilationCounter()
+    counter = fjp.engine.CompilationCounter()
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.2345)
     seven, eight = jnp.ones(7), jnp.ones(8)
     with counter.track():
@@ -22,7 +22,7 @@ def test_a_new_program_counts_once_and_a_cached_call_not_at_all():
 
 
 def test_only_work_inside_track_is_counted_and_nested_counters_both_count():
-    outer, inner = fjp.CompilationCounter(), fjp.CompilationCounter()
+    outer, inner = fjp.engine.CompilationCounter(), fjp.engine.CompilationCounter()
     three = jnp.ones(3)
     jax.jit(lambda x: x - 0.5)(three)
     assert outer.compilations == 0

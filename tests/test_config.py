@@ -334,7 +334,7 @@ def test_the_digest_is_the_runs_identity():
 def test_differences_name_the_keys():
     a = fjp.validate_config({})
     b = fjp.validate_config({"seed": 3, "training": {"rounds": 5}, "engine": {"chunk_size": 2}})
-    assert fjp.config_differences(a, b) == ["seed: 0 -> 3", "training.rounds: 20 -> 5"]
+    assert fjp.experiment.config.config_differences(a, b) == ["seed: 0 -> 3", "training.rounds: 20 -> 5"]
 
 
 def test_the_default_config_file_is_the_schema():

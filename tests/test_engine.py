@@ -42,7 +42,7 @@ def _reference_round(model, params, x, y, rows, sizes, weights, training, key):
     width = rows.shape[1]
     new_params, first_losses = [], []
     for client, n in enumerate(sizes):
-        positions, mask = fjp.client_schedule(
+        positions, mask = fjp.engine.client_schedule(
             jax.random.fold_in(key, client), jnp.int32(n), width, training
         )
         positions, mask = np.asarray(positions), np.asarray(mask)
@@ -75,15 +75,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("backend", fjp.BACKENDS)
+@pytest.mark.parametrize("backend", fjp.engine.BACKENDS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_backend_matches_the_per_client_reference_loop(case, backend):
     model, input_shape, sizes = CASES[case]
     x, y, rows, sizes, dists = _random_task(0, sizes, input_shape)
     training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=LR)
     algorithm = fjp.fedavg()
-    engine = fjp.round_engine(algorithm, model, training, backend=backend, chunk_size=3)
-    data = fjp.device_data(x, y, rows, sizes, dists)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend=backend, chunk_size=3)
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
     params = model.init(jax.random.PRNGKey(1))
     state = fjp.init_server_state(algorithm, params, len(sizes))
     key = jax.random.PRNGKey(7)
@@ -106,14 +106,14 @@ def test_padding_the_client_tables_changes_nothing(backend):
     model = fjp.logistic_regression((5,), 3)
     training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
     algorithm = fjp.fedavg()
-    engine = fjp.round_engine(algorithm, model, training, backend=backend)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend=backend)
     results = []
     for extra in (0, 9):
         x, y, rows, sizes, dists = _random_task(3, [6, 11], (5,), extra_padding=extra)
         state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 2)
         for r in range(2):
             state, _ = engine.run_round(
-                fjp.device_data(x, y, rows, sizes, dists),
+                fjp.engine.device_data(x, y, rows, sizes, dists),
                 state,
                 np.arange(2),
                 jax.random.PRNGKey(r),
@@ -122,18 +122,18 @@ def test_padding_the_client_tables_changes_nothing(backend):
     assert _max_diff(*results) == 0.0
 
 
-@pytest.mark.parametrize("backend", fjp.BACKENDS)
+@pytest.mark.parametrize("backend", fjp.engine.BACKENDS)
 def test_rounds_compile_once(backend):
     model = fjp.logistic_regression((5,), 3)
     # A learning rate no other test uses: the engine is keyed on the (static) local training,
     # so this test's first round compiles its own program.
     training = fjp.LocalTraining(local_epochs=1, batch_size=5, learning_rate=0.0517)
     algorithm = fjp.fedpals(np.array([0.2, 0.3, 0.5]), 0.5)
-    engine = fjp.round_engine(algorithm, model, training, backend=backend)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend=backend)
     x, y, rows, sizes, dists = _random_task(5, [4, 8, 6], (5,))
-    data = fjp.device_data(x, y, rows, sizes, dists)
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
-    first, later = fjp.CompilationCounter(), fjp.CompilationCounter()
+    first, later = fjp.engine.CompilationCounter(), fjp.engine.CompilationCounter()
     with first.track():
         state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
     assert first.compilations > 0  # the counter sees the round's compilation
@@ -148,8 +148,8 @@ def _final_params(algorithm, rounds):
     model = fjp.logistic_regression((5,), 3)
     training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
     x, y, rows, sizes, dists = _random_task(11, [9, 4, 14], (5,))
-    data = fjp.device_data(x, y, rows, sizes, dists)
-    engine = fjp.round_engine(algorithm, model, training, backend="vmap_scan")
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend="vmap_scan")
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
     for r in range(rounds):
         state, _ = engine.run_round(data, state, np.arange(3), jax.random.PRNGKey(r))
@@ -192,13 +192,13 @@ def _runs_task(num_runs):
     return model, x, y, tables, states, targets
 
 
-@pytest.mark.parametrize("backend", fjp.BACKENDS)
+@pytest.mark.parametrize("backend", fjp.engine.BACKENDS)
 def test_a_runs_axis_gives_each_run_its_solo_numbers_and_compiles_once(backend):
     model, x, y, tables, states, algorithms = _runs_task(8)
     training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
-    engine = fjp.round_engine(algorithms[0], model, training, backend=backend, chunk_size=3)
+    engine = fjp.engine.round_engine(algorithms[0], model, training, backend=backend, chunk_size=3)
     stack = lambda *trees: jax.tree_util.tree_map(lambda *l: jnp.stack(l), *trees)
-    data = fjp.device_data(x, y, *[np.stack(t) for t in zip(*tables)])
+    data = fjp.engine.device_data(x, y, *[np.stack(t) for t in zip(*tables)])
     participants = np.array([[0, 1, 3]] * 8)
     keys = jnp.stack([jax.random.PRNGKey(100 + r) for r in range(8)])
     batched, _ = engine.run_rounds(data, stack(*states), participants, keys)
@@ -206,11 +206,11 @@ def test_a_runs_axis_gives_each_run_its_solo_numbers_and_compiles_once(backend):
     batched, metrics = engine.run_rounds(data, batched, participants, keys)
     assert engine.compilations == compiled  # the second round of the sweep compiles nothing
     for r in range(8):
-        solo_engine = fjp.round_engine(
+        solo_engine = fjp.engine.round_engine(
             algorithms[r], model, training, backend=backend, chunk_size=3
         )
         assert solo_engine is engine  # runs differing only in the state share one engine
-        solo_data = fjp.device_data(x, y, *tables[r])
+        solo_data = fjp.engine.device_data(x, y, *tables[r])
         state = states[r]
         for _ in range(2):
             state, solo_metrics = engine.run_round(solo_data, state, participants[r], keys[r])

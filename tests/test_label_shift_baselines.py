@@ -30,7 +30,7 @@ def _tree_equal(a, b):
 
 def _synthetic():
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
-    data = fjp.device_data(
+    data = fjp.engine.device_data(
         dataset.train.x,
         dataset.train.y,
         partition.client_indices,
@@ -42,7 +42,7 @@ def _synthetic():
 
 def _run(algorithm, data, model, *, rounds, participants=None, seed=0):
     num_clients = int(data.client_sizes.shape[0])
-    engine = fjp.round_engine(algorithm, model, TRAINING, backend="vmap_scan")
+    engine = fjp.engine.round_engine(algorithm, model, TRAINING, backend="vmap_scan")
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(seed)), num_clients)
     states, metrics = [state], []
     for r in range(rounds):
@@ -94,11 +94,11 @@ def _problem(seed, m=6, k=5):
 def test_feddisco_weights_match_the_reference_formula(metric, seed):
     dists, sizes, global_dist = _problem(seed)
     a, b = 0.5, 0.1
-    got = fjp.feddisco_weights(dists, sizes, global_dist, a, b, metric)
+    got = fjp.label_shift_baselines.feddisco_weights(dists, sizes, global_dist, a, b, metric)
     ref = _ref_weights(dists, sizes, global_dist, a, b, metric)
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-7)
     np.testing.assert_allclose(
-        fjp.feddisco_discrepancy(dists, global_dist, metric),
+        fjp.label_shift_baselines.feddisco_discrepancy(dists, global_dist, metric),
         _ref_discrepancy(dists, global_dist, metric),
         rtol=2e-5,
         atol=2e-7,
@@ -113,27 +113,27 @@ def test_feddisco_limits():
     for metric in ("kl", "l2"):
         # a = b = 0: FedAvg.
         np.testing.assert_allclose(
-            fjp.feddisco_weights(dists, sizes, global_dist, 0.0, 0.0, metric), fedavg, rtol=1e-6
+            fjp.label_shift_baselines.feddisco_weights(dists, sizes, global_dist, 0.0, 0.0, metric), fedavg, rtol=1e-6
         )
         # S_k = G for every client: d = 0, weights (n/N + b) / (1 + m b): FedAvg iff b = 0.
         same = np.tile(global_dist, (len(sizes), 1))
         b = 0.1
         np.testing.assert_allclose(
-            fjp.feddisco_weights(same, sizes, global_dist, 5.0, b, metric),
+            fjp.label_shift_baselines.feddisco_weights(same, sizes, global_dist, 5.0, b, metric),
             (fedavg + b) / (1 + len(sizes) * b),
             rtol=1e-6,
         )
         np.testing.assert_allclose(
-            fjp.feddisco_weights(same, sizes, global_dist, 5.0, 0.0, metric), fedavg, rtol=1e-6
+            fjp.label_shift_baselines.feddisco_weights(same, sizes, global_dist, 5.0, 0.0, metric), fedavg, rtol=1e-6
         )
         # Identical client distributions and sizes: uniform for any a, b.
-        equal = fjp.feddisco_weights(
+        equal = fjp.label_shift_baselines.feddisco_weights(
             np.tile(dists[0], (4, 1)), np.full(4, 7.0), global_dist, 0.7, 0.2, metric
         )
         np.testing.assert_allclose(equal, np.full(4, 0.25), rtol=1e-6)
         # b -> infinity: uniform.
         np.testing.assert_allclose(
-            fjp.feddisco_weights(dists, sizes, global_dist, 0.5, 1e6, metric),
+            fjp.label_shift_baselines.feddisco_weights(dists, sizes, global_dist, 0.5, 1e6, metric),
             np.full(len(sizes), 1 / len(sizes)),
             rtol=1e-5,
         )
@@ -145,12 +145,12 @@ def test_feddisco_relu_clips_far_clients_and_falls_back_to_fedavg():
     sizes = np.array([100.0, 100.0, 100.0])
     a, b = 1.0, 0.05
     # l2 discrepancies [0, 0.2, 0.866]: raw = 1/3 - d + 0.05, the far client's is < 0.
-    got = np.asarray(fjp.feddisco_weights(dists, sizes, global_dist, a, b, "l2"))
+    got = np.asarray(fjp.label_shift_baselines.feddisco_weights(dists, sizes, global_dist, a, b, "l2"))
     ref = _ref_weights(dists, sizes, global_dist, a, b, "l2")
     assert got[2] == 0.0 and ref[2] == 0.0
     np.testing.assert_allclose(got, ref, rtol=1e-6)
     # Every ReLU at 0 (b very negative): FedAvg instead of 0 / 0.
-    fallback = fjp.feddisco_weights(dists, [1.0, 2.0, 5.0], global_dist, a, -10.0, "l2")
+    fallback = fjp.label_shift_baselines.feddisco_weights(dists, [1.0, 2.0, 5.0], global_dist, a, -10.0, "l2")
     np.testing.assert_allclose(fallback, np.array([1.0, 2.0, 5.0]) / 8.0, rtol=1e-6)
 
 
@@ -158,7 +158,7 @@ def test_feddisco_kl_off_the_targets_support_is_the_limit_of_smoothed_targets():
     # T puts no mass on class 2 (as sparsity targets do); clients 1 and 2 hold it.
     global_dist = np.array([0.6, 0.4, 0.0])
     dists = np.array([[0.5, 0.5, 0.0], [0.4, 0.4, 0.2], [0.1, 0.3, 0.6]])
-    got = np.asarray(fjp.feddisco_discrepancy(dists, global_dist, "kl"), np.float64)
+    got = np.asarray(fjp.label_shift_baselines.feddisco_discrepancy(dists, global_dist, "kl"), np.float64)
     np.testing.assert_allclose(got, [0.0, 0.2 / 0.8, 0.6 / 0.8], rtol=1e-6)
     # Float64 reference: the normalised KL against G_eps = (1 - eps) G + eps / K converges to
     # it as eps -> 0+, with an error O(1 / log(1 / eps)).
@@ -168,7 +168,7 @@ def test_feddisco_kl_off_the_targets_support_is_the_limit_of_smoothed_targets():
         errors.append(np.max(np.abs(_ref_discrepancy(dists, smoothed, "kl") - got)))
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 5.0 / np.log(1e300)
-    weights = np.asarray(fjp.feddisco_weights(dists, [10.0, 10.0, 10.0], global_dist))
+    weights = np.asarray(fjp.label_shift_baselines.feddisco_weights(dists, [10.0, 10.0, 10.0], global_dist))
     assert np.all(np.isfinite(weights)) and weights.sum() == pytest.approx(1.0, abs=1e-6)
     assert weights[0] > weights[1] > weights[2]
 
@@ -190,23 +190,23 @@ def test_feddisco_trains_as_fedavg_at_zero_and_keeps_its_data_in_the_state():
     assert not _tree_close(full[-1].params, ref[1].params, atol=1e-5)
     # Another G, a, b: per-run data in the state, the same compiled round (the runs above
     # compiled everything this round runs).
-    counter = fjp.CompilationCounter()
+    counter = fjp.engine.CompilationCounter()
     with counter.track():
         _run(fjp.feddisco([0.2, 0.4, 0.4], 1.0, 0.0, "l2"), data, model, rounds=1)
     assert counter.compilations == 0
-    assert fjp.feddisco_weighting(target).weights is fjp.feddisco_weighting([1, 0, 0]).weights
+    assert fjp.label_shift_baselines.feddisco_weighting(target).weights is fjp.label_shift_baselines.feddisco_weighting([1, 0, 0]).weights
 
 
 def test_feddisco_validates_its_arguments():
     with pytest.raises(ValueError, match="a must be >= 0"):
-        fjp.feddisco_weighting([0.5, 0.5], a=-1.0)
+        fjp.label_shift_baselines.feddisco_weighting([0.5, 0.5], a=-1.0)
     with pytest.raises(ValueError, match="b must be finite"):
-        fjp.feddisco_weighting([0.5, 0.5], b=float("nan"))
+        fjp.label_shift_baselines.feddisco_weighting([0.5, 0.5], b=float("nan"))
     with pytest.raises(ValueError, match="unknown FedDisco discrepancy metric"):
-        fjp.feddisco_weighting([0.5, 0.5], metric="cosine")
+        fjp.label_shift_baselines.feddisco_weighting([0.5, 0.5], metric="cosine")
     with pytest.raises(ValueError, match="must sum to 1"):
-        fjp.feddisco_weighting([0.5, 0.6])
-    bare = baselines.combine(fjp.plain_sgd(), fjp.feddisco_weighting([0.5, 0.5]))
+        fjp.label_shift_baselines.feddisco_weighting([0.5, 0.6])
+    bare = baselines.combine(fjp.algorithms.plain_sgd(), fjp.label_shift_baselines.feddisco_weighting([0.5, 0.5]))
     state = fjp.init_server_state(bare, {"w": jnp.zeros(1)}, 2)._replace(weighting_state=())
     with pytest.raises(ValueError, match="global_label_dist"):
         bare.weighting.weights(jnp.ones((2, 2)) / 2, jnp.ones(2), state, jnp.arange(2))
@@ -229,7 +229,7 @@ def test_fedlc_calibrates_the_logits_by_the_clients_label_counts():
     n = counts.sum()
     tau = 0.7
     info = fjp.ClientInfo(jnp.asarray(counts / n, jnp.float32), jnp.int32(n), ())
-    got = fjp.fedlc_client(tau).adjust_logits(jnp.asarray(logits), info, None)
+    got = fjp.label_shift_baselines.fedlc_client(tau).adjust_logits(jnp.asarray(logits), info, None)
     # tau * n^(-1/4): 16 -> tau/2, 1 -> tau, 0 -> 100 tau (the 1e-8 floor), 81 -> tau/3.
     shifts = tau * np.array([0.5, 1.0, 100.0, 1.0 / 3.0])
     np.testing.assert_allclose(got, logits - shifts, rtol=1e-5, atol=1e-5)
@@ -242,7 +242,7 @@ def test_fedlc_calibrates_the_logits_by_the_clients_label_counts():
     flat = _ref_calibrated_loss(np.zeros((2, 4)), counts, np.array([1, 3]), tau)
     assert flat[0] > flat[1]
     np.testing.assert_array_equal(
-        fjp.fedlc_calibrated_logits(logits, counts, 0.0), logits
+        fjp.label_shift_baselines.fedlc_calibrated_logits(logits, counts, 0.0), logits
     )  # tau = 0: untouched
 
 
@@ -256,23 +256,23 @@ def test_fedlc_with_tau_zero_equals_fedavg_and_composes_with_server_weightings()
     # FedLC's client with FedPALS' or FedDisco's weights.
     target = partition.target_label_dist
     pals = fjp.fedlc(1.0, fjp.fedpals_weighting(target, 0.0))
-    assert pals.name == "fedlc+fedpals" and pals.client is fjp.fedlc_client(1.0)
+    assert pals.name == "fedlc+fedpals" and pals.client is fjp.label_shift_baselines.fedlc_client(1.0)
     _, metrics = _run(pals, data, model, rounds=1)
     np.testing.assert_allclose(
         metrics[0]["weights"],
         fjp.fedpals_weights(partition.client_label_dists, target, partition.client_sizes, 0.0),
         atol=1e-6,
     )
-    disco = baselines.combine(fjp.fedlc_client(1.0), fjp.feddisco_weighting(target, 1.0, 0.0))
+    disco = baselines.combine(fjp.label_shift_baselines.fedlc_client(1.0), fjp.label_shift_baselines.feddisco_weighting(target, 1.0, 0.0))
     _, metrics = _run(disco, data, model, rounds=1)
     np.testing.assert_allclose(
         metrics[0]["weights"],
         _ref_weights(partition.client_label_dists, partition.client_sizes, target, 1.0, 0.0, "kl"),
         rtol=1e-5,
     )
-    assert fjp.feddisco(target, client_method=fjp.fedlc_client(1.0)).name == "fedlc(tau=1)+feddisco"
+    assert fjp.feddisco(target, client_method=fjp.label_shift_baselines.fedlc_client(1.0)).name == "fedlc(tau=1)+feddisco"
     with pytest.raises(ValueError, match="tau must be >= 0"):
-        fjp.fedlc_client(-0.1)
+        fjp.label_shift_baselines.fedlc_client(-0.1)
 
 
 # -- registry and config ------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def test_make_algorithm_builds_feddisco_and_fedlc():
     lc = fjp.make_algorithm(
         "fedlc", fedlc_tau=0.5, weights="fedpals", partition=partition, lam=0.0
     )
-    assert lc.name == "fedlc_fedpals" and lc.client is fjp.fedlc_client(0.5)
+    assert lc.name == "fedlc_fedpals" and lc.client is fjp.label_shift_baselines.fedlc_client(0.5)
     for kwargs in (
         dict(name="feddisco"),
         dict(name="feddisco", partition=partition, weights="fedpals", lam=0.0),

@@ -96,9 +96,9 @@ fjp.configure_runtime(cpu_devices=2)
 x = _host.aligned_empty((50, 4), np.float32)
 x[...] = np.arange(200, dtype=np.float32).reshape(50, 4)
 split = fjp.data.LabeledSplit(x, np.arange(50) % 3)  # read-only views, as the loaders return
-data = fjp.device_data(split.x, split.y, np.zeros((3, 2), np.int32), np.full(3, 2),
+data = fjp.engine.device_data(split.x, split.y, np.zeros((3, 2), np.int32), np.full(3, 2),
                        np.full((3, 3), 1 / 3, np.float32))
-engine = fjp.round_engine(fjp.fedavg(), fjp.logistic_regression((4,), 3),
+engine = fjp.engine.round_engine(fjp.fedavg(), fjp.logistic_regression((4,), 3),
                           fjp.LocalTraining(local_epochs=1, batch_size=2, learning_rate=0.1))
 placed = engine.place_data(data)
 host = split.x.ctypes.data
@@ -110,7 +110,7 @@ print(json.dumps({
     "shards_alias_host": [s.data.unsafe_buffer_pointer() == host
                           for s in placed.train_x.addressable_shards],
     "values_equal": bool(np.array_equal(np.asarray(placed.train_x.addressable_data(1)), x)),
-    "writeable_copied": fjp.device_data(w, np.zeros(4, np.int32), np.zeros((1, 4), np.int32),
+    "writeable_copied": fjp.engine.device_data(w, np.zeros(4, np.int32), np.zeros((1, 4), np.int32),
         np.full(1, 4), np.ones((1, 3), np.float32)).train_x.unsafe_buffer_pointer()
         != w.ctypes.data,
 }))

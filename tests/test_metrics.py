@@ -25,12 +25,12 @@ def test_confusion_accuracy_and_macro_f1_match_numpy(seed):
     num_classes = 6
     labels = rng.choice([0, 2, 3, 5], size=300)  # classes 1 and 4 never occur
     predictions = np.where(rng.random(300) < 0.6, labels, rng.integers(0, 5, 300))
-    confusion = np.asarray(fjp.confusion_matrix(labels, predictions, num_classes))
+    confusion = np.asarray(fjp.metrics.confusion_matrix(labels, predictions, num_classes))
     expected = np.zeros((num_classes, num_classes), int)
     np.add.at(expected, (labels, predictions), 1)
     np.testing.assert_array_equal(confusion, expected)
-    assert fjp.accuracy_from_confusion(confusion) == pytest.approx(np.mean(labels == predictions))
-    assert fjp.macro_f1_from_confusion(confusion) == pytest.approx(
+    assert fjp.metrics.accuracy_from_confusion(confusion) == pytest.approx(np.mean(labels == predictions))
+    assert fjp.metrics.macro_f1_from_confusion(confusion) == pytest.approx(
         _reference_macro_f1(labels, predictions, num_classes)
     )
 
@@ -39,8 +39,8 @@ def test_masked_entries_are_ignored():
     labels = np.array([0, 1, 1, 2])
     predictions = np.array([0, 1, 0, 0])
     mask = np.array([True, True, False, False])
-    confusion = np.asarray(fjp.confusion_matrix(labels, predictions, 3, mask))
-    assert confusion.sum() == 2 and fjp.accuracy_from_confusion(confusion) == 1.0
+    confusion = np.asarray(fjp.metrics.confusion_matrix(labels, predictions, 3, mask))
+    assert confusion.sum() == 2 and fjp.metrics.accuracy_from_confusion(confusion) == 1.0
 
 
 @pytest.mark.parametrize("num_examples, batch_size", [(37, 8), (5, 1024), (64, 16)])
@@ -50,7 +50,7 @@ def test_evaluator_equals_a_direct_computation(num_examples, batch_size):
     params = model.init(jax.random.PRNGKey(0))
     x = rng.normal(size=(num_examples, 4)).astype(np.float32)
     y = rng.integers(0, 3, num_examples).astype(np.int32)
-    metrics = fjp.make_evaluator(model.apply, x, y, 3, batch_size=batch_size)(params)
+    metrics = fjp.metrics.make_evaluator(model.apply, x, y, 3, batch_size=batch_size)(params)
     logits = np.asarray(model.apply(params, x), np.float64)
     predictions = logits.argmax(1)
     log_probs = logits - np.log(np.exp(logits).sum(1, keepdims=True))
@@ -62,4 +62,4 @@ def test_evaluator_equals_a_direct_computation(num_examples, batch_size):
 def test_evaluator_rejects_an_empty_set():
     model = fjp.logistic_regression((4,), 3)
     with pytest.raises(ValueError, match="empty"):
-        fjp.make_evaluator(model.apply, np.zeros((0, 4), np.float32), np.zeros(0, np.int32), 3)
+        fjp.metrics.make_evaluator(model.apply, np.zeros((0, 4), np.float32), np.zeros(0, np.int32), 3)

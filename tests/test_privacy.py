@@ -22,11 +22,11 @@ def test_sensitivities_and_the_laplace_scale():
     assert privacy.count_sensitivity("add_remove", 1) == 1.0
     assert privacy.count_sensitivity("add_remove", 2) == 1.0
     # b = Delta_1 / epsilon.
-    assert fjp.noise_scale(0.5, "laplace") == pytest.approx(4.0)
-    assert fjp.noise_scale(0.5, "laplace", neighbouring="add_remove") == pytest.approx(2.0)
-    assert fjp.noise_scale(float("inf"), "laplace") == 0.0
-    assert fjp.noise_scale(2.0, "gaussian", delta=1e-5) == pytest.approx(
-        fjp.gaussian_sigma(2.0, 1e-5, math.sqrt(2.0))
+    assert fjp.privacy.noise_scale(0.5, "laplace") == pytest.approx(4.0)
+    assert fjp.privacy.noise_scale(0.5, "laplace", neighbouring="add_remove") == pytest.approx(2.0)
+    assert fjp.privacy.noise_scale(float("inf"), "laplace") == 0.0
+    assert fjp.privacy.noise_scale(2.0, "gaussian", delta=1e-5) == pytest.approx(
+        fjp.privacy.gaussian_sigma(2.0, 1e-5, math.sqrt(2.0))
     )
 
 
@@ -41,18 +41,18 @@ def _gaussian_delta(sigma, epsilon, sensitivity):
 @pytest.mark.parametrize("delta", [1e-5, 1e-3])
 @pytest.mark.parametrize("sensitivity", [1.0, math.sqrt(2.0)])
 def test_the_analytic_gaussian_sigma_is_the_smallest_private_one(epsilon, delta, sensitivity):
-    sigma = fjp.gaussian_sigma(epsilon, delta, sensitivity)
+    sigma = fjp.privacy.gaussian_sigma(epsilon, delta, sensitivity)
     assert _gaussian_delta(sigma, epsilon, sensitivity) <= delta * (1 + 1e-9)
     assert _gaussian_delta(sigma * (1 - 1e-6), epsilon, sensitivity) > delta
     if epsilon < 1:
-        classic = fjp.gaussian_sigma(epsilon, delta, sensitivity, "classic")
+        classic = fjp.privacy.gaussian_sigma(epsilon, delta, sensitivity, "classic")
         assert classic == pytest.approx(
             sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
         )
         assert sigma <= classic
     else:
         with pytest.raises(ValueError, match="epsilon < 1 only"):
-            fjp.gaussian_sigma(epsilon, delta, sensitivity, "classic")
+            fjp.privacy.gaussian_sigma(epsilon, delta, sensitivity, "classic")
 
 
 # -- the noise -----------------------------------------------------------------------------------
@@ -82,17 +82,17 @@ def test_the_noise_has_the_mechanisms_distribution_and_scale(
     mechanism, epsilon, delta, neighbouring
 ):
     counts = np.full(SHAPE, 1000.0)
-    noisy = fjp.noisy_label_counts(
+    noisy = fjp.privacy.noisy_label_counts(
         counts, epsilon, mechanism, jax.random.PRNGKey(7), delta=delta, neighbouring=neighbouring
     )
     noise = (noisy - counts).ravel()
-    scale = fjp.noise_scale(epsilon, mechanism, delta=delta, neighbouring=neighbouring)
+    scale = fjp.privacy.noise_scale(epsilon, mechanism, delta=delta, neighbouring=neighbouring)
     if mechanism == "laplace":
         assert scale == privacy.count_sensitivity(neighbouring, 1) / epsilon
         variance, mu4, kurtosis, kurtosis_se = 2 * scale**2, 24 * scale**4, 6.0, 0.11
     else:
         sensitivity = privacy.count_sensitivity(neighbouring, 2)
-        assert scale == fjp.gaussian_sigma(epsilon, delta, sensitivity)
+        assert scale == fjp.privacy.gaussian_sigma(epsilon, delta, sensitivity)
         variance, mu4, kurtosis, kurtosis_se = scale**2, 3 * scale**4, 3.0, 0.022
     assert abs(noise.mean()) <= 6 * math.sqrt(variance / N_DRAWS)
     assert abs(noise.var() - variance) <= 6 * math.sqrt((mu4 - variance**2) / N_DRAWS)
@@ -102,12 +102,12 @@ def test_the_noise_has_the_mechanisms_distribution_and_scale(
 
 def test_the_release_is_reproducible_from_its_key():
     counts = np.array([[30, 0, 10], [1, 1, 1]])
-    first = fjp.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(3))
-    again = fjp.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(3))
-    other = fjp.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(4))
+    first = fjp.privacy.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(3))
+    again = fjp.privacy.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(3))
+    other = fjp.privacy.private_label_dists(counts, 1.0, "laplace", jax.random.PRNGKey(4))
     np.testing.assert_array_equal(first, again)
     assert not np.allclose(first, other)
-    np.testing.assert_array_equal(fjp.private_label_dists(counts, 1.0, "laplace", 3), first)
+    np.testing.assert_array_equal(fjp.privacy.private_label_dists(counts, 1.0, "laplace", 3), first)
 
 
 # -- post-processing onto the simplex ------------------------------------------------------------
@@ -141,26 +141,26 @@ def _bisection_projection(v):
 def test_projection_onto_the_simplex_refuses_what_has_no_projection(values, message):
     # Before: NaN in, NaN out; an empty input raised numpy's reshape error.
     with pytest.raises(ValueError, match=message):
-        fjp.project_to_simplex(values)
+        fjp.privacy.project_to_simplex(values)
 
 
 def test_projection_onto_the_simplex_matches_an_independent_reference():
     rng = np.random.default_rng(0)
     values = rng.normal(scale=2.0, size=(50, 7))
-    got = fjp.project_to_simplex(values)
+    got = fjp.privacy.project_to_simplex(values)
     ref = np.stack([_bisection_projection(v) for v in values])
     np.testing.assert_allclose(got, ref, atol=1e-12)
     # The release with projection is exactly the projection of c~ / n_i (same key, same c~).
     counts = rng.integers(0, 30, size=(5, 7))
     counts[:, 0] += 1
     key = jax.random.PRNGKey(1)
-    noisy = fjp.noisy_label_counts(counts, 0.5, "gaussian", key, delta=1e-5)
-    released = fjp.private_label_dists(counts, 0.5, "gaussian", key, delta=1e-5)
+    noisy = fjp.privacy.noisy_label_counts(counts, 0.5, "gaussian", key, delta=1e-5)
+    released = fjp.privacy.private_label_dists(counts, 0.5, "gaussian", key, delta=1e-5)
     sizes = counts.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(
         released, np.stack([_bisection_projection(v) for v in noisy / sizes]), atol=1e-12
     )
-    clipped = fjp.private_label_dists(counts, 0.5, "gaussian", key, delta=1e-5, postprocess="clip")
+    clipped = fjp.privacy.private_label_dists(counts, 0.5, "gaussian", key, delta=1e-5, postprocess="clip")
     kept = np.maximum(noisy, 0)
     np.testing.assert_allclose(clipped, kept / kept.sum(axis=1, keepdims=True), atol=1e-12)
 
@@ -172,7 +172,7 @@ def test_the_release_is_on_the_simplex(mechanism, delta, postprocess, neighbouri
     counts = np.array([[5, 0, 0, 1], [100, 200, 0, 0], [1, 1, 1, 1]])
     for seed in range(20):
         for epsilon in (0.01, 1.0):
-            got = fjp.private_label_dists(
+            got = fjp.privacy.private_label_dists(
                 counts,
                 epsilon,
                 mechanism,
@@ -183,7 +183,7 @@ def test_the_release_is_on_the_simplex(mechanism, delta, postprocess, neighbouri
             )
             assert got.shape == counts.shape and np.all(got >= 0)
             np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
-    target = fjp.private_label_dists([3, 0, 7], 1.0, mechanism, 0, delta=delta)  # one (K,) T
+    target = fjp.privacy.private_label_dists([3, 0, 7], 1.0, mechanism, 0, delta=delta)  # one (K,) T
     assert target.shape == (3,) and target.sum() == pytest.approx(1.0)
 
 
@@ -192,12 +192,12 @@ def test_epsilon_infinity_releases_the_exact_marginals_and_noise_shrinks_with_ep
     exact = counts / counts.sum(axis=1, keepdims=True)
     for mechanism, delta in (("laplace", None), ("gaussian", 1e-5)):
         for postprocess in ("projection", "clip"):
-            got = fjp.private_label_dists(
+            got = fjp.privacy.private_label_dists(
                 counts, float("inf"), mechanism, 0, delta=delta, postprocess=postprocess
             )
             np.testing.assert_array_equal(got, exact)
         errors = [
-            np.abs(fjp.private_label_dists(counts, eps, mechanism, 0, delta=delta) - exact).max()
+            np.abs(fjp.privacy.private_label_dists(counts, eps, mechanism, 0, delta=delta) - exact).max()
             for eps in (0.1, 10.0, 1e6)
         ]
         assert errors[0] > errors[1] > errors[2] and errors[2] < 1e-3
@@ -217,13 +217,13 @@ def test_the_privacy_arguments_are_validated():
     ]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
-            fjp.private_label_dists(counts, key=0, **kwargs)
+            fjp.privacy.private_label_dists(counts, key=0, **kwargs)
     with pytest.raises(ValueError, match="at least one example"):
-        fjp.private_label_dists([[0, 0], [1, 1]], 1.0, key=0)
+        fjp.privacy.private_label_dists([[0, 0], [1, 1]], 1.0, key=0)
     with pytest.raises(ValueError, match="finite and >= 0"):
-        fjp.private_label_dists([[-1, 2]], 1.0, key=0)
+        fjp.privacy.private_label_dists([[-1, 2]], 1.0, key=0)
     with pytest.raises(ValueError, match="PRNG key"):
-        fjp.private_label_dists(counts, 1.0)
+        fjp.privacy.private_label_dists(counts, 1.0)
 
 
 # -- the server's weights on the release --------------------------------------------------------
@@ -231,7 +231,7 @@ def test_the_privacy_arguments_are_validated():
 
 def _synthetic():
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
-    data = fjp.device_data(
+    data = fjp.engine.device_data(
         dataset.train.x,
         dataset.train.y,
         partition.client_indices,
@@ -242,7 +242,7 @@ def _synthetic():
 
 
 def _one_round(algorithm, data, model):
-    engine = fjp.round_engine(algorithm, model, fjp.LocalTraining(1, 8, 0.1), backend="vmap_scan")
+    engine = fjp.engine.round_engine(algorithm, model, fjp.LocalTraining(1, 8, 0.1), backend="vmap_scan")
     state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 2)
     return engine.run_round(data, state, jnp.arange(2, dtype=jnp.int32), jax.random.PRNGKey(1))
 
@@ -253,7 +253,7 @@ def test_weights_read_the_servers_copy_and_training_the_exact_counts():
     pals = fjp.fedpals(target, 0.0)
     # The exact S as the server's copy: the same run as FedPALS.
     same = pals._replace(
-        weighting=fjp.with_server_label_dists(pals.weighting, partition.client_label_dists)
+        weighting=fjp.privacy.with_server_label_dists(pals.weighting, partition.client_label_dists)
     )
     ref_state, ref_metrics = _one_round(pals, data, model)
     got_state, got_metrics = _one_round(same, data, model)
@@ -266,7 +266,7 @@ def test_weights_read_the_servers_copy_and_training_the_exact_counts():
     # exact counts through ClientInfo) is untouched.
     seen = np.array([[0.9, 0.1, 0.0], [0.2, 0.0, 0.8]])
     lc = fjp.fedlc(1.0, fjp.fedpals_weighting(target, 0.0))
-    private = lc._replace(weighting=fjp.with_server_label_dists(lc.weighting, seen))
+    private = lc._replace(weighting=fjp.privacy.with_server_label_dists(lc.weighting, seen))
     _, metrics = _one_round(private, data, model)
     expected = fjp.fedpals_weights(seen, target, sizes, 0.0)
     np.testing.assert_allclose(metrics["weights"], expected, atol=1e-6)
@@ -275,13 +275,13 @@ def test_weights_read_the_servers_copy_and_training_the_exact_counts():
     np.testing.assert_allclose(metrics["train_loss"], lc_metrics["train_loss"], rtol=1e-6)
     # FedDisco's weighting (the other reader of S) wrapped alike.
     disco = fjp.feddisco(target, 0.5, 0.05, "l2")
-    wrapped = disco._replace(weighting=fjp.with_server_label_dists(disco.weighting, seen))
+    wrapped = disco._replace(weighting=fjp.privacy.with_server_label_dists(disco.weighting, seen))
     _, metrics = _one_round(wrapped, data, model)
     np.testing.assert_allclose(
-        metrics["weights"], fjp.feddisco_weights(seen, sizes, target, 0.5, 0.05, "l2"), atol=1e-6
+        metrics["weights"], fjp.label_shift_baselines.feddisco_weights(seen, sizes, target, 0.5, 0.05, "l2"), atol=1e-6
     )
     with pytest.raises(ValueError, match="must sum to 1"):
-        fjp.with_server_label_dists(pals.weighting, [[0.5, 0.6, 0.0], [1.0, 0.0, 0.0]])
+        fjp.privacy.with_server_label_dists(pals.weighting, [[0.5, 0.6, 0.0], [1.0, 0.0, 0.0]])
 
 
 def _synthetic_config(**algorithm):

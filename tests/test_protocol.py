@@ -199,7 +199,7 @@ def test_bad_inputs_are_refused():
 def test_a_table1_row_is_sparsity_or_dirichlet_and_carries_the_papers_numbers():
     config = fjp.table1_config("fashion_mnist", labels_per_client=2)
     assert config.sweep.row == "Fashion-MNIST C=2" and config.partition.scheme == "sparsity"
-    assert config.sweep.paper.to_dict() == dict(fjp.PAPER_TABLE_1["Fashion-MNIST C=2"])
+    assert config.sweep.paper.to_dict() == dict(fjp.experiment.protocol.PAPER_TABLE_1["Fashion-MNIST C=2"])
     assert fjp.table1_config("cifar10", dirichlet_beta=0.1).sweep.row == "CIFAR-10 beta=0.1"
     with pytest.raises(ValueError, match="give labels_per_client .* or dirichlet_beta, not both"):
         fjp.table1_config("cifar10", labels_per_client=3, dirichlet_beta=0.1)

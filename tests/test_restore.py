@@ -28,7 +28,7 @@ def _config(rounds, learning_rate=0.5, eval_every=1):
 
 def _target_accuracy(run):
     partition = run.task.partition
-    evaluate = fjp.make_evaluator(
+    evaluate = fjp.metrics.make_evaluator(
         run.model.apply,
         run.task.dataset.test.x[partition.target_test_indices],
         run.task.dataset.test.y[partition.target_test_indices],
@@ -64,7 +64,7 @@ def test_the_checkpointer_keeps_the_best_validation_round_besides_the_last_two(t
         weighting_state=(),
         round=np.int32(0),
     )
-    checkpointer = fjp.Checkpointer(tmp_path / "ck")
+    checkpointer = fjp.experiment.checkpoints.Checkpointer(tmp_path / "ck")
     kept = []
     for step, val in [(1, 0.5), (2, 0.9), (3, 0.7), (4, 0.9), (5, 0.6), (6, 0.8)]:
         history = fjp.TrainingHistory(
@@ -87,7 +87,7 @@ def test_restore_run_returns_the_best_and_the_last_model_after_20_rounds(long_ru
     best_round = results["best_val_round"]
     # The best round is early: without the best-checkpoint policy it would be deleted.
     assert best_round < 19
-    assert fjp.Checkpointer(workdir / "checkpoints").steps() == [best_round, 19, 20]
+    assert fjp.experiment.checkpoints.Checkpointer(workdir / "checkpoints").steps() == [best_round, 19, 20]
 
     best = fjp.restore_run(workdir, which="best")
     assert isinstance(best, fjp.RestoredRun)
@@ -132,7 +132,7 @@ def test_a_finished_run_extended_to_5_rounds_equals_a_5_round_run(tmp_path, eval
         fjp.restore_run(extended, "last").state, fjp.restore_run(one_go, "last").state
     )
     # The identity records the budget reached.
-    identity = fjp.Checkpointer(os.path.join(extended, "checkpoints")).read_identity()
+    identity = fjp.experiment.checkpoints.Checkpointer(os.path.join(extended, "checkpoints")).read_identity()
     assert identity["config"]["training"]["rounds"] == 5
     assert identity["config_digest"] == fjp.config_digest(_config(5, 0.05, eval_every))
     # A smaller budget is still another run.
@@ -178,13 +178,13 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_older_intact_one(long_run,
     for key in expected:
         if key != "wall_seconds":
             assert resumed[key] == expected[key], key
-    assert fjp.Checkpointer(copy / "checkpoints").steps() == [expected["best_val_round"], 19, 20]
+    assert fjp.experiment.checkpoints.Checkpointer(copy / "checkpoints").steps() == [expected["best_val_round"], 19, 20]
 
 
 def test_when_every_checkpoint_is_damaged_the_error_remains(long_run, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(long_run[0], copy)
-    for step in fjp.Checkpointer(copy / "checkpoints").steps():
+    for step in fjp.experiment.checkpoints.Checkpointer(copy / "checkpoints").steps():
         _truncate(str(copy / "checkpoints" / str(step)))
     with pytest.raises(fjp.CheckpointError, match=r"checkpoints/20: it is truncated"):
         fjp.train_and_evaluate(_config(20), str(copy), quiet=True)

@@ -139,8 +139,8 @@ TARGET = np.array([0.8, 0.1, 0.1])
 
 
 def _engine_rounds(algorithm, rounds, backend="vmap_scan"):
-    data = fjp.device_data(*_task())
-    engine = fjp.round_engine(algorithm, MODEL, TRAINING, backend=backend)
+    data = fjp.engine.device_data(*_task())
+    engine = fjp.engine.round_engine(algorithm, MODEL, TRAINING, backend=backend)
     state = fjp.init_server_state(algorithm, MODEL.init(jax.random.PRNGKey(0)), 3)
     metrics = None
     for r in range(rounds):
@@ -196,15 +196,15 @@ def test_the_runs_axis_keeps_each_runs_optimizer_state(backend):
     states = [
         fjp.init_server_state(a, MODEL.init(jax.random.PRNGKey(r)), 3) for r, a in enumerate(algorithms)
     ]
-    engine = fjp.round_engine(algorithms[0], MODEL, TRAINING, backend=backend)
-    assert all(fjp.round_engine(a, MODEL, TRAINING, backend=backend) is engine for a in algorithms)
+    engine = fjp.engine.round_engine(algorithms[0], MODEL, TRAINING, backend=backend)
+    assert all(fjp.engine.round_engine(a, MODEL, TRAINING, backend=backend) is engine for a in algorithms)
     stacked = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *states)
-    data = fjp.device_data(x, y, *(np.stack([t] * 3) for t in (rows, sizes, dists)))
+    data = fjp.engine.device_data(x, y, *(np.stack([t] * 3) for t in (rows, sizes, dists)))
     participants = np.stack([np.arange(3)] * 3)
     keys = jnp.stack([jax.random.PRNGKey(50 + r) for r in range(3)])
     for _ in range(2):
         stacked, _ = engine.run_rounds(data, stacked, participants, keys)
-    solo_data = fjp.device_data(x, y, rows, sizes, dists)
+    solo_data = fjp.engine.device_data(x, y, rows, sizes, dists)
     for r, state in enumerate(states):
         for _ in range(2):
             state, _ = engine.run_round(solo_data, state, participants[r], keys[r])

@@ -24,29 +24,29 @@ def _uncached_prox(mu):
 def test_functions_built_twice_by_an_uncached_builder_have_equal_keys():
     a, b = _uncached_prox(0.1), _uncached_prox(0.1)
     assert a.regularizer is not b.regularizer
-    assert fjp.structure_key(a) == fjp.structure_key(b)
+    assert fjp.engine.structure_key(a) == fjp.engine.structure_key(b)
 
 
 @pytest.mark.parametrize("other", [0.2, np.float32(0.1) + 1e-3])
 def test_another_closed_over_value_gives_another_key(other):
-    assert fjp.structure_key(_uncached_prox(0.1)) != fjp.structure_key(_uncached_prox(other))
+    assert fjp.engine.structure_key(_uncached_prox(0.1)) != fjp.engine.structure_key(_uncached_prox(other))
 
 
 def test_closed_over_arrays_enter_the_key_by_value():
     def make(table):
         return lambda x: x * table
 
-    assert fjp.structure_key(make(np.arange(3.0))) == fjp.structure_key(make(np.arange(3.0)))
-    assert fjp.structure_key(make(np.arange(3.0))) != fjp.structure_key(make(np.arange(3.0) + 1))
+    assert fjp.engine.structure_key(make(np.arange(3.0))) == fjp.engine.structure_key(make(np.arange(3.0)))
+    assert fjp.engine.structure_key(make(np.arange(3.0))) != fjp.engine.structure_key(make(np.arange(3.0) + 1))
 
 
 def test_an_uncached_baseline_reuses_its_engine_and_the_cache_is_bounded():
     model = fjp.logistic_regression((3,), 2)
     training = fjp.LocalTraining(batch_size=2)
     algorithm = lambda mu: fjp.combine(_uncached_prox(mu))
-    first = fjp.round_engine(algorithm(0.5), model, training, backend="vmap_scan")
-    assert fjp.round_engine(algorithm(0.5), model, training, backend="vmap_scan") is first
-    assert fjp.round_engine(algorithm(0.25), model, training, backend="vmap_scan") is not first
+    first = fjp.engine.round_engine(algorithm(0.5), model, training, backend="vmap_scan")
+    assert fjp.engine.round_engine(algorithm(0.5), model, training, backend="vmap_scan") is first
+    assert fjp.engine.round_engine(algorithm(0.25), model, training, backend="vmap_scan") is not first
     for i in range(round_lib._ENGINE_CACHE_SIZE + 5):
-        fjp.round_engine(algorithm(1.0 + i), model, training, backend="vmap_scan")
+        fjp.engine.round_engine(algorithm(1.0 + i), model, training, backend="vmap_scan")
     assert fjp.engine.cached_engines() == round_lib._ENGINE_CACHE_SIZE

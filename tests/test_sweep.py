@@ -125,7 +125,7 @@ def test_run_digests_are_config_digest():
 
 def test_every_run_is_validated_before_any_run_starts(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(fjp, "train_and_evaluate_many", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(fjp.experiment.train, "train_and_evaluate_many", lambda *a, **k: calls.append(a))
     config = _sweep_config(seeds=(0,), methods=("fedavg",), axes=dict(training=dict(rounds=(2, 0))))
     with pytest.raises(
         fjp.ConfigError,
@@ -236,7 +236,7 @@ class FakeTraining:
         return outcomes
 
     def install(self, monkeypatch):
-        monkeypatch.setattr(fjp, "train_and_evaluate_many", self.many)
+        monkeypatch.setattr(fjp.experiment.train, "train_and_evaluate_many", self.many)
         return self
 
 
@@ -401,7 +401,7 @@ def test_each_experiment_config_expands_into_valid_runs_at_the_full_budget(name)
     if name.startswith("table1_"):
         assert sweep["seeds"] == tuple(range(8)) and sweep["methods"] == fjp.PAPER_METHODS
         assert {r.resolved["training"]["rounds"] for r in runs} == {150}
-        assert sweep["row_label"] in fjp.PAPER_TABLE_1
+        assert sweep["row_label"] in fjp.experiment.protocol.PAPER_TABLE_1
         fedpals = {r.hparams for r in runs if r.method == "fedpals" and r.seed == 0}
         assert len(fedpals) == 3 * 5  # learning rates x (lam -> 0+, ESS 10/25/50/75 %)
     if name == "local_epochs_fig8b.py":
@@ -564,7 +564,7 @@ def test_the_compare_command_merges_sweep_tables(tmp_path):
                 "target_macro_f1": [0],
             },
         )
-        fjp.write_protocol_report(str(tmp_path / row), fjp.protocol_table([record]), plot=False)
+        fjp.experiment.protocol.write_protocol_report(str(tmp_path / row), fjp.experiment.protocol.protocol_table([record]), plot=False)
     done = _main(
         "experiments.compare",
         f"--tables={tmp_path / 'A'},{tmp_path / 'B'}",

@@ -56,7 +56,7 @@ def _fake_many(held):
 
 
 def test_a_second_sweep_on_a_workdir_fails_at_once_naming_the_holder(tmp_path, monkeypatch):
-    monkeypatch.setattr(fjp, "train_and_evaluate_many", _fake_many(held="nothing"))
+    monkeypatch.setattr(fjp.experiment.train, "train_and_evaluate_many", _fake_many(held="nothing"))
     fd = locks.acquire(str(tmp_path / sweep_lib.SWEEP_LOCK_FILE), "test")
     try:
         start = time.perf_counter()
@@ -75,7 +75,7 @@ def test_a_second_sweep_on_a_workdir_fails_at_once_naming_the_holder(tmp_path, m
 
 
 def test_a_run_held_by_another_process_is_busy_not_failed(tmp_path, monkeypatch):
-    monkeypatch.setattr(fjp, "train_and_evaluate_many", _fake_many(held="seed_1"))
+    monkeypatch.setattr(fjp.experiment.train, "train_and_evaluate_many", _fake_many(held="seed_1"))
     summary = fjp.run_sweep(_sweep_config(), str(tmp_path), quiet=True)
     assert summary["runs"] == {"fedavg/seed_0": "done", "fedavg/seed_1": "busy"}
     assert not (tmp_path / "runs" / "fedavg" / "seed_1" / "error.txt").exists()

@@ -107,7 +107,7 @@ def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
     assert saved["final_target_accuracy"] == saved["target_accuracy"][-1]
     assert saved["best_val_round"] in saved["rounds"]
     assert abs(sum(saved["alpha"]) - 1) < 1e-5 and saved["lam"] == 0.0
-    assert saved["backend"] in fjp.BACKENDS
+    assert saved["backend"] in fjp.engine.BACKENDS
     lines = _metrics(workdir)
     assert [line["step"] for line in lines if "train/loss" in line] == [1, 2, 3, 4, 5, 6]
     assert [line["step"] for line in lines if "target/accuracy" in line] == [2, 4, 6]
@@ -146,7 +146,7 @@ def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
         rows = f.read().splitlines()
     assert rows[0] == "step,name,value" and "1,train/loss," in rows[1]
     assert os.path.getsize(workdir / "curves.png") > 1000
-    checkpoints = fjp.Checkpointer(workdir / "checkpoints")
+    checkpoints = fjp.experiment.checkpoints.Checkpointer(workdir / "checkpoints")
     assert checkpoints.steps() == [4, 6]
     assert checkpoints.read_identity() == {
         "config_digest": saved["config_digest"],
@@ -184,7 +184,7 @@ def test_a_run_killed_at_any_moment_resumes_bit_identically(
     _instrument(monkeypatch, kill=(where, at))
     with pytest.raises(Killed):
         fjp.train_and_evaluate(_config(), workdir, quiet=True)
-    assert fjp.Checkpointer(os.path.join(workdir, "checkpoints")).latest_round() == checkpoint
+    assert fjp.experiment.checkpoints.Checkpointer(os.path.join(workdir, "checkpoints")).latest_round() == checkpoint
 
     trained = _instrument(monkeypatch)
     resumed = fjp.train_and_evaluate(_config(), workdir, quiet=True)
@@ -322,10 +322,10 @@ def test_synthetic_runs_differing_only_in_lambda_share_the_data_and_one_runs_axi
     ]
     assert tasks[0].dataset is tasks[1].dataset
     runs = [
-        fjp.TrainingRun(t.algorithm, t.model, t.dataset, t.partition, t.training, rounds=2, seed=0)
+        fjp.training.TrainingRun(t.algorithm, t.model, t.dataset, t.partition, t.training, rounds=2, seed=0)
         for t in tasks
     ]
-    assert fjp.training_group_key(runs[0]) == fjp.training_group_key(runs[1])
+    assert fjp.training.training_group_key(runs[0]) == fjp.training.training_group_key(runs[1])
 
 
 @pytest.mark.parametrize(

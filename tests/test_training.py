@@ -143,7 +143,7 @@ def test_a_short_fashion_mnist_run_learns():
     counts = np.zeros((10, 10), np.int64)
     for i in range(10):
         counts[i, rng.choice(10, 3, replace=False)] = 40
-    partition = fjp.partition_from_label_counts(
+    partition = fjp.data.partition_from_label_counts(
         dataset.train.y, dataset.test.y, counts, seed=0, description="test", target_test_size=600
     )
     training = fjp.LocalTraining(local_epochs=1, batch_size=32, learning_rate=0.1)
@@ -163,38 +163,38 @@ def test_a_short_fashion_mnist_run_learns():
 
 
 def test_sampling_is_reproducible_and_changes_with_the_round():
-    first = fjp.sample_participants(seed=3, round_index=5, num_clients=50, clients_per_round=5)
-    again = fjp.sample_participants(seed=3, round_index=5, num_clients=50, clients_per_round=5)
-    other_round = fjp.sample_participants(
+    first = fjp.training.sample_participants(seed=3, round_index=5, num_clients=50, clients_per_round=5)
+    again = fjp.training.sample_participants(seed=3, round_index=5, num_clients=50, clients_per_round=5)
+    other_round = fjp.training.sample_participants(
         seed=3, round_index=6, num_clients=50, clients_per_round=5
     )
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, other_round)
     assert len(set(first.tolist())) == 5 and np.all(np.diff(first) > 0)
-    np.testing.assert_array_equal(fjp.sample_participants(0, 0, 7, None), np.arange(7))
+    np.testing.assert_array_equal(fjp.training.sample_participants(0, 0, 7, None), np.arange(7))
 
 
 def test_sampling_many_clients_is_reproducible_and_does_not_permute_them_all():
     from fedjax_pals import training
 
     many = training.PERMUTATION_SAMPLING_MAX_CLIENTS + 1
-    first = fjp.sample_participants(seed=3, round_index=5, num_clients=many, clients_per_round=50)
-    np.testing.assert_array_equal(first, fjp.sample_participants(3, 5, many, 50))
-    assert not np.array_equal(first, fjp.sample_participants(3, 6, many, 50))
-    assert not np.array_equal(first, fjp.sample_participants(4, 5, many, 50))
+    first = fjp.training.sample_participants(seed=3, round_index=5, num_clients=many, clients_per_round=50)
+    np.testing.assert_array_equal(first, fjp.training.sample_participants(3, 5, many, 50))
+    assert not np.array_equal(first, fjp.training.sample_participants(3, 6, many, 50))
+    assert not np.array_equal(first, fjp.training.sample_participants(4, 5, many, 50))
     assert first.dtype == np.int32 and len(set(first.tolist())) == 50
     assert np.all(np.diff(first) > 0) and 0 <= first[0] and first[-1] < many
     # Below the threshold: the prefix of jax's permutation, as in every recorded run.
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(3), 2), 5)
     legacy = np.sort(np.asarray(jax.random.choice(key, 1000, (40,), replace=False)))
-    np.testing.assert_array_equal(fjp.sample_participants(3, 5, 1000, 40), legacy)
+    np.testing.assert_array_equal(fjp.training.sample_participants(3, 5, 1000, 40), legacy)
 
 
 @pytest.mark.parametrize(
     "count, fraction, expected", [(None, None, 50), (7, None, 7), (None, 0.1, 5), (None, 0.001, 1)]
 )
 def test_clients_per_round_from_count_or_fraction(count, fraction, expected):
-    assert fjp.clients_per_round_from(50, count, fraction) == expected
+    assert fjp.training.clients_per_round_from(50, count, fraction) == expected
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_clients_per_round_from_count_or_fraction(count, fraction, expected):
 )
 def test_clients_per_round_rejects_bad_input(kwargs):
     with pytest.raises(ValueError):
-        fjp.clients_per_round_from(10, **kwargs)
+        fjp.training.clients_per_round_from(10, **kwargs)
 
 
 def test_run_training_rejects_bad_settings():
@@ -241,7 +241,7 @@ def test_validation_reads_the_target_validation_set_and_test_the_target_test_set
     params = fjp.fedpals(partition.target_label_dist, 0.0).eval_params(state)
 
     def on(x, y):
-        return fjp.make_evaluator(model.apply, x, y, 3)(params)
+        return fjp.metrics.make_evaluator(model.apply, x, y, 3)(params)
 
     val_idx, test_idx = partition.target_val_indices, partition.target_test_indices
     val = on(dataset.train.x[val_idx], dataset.train.y[val_idx])
@@ -275,10 +275,10 @@ def test_a_workable_learning_rate_is_not_divergence():
 
 
 def test_the_divergence_limit_is_ten_times_the_untrained_loss():
-    assert fjp.divergence_limit(10) == pytest.approx(10 * np.log(10))
-    assert fjp.divergence_limit(3, initial_loss=9.0) == pytest.approx(90.0)
-    assert fjp.divergence_limit(3, initial_loss=0.5) == pytest.approx(10 * np.log(3))
-    assert fjp.divergence_limit(3, initial_loss=float("nan")) == pytest.approx(10 * np.log(3))
+    assert fjp.training.divergence_limit(10) == pytest.approx(10 * np.log(10))
+    assert fjp.training.divergence_limit(3, initial_loss=9.0) == pytest.approx(90.0)
+    assert fjp.training.divergence_limit(3, initial_loss=0.5) == pytest.approx(10 * np.log(3))
+    assert fjp.training.divergence_limit(3, initial_loss=float("nan")) == pytest.approx(10 * np.log(3))
 
 
 def _image_task(seed):
@@ -306,7 +306,7 @@ def _image_run(seed, lam, **kwargs):
         seed=seed,
         num_classes=10,
     )
-    return fjp.TrainingRun(
+    return fjp.training.TrainingRun(
         fjp.fedpals(partition.target_label_dist, lam),
         fjp.logistic_regression((8, 8, 1), 10),
         dataset,
@@ -321,21 +321,21 @@ def _image_run(seed, lam, **kwargs):
 
 def test_runs_trained_together_give_their_solo_numbers_in_one_compiled_program():
     settings = [(seed, lam) for seed in range(4) for lam in (0.0, 5.0)]  # 8 runs
-    solo = [fjp.run_trainings([_image_run(s, lam)])[0] for s, lam in settings]
-    engine = fjp.round_engine(
+    solo = [fjp.training.run_trainings([_image_run(s, lam)])[0] for s, lam in settings]
+    engine = fjp.engine.round_engine(
         _image_run(0, 0.0).algorithm,
         fjp.logistic_regression((8, 8, 1), 10),
         fjp.LocalTraining(batch_size=16, learning_rate=0.05),
     )
     before = engine.compilations
     runs = [_image_run(s, lam) for s, lam in settings]
-    assert len({fjp.training_group_key(run) for run in runs}) == 1
-    together = fjp.run_trainings(runs)
+    assert len({fjp.training.training_group_key(run) for run in runs}) == 1
+    together = fjp.training.run_trainings(runs)
     # The 8-run program compiles once; a second sweep of runs with the same structure and
     # client-table shapes (here: other lambdas) compiles nothing.
     first_sweep = engine.compilations - before
     assert first_sweep >= 1
-    fjp.run_trainings([_image_run(s, lam + 1.0) for s, lam in settings])
+    fjp.training.run_trainings([_image_run(s, lam + 1.0) for s, lam in settings])
     assert engine.compilations - before == first_sweep
     for (state, history), (solo_state, solo_history) in zip(together, solo):
         np.testing.assert_allclose(history.train_loss, solo_history.train_loss, rtol=1e-5)
@@ -349,9 +349,9 @@ def test_runs_trained_together_give_their_solo_numbers_in_one_compiled_program()
 
 def test_a_diverging_run_fails_alone_and_runs_of_another_structure_are_refused():
     runs = [_image_run(0, 0.0), _image_run(1, 0.0, max_train_loss=1e-9)]
-    (state, history), failed = fjp.run_trainings(runs)
+    (state, history), failed = fjp.training.run_trainings(runs)
     assert isinstance(failed, fjp.TrainingDivergedError) and len(history.train_loss) == 3
-    other = fjp.TrainingRun(
+    other = fjp.training.TrainingRun(
         fjp.fedavg(),
         fjp.logistic_regression((8, 8, 1), 10),
         runs[0].dataset,
@@ -360,7 +360,7 @@ def test_a_diverging_run_fails_alone_and_runs_of_another_structure_are_refused()
         rounds=3,
     )
     with pytest.raises(ValueError, match="cannot train in lockstep with run 0"):
-        fjp.run_trainings([runs[0], other])
+        fjp.training.run_trainings([runs[0], other])
 
 
 def test_a_state_update_replaces_one_runs_state_between_rounds():
@@ -370,7 +370,7 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     def update(round_index, state_of):
         calls.append(round_index)
         if round_index == 2:
-            return fjp.with_target_label_dist(state_of(), new_target)
+            return fjp.target_estimation.with_target_label_dist(state_of(), new_target)
         return None
 
     def failing(round_index, state_of):
@@ -379,7 +379,7 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     updated = _image_run(0, 0.0, update_state=update)
     plain = _image_run(1, 0.0)
     broken = _image_run(2, 0.0, update_state=failing)
-    (state, history), (other, _), error = fjp.run_trainings([updated, plain, broken])
+    (state, history), (other, _), error = fjp.training.run_trainings([updated, plain, broken])
     assert calls == [0, 1, 2]  # before every round
     np.testing.assert_allclose(state.weighting_state["target_label_dist"], new_target, atol=1e-7)
     # The other run is untouched; the run whose update raised fails alone.
@@ -388,6 +388,6 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     )
     assert isinstance(error, RuntimeError) and "estimator broke" in str(error)
     # The new T changes the last round's weights, and only that round's.
-    [(_, solo_history)] = fjp.run_trainings([_image_run(0, 0.0)])
+    [(_, solo_history)] = fjp.training.run_trainings([_image_run(0, 0.0)])
     assert history.train_loss[:2] == solo_history.train_loss[:2]
     assert history.train_loss[2] != solo_history.train_loss[2]

@@ -42,10 +42,10 @@ def _history(rounds=2):
 
 
 def test_a_checkpoint_round_trips_exactly(tmp_path):
-    checkpointer = fjp.Checkpointer(tmp_path / "ck", identity={"fingerprint": {"seed": "0"}})
+    checkpointer = fjp.experiment.checkpoints.Checkpointer(tmp_path / "ck", identity={"fingerprint": {"seed": "0"}})
     assert checkpointer.restore(_state(0, 0.0)) is None  # nothing saved yet
     checkpointer.save(_state(), _history())
-    state, history = fjp.Checkpointer(
+    state, history = fjp.experiment.checkpoints.Checkpointer(
         tmp_path / "ck", identity={"fingerprint": {"seed": "0"}}
     ).restore(_state(0, 0.0))
     assert history == _history()
@@ -57,10 +57,10 @@ def test_a_checkpoint_round_trips_exactly(tmp_path):
 
 
 def test_another_runs_checkpoint_is_refused_naming_the_differences(tmp_path):
-    fjp.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "0", "model": "a"}}).save(
+    fjp.experiment.checkpoints.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "0", "model": "a"}}).save(
         _state(), _history()
     )
-    other = fjp.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "1", "model": "a"}})
+    other = fjp.experiment.checkpoints.Checkpointer(tmp_path, identity={"fingerprint": {"seed": "1", "model": "a"}})
     with pytest.raises(fjp.CheckpointMismatchError, match=r"fingerprint\.seed: '0' -> '1'") as info:
         other.restore(_state(0))
     assert "model" not in str(info.value)
@@ -95,10 +95,10 @@ def _corrupt(directory, how):
 )
 def test_a_damaged_checkpoint_is_reported_with_its_path_and_remedy(tmp_path, how):
     directory = str(tmp_path / "ck")
-    fjp.Checkpointer(directory, identity={"a": 1}).save(_state(), _history())
+    fjp.experiment.checkpoints.Checkpointer(directory, identity={"a": 1}).save(_state(), _history())
     _corrupt(directory, how)
     with pytest.raises(fjp.CheckpointError) as info:
-        fjp.Checkpointer(directory, identity={"a": 1}).restore(_state(0))
+        fjp.experiment.checkpoints.Checkpointer(directory, identity={"a": 1}).restore(_state(0))
     message = str(info.value)
     assert f"cannot read the checkpoint of round 2 in {directory}/2" in message
     assert f"To start afresh: delete {directory}" in message
@@ -109,7 +109,7 @@ def test_a_damaged_checkpoint_is_reported_with_its_path_and_remedy(tmp_path, how
 def test_a_file_where_the_checkpoint_directory_should_be_is_refused(tmp_path):
     (tmp_path / "checkpoint.msgpack").write_bytes(b"\x80")
     with pytest.raises(fjp.CheckpointError, match=r"is a file, not a checkpoint directory"):
-        fjp.Checkpointer(tmp_path / "checkpoint.msgpack")
+        fjp.experiment.checkpoints.Checkpointer(tmp_path / "checkpoint.msgpack")
 
 
 # -- Workdir: lock, identity, overwrite ---------------------------------------------------------
@@ -246,7 +246,7 @@ def test_overwrite_deletes_nothing_until_the_new_config_and_its_data_are_good(
     assert results["config_digest"] == digest
     assert not any(os.path.exists(path) for path in old_events)  # the old run's events went
     assert (workdir / "notes.txt").read_text() == "mine"  # not a run file: kept
-    assert fjp.Checkpointer(workdir / "checkpoints").read_identity()["config_digest"] == digest
+    assert fjp.experiment.checkpoints.Checkpointer(workdir / "checkpoints").read_identity()["config_digest"] == digest
 
 
 def test_an_old_single_file_checkpoint_is_refused_with_the_remedy(tmp_path):

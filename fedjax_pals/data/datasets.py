@@ -123,7 +123,7 @@ class Dataset:
 def _scale_uint8_images(images: np.ndarray) -> np.ndarray:
     """uint8 pixels -> float32 in [-1, 1] as pixel / 127.5 - 1 (0 -> -1, 255 -> 1 exactly)."""
     # 64-byte aligned, so that placing it on a CPU device aliases it instead of copying it
-    # (`fjp.device_data`): the data set is then held once per process.
+    # (`fjp.engine.device_data`): the data set is then held once per process.
     x = aligned_empty(images.shape, np.float32)
     np.copyto(x, images, casting="unsafe")
     # In place: the 60k x 784 float copy is the dominant cost of loading.

@@ -13,7 +13,7 @@ import errno
 import os
 import shutil
 
-from fedjax_pals.experiment.workdir import WorkdirError
+from fedjax_pals.experiment.errors import WorkdirError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NO_SPACE_TEXT = ("no space left on device", "disk quota exceeded")

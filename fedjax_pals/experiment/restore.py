@@ -82,7 +82,7 @@ def restore_run(
         if not isinstance(identity.get("config"), dict):
             raise CheckpointError(
                 f"the checkpoint in {directory}/{latest} records no config: it was not written "
-                "by train_and_evaluate (restore it with fjp.Checkpointer)."
+                "by train_and_evaluate (restore it with fjp.experiment.checkpoints.Checkpointer)."
             )
         config = ml_collections.ConfigDict(identity["config"])
         if data_dir is not None:

@@ -75,6 +75,7 @@ import ml_collections
 
 from fedjax_pals import registry
 from fedjax_pals.experiment import config as config_lib
+from fedjax_pals.experiment import train as train_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import protocol as protocol_lib
 from fedjax_pals.experiment.progress import Progress
@@ -506,8 +507,6 @@ def execute_runs(
     Returns:
       Per run, its results dict or the exception it raised.
     """
-    import fedjax_pals as fjp
-
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
     names = list(names) if names is not None else [os.path.basename(w) for w in workdirs]
@@ -530,7 +529,7 @@ def execute_runs(
                 1, run=name, test_acc=outcome.get("target_accuracy_at_best_val", float("nan"))
             )
 
-        return fjp.train_and_evaluate_many(
+        return train_lib.train_and_evaluate_many(
             configs,
             workdirs,
             overwrite=overwrite,

@@ -30,7 +30,9 @@ import tempfile
 from typing import Any
 
 from fedjax_pals.experiment.checkpoints import Checkpointer, CheckpointError, identity_differences
+from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import as_dict
+from fedjax_pals.experiment.errors import WorkdirError
 
 LOCK_FILE = ".lock"
 CHECKPOINT_DIR = "checkpoints"
@@ -51,10 +53,6 @@ RUN_FILE_PATTERNS = ("events.out.tfevents.*",)
 OVERWRITE_REMEDY = "pass --overwrite (overwrite=True) to replace it, or choose another --workdir"
 
 
-class WorkdirError(ValueError):
-    """A workdir that cannot be used: not writable, or holding another run."""
-
-
 class WorkdirLockedError(WorkdirError):
     """Another launch is writing the workdir."""
 
@@ -64,8 +62,6 @@ def write_json(path: str, payload: Any) -> None:
     The file gets the mode of any file the process creates (0644 under umask 022), not
     mkstemp's 0600: results on a shared runs folder are readable by the group. A full disk
     raises `DiskFullError` naming `path` (and the old file is intact)."""
-    from fedjax_pals.experiment import diskspace
-
     text = json.dumps(payload, indent=2)
     directory = os.path.dirname(os.path.abspath(path))
     with diskspace.writing(path, needed=len(text.encode())):
@@ -120,8 +116,6 @@ class Workdir:
             os.close(fd)
             os.remove(probe)
         except OSError as error:
-            from fedjax_pals.experiment import diskspace
-
             if diskspace.is_disk_full(error):
                 raise diskspace.disk_full_error(self.file(".write-test")) from None
             raise WorkdirError(
