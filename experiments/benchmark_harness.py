@@ -85,7 +85,11 @@ _MIN_FOREIGN_WINDOW_S = 0.5
 
 def available_backends() -> tuple[str, ...]:
     """The engine's backend names (`fjp.engine.BACKENDS`; `fjp.STRATEGIES` in older versions)."""
-    names = getattr(fjp, "BACKENDS", None) or getattr(fjp, "STRATEGIES")
+    names = (
+        getattr(fjp.engine, "BACKENDS", None)
+        or getattr(fjp, "BACKENDS", None)
+        or getattr(fjp, "STRATEGIES")
+    )
     return tuple(str(getattr(b, "name", b)) for b in names)
 
 
