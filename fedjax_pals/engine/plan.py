@@ -51,7 +51,9 @@ def _examples_on_device(x, dtype) -> jax.Array:
         and jax.default_backend() == "cpu"
     ):
         return jax.device_put(x)
-    return jnp.asarray(x, dtype)
+    # A copy, never an alias: on a CPU device_put may alias any aligned array, and a
+    # writeable one could change under the device's feet.
+    return jnp.array(x, dtype, copy=True)
 
 
 def device_data(train_x, train_y, client_indices, client_sizes, client_label_dists) -> DeviceData:
