@@ -23,7 +23,6 @@ import os
 from absl import app
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import benchmark_harness as bench
 
 _BACKENDS_LIST = bench.available_backends()

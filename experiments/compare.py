@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from absl import app, flags
 
@@ -53,9 +54,11 @@ def main(argv):
         table = fjp.experiment.protocol.merge_tables(tables, title=_TITLE.value)
     except ValueError as error:
         raise SystemExit(f"error: {error}")
+    started = time.time()
     fjp.experiment.protocol.write_protocol_report(common.WORKDIR.value, table)
     print(fjp.experiment.protocol.table_markdown(table))
-    print(f"\nwrote {os.path.join(common.WORKDIR.value, 'table.md')}, table.json, comparison.png")
+    print()
+    common.print_written(common.WORKDIR.value, started)
 
 
 if __name__ == "__main__":

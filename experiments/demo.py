@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from absl import app
 
@@ -83,6 +84,7 @@ def main(argv):
             config.dataset.name = "synthetic"
             config.training.update(SYNTHETIC_FALLBACK)
     workdir = common.WORKDIR.value or "runs/demo"
+    started = time.time()
     with common.user_errors():
         # The demo's workdir is scratch: a previous demo of another config is replaced.
         summary = fjp.run_sweep(config, workdir, quiet=common.QUIET.value, overwrite=True)
@@ -93,12 +95,9 @@ def main(argv):
         raise SystemExit(f"error: {len(failed)} demo run(s) failed; see {workdir}/runs/*/error.txt")
     print(f"\nFedPALS vs FedAvg on {config.dataset.name}, {config.training.rounds} rounds\n")
     print(summary["markdown"])
-    figure = label_distribution_figure(workdir)
-    written = [*summary.get("files", {}).values(), *([figure] if figure else [])]
-    written += [p[: -len(".png")] + ".pdf" for p in written if str(p).endswith(".png")]
-    print("\nwrote (and a results.json per run under runs/):")
-    for path in sorted({os.path.abspath(p) for p in written if os.path.exists(p)}):
-        print(f"  {path}")
+    label_distribution_figure(workdir)
+    print()
+    common.print_written(workdir, started)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ stderr and exit status 2, before any data is read.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
 from typing import Callable
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 import fedjax_pals as fjp
@@ -70,6 +73,10 @@ _CONFIG_FLAGS: dict[str, str | None] = {}
 def define_config_file(name: str, default: str | None, help_string: str) -> flags.FlagHolder:
     """`config_flags.DEFINE_config_file`, checked by `run` before absl parses it."""
     _CONFIG_FLAGS[name] = default
+    help_string = (
+        f"{help_string} Override any key with --{name}.<key path>=<value>; the keys and their "
+        "meaning: fedjax_pals/experiment/config.py (README, 'Launching experiments')."
+    )
     return config_flags.DEFINE_config_file(name, default, help_string)
 
 
@@ -128,11 +135,26 @@ def _parse_flags(argv: list[str]) -> list[str]:
         usage_error(f"while parsing the flags: {type(error).__name__}: {text}")
 
 
+def _only_errors_in_the_log() -> None:
+    # --quiet: results and errors only. absl's handler carries Python logging too (JAX's
+    # "Unable to initialize backend", orbax, matplotlib's font cache), so both levels go up.
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+
+
+def _show_launcher_flags_in_help() -> None:
+    # absl's --help lists the key flags of the main module (keyed by sys.argv[0]); the flags
+    # defined here are every main's own, so they belong in it, not only in --helpfull.
+    for flag in flags.FLAGS.get_flags_for_module(__name__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
     from fedjax_pals.experiment import config as config_lib
     from fedjax_pals.experiment import sweep as sweep_lib
 
+    _show_launcher_flags_in_help()
     argv = list(sys.argv)
     new_keys: dict[str, dict] = {}
     schema_paths = set(config_lib.flatten(config_lib.default_config()))
@@ -150,6 +172,8 @@ def run(main: Callable[[list[str]], object]) -> None:
     sys.argv = argv  # ml_collections reads the overrides from sys.argv
 
     def checked_main(args: list[str]):
+        if QUIET.value:
+            _only_errors_in_the_log()
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
         try:
@@ -188,3 +212,40 @@ def user_errors():
         yield
     except USER_ERRORS as error:
         sys.exit(f"error: {error}")
+
+
+def written_files(workdir: str, since: float) -> list[str]:
+    """What this command wrote under `workdir` (modified at or after `since`, a time.time()):
+    each file directly in it, and each subdirectory with the number of files written in it,
+    as absolute paths."""
+    root = os.path.abspath(workdir)
+    if not os.path.isdir(root):
+        return []
+    lines, counts = [], {}
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        for name in sorted(files):
+            path = os.path.join(directory, name)
+            try:
+                fresh = not name.startswith(".") and os.stat(path).st_mtime >= since - 1.0
+            except OSError:  # removed while we looked (another process's temporary file)
+                continue
+            if not fresh:
+                continue
+            top = os.path.relpath(directory, root).split(os.sep)[0]
+            if top == ".":
+                lines.append(path)
+            else:
+                counts[top] = counts.get(top, 0) + 1
+    for top, count in sorted(counts.items()):
+        lines.append(f"{os.path.join(root, top)}{os.sep} ({count} file{'s' * (count != 1)})")
+    return lines
+
+
+def print_written(workdir: str, since: float) -> None:
+    """Ends a command: every file it wrote under `workdir` (see `written_files`)."""
+    lines = written_files(workdir, since)
+    if lines:
+        print("wrote:")
+        for line in lines:
+            print(f"  {line}")

@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 
-import fedjax_pals as fjp
 from experiments import benchmark_harness as bench
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +88,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     common.configure_runtime()
+    started = time.time()
     alphas = [float(a) for a in _ALPHAS.value]  # checked while parsing (check_number_list)
     # Every sweep and method is found before any run's data is read.
     todo = []
@@ -134,6 +136,8 @@ def main(argv):
     with open(os.path.join(workdir, "restricted_eval.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print()
+    common.print_written(workdir, started)
 
 
 if __name__ == "__main__":

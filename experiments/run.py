@@ -12,7 +12,7 @@ is refused unless --overwrite. Config keys: fedjax_pals/experiment/config.py.
 
 from __future__ import annotations
 
-import os
+import time
 
 from absl import app, flags
 
@@ -27,6 +27,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     common.configure_runtime()
+    started = time.time()
     with common.user_errors():
         results = fjp.train_and_evaluate(
             _CONFIG.value,
@@ -41,7 +42,7 @@ def main(argv):
         f"at best val (round {results['best_val_round']}) "
         f"{results['target_accuracy_at_best_val']:.4f}; {results['wall_seconds']:.1f}s"
     )
-    print(f"wrote {os.path.join(common.WORKDIR.value, 'results.json')} and curves.png")
+    common.print_written(common.WORKDIR.value, started)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ fedjax_pals/experiment/sweep.py; selection rule: fedjax_pals/experiment/protocol
 
 from __future__ import annotations
 
-import os
+import time
 
 from absl import app, flags
 
@@ -38,6 +38,7 @@ def main(argv):
         raise app.UsageError("--workdir is required (where the sweep's runs and table go).")
     common.configure_runtime()
     workdir = common.WORKDIR.value
+    started = time.time()
     with common.user_errors():
         summary = fjp.run_sweep(
             _CONFIG.value, workdir, quiet=common.QUIET.value, overwrite=common.OVERWRITE.value
@@ -48,7 +49,7 @@ def main(argv):
             print(f"{summary['runs'][name]}: {name}: {message}")
     if summary["markdown"] and fjp.is_main_process():
         print(f"\n{summary['markdown']}\n")
-        print(f"wrote {os.path.join(workdir, 'table.md')}, table.json and the figures")
+        common.print_written(workdir, started)
     if failed:
         raise SystemExit(f"error: {len(failed)} run(s) failed; see {workdir}/runs/<name>/error.txt")
     busy = [name for name, s in summary["runs"].items() if s == "busy"]

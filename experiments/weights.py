@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 from absl import app, flags
@@ -35,6 +36,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     common.configure_runtime()
+    started = time.time()
     config = _CONFIG.value
     config.algorithm.name = "fedavg"  # the task's partition and T; no FedPALS run is built
     with common.user_errors():
@@ -80,7 +82,7 @@ def main(argv):
             f,
             indent=1,
         )
-    print(f"wrote {path} and weights.json")
+    common.print_written(workdir, started)
 
 
 if __name__ == "__main__":

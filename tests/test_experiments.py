@@ -172,6 +172,7 @@ def test_two_local_processes_give_the_results_of_one(tmp_path):
     args = ["--config=configs/synthetic.py", "--config.training.rounds=3", "--quiet"]
     one = _main("experiments.run", *args, f"--workdir={tmp_path / 'one'}")
     assert one.returncode == 0, one.stderr[-2000:]
+    assert one.stdout == one.stderr == ""  # --quiet: no log line (absl's INFO included)
     two = subprocess.run(
         [
             sys.executable,

@@ -238,10 +238,18 @@ def test_an_exploding_loss_is_divergence_not_a_result(tmp_path):
         fjp.train_and_evaluate(_config(learning_rate=1e6), str(tmp_path), quiet=True)
 
 
-def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd):
+def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd, monkeypatch):
+    from fedjax_pals.experiment import progress
+
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "q"), quiet=True)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+    # Not quiet, in a log file (not a terminal): the run's line, no bar.
+    fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "log"))
+    out, err = capfd.readouterr()
+    assert "fedpals on synthetic label shift" in err and "1/1" not in err
+    # In a terminal: the bar too.
+    monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "loud"))
     out, err = capfd.readouterr()
     assert "fedpals on synthetic label shift" in err and "1/1" in err

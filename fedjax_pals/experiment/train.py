@@ -153,6 +153,7 @@ class _PreparedRun:
                     desc=f"{resolved.algorithm.name} seed {resolved.seed}",
                     initial=start_round,
                     quiet=quiet,
+                    first_step_compiles=True,
                 )
             )
             writer.write_hparams(self.plain)
@@ -361,6 +362,7 @@ def _train_group(
         desc=f"{len(runs)} run(s) [{names}{more}]",
         initial=first.start_round,
         quiet=not is_main_process(),
+        first_step_compiles=True,
     ) as bar:
         on_round = first.on_round
 
