@@ -226,6 +226,11 @@ def test_a_data_dir_without_the_data_set_names_what_is_missing(tmp_path, no_data
     cifar = {"dataset": {"name": "cifar10", "data_dir": str(tmp_path)}}
     with pytest.raises(fjp.ConfigError, match=r"does not hold CIFAR-10: no prepared TFDS copy"):
         fjp.validate_config(cifar)
+    # Unless the run may download it (CIFAR-10 only: Fashion-MNIST is read from local files).
+    cifar["dataset"]["download"] = True
+    assert fjp.validate_config(cifar).dataset.download is True
+    with pytest.raises(fjp.ConfigError, match="download=True applies to cifar10 only"):
+        fjp.validate_config({"dataset": {"download": True}})
 
 
 def test_a_data_dir_that_is_a_file_is_an_error(tmp_path):
@@ -325,6 +330,10 @@ def test_the_digest_is_the_runs_identity():
     # How rounds execute and where the files are do not change what is computed.
     assert fjp.config_digest({"engine": {"backend": "host_loop", "chunk_size": 8}}) == base
     assert fjp.config_digest({"dataset": {"data_dir": "/elsewhere"}}) == base
+    cifar = {"dataset": {"name": "cifar10"}}
+    assert fjp.config_digest({"dataset": {"name": "cifar10", "download": True}}) == (
+        fjp.config_digest(cifar)
+    )
     # Anything else does.
     assert fjp.config_digest({"seed": 1}) != base
     assert fjp.config_digest({"algorithm": {"lam": 0.5}}) != base
@@ -356,7 +365,9 @@ def test_both_sparsity_schemes_take_c_and_the_paper_reading_is_sparsity(monkeypa
     train = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
     test = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
     dataset = fjp.Dataset("random", train, test, 10, "test")
-    monkeypatch.setattr(task_lib, "_load_image_dataset", lambda name, data_dir: dataset)
+    monkeypatch.setattr(
+        task_lib, "_load_image_dataset", lambda name, data_dir, download=False: dataset
+    )
     for scheme, function in [
         ("sparsity", fjp.sparsity_partition),
         ("niid_bench_sparsity", fjp.niid_bench_sparsity_partition),

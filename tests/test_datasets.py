@@ -293,6 +293,43 @@ def test_mock_cifar10_through_tfds_data_source(tmp_path):
     assert "TFDS" in ds.source and str(tmp_path) in ds.source
 
 
+def test_download_is_asked_for_only_with_download_true_and_then_loads(tmp_path, monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    calls = []
+
+    class FakeBuilder:  # what download_and_prepare leaves on disk, without the network
+        def __init__(self, name, data_dir):
+            calls.append((name, data_dir))
+            self.data_dir = data_dir
+
+        def download_and_prepare(self, file_format):
+            calls.append(file_format)
+            _fake_prepared(pathlib.Path(self.data_dir), "cifar10", "3.0.2")
+
+    monkeypatch.setattr(tfds, "builder", FakeBuilder)
+    with pytest.raises(DatasetUnavailableError, match="does not hold CIFAR-10"):
+        load_cifar10(tmp_path)
+    assert calls == []  # off by default: an offline machine fails at once
+    with tfds.testing.mock_data(num_examples=7):
+        ds = load_cifar10(tmp_path, download=True)
+        assert calls == [("cifar10", str(tmp_path)), "array_record"]
+        assert ds.train.x.shape == (7, 32, 32, 3)
+        load_cifar10(tmp_path, download=True)  # prepared now: not downloaded again
+    assert len(calls) == 2
+
+
+def test_a_failed_download_is_one_error_naming_what_was_attempted(tmp_path, monkeypatch):
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    def offline(name, data_dir):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(tfds, "builder", offline)
+    with pytest.raises(DatasetUnavailableError, match=r"downloading and preparing cifar10 into .*"
+                       r"failed: ConnectionError: no route to host"):
+        load_cifar10(tmp_path, download=True)
+
+
 def test_mock_fashion_mnist_falls_back_to_prepared_tfds(tmp_path, monkeypatch):
     tfds = pytest.importorskip("tensorflow_datasets")
     monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST_DIR", str(tmp_path / "no-debian"))

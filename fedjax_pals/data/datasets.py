@@ -428,7 +428,7 @@ def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
     )
 
 
-def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
+def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = False) -> Dataset:
     """Loads CIFAR-10 (Krizhevsky, 2009): 50k train / 10k test 32x32 RGB images.
 
     Read through ``tfds.data_source("cifar10", download=False)`` from a copy
@@ -437,10 +437,14 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
     ``~/tensorflow_datasets``. Returns x float32 (N, 32, 32, 3) in [-1, 1] and
     y int32 in [0, 10).
 
+    With ``download=True`` and no prepared copy there, TFDS downloads and prepares
+    one first (``download_and_prepare(file_format="array_record")``, about 170 MB,
+    internet needed). Off by default: offline, TFDS retries for minutes before failing.
+
     Raises:
-      DatasetUnavailableError: no prepared copy exists where looked (raised
-        immediately; nothing is downloaded). The message names the missing file
-        and says how to prepare one.
+      DatasetUnavailableError: no prepared copy exists where looked and download is off
+        (raised immediately), or the download failed. The message names the missing
+        file and says how to prepare one.
     """
     if data_dir is not None:
         tfds_dir = _explicit_data_dir(data_dir, "CIFAR-10")
@@ -449,6 +453,8 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
     else:
         tfds_dir = _tfds_data_dir(None)
         where = "CIFAR-10 is not available locally (nothing is downloaded)"
+    if download and not _tfds_prepared(tfds_dir, "cifar10"):
+        _download_and_prepare("cifar10", tfds_dir)
     if not _tfds_prepared(tfds_dir, "cifar10"):
         raise DatasetUnavailableError(
             f"{where}: there is no prepared TFDS copy "
@@ -464,6 +470,24 @@ def load_cifar10(data_dir: str | os.PathLike | None = None) -> Dataset:
         num_classes=10,
         source=f"TFDS cifar10 prepared in {tfds_dir}",
     )
+
+
+def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
+    try:
+        import tensorflow_datasets as tfds  # deferred: ~0.5 s import, optional path
+    except ImportError as e:
+        raise DatasetUnavailableError(
+            f"downloading {name} needs tensorflow_datasets, which does not import: {e}"
+        ) from e
+    tfds_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        tfds.builder(name, data_dir=os.fspath(tfds_dir)).download_and_prepare(
+            file_format="array_record"
+        )
+    except Exception as e:  # network, disk, TFDS: one error that says what was attempted
+        raise DatasetUnavailableError(
+            f"downloading and preparing {name} into {tfds_dir} failed: {type(e).__name__}: {e}"
+        ) from e
 
 
 _LOADERS = {"fashion_mnist": load_fashion_mnist, "cifar10": load_cifar10}

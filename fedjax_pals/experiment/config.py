@@ -8,6 +8,9 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     dataset.name                fashion_mnist | cifar10 | synthetic | a registered one
                                 (fjp.register_dataset)
     dataset.data_dir            None (search the usual places) or a directory holding the data set
+    dataset.download            False | True: CIFAR-10 only, download and prepare it with TFDS
+                                when no prepared copy exists (needs internet; off by default, so
+                                an offline machine fails at once instead of retrying for minutes)
     dataset.synthetic_delta     synthetic task: T_delta = (1-delta)[.5,.25,.25] + delta[0,.5,.5]
     partition.scheme            sparsity (the paper's "C labels per client", equal counts per
                                 label) | niid_bench_sparsity (C labels, each label split evenly
@@ -71,8 +74,9 @@ num_clients, 'auto' model is resolved, and clients_per_round is the resolved cou
 records this resolved config, so it never claims a setting it did not use.
 
 `config_digest(config)` hashes the resolved config's identity: every key except `engine`
-(how rounds execute does not change what is computed) and `dataset.data_dir` (where the files
-are does not change the data set; results.json records the source).
+(how rounds execute does not change what is computed), `dataset.data_dir` and
+`dataset.download` (where the files are and how they got there do not change the data set;
+results.json records the source).
 """
 
 from __future__ import annotations
@@ -130,7 +134,7 @@ PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
 # The schemes that take labels_per_client (C).
 SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
 # Keys that are not part of a run's identity (see the module docstring).
-NON_IDENTITY_KEYS = ("engine", "dataset.data_dir")
+NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 MAX_ROUNDS = 1_000_000
 
@@ -177,7 +181,7 @@ def default_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.dataset = ml_collections.ConfigDict(
-        dict(name="fashion_mnist", data_dir=placeholder(str), synthetic_delta=0.5)
+        dict(name="fashion_mnist", data_dir=placeholder(str), download=False, synthetic_delta=0.5)
     )
     config.partition = ml_collections.ConfigDict(
         dict(scheme="sparsity", num_clients=10, labels_per_client=3, dirichlet_beta=0.1)
@@ -329,7 +333,7 @@ def _tfds_prepared(root: str) -> bool:
     )
 
 
-def _check_data_dir(name: str, data_dir: Any) -> str:
+def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
     """An explicit data_dir must hold the data set: checked by a few stat calls, no loading."""
     if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
         raise ConfigError(
@@ -371,12 +375,13 @@ def _check_data_dir(name: str, data_dir: Any) -> str:
             "dataset_info.json). Put the four official idx files there, or leave data_dir unset "
             "to use /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)."
         )
-    if name == "cifar10" and not _tfds_prepared(os.path.join(path, "cifar10")):
+    if name == "cifar10" and not download and not _tfds_prepared(os.path.join(path, "cifar10")):
         raise ConfigError(
             f"config.dataset.data_dir={path} does not hold CIFAR-10: no prepared TFDS copy "
             f"{path}/cifar10/<version>/dataset_info.json. Prepare it with TensorFlow Datasets "
             "(tfds.builder('cifar10', data_dir=DIR).download_and_prepare("
-            "file_format='array_record')) on a machine with internet."
+            "file_format='array_record')) on a machine with internet, or set "
+            "config.dataset.download=True there."
         )
     return path
 
@@ -447,12 +452,23 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         raise ConfigError(
             "config.dataset.synthetic_delta is None, but the synthetic task needs it."
         )
+    download = _bool("dataset.download", d.get("download", False))
+    if download and name != "cifar10":
+        raise ConfigError(
+            f"config.dataset.download=True applies to cifar10 only (TFDS downloads it); "
+            f"{name} is read from local files."
+        )
     data_dir = d["data_dir"]
     if synthetic:
         data_dir = None
     elif data_dir is not None and check_paths:
-        data_dir = _check_data_dir(name, data_dir)
-    r["dataset"] = dict(name=name, data_dir=data_dir, synthetic_delta=delta if synthetic else None)
+        data_dir = _check_data_dir(name, data_dir, download=download)
+    r["dataset"] = dict(
+        name=name,
+        data_dir=data_dir,
+        download=download,
+        synthetic_delta=delta if synthetic else None,
+    )
 
     scheme = _choice("partition.scheme", p["scheme"], PARTITION_SCHEMES, optional=synthetic)
     num_clients = _maybe(

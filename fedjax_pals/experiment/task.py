@@ -68,11 +68,11 @@ class Task:
 
 
 @functools.lru_cache(maxsize=2)
-def _load_image_dataset(name: str, data_dir: str | None) -> Dataset:
+def _load_image_dataset(name: str, data_dir: str | None, download: bool = False) -> Dataset:
     """Loaded once per process: the runs of a sweep share one copy (and one device copy)."""
     if name == "fashion_mnist":
         return load_fashion_mnist(data_dir, search_debian=data_dir is None)
-    return load_cifar10(data_dir)
+    return load_cifar10(data_dir, download=download)
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,7 +105,7 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
     if d.name in registered_datasets():
         dataset = _load_registered_dataset(d.name)
     else:
-        dataset = _load_image_dataset(d.name, d.data_dir)
+        dataset = _load_image_dataset(d.name, d.data_dir, bool(d.get("download", False)))
     common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
     if p.scheme in ("sparsity", "niid_bench_sparsity"):
         scheme = sparsity_partition if p.scheme == "sparsity" else niid_bench_sparsity_partition
