@@ -11,7 +11,7 @@ partition, LeNet, E = 1, batch 32, 8 seeds) so that `experiments.compare` sets t
 runs beside the Table 1 sweep's FedPALS, whose lambda the protocol selects from lam = 0 and ESS
 10/25/50/75 % of N on the same validation set (5 runs per seed).
 
-`fedpals_adaptive` (`fjp.adaptive_lambda.adaptive_fedpals`, `fedjax_pals/adaptive_lambda.py`) runs once per
+`fedpals_adaptive` (`fjp.algorithms.adaptive_fedpals`, `fedjax_pals/algorithms/adaptive_lambda.py`) runs once per
 seed: lambda starts at ESS 50 % of N, the middle of that grid, and after every round takes an
 Adam step of 0.5 on log lambda down the hypergradient of the target validation loss (implicit
 d alpha / d lambda of eq. 8). Early stopping on the validation set as for every method; the

@@ -13,11 +13,11 @@ partition, LeNet, E = 1, batch 32, 8 seeds, 150 rounds), so that `experiments.co
 these methods beside the Table 1 sweep's FedPALS and FedAvg (same seeds, partitions, budget).
 
 * FedDisco (Ye et al., ICML 2023): server weights ReLU(n_k/N - a d_k + b), normalised, d_k the
-  normalised KL divergence of S_k(Y) from the target's T(Y) (`fjp.label_shift_baselines.feddisco_weighting`): the
+  normalised KL divergence of S_k(Y) from the target's T(Y) (`fjp.algorithms.feddisco_weighting`): the
   same server-side information as FedPALS, so the head-to-head. Grid: a in {0.5 (reference
   default), 0.1, 1.0}, b in {0.1 (reference default), 0.0}.
 * FedLC (Zhang et al., ICML 2022): local logits calibrated by the client's label counts,
-  f_y - tau n_{k,y}^(-1/4) (`fjp.label_shift_baselines.fedlc_client`), with FedAvg's weights and with FedPALS'
+  f_y - tau n_{k,y}^(-1/4) (`fjp.algorithms.fedlc_client`), with FedAvg's weights and with FedPALS'
   (fedlc_fedpals, FedPALS' lambda over the protocol's lam = 0 and ESS 10/25/50/75 % of N).
   Grid: tau in {1.0, 0.5, 0.1} (ours; the public implementations default to 1.0).
 * Learning rate 0.1 / 0.01 / 0.001 for every method (`fjp.protocol_grid`).

@@ -12,7 +12,7 @@ true T and FedAvg of the Table 1 sweep (same seeds, partitions and budget).
 The server starts from the clients' aggregate sum_i n_i S_i / N (the only guess without target
 labels; FedPALS' weights are then FedAvg's) and, before every `target_estimation_every` = 2
 rounds, re-estimates T from the global model's predictions on the target's unlabeled
-validation inputs (`fjp.target_estimation.TargetReestimation`): black-box shift estimation (Lipton et al., 2018)
+validation inputs (`fjp.algorithms.TargetReestimation`): black-box shift estimation (Lipton et al., 2018)
 with the confusion matrix of 5,000 labeled examples of the clients' pooled data
 (fedpals_unknown_t_bbse), or EM re-weighting of the posteriors (Saerens et al., 2002;
 fedpals_unknown_t_em). lam = 0 (the projection of T^ onto Conv(S)): ESS fractions need a known T.

@@ -4,7 +4,8 @@ The top level is the API a user needs: configs and `train_and_evaluate`, sweeps,
 registry and the pieces a method is made of, the server weights, data sets and partitions,
 models, and `restore_run`. Everything else stays importable from its submodule (also as an
 attribute: `fjp.engine.round_engine`, `fjp.training.run_trainings`, `fjp.privacy`,
-`fjp.target_estimation`, `fjp.adaptive_lambda`, `fjp.experiment.protocol`, ...).
+`fjp.algorithms.target_estimation`, `fjp.algorithms.fedprox_client`, `fjp.experiment.protocol`,
+...).
 """
 
 import warnings as _warnings
@@ -51,34 +52,22 @@ from fedjax_pals.models import (  # noqa: E402
     register_model,
 )
 
-# -- a method's pieces, the built-in methods and the registry
+# -- a method's pieces, the built-in methods (importing the package registers them), the registry
 from fedjax_pals.algorithms import (  # noqa: E402
-    ClientInfo,
-    ClientMethod,
-    ClientOutputs,
-    FederatedAlgorithm,
-    ServerState,
-    Weighting,
-    fedavg,
-    fedpals,
-    fedpals_weighting,
-    init_server_state,
-    weighted_average_update,
+    ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm, ServerState, Weighting, afl,
+    combine, fedavg, feddisco, fedlc, fedpals, fedpals_weighting, fedprox, fedrs, fedshift,
+    init_server_state, make_algorithm, oracle, scaffold, weighted_average_update,
 )
-from fedjax_pals.baselines import afl, combine, fedprox, fedrs, fedshift, oracle, scaffold  # noqa: E402
-from fedjax_pals.label_shift_baselines import feddisco, fedlc  # noqa: E402
 from fedjax_pals.registry import (  # noqa: E402
     Hyperparameters,
     Method,
     MethodContext,
     get_method,
     hyperparameter,
-    make_algorithm,
     method_label,
     register_method,
     registered_methods,
 )
-from fedjax_pals import builtin_methods  # noqa: E402,F401  (registers the built-in methods)
 
 # -- training a federation (library level)
 from fedjax_pals.engine import LocalTraining  # noqa: E402
@@ -103,20 +92,16 @@ from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
 
 # The submodules, as attributes (fjp.engine.round_engine, fjp.experiment.plots, ...).
 from fedjax_pals import (  # noqa: E402,F401
-    adaptive_lambda,
     algorithms,
-    baselines,
     data,
     engine,
     experiment,
-    label_shift_baselines,
     metrics,
     models,
     privacy,
     registry,
     server_optimizers,
     server_weights,
-    target_estimation,
     training,
 )
 from fedjax_pals.experiment import (  # noqa: E402,F401

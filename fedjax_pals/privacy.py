@@ -40,19 +40,15 @@ mechanism). The paper's own perturbation of T (App. B.6, Table 2) is
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import special
 
-from fedjax_pals import _validation
-from fedjax_pals.algorithms import ServerState, Weighting
 
 MECHANISMS = ("laplace", "gaussian")
 NEIGHBOURING = ("replace", "add_remove")
@@ -294,37 +290,3 @@ def private_label_dists(
     if neighbouring == "add_remove":
         sizes = np.maximum(noisy.sum(axis=-1, keepdims=True), 1.0)
     return project_to_simplex(noisy / sizes)
-
-
-# -- the server's copy of S in a weighting ---------------------------------------------------
-
-
-@functools.cache
-def _server_dists_weights_fn(inner_weights):
-    def weights(label_dists, sizes, state: ServerState, participants):
-        data = state.weighting_state
-        seen = data["server_label_dists"][participants].astype(label_dists.dtype)
-        inner_state = state._replace(weighting_state=data["inner"])
-        return inner_weights(seen, sizes, inner_state, participants)
-
-    return weights
-
-
-def with_server_label_dists(weighting: Weighting, server_label_dists: chex.ArrayLike) -> Weighting:
-    """`weighting` computed from the server's copy of S (e.g. the DP release) instead of the
-    clients' exact S_i(Y).
-
-    The engine hands a weighting the participants' exact label distributions, which the
-    client methods (FedRS, FedShift, FedLC) also read; this wrapper keeps those and makes the
-    server weights read rows of `server_label_dists` instead. The (M, K) matrix is per-run
-    data in `ServerState.weighting_state["server_label_dists"]` (the inner weighting's data
-    under "inner"), so runs with different releases share one compiled round.
-    """
-    dists = _validation.check_label_dists("server_label_dists", server_label_dists)
-    inner = weighting
-    data_dists = jnp.asarray(dists, jnp.float32)
-
-    def init():
-        return {"inner": inner.init(), "server_label_dists": data_dists}
-
-    return Weighting(inner.name, init, _server_dists_weights_fn(inner.weights))

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from fedjax_pals import _validation
-from fedjax_pals.algorithms import FederatedAlgorithm, Weighting, fedpals_weighting
 from fedjax_pals.data import FederatedPartition
+
+if TYPE_CHECKING:  # the methods (fedjax_pals.algorithms) import the registry, not the reverse
+    from fedjax_pals.algorithms import FederatedAlgorithm, Weighting
 
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
@@ -167,7 +169,7 @@ class MethodContext:
     weighting: Weighting | None = None
 
 
-Builder = Callable[[Any, MethodContext], FederatedAlgorithm]
+Builder = Callable[[Any, MethodContext], "FederatedAlgorithm"]
 PartitionTransform = Callable[[FederatedPartition, np.ndarray, int], FederatedPartition]
 
 
@@ -396,53 +398,3 @@ def method_grids() -> dict[str, tuple]:
     for method in _METHODS.values():
         grid.update(dict(method.grid))
     return grid
-
-
-def make_algorithm(
-    name: str,
-    *,
-    partition: FederatedPartition | None = None,
-    lam: float | None = None,
-    weights: str | None = None,
-    **hyperparameters: Any,
-) -> FederatedAlgorithm:
-    """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
-
-    Args:
-      name: a registered method, e.g. "fedprox", or "<client-side method>_fedpals".
-      partition: the training partition (with the server's T); the methods whose weights read
-        T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
-      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
-      weights: the weighting of a client-side method: None or "fedavg" (FedAvg) or "fedpals".
-      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu.
-
-    Raises:
-      ValueError: an unknown name, weighting or hyperparameter, or a missing or bad argument.
-    """
-    overrides = method_overrides(name)
-    if set(overrides) - {"algorithm.name", "algorithm.weights"}:
-        raise ValueError(
-            f"{name!r} is a variant set by the config ({overrides}); build it with build_task."
-        )
-    method = get_method(overrides["algorithm.name"])
-    if overrides["algorithm.weights"] is not None:
-        if weights not in (None, "fedpals"):
-            raise ValueError(f"{name!r} uses FedPALS' weights; weights={weights!r} contradicts it.")
-        weights = "fedpals"
-    if weights not in (None, "fedavg", "fedpals"):
-        raise ValueError(f"unknown weights {weights!r}; choose one of ('fedavg', 'fedpals').")
-    if weights == "fedpals" and not method.client_side:
-        raise ValueError(
-            f"{method.name} has its own server weights; weights='fedpals' applies only to "
-            f"{client_side_methods()} (or use name='fedpals')."
-        )
-    if partition is not None and not isinstance(partition, FederatedPartition):
-        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
-    weighting = None
-    if weights == "fedpals":
-        if partition is None or lam is None:
-            raise ValueError(f"{method.name} with weights='fedpals' needs partition=... and lam=....")
-        weighting = fedpals_weighting(
-            partition.target_label_dist, _validation.check_nonnegative("lam", lam)
-        )
-    return method.make(MethodContext(partition, lam, weighting), **hyperparameters)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import adaptive_lambda
+from fedjax_pals.algorithms import adaptive_lambda
 
 
 def _linear_apply(params, x):
@@ -61,7 +61,7 @@ def test_hypergradient_matches_finite_differences_of_the_validation_loss(seed):
         alpha = fjp.fedpals_weights(dists, target, sizes, lam)
         derivative = fjp.server_weights.fedpals_lam_derivative(dists, target, sizes, lam, alpha=alpha)
         new_params = jax.tree_util.tree_map(jnp.asarray, _aggregate64(params, deltas, alpha))
-        loss, grad = fjp.adaptive_lambda.validation_hypergradient(
+        loss, grad = adaptive_lambda.validation_hypergradient(
             _linear_apply,
             new_params,
             jax.tree_util.tree_map(jnp.asarray, deltas),
@@ -91,7 +91,7 @@ def _synthetic_run(seed, rounds, hyper_learning_rate=0.5, ess=0.9):
     target = partition.target_label_dist
     lam = float(fjp.lambda_for_ess(dists, target, sizes, ess))
     val = partition.target_val_indices
-    algorithm = fjp.adaptive_lambda.adaptive_fedpals(
+    algorithm = adaptive_lambda.adaptive_fedpals(
         target,
         dists,
         sizes,
@@ -109,7 +109,7 @@ def _synthetic_run(seed, rounds, hyper_learning_rate=0.5, ess=0.9):
 def test_lambda_takes_adam_steps_down_the_hypergradient_and_is_recorded():
     run, lam = _synthetic_run(seed=0, rounds=6, hyper_learning_rate=0.5)
     [(state, history)] = fjp.training.run_trainings([run])
-    report = fjp.adaptive_lambda.lam_report(jax.device_get(state))
+    report = adaptive_lambda.lam_report(jax.device_get(state))
     lams = np.array(report["lam_per_round"])
     grads = np.array(report["hypergradient_per_round"])
     assert lams.shape == grads.shape == (6,)
@@ -128,12 +128,12 @@ def test_runs_in_lockstep_match_runs_alone():
     for seed, (state, history) in zip((0, 1), together):
         [(alone, alone_history)] = fjp.training.run_trainings([_synthetic_run(seed, rounds=3)[0]])
         np.testing.assert_allclose(
-            fjp.adaptive_lambda.lam_report(jax.device_get(state))["lam_per_round"],
-            fjp.adaptive_lambda.lam_report(jax.device_get(alone))["lam_per_round"],
+            adaptive_lambda.lam_report(jax.device_get(state))["lam_per_round"],
+            adaptive_lambda.lam_report(jax.device_get(alone))["lam_per_round"],
             rtol=1e-5,
         )
         np.testing.assert_allclose(history.target_accuracy, alone_history.target_accuracy)
-    first, second = (fjp.adaptive_lambda.lam_report(jax.device_get(s))["lam_per_round"] for s, _ in together)
+    first, second = (adaptive_lambda.lam_report(jax.device_get(s))["lam_per_round"] for s, _ in together)
     assert first[1:] != second[1:]  # the seeds' trajectories differ: the runs are not copies
 
 
@@ -147,7 +147,7 @@ def test_validation_sets_of_any_size_give_states_of_one_shape_and_padding_is_ign
     val = partition.target_val_indices
     runs = [
         fjp.training.TrainingRun(
-            fjp.adaptive_lambda.adaptive_fedpals(
+            adaptive_lambda.adaptive_fedpals(
                 *args,
                 1.0,
                 model.apply,
@@ -188,11 +188,11 @@ def test_bad_settings_are_refused():
     model = fjp.logistic_regression((2,), 3)
     args = (partition.target_label_dist, dists, sizes)
     with pytest.raises(ValueError, match="initial_lam must be a finite number > 0"):
-        fjp.adaptive_lambda.adaptive_fedpals(*args, 0.0, model.apply, x, y, rounds=3)
+        adaptive_lambda.adaptive_fedpals(*args, 0.0, model.apply, x, y, rounds=3)
     with pytest.raises(ValueError, match="same number"):
-        fjp.adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y[:3], rounds=3)
+        adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y[:3], rounds=3)
     with pytest.raises(ValueError, match="hyper_learning_rate"):
-        fjp.adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3, hyper_learning_rate=0)
+        adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3, hyper_learning_rate=0)
     # Labels outside [0, K) (K = 3 here) or fractional ones: before, accepted silently.
     for bad, message in [
         (np.array([0, 1, 3, 2, 1]), r"val_labels must lie in \[0, K\) = \[0, 3\).*\[3\]"),
@@ -200,8 +200,8 @@ def test_bad_settings_are_refused():
         (np.array([0.0, 1.5, 2.0, 2.0, 1.0]), "val_labels must be integer class indices"),
     ]:
         with pytest.raises(ValueError, match=message):
-            fjp.adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, bad, rounds=3)
-    algorithm = fjp.adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3)
+            adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, bad, rounds=3)
+    algorithm = adaptive_lambda.adaptive_fedpals(*args, 1.0, model.apply, x, y, rounds=3)
     with pytest.raises(ValueError, match="built for 2 clients, the run has 3"):
         fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 3)
 

@@ -393,3 +393,32 @@ def test_a_change_of_meaning_changes_every_digest(monkeypatch):
     monkeypatch.setattr(config_lib, "SEMANTICS_VERSION", config_lib.SEMANTICS_VERSION + 1)
     assert fjp.config_digest(config) != before
     assert config_lib.config_identity(config)["semantics"] == config_lib.SEMANTICS_VERSION
+
+
+def test_config_resolves_the_new_keys_and_keeps_old_digests():
+    base = fjp.validate_config(fjp.default_config())
+    for key in ("feddisco_a", "feddisco_b", "feddisco_metric", "fedlc_tau", "label_dp_epsilon"):
+        assert base.algorithm[key] is None
+    # Unused new keys are not part of the identity: the runs recorded before them keep digests.
+    identity = fjp.experiment.config.config_identity(base)
+    assert "feddisco_a" not in identity["algorithm"]
+    assert "fedlc_tau" not in identity["algorithm"]
+    disco = fjp.validate_config(
+        {"algorithm": {"name": "feddisco", "feddisco_a": 1.0, "feddisco_metric": "l2"}}
+    )
+    assert (disco.algorithm.feddisco_a, disco.algorithm.feddisco_b) == (1.0, 0.1)
+    assert disco.algorithm.target_perturbation == 0.0 and disco.algorithm.lam is None
+    lc = fjp.validate_config({"algorithm": {"name": "fedlc", "weights": "fedpals"}})
+    assert lc.algorithm.fedlc_tau == 1.0 and lc.algorithm.lam == 0.0
+    assert fjp.config_digest({"algorithm": {"name": "fedlc", "fedlc_tau": 0.5}}) != (
+        fjp.config_digest({"algorithm": {"name": "fedlc", "fedlc_tau": 1.0}})
+    )
+    bad = [
+        ({"algorithm": {"name": "feddisco", "feddisco_metric": "cos"}}, "feddisco_metric"),
+        ({"algorithm": {"name": "feddisco", "feddisco_a": -1.0}}, "feddisco_a must be"),
+        ({"algorithm": {"name": "feddisco", "weights": "fedpals"}}, "weights='fedpals'"),
+        ({"algorithm": {"name": "fedlc", "fedlc_tau": None}}, "fedlc_tau is None"),
+    ]
+    for config, match in bad:
+        with pytest.raises(fjp.ConfigError, match=match):
+            fjp.validate_config(config)

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 import fedjax_pals as fjp
-from fedjax_pals import target_estimation
+from fedjax_pals.algorithms import target_estimation
 
 # Three 1-D Gaussian classes N(mu_y, 1); the source (the clients' pooled data) has prior S, the
 # target T. Under label shift p(x|y) is shared, and p_S(y|x) = S_y phi_y(x) / sum_j S_j phi_j(x)
@@ -54,7 +54,7 @@ def _mle_std():
 
 def test_em_recovers_a_known_target_within_its_asymptotic_error(data):
     target_probs, _, _ = data
-    estimate = fjp.target_estimation.estimate_target_label_dist(target_probs, method="em", source_label_dist=SOURCE)
+    estimate = target_estimation.estimate_target_label_dist(target_probs, method="em", source_label_dist=SOURCE)
     std = _mle_std()  # about 0.004-0.005 per class here
     assert np.all(std < 0.01)
     assert np.all(np.abs(estimate - TARGET) <= 5 * std), (estimate, std)
@@ -70,7 +70,7 @@ def _log_likelihood(t, target_probs):
 
 def test_em_returns_the_maximum_likelihood_fixed_point(data):
     target_probs = data[0][:5000]
-    estimate = fjp.target_estimation.em_label_dist(target_probs, SOURCE)
+    estimate = target_estimation.em_label_dist(target_probs, SOURCE)
     # The EM fixed point: mean_x of the re-weighted posteriors is the estimate itself.
     reweighted = target_probs * (estimate / SOURCE)[None, :]
     reweighted /= reweighted.sum(axis=1, keepdims=True)
@@ -84,7 +84,7 @@ def test_em_returns_the_maximum_likelihood_fixed_point(data):
         other = estimate + 1e-3 * direction / np.linalg.norm(direction)
         assert _log_likelihood(other, target_probs) <= best + 1e-9
     # A class the source lacks cannot be estimated: it gets 0.
-    zero = fjp.target_estimation.em_label_dist(
+    zero = target_estimation.em_label_dist(
         _posteriors(np.array([0.0, 1.0]), np.array([0.5, 0.5, 0.0])), [0.5, 0.5, 0]
     )
     assert zero[2] == 0.0 and zero.sum() == pytest.approx(1.0)
@@ -102,7 +102,7 @@ def test_bbse_is_the_solution_of_the_confusion_system():
     mu = np.bincount(np.argmax(target_probs, axis=1), minlength=3) / 200
     w = np.linalg.solve(confusion, mu)
     expected = confusion.sum(axis=0) * w
-    got = fjp.target_estimation.bbse_label_dist(source_probs, source_labels, target_probs)
+    got = target_estimation.bbse_label_dist(source_probs, source_labels, target_probs)
     if np.all(expected >= 0):
         np.testing.assert_allclose(got, expected, atol=1e-12)
     else:  # projected onto the simplex
@@ -122,18 +122,18 @@ def test_bbse_refuses_a_singular_confusion_matrix():
     target_probs = np.tile([0.7, 0.2, 0.1], (50, 1))
     for soft in (False, True):
         with pytest.raises(ValueError, match="confusion matrix is singular: rank 1 over the 3"):
-            fjp.target_estimation.bbse_label_dist(source_probs, source_labels, target_probs, soft=soft)
+            target_estimation.bbse_label_dist(source_probs, source_labels, target_probs, soft=soft)
     # A class absent from the source data is not a singularity: it gets weight 0.
     probs = np.eye(3)[[0, 1, 0, 1, 0, 1]] * 0.9 + 0.05
     probs /= probs.sum(axis=1, keepdims=True)
-    estimate = fjp.target_estimation.bbse_label_dist(probs, np.array([0, 1, 0, 1, 0, 1]), probs[:4])
+    estimate = target_estimation.bbse_label_dist(probs, np.array([0, 1, 0, 1, 0, 1]), probs[:4])
     assert estimate[2] == 0.0 and estimate.sum() == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("method", ["bbse", "bbse_soft"])
 def test_bbse_recovers_a_known_target_within_its_asymptotic_error(data, method):
     target_probs, source_probs, source_labels = data
-    estimate = fjp.target_estimation.estimate_target_label_dist(
+    estimate = target_estimation.estimate_target_label_dist(
         target_probs, method=method, source_probs=source_probs, source_labels=source_labels
     )
     # Delta method in mu (the target's mean prediction, n_t points): T^ = diag(S) C^{-1} mu,
@@ -152,19 +152,19 @@ def test_bbse_recovers_a_known_target_within_its_asymptotic_error(data, method):
 def test_estimation_arguments_are_validated(data):
     target_probs = data[0][:10]
     with pytest.raises(ValueError, match="unknown method"):
-        fjp.target_estimation.estimate_target_label_dist(target_probs, method="mlls")
+        target_estimation.estimate_target_label_dist(target_probs, method="mlls")
     with pytest.raises(ValueError, match="needs source_label_dist"):
-        fjp.target_estimation.estimate_target_label_dist(target_probs)
+        target_estimation.estimate_target_label_dist(target_probs)
     with pytest.raises(ValueError, match="needs source_probs and source_labels"):
-        fjp.target_estimation.estimate_target_label_dist(target_probs, method="bbse")
+        target_estimation.estimate_target_label_dist(target_probs, method="bbse")
     with pytest.raises(ValueError, match="probability vector"):
-        fjp.target_estimation.em_label_dist(target_probs * 2, SOURCE)
+        target_estimation.em_label_dist(target_probs * 2, SOURCE)
     with pytest.raises(ValueError, match="source_labels must lie"):
-        fjp.target_estimation.bbse_label_dist(target_probs, np.full(10, 3), target_probs)
+        target_estimation.bbse_label_dist(target_probs, np.full(10, 3), target_probs)
     # source_labels alone give EM its prior.
     np.testing.assert_allclose(
-        fjp.target_estimation.estimate_target_label_dist(target_probs, source_labels=np.array([0, 0, 1, 2])),
-        fjp.target_estimation.em_label_dist(target_probs, [0.5, 0.25, 0.25]),
+        target_estimation.estimate_target_label_dist(target_probs, source_labels=np.array([0, 0, 1, 2])),
+        target_estimation.em_label_dist(target_probs, [0.5, 0.25, 0.25]),
     )
 
 
@@ -172,7 +172,7 @@ def test_model_probabilities_are_the_models_softmax():
     model = fjp.logistic_regression((2,), 3)
     params = model.init(jax.random.PRNGKey(0))
     x = np.random.default_rng(0).normal(size=(25, 2)).astype(np.float32)
-    got = fjp.target_estimation.model_probabilities(model.apply, params, x, batch_size=7)
+    got = target_estimation.model_probabilities(model.apply, params, x, batch_size=7)
     np.testing.assert_allclose(got, jax.nn.softmax(model.apply(params, jnp.asarray(x))), rtol=1e-5)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
 
@@ -185,7 +185,7 @@ def test_fedpals_with_a_re_estimated_target():
     start = sizes @ partition.client_label_dists / sizes.sum()  # no target labels: the aggregate
     algorithm = fjp.fedpals(start, 0.0)
     engine = fjp.engine.round_engine(algorithm, model, training)
-    state, estimates = target_estimation.train_with_estimated_target(
+    state, estimates = fjp.training.train_with_estimated_target(
         algorithm, model, dataset, partition, training, rounds=40, every=10, seed=0
     )
     assert [r for r, _ in estimates] == [10, 20, 30]
@@ -203,7 +203,7 @@ def test_fedpals_with_a_re_estimated_target():
     assert engine.compilations == 1  # new estimates are state, not a new program
     # Wrapped weightings (the DP release of S) hold T under "inner".
     wrapped = algorithm._replace(
-        weighting=fjp.privacy.with_server_label_dists(algorithm.weighting, partition.client_label_dists)
+        weighting=fjp.algorithms.with_server_label_dists(algorithm.weighting, partition.client_label_dists)
     )
     initial = fjp.init_server_state(wrapped, model.init(jax.random.PRNGKey(0)), 2)
     moved = target_estimation.with_target_label_dist(initial, [0.2, 0.3, 0.5])

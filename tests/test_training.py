@@ -370,7 +370,7 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     def update(round_index, state_of):
         calls.append(round_index)
         if round_index == 2:
-            return fjp.target_estimation.with_target_label_dist(state_of(), new_target)
+            return fjp.algorithms.with_target_label_dist(state_of(), new_target)
         return None
 
     def failing(round_index, state_of):
@@ -391,3 +391,13 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     [(_, solo_history)] = fjp.training.run_trainings([_image_run(0, 0.0)])
     assert history.train_loss[:2] == solo_history.train_loss[:2]
     assert history.train_loss[2] != solo_history.train_loss[2]
+
+
+def test_sample_participants_is_reproducible_and_changes_with_the_round():
+    a = [fjp.training.sample_participants(3, r, 20, 5) for r in range(4)]
+    b = [fjp.training.sample_participants(3, r, 20, 5) for r in range(4)]
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+        assert len(np.unique(x)) == 5 and np.all(np.diff(x) > 0)
+    assert len({tuple(x) for x in a}) > 1
+    assert tuple(fjp.training.sample_participants(4, 0, 20, 5)) != tuple(a[0])

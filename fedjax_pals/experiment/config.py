@@ -34,19 +34,19 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     algorithm.target_perturbation  Table 2: FedPALS sees T_p = normalise(T + delta max(eps, 0))
     algorithm.<hyperparameter>  every registered method's own hyperparameters, declared with
                                 their defaults and allowed values by the method (registry.py,
-                                builtin_methods.py): prox_mu (FedProx), server_lr (SCAFFOLD),
+                                algorithms/<method>.py): prox_mu (FedProx), server_lr (SCAFFOLD),
                                 afl_step (AFL), fedrs_alpha / fedrs_soft (FedRS), feddisco_a /
                                 feddisco_b / feddisco_metric (FedDisco), fedlc_tau (FedLC); a key
                                 of another method than the run's resolves to None
     algorithm.lam_schedule      fixed (the paper) | hypergradient: FedPALS' lambda starts at lam /
                                 ess_fraction (> 0; an ESS fraction out of reach starts at the
                                 lower end, 1e-6 N) and follows the target validation loss's
-                                hypergradient (adaptive_lambda.py)
+                                hypergradient (algorithms/adaptive_lambda.py)
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
     algorithm.target_estimation None (the server knows T) | bbse | bbse_soft | em: T(Y) unknown;
                                 FedPALS starts from the clients' aggregate and re-estimates T
                                 from the global model on the unlabeled target validation inputs
-                                (target_estimation.py); needs lam (not ess_fraction)
+                                (algorithms/target_estimation.py); needs lam (not ess_fraction)
     algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
@@ -98,7 +98,7 @@ from fedjax_pals import _validation, models
 from fedjax_pals.data import registered_datasets
 
 # The method registry, with the methods that ship with the package registered.
-from fedjax_pals import builtin_methods  # noqa: F401  (registers the built-in methods)
+from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods)
 from fedjax_pals import registry
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 

@@ -118,7 +118,7 @@ def protocol_grid() -> "ml_collections.ConfigDict":
     * Learning rate, every method: 0.1, 0.01, 0.001 (decades below plain SGD's usual 0.1 for a
       LeNet; the paper tunes "model hyperparameters" without listing them).
     * Every registered method's own grid (`Method.grid`; the built-in ones and their
-      sources are listed in builtin_methods.py): FedProx' mu, SCAFFOLD's eta_g, AFL's step,
+      sources are in each method's module, algorithms/<method>.py): FedProx' mu, SCAFFOLD's eta_g, AFL's step,
       FedRS' alpha.
     """
     import ml_collections

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state
-from fedjax_pals.adaptive_lambda import adaptive_fedpals
+from fedjax_pals.algorithms import (
+    FederatedAlgorithm, adaptive_fedpals, init_server_state, make_algorithm, with_server_label_dists,
+)
 from fedjax_pals import registry
 from fedjax_pals.data import (
     Dataset,
@@ -36,7 +37,7 @@ from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.models import Model, make_model
-from fedjax_pals.privacy import private_label_dists, with_server_label_dists
+from fedjax_pals.privacy import private_label_dists
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, effective_sample_size, lambda_for_ess
 
@@ -206,7 +207,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         # e.g. the Oracle: FedAvg on clients resampled to the target label distribution.
         training_partition = method.partition_transform(partition, dataset.train.y, config.seed)
     weights_partition = dataclasses.replace(training_partition, target_label_dist=target)
-    algorithm = registry.make_algorithm(
+    algorithm = make_algorithm(
         a.name,
         partition=weights_partition,
         lam=lam,

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from fedjax_pals.adaptive_lambda import lam_report
+from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.engine_record import engine_segments
@@ -37,7 +37,6 @@ from fedjax_pals.experiment.task import build_task, task_summary
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import MetricWriter
 from fedjax_pals.runtime import is_main_process
-from fedjax_pals.target_estimation import TargetReestimation
 from fedjax_pals.training import (
     TrainingHistory,
     TrainingRun,

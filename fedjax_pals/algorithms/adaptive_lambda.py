@@ -37,6 +37,9 @@ trade for learning rates). The starting lambda is the config's (e.g. ESS 50 % of
 The validation examples, the clients' label distributions and sizes, the optimiser state
 and the trajectory of lambda are per-run data in `ServerState.algorithm_state`, so runs of
 different seeds share one compiled round and the run resumes exactly from a checkpoint.
+
+Registered as the variant `fedpals_adaptive`: FedPALS with `algorithm.lam_schedule =
+"hypergradient"` (`fedjax_pals.experiment.task` builds it with `adaptive_fedpals`).
 """
 
 from __future__ import annotations
@@ -51,14 +54,11 @@ import numpy as np
 import optax
 
 from fedjax_pals import _validation
-from fedjax_pals.algorithms import (
-    FederatedAlgorithm,
-    ServerState,
-    _global_params,
-    fedpals_weighting,
-    plain_sgd,
-    weighted_average_update,
+from fedjax_pals.algorithms.base import (
+    FederatedAlgorithm, ServerState, _global_params, plain_sgd, weighted_average_update,
 )
+from fedjax_pals.algorithms.fedpals import fedpals_weighting
+from fedjax_pals.registry import Variant, register_variant
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, fedpals_lam_derivative
 
 DEFAULT_HYPER_LEARNING_RATE = 0.5
@@ -290,3 +290,9 @@ def lam_report(state: ServerState) -> dict[str, list[float]]:
         "hypergradient_per_round": np.asarray(data["hypergradient_history"])[:done].tolist(),
         "hyper_val_loss_per_round": np.asarray(data["val_loss_history"])[:done].tolist(),
     }
+
+
+register_variant(
+    Variant("fedpals_adaptive", "FedPALS (adaptive λ)", "fedpals",
+            {"algorithm.lam_schedule": "hypergradient"}), replace=True
+)

@@ -22,6 +22,11 @@ model's outputs):
 Both are consistent under label shift (BBSE needs C invertible; EM needs calibrated
 posteriors). `model_probabilities` computes a model's softmax outputs in batches;
 `estimate_target_label_dist` dispatches on the method.
+
+During training, `TargetReestimation` replaces FedPALS' T by a new estimate every few rounds
+(`fedjax_pals.training.train_with_estimated_target` runs it). Registered as the variants
+`fedpals_unknown_t_bbse`, `fedpals_unknown_t_bbse_soft` and `fedpals_unknown_t_em`: FedPALS
+with `algorithm.target_estimation` set.
 """
 
 from __future__ import annotations
@@ -33,12 +38,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fedjax_pals.algorithms.fedpals  # noqa: F401  (registers "fedpals", which the variants set)
 from fedjax_pals import _validation
 from fedjax_pals.privacy import project_to_simplex
+from fedjax_pals.registry import Variant, register_variant
 
 METHODS = ("em", "bbse", "bbse_soft")
 EM_DEFAULT_MAX_ITER = 10_000
 EM_DEFAULT_TOL = 1e-10
+
+
+def _method(method: Any) -> str:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
+    return method
 
 
 def _probs(name: str, probs: Any) -> np.ndarray:
@@ -184,9 +197,7 @@ def estimate_target_label_dist(
     `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
     (Lipton et al., 2018; `bbse_label_dist`) need `source_probs` and `source_labels`.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
-    if method == "em":
+    if _method(method) == "em":
         if source_label_dist is None:
             if source_labels is None:
                 raise ValueError("method='em' needs source_label_dist (or source_labels).")
@@ -276,8 +287,7 @@ class TargetReestimation:
         seed: int = 0,
         source_size: int = 5000,
     ):
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {METHODS}.")
+        _method(method)
         self.every = _validation.check_positive_int("every", every)
         source_size = _validation.check_positive_int("source_size", source_size)
         self.algorithm, self.model, self.method = algorithm, model, method
@@ -318,58 +328,10 @@ class TargetReestimation:
         return with_target_label_dist(state_of(), estimate)
 
 
-def train_with_estimated_target(
-    algorithm: Any,
-    model: Any,
-    dataset: Any,
-    partition: Any,
-    training: Any,
-    *,
-    rounds: int,
-    every: int,
-    method: str = "bbse",
-    seed: int = 0,
-    source_size: int = 5000,
-    clients_per_round: int | None = None,
-    backend: str = "auto",
-) -> tuple[Any, list[tuple[int, np.ndarray]]]:
-    """FedPALS with T(Y) unknown: `run_training` with T re-estimated every `every` rounds
-    (`TargetReestimation`).
-
-    Starts from the T in `algorithm`'s weighting state (e.g. `fedpals(T_0, lam)` with T_0 the
-    clients' aggregate sum_i n_i S_i / N, the natural guess without target labels).
-    Everything else (local training, participants, round keys, evaluation) is
-    `run_training`'s.
-
-    Returns:
-      (the final ServerState, [(round, T^) for each estimate]).
-    """
-    from fedjax_pals.training import run_training
-
-    rounds = _validation.check_positive_int("rounds", rounds)
-    reestimation = TargetReestimation(
-        algorithm,
-        model,
-        dataset,
-        partition,
-        every=every,
-        method=method,
-        seed=seed,
-        source_size=source_size,
-    )
-    state, _ = run_training(
-        algorithm,
-        model,
-        dataset,
-        partition,
-        training,
-        rounds=rounds,
-        seed=seed,
-        clients_per_round=clients_per_round,
-        backend=backend,
-        update_state=reestimation,
-    )
-    return state, reestimation.estimates
-
-
 _SOURCE_SAMPLE_STREAM = 0x5EED
+
+for _method_name, _label in (("bbse", "BBSE"), ("bbse_soft", "soft BBSE"), ("em", "EM")):
+    register_variant(
+        Variant(f"fedpals_unknown_t_{_method_name}", f"FedPALS (T^ by {_label})", "fedpals",
+                {"algorithm.target_estimation": _method_name}), replace=True
+    )

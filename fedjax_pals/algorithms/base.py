@@ -11,6 +11,21 @@ method (plain SGD) and the server update and differ only in their weights
 All state that lives across rounds is in `ServerState`: the global params,
 every client's persistent state stacked on a leading client axis (SCAFFOLD's
 control variates), and the algorithm's own server-side state.
+
+A method is one module of this package (`fedavg`, `fedpals`, `fedprox`, ...): its pieces, the
+notes on where it differs from its reference implementation, and its registration
+(`fedjax_pals.registry`). The FedPALS paper (Sec. 5) names the baselines but not their
+updates; each module implements the update of the paper it cites. Every method trains locally
+with the same plain minibatch SGD (no momentum, no weight decay, no clipping), E local epochs
+per round, as the FedPALS paper trains all methods alike (Sec. 5); references that use another
+local optimiser are noted in their module.
+
+Compilation caching. `engine.round_engine` keys its compiled rounds on the identity of (client
+method, weighting function, server update, model, training, strategy). Every builder is
+therefore `functools.cache`d on its (hashable, normalised) hyperparameters, so equal
+hyperparameters give the *same* function objects, and anything that varies between runs
+(FedShift's aggregate label distribution, FedPALS' target) lives in the `ServerState`
+(`algorithm_state` / `weighting_state`), never in a cached closure.
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pals import _validation, server_weights
+from fedjax_pals import server_weights
 
 Params = chex.ArrayTree
 PyTree = Any
@@ -125,28 +140,9 @@ def _fedavg_weights(label_dists, sizes, state, participants):
     return server_weights.fedavg_weights(sizes)
 
 
-def _fedpals_weights(label_dists, sizes, state, participants):
-    data = state.weighting_state
-    return server_weights.fedpals_weights(
-        label_dists, data["target_label_dist"], sizes, data["lam"]
-    )
-
-
 def fedavg_weighting() -> Weighting:
     """alpha_i = n_i / N over the participants (eq. 4)."""
     return Weighting("fedavg", _no_weighting_state, _fedavg_weights)
-
-
-def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weighting:
-    """alpha^lam of eq. 8 over the participants, re-solved whenever they change."""
-    # Checked here: inside the jitted round the values are traced and unchecked.
-    _validation.check_distribution("target_label_dist", target_label_dist)
-    _validation.check_lam(lam)
-    data = {
-        "target_label_dist": jnp.asarray(target_label_dist, jnp.float32),
-        "lam": jnp.asarray(lam, jnp.float32),
-    }
-    return Weighting("fedpals", lambda: data, _fedpals_weights)
 
 
 class ClientOutputs(NamedTuple):
@@ -225,19 +221,6 @@ def init_server_state(
     )
 
 
-def _build(
-    name: str, client: ClientMethod, weighting: Weighting, server_update: ServerUpdate | None = None
-) -> FederatedAlgorithm:
-    return FederatedAlgorithm(
-        name=name,
-        client=client,
-        weighting=weighting,
-        server_update=server_update or weighted_average_update(),
-        init_algorithm_state=_no_algorithm_state,
-        eval_params=_global_params,
-    )
-
-
 def _no_algorithm_state(params, num_clients):
     return ()
 
@@ -246,18 +229,62 @@ def _global_params(state):
     return state.params
 
 
-def fedavg() -> FederatedAlgorithm:
-    """FedAvg: local SGD, size-weighted averaging (eq. 4)."""
-    return _build("fedavg", plain_sgd(), fedavg_weighting())
-
-
-def fedpals(target_label_dist: chex.ArrayLike, lam: float) -> FederatedAlgorithm:
-    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1)."""
-    return _build("fedpals", plain_sgd(), fedpals_weighting(target_label_dist, lam))
-
-
 def with_client_method(
     algorithm: FederatedAlgorithm, client: ClientMethod, name: str | None = None
 ) -> FederatedAlgorithm:
     """The same server side with another client method (e.g. FedProx + FedPALS)."""
     return algorithm._replace(client=client, name=name or f"{client.name}+{algorithm.name}")
+
+
+def combine(
+    client_method: ClientMethod,
+    weighting: Weighting | None = None,
+    name: str | None = None,
+    *,
+    algorithm_state: PyTree = (),
+) -> FederatedAlgorithm:
+    """A client method with FedAvg (weighting None) or any weighting, e.g. FedPALS.
+
+    The server update is the weighted average theta <- sum_i alpha_i theta_i.
+    `algorithm_state` is per-run data the client method reads from the state
+    (FedShift's P); it is placed in `ServerState.algorithm_state` at init.
+    """
+    weighting = weighting if weighting is not None else fedavg_weighting()
+    if isinstance(algorithm_state, tuple) and not algorithm_state:
+        init = _no_algorithm_state
+    else:
+
+        def init(params, num_clients, data=algorithm_state):
+            return data
+
+    return FederatedAlgorithm(
+        name=name or f"{client_method.name}+{weighting.name}",
+        client=client_method,
+        weighting=weighting,
+        server_update=weighted_average_update(),
+        init_algorithm_state=init,
+        eval_params=_global_params,
+    )
+
+
+def _suffix(name: str, weighting: Weighting | None) -> str:
+    """`name`, or `name+<weighting>` for a weighting other than FedAvg's."""
+    return name if weighting is None or weighting.name == "fedavg" else f"{name}+{weighting.name}"
+
+
+def _state_entry(state: ServerState, key: str, who: str, builder: str):
+    """algorithm_state[key], with a clear error when the method is mis-assembled."""
+    data = state.algorithm_state
+    if not isinstance(data, dict) or key not in data:
+        raise ValueError(
+            f"{who} reads ServerState.algorithm_state[{key!r}], which this algorithm does not "
+            f"provide; build it with {builder}."
+        )
+    return data[key]
+
+
+def _need(value, what: str, name: str):
+    """A `MethodContext` entry a method's builder needs (ValueError when the run gives none)."""
+    if value is None:
+        raise ValueError(f"{name} needs {what}.")
+    return value

@@ -1,45 +1,34 @@
-"""Two label-shift methods beyond the FedPALS paper's baselines: FedDisco and FedLC.
+"""FedDisco (Ye et al., "FedDisco: Federated Learning with Discrepancy-Aware Collaboration",
+ICML 2023; reference code MediaBrain-SJTU/FedDisco, `disco.py`), a label-shift method beyond
+the FedPALS paper's baselines.
 
-Both are pieces of `fedjax_pals.algorithms`, composable like the others:
+FedDisco is a *weighting*: the server weighs client k by its relative dataset size and by the
+discrepancy d_k between its label distribution and a global one. It uses the same server-side
+information as FedPALS (the clients' S_k(Y) and the target's T(Y)), so it is FedPALS' natural
+head-to-head. It composes with any client method: `fjp.combine(fedlc_client(tau),
+feddisco_weighting(T))` is FedLC's local training with FedDisco's weights (`fedlc`).
 
-* FedDisco (Ye et al., "FedDisco: Federated Learning with Discrepancy-Aware Collaboration",
-  ICML 2023; reference code MediaBrain-SJTU/FedDisco, `disco.py`) is a *weighting*: the
-  server weighs client k by its relative dataset size and by the discrepancy d_k between
-  its label distribution and a global one. It uses the same server-side information as
-  FedPALS (the clients' S_k(Y) and the target's T(Y)), so it is FedPALS' natural
-  head-to-head.
-* FedLC (Zhang et al., "Federated Learning with Label Distribution Skew via Logits
-  Calibration", ICML 2022) is a *client method*: during local training every logit is
-  calibrated by the client's count of that label.
-
-`fjp.combine(fedlc_client(tau), feddisco_weighting(T))` is FedLC's local training with
-FedDisco's weights; `fjp.combine(fedlc_client(tau), fjp.fedpals_weighting(T, lam))` is
-FedLC+FedPALS. As everywhere in the package, per-run data (the global distribution, a and b)
-lives in `ServerState.weighting_state`; only the hashable hyperparameters that change the
-traced program (the discrepancy metric, tau) select a cached function, so runs that differ
-only in their data share one compiled round.
+As everywhere in the package, per-run data (the global distribution, a and b) lives in
+`ServerState.weighting_state`; only the hashable hyperparameters that change the traced program
+(the discrepancy metric) select a cached function, so runs that differ only in their data share
+one compiled round.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fedjax_pals import _validation
-from fedjax_pals.baselines import combine
-from fedjax_pals.algorithms import (
-    ClientInfo,
-    ClientMethod,
-    FederatedAlgorithm,
-    ServerState,
-    Weighting,
-    plain_sgd,
+from fedjax_pals.algorithms.base import (
+    ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, combine, plain_sgd,
 )
+from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 DISCREPANCY_METRICS = ("kl", "l2")
 # FedDisco's defaults in the reference code (args.py: --disco_a 0.5, --disco_b 0.1,
@@ -47,12 +36,6 @@ DISCREPANCY_METRICS = ("kl", "l2")
 FEDDISCO_DEFAULT_A = 0.5
 FEDDISCO_DEFAULT_B = 0.1
 FEDDISCO_DEFAULT_METRIC = "kl"
-# FedLC: the count of a class the client does not hold is floored at this value before the
-# power -1/4, as in the public implementations (FL-bench `src/client/fedlc.py`, fluke
-# `fluke/algorithms/fedlc.py`: max(1e-8, count)); the shift of an absent class is then
-# tau * (1e-8)^(-1/4) = 100 tau.
-FEDLC_MIN_COUNT = 1e-8
-FEDLC_DEFAULT_TAU = 1.0
 
 
 def _metric(metric: Any) -> str:
@@ -61,9 +44,6 @@ def _metric(metric: Any) -> str:
             f"unknown FedDisco discrepancy metric {metric!r}; choose one of {DISCREPANCY_METRICS}."
         )
     return metric
-
-
-# -- FedDisco -----------------------------------------------------------------------------------
 
 
 def feddisco_discrepancy(
@@ -223,51 +203,26 @@ def feddisco(
     return combine(client, weighting, name)
 
 
-# -- FedLC --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FedDiscoHyperparameters(Hyperparameters):
+    feddisco_a: float = hyperparameter(
+        FEDDISCO_DEFAULT_A, low=0.0, doc="FedDisco's discrepancy weight a"
+    )
+    feddisco_b: float = hyperparameter(FEDDISCO_DEFAULT_B, doc="FedDisco's offset b")
+    feddisco_metric: str = hyperparameter(
+        FEDDISCO_DEFAULT_METRIC,
+        kind="choice",
+        choices=DISCREPANCY_METRICS,
+        doc="FedDisco's discrepancy of S_k from T",
+    )
 
 
-def fedlc_calibrated_logits(
-    logits: chex.ArrayLike, label_counts: chex.ArrayLike, tau: float
-) -> jax.Array:
-    """FedLC's calibrated logits (Zhang et al., 2022, Sec. 4, the calibrated loss):
-
-        f~_y(x) = f_y(x) - tau * n_{k,y}^{-1/4},
-
-    n_{k,y} the client's count of label y, floored at `FEDLC_MIN_COUNT` = 1e-8 for absent
-    labels (the public implementations' choice). The local loss is the softmax
-    cross-entropy of f~, as FL-bench and fluke compute it:
-
-        L_cal(x, y) = -log( exp(f~_y(x)) / sum_{y'} exp(f~_{y'}(x)) ),
-
-    so the pair (y, y') gets the margin tau (n_{k,y}^{-1/4} - n_{k,y'}^{-1/4}): a rare
-    label must beat a frequent one by more. tau = 0 is the plain cross-entropy.
-    """
-    tau = _validation.check_nonnegative("tau", tau)
-    logits = jnp.asarray(logits)
-    counts = jnp.maximum(jnp.asarray(label_counts, logits.dtype), FEDLC_MIN_COUNT)
-    return logits - jnp.asarray(tau, logits.dtype) * counts ** jnp.asarray(-0.25, logits.dtype)
+def _build(hp: FedDiscoHyperparameters, context: MethodContext) -> FederatedAlgorithm:
+    partition = _need(context.partition, "the partition (its target T)", "feddisco")
+    return feddisco(partition.target_label_dist, hp.feddisco_a, hp.feddisco_b, hp.feddisco_metric)
 
 
-@functools.cache
-def _fedlc_client(tau: float) -> ClientMethod:
-    def adjust_logits(logits, info: ClientInfo, state: ServerState):
-        counts = info.label_dist.astype(logits.dtype) * info.num_examples.astype(logits.dtype)
-        return fedlc_calibrated_logits(logits, counts, tau)
-
-    return plain_sgd()._replace(name=f"fedlc(tau={tau:g})", adjust_logits=adjust_logits)
-
-
-def fedlc_client(tau: float = FEDLC_DEFAULT_TAU) -> ClientMethod:
-    """FedLC's logit calibration during local training (`fedlc_calibrated_logits`).
-
-    The client's label counts n_{k,y} = S_k(y) n_k come from its ClientInfo; evaluation uses
-    the uncalibrated logits. tau >= 0; tau = 0 is plain local SGD (FedAvg's client).
-    """
-    return _fedlc_client(_validation.check_nonnegative("tau", tau))
-
-
-def fedlc(tau: float = FEDLC_DEFAULT_TAU, weighting: Weighting | None = None) -> FederatedAlgorithm:
-    """FedLC (Zhang et al., ICML 2022) with FedAvg weights, or `weighting` (e.g. FedPALS' or
-    FedDisco's)."""
-    name = "fedlc" if weighting is None or weighting.name == "fedavg" else f"fedlc+{weighting.name}"
-    return combine(fedlc_client(tau), weighting, name)
+register_method(
+    Method("feddisco", "FedDisco", _build, FedDiscoHyperparameters, reads_target=True,
+           description="weights from size and label discrepancy (Ye et al., 2023)"), replace=True
+)

@@ -1,0 +1,66 @@
+"""Federated algorithms, one module per method; importing the package registers the built-ins.
+
+`base` holds the pieces every method is made of (`ClientMethod`, `Weighting`, server updates,
+`FederatedAlgorithm`, `combine`); each method module defines its pieces, the notes on where it
+differs from its reference implementation, and its registration in `fedjax_pals.registry`
+(hyperparameters, grid, label, builder), in the order of the imports below. A user's method is
+one module of theirs written the same way (README, "Extending fedjax_pals").
+"""
+
+from fedjax_pals.algorithms.base import (
+    ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm, Params, PyTree, ServerState,
+    ServerUpdate, Weighting, combine, fedavg_weighting, init_server_state, plain_sgd,
+    weighted_average_update, with_client_method,
+)
+from fedjax_pals.algorithms.fedavg import fedavg
+from fedjax_pals.algorithms.fedpals import fedpals, fedpals_weighting, make_algorithm
+from fedjax_pals.algorithms.fedprox import FedProxHyperparameters, fedprox, fedprox_client
+from fedjax_pals.algorithms.scaffold import (
+    ScaffoldHyperparameters, scaffold, scaffold_client, scaffold_server_update, uniform_weighting,
+)
+from fedjax_pals.algorithms.afl import AflHyperparameters, afl, afl_server_update, afl_weighting
+from fedjax_pals.algorithms.fedrs import FedRSHyperparameters, fedrs, fedrs_client
+from fedjax_pals.algorithms.fedshift import (
+    fedshift, fedshift_aggregate_label_dist, fedshift_client, smoothed_label_dists,
+)
+from fedjax_pals.algorithms.oracle import oracle, oracle_partition
+from fedjax_pals.algorithms.feddisco import (
+    DISCREPANCY_METRICS, FEDDISCO_DEFAULT_A, FEDDISCO_DEFAULT_B, FEDDISCO_DEFAULT_METRIC,
+    FedDiscoHyperparameters, feddisco, feddisco_discrepancy, feddisco_weighting, feddisco_weights,
+)
+from fedjax_pals.algorithms.fedlc import (
+    FEDLC_DEFAULT_TAU, FEDLC_MIN_COUNT, FedLCHyperparameters, fedlc, fedlc_calibrated_logits,
+    fedlc_client,
+)
+from fedjax_pals.algorithms.private_marginals import with_server_label_dists
+from fedjax_pals.algorithms.adaptive_lambda import (
+    DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, adaptive_fedpals, lam_report,
+    validation_hypergradient,
+)
+from fedjax_pals.algorithms.target_estimation import (
+    TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
+    estimate_target_label_dist, model_probabilities, with_target_label_dist,
+)
+
+__all__ = [
+    # base
+    "ClientInfo", "ClientMethod", "ClientOutputs", "FederatedAlgorithm", "Params", "PyTree",
+    "ServerState", "ServerUpdate", "Weighting", "combine", "fedavg_weighting",
+    "init_server_state", "plain_sgd", "weighted_average_update", "with_client_method",
+    # the methods
+    "fedavg", "fedpals", "fedpals_weighting", "make_algorithm",
+    "FedProxHyperparameters", "fedprox", "fedprox_client",
+    "ScaffoldHyperparameters", "scaffold", "scaffold_client", "scaffold_server_update",
+    "uniform_weighting", "AflHyperparameters", "afl", "afl_server_update", "afl_weighting",
+    "FedRSHyperparameters", "fedrs", "fedrs_client", "fedshift",
+    "fedshift_aggregate_label_dist", "fedshift_client", "smoothed_label_dists", "oracle",
+    "oracle_partition", "DISCREPANCY_METRICS", "FEDDISCO_DEFAULT_A", "FEDDISCO_DEFAULT_B",
+    "FEDDISCO_DEFAULT_METRIC", "FedDiscoHyperparameters", "feddisco", "feddisco_discrepancy",
+    "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU", "FEDLC_MIN_COUNT",
+    "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
+    # beyond the paper: DP label marginals, adaptive lambda, unknown T
+    "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE", "DEFAULT_HYPER_VAL_SIZE",
+    "adaptive_fedpals", "lam_report", "validation_hypergradient", "TargetReestimation",
+    "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
+    "model_probabilities", "with_target_label_dist",
+]

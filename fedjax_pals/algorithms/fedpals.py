@@ -1,0 +1,110 @@
+"""FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1).
+
+FedAvg's client and server update with the weights of eq. 8: the projection of the target's
+T(Y) onto the convex hull of the participants' S_i(Y), traded off by lam against the effective
+sample size, re-solved whenever the participants change. T and lam are per-run data in
+`ServerState.weighting_state`, so runs differing only in them share one compiled round.
+
+`make_algorithm` builds any registered method by name, with FedPALS' weights for a client-side
+method (`<name>_fedpals`, e.g. FedProx+FedPALS).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax.numpy as jnp
+
+from fedjax_pals import _validation, registry, server_weights
+from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting, _need, combine, plain_sgd
+from fedjax_pals.data import FederatedPartition
+
+
+def _fedpals_weights(label_dists, sizes, state, participants):
+    data = state.weighting_state
+    return server_weights.fedpals_weights(
+        label_dists, data["target_label_dist"], sizes, data["lam"]
+    )
+
+
+def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weighting:
+    """alpha^lam of eq. 8 over the participants, re-solved whenever they change."""
+    # Checked here: inside the jitted round the values are traced and unchecked.
+    _validation.check_distribution("target_label_dist", target_label_dist)
+    _validation.check_lam(lam)
+    data = {
+        "target_label_dist": jnp.asarray(target_label_dist, jnp.float32),
+        "lam": jnp.asarray(lam, jnp.float32),
+    }
+    return Weighting("fedpals", lambda: data, _fedpals_weights)
+
+
+def fedpals(target_label_dist: chex.ArrayLike, lam: float) -> FederatedAlgorithm:
+    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1)."""
+    return combine(plain_sgd(), fedpals_weighting(target_label_dist, lam), "fedpals")
+
+
+def _build(hp, context: registry.MethodContext) -> FederatedAlgorithm:
+    partition = _need(context.partition, "the partition (its target T)", "fedpals")
+    lam = _need(context.lam, "FedPALS' trade-off lam", "fedpals")
+    return fedpals(partition.target_label_dist, lam)
+
+
+registry.register_method(
+    registry.Method(
+        "fedpals", "FedPALS", _build, reads_target=True,
+        description="local SGD, target-aware weights alpha^lam (eq. 8)",
+    ),
+    replace=True,
+)
+
+
+def make_algorithm(
+    name: str,
+    *,
+    partition: FederatedPartition | None = None,
+    lam: float | None = None,
+    weights: str | None = None,
+    **hyperparameters: Any,
+) -> FederatedAlgorithm:
+    """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
+
+    Args:
+      name: a registered method, e.g. "fedprox", or "<client-side method>_fedpals".
+      partition: the training partition (with the server's T); the methods whose weights read
+        T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
+      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
+      weights: the weighting of a client-side method: None or "fedavg" (FedAvg) or "fedpals".
+      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu.
+
+    Raises:
+      ValueError: an unknown name, weighting or hyperparameter, or a missing or bad argument.
+    """
+    overrides = registry.method_overrides(name)
+    if set(overrides) - {"algorithm.name", "algorithm.weights"}:
+        raise ValueError(
+            f"{name!r} is a variant set by the config ({overrides}); build it with build_task."
+        )
+    method = registry.get_method(overrides["algorithm.name"])
+    if overrides["algorithm.weights"] is not None:
+        if weights not in (None, "fedpals"):
+            raise ValueError(f"{name!r} uses FedPALS' weights; weights={weights!r} contradicts it.")
+        weights = "fedpals"
+    if weights not in (None, "fedavg", "fedpals"):
+        raise ValueError(f"unknown weights {weights!r}; choose one of ('fedavg', 'fedpals').")
+    if weights == "fedpals" and not method.client_side:
+        raise ValueError(
+            f"{method.name} has its own server weights; weights='fedpals' applies only to "
+            f"{registry.client_side_methods()} (or use name='fedpals')."
+        )
+    if partition is not None and not isinstance(partition, FederatedPartition):
+        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
+    weighting = None
+    if weights == "fedpals":
+        if partition is None or lam is None:
+            raise ValueError(f"{method.name} with weights='fedpals' needs partition=... and lam=....")
+        weighting = fedpals_weighting(
+            partition.target_label_dist, _validation.check_nonnegative("lam", lam)
+        )
+    return method.make(registry.MethodContext(partition, lam, weighting), **hyperparameters)

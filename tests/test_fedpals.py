@@ -1,0 +1,96 @@
+"""FedPALS' weighting under partial participation, and `make_algorithm` (which lives with it)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.algorithms.feddisco import _feddisco_weights_fn
+from method_testing import DIM, K, TRAINING, label_task, run, task_data
+
+
+def test_fedpals_weights_with_partial_participation_match_fedpals_weights():
+    counts = [[8, 1, 1], [1, 8, 1], [1, 1, 8], [5, 5, 0], [0, 4, 6], [3, 3, 4], [10, 5, 5]]
+    train_x, train_y, partition = label_task(counts, seed=3)
+    data, model = task_data(train_x, train_y, partition), fjp.logistic_regression((DIM,), K)
+    lam = 0.5
+    algorithm = fjp.make_algorithm(
+        "fedprox", partition=partition, lam=lam, prox_mu=0.01, weights="fedpals"
+    )
+    assert algorithm.name == "fedprox_fedpals"
+    chosen = lambda r: fjp.training.sample_participants(7, r, partition.num_clients, 3)
+    _, metrics = run(algorithm, data, model, TRAINING, rounds=3, participants=chosen)
+    dists, sizes = partition.client_label_dists, partition.client_sizes
+    for r, m in enumerate(metrics):
+        who = chosen(r)
+        expected = fjp.fedpals_weights(dists[who], partition.target_label_dist, sizes[who], lam)
+        np.testing.assert_allclose(m["weights"], expected, atol=1e-5)
+
+
+def test_make_algorithm_builds_stable_pieces_and_validates():
+    _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    for name in fjp.registered_methods():
+        own = fjp.registry.hyperparameter_checks(fjp.get_method(name).hyperparameters)
+        kwargs = dict(partition=partition, lam=0.1)
+        kwargs.update({k: v for k, v in dict(prox_mu=0.01, afl_step=0.1).items() if k in own})
+        first = fjp.make_algorithm(name, **kwargs)
+        again = fjp.make_algorithm(name, **kwargs)
+        # Equal hyperparameters -> the same functions, so the engine reuses its compiled round.
+        assert first.client is again.client or first.client == again.client
+        assert first.weighting.weights is again.weighting.weights
+        assert first.server_update is again.server_update
+    model, training = fjp.logistic_regression((2,), 3), TRAINING
+    assert fjp.engine.round_engine(fjp.algorithms.scaffold(1.0), model, training) is fjp.engine.round_engine(
+        fjp.make_algorithm("scaffold", server_lr=1.0), model, training
+    )
+    assert fjp.make_algorithm("fedrs", fedrs_alpha=0.5).client == fjp.algorithms.fedrs_client(0.5)
+    shift = fjp.make_algorithm("fedshift", partition=partition, weights="fedpals", lam=1.0)
+    assert shift.name == "fedshift_fedpals" and shift.weighting.name == "fedpals"
+    bad = [
+        dict(name="nope"),
+        dict(name="fedprox", mu=0.1),
+        dict(name="fedprox_fedpals", prox_mu=0.1, weights="fedavg"),
+        dict(name="fedpals_adaptive", partition=partition, lam=0.1),
+        dict(name="fedpals", lam=0.1),
+        dict(name="fedpals", partition=partition),
+        dict(name="fedshift"),
+        dict(name="fedprox", prox_mu=-1.0),
+        dict(name="fedrs", fedrs_alpha=0.0),
+        dict(name="fedrs", fedrs_alpha=1.5),
+        dict(name="fedavg", weights="fedpals"),
+        dict(name="scaffold", weights="fedpals"),
+        dict(name="fedprox", prox_mu=0.1, weights="uniform"),
+        dict(name="fedprox", prox_mu=0.1, weights="fedpals", lam=0.1),
+        dict(name="fedavg", server_lr=0.5),
+        dict(name="scaffold", server_lr=0.0),
+        dict(name="afl", afl_step=-0.1),
+        dict(name="fedrs", fedrs_soft="yes"),
+    ]
+    for kwargs in bad:
+        with pytest.raises(ValueError):
+            fjp.make_algorithm(**kwargs)
+
+
+def test_make_algorithm_builds_feddisco_and_fedlc():
+    _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    disco = fjp.make_algorithm(
+        "feddisco", partition=partition, feddisco_a=0.3, feddisco_b=0.0, feddisco_metric="l2"
+    )
+    assert disco.weighting.weights is _feddisco_weights_fn("l2")
+    state = fjp.init_server_state(disco, {"w": jnp.zeros(1)}, partition.num_clients)
+    np.testing.assert_allclose(
+        state.weighting_state["global_label_dist"], partition.target_label_dist
+    )
+    assert float(state.weighting_state["a"]) == pytest.approx(0.3)
+    lc = fjp.make_algorithm(
+        "fedlc", fedlc_tau=0.5, weights="fedpals", partition=partition, lam=0.0
+    )
+    assert lc.name == "fedlc_fedpals" and lc.client is fjp.algorithms.fedlc_client(0.5)
+    for kwargs in (
+        dict(name="feddisco"),
+        dict(name="feddisco", partition=partition, weights="fedpals", lam=0.0),
+        dict(name="feddisco", partition=partition, feddisco_a=-1.0),
+        dict(name="fedlc", fedlc_tau=-1.0),
+    ):
+        with pytest.raises(ValueError):
+            fjp.make_algorithm(**kwargs)
