@@ -19,7 +19,6 @@ import jax
 import numpy as np
 import pytest
 
-import fedjax_pals as fjp
 
 import mesh_worker
 

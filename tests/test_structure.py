@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals.algorithms import ClientMethod, plain_sgd
+from fedjax_pals.algorithms import plain_sgd
 from fedjax_pals.engine import round as round_lib
 
 

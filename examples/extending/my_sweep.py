@@ -5,7 +5,6 @@ r"""FedNova beside FedPALS and FedAvg on blobs, two seeds, with the selection pr
 
 import ml_collections
 
-import fedjax_pals as fjp
 
 import my_config
 

@@ -33,9 +33,12 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import ml_collections
 
 from fedjax_pals.registry import method_grids, method_label
 

@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from fedjax_pals.experiment.checkpoints import Checkpointer, CheckpointError, identity_differences
+from fedjax_pals.experiment.checkpoints import Checkpointer, identity_differences
 from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import as_dict
 from fedjax_pals.experiment.errors import WorkdirError
