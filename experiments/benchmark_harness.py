@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import queue
-import resource
 import socket
 import statistics
 import subprocess
@@ -62,6 +61,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 import fedjax_pals as fjp
+from experiments import memory
 
 BASELINE = "baseline_loop"
 """The name of the plain-loop reference in the `backend` column."""
@@ -534,32 +534,6 @@ class CompileTimer:
         self.close()
 
 
-def _reset_peak_rss() -> bool:
-    """Resets the kernel's RSS high-water mark (and so ru_maxrss) of this process."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_mib() -> float | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def _peak_rss_mib() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
-
-
 def _machine_busy_cpu_s() -> float | None:
     """CPU seconds the whole machine has spent busy since boot (/proc/stat), or None."""
     try:
@@ -849,8 +823,8 @@ class CaseRunner:
         jax = self._jax
         gc.collect()
         load = _load()
-        rss_at_start = _rss_mib()
-        rss_reset = _reset_peak_rss()
+        rss_at_start = memory.rss_mib()
+        rss_reset = memory.reset_peak_rss()
         c0, n0 = self.timer.snapshot()
         busy0, own0 = _machine_busy_cpu_s(), _own_cpu_s()
         start = time.perf_counter()
@@ -866,7 +840,7 @@ class CaseRunner:
             "compiles": n1 - n0,
             "cpu_s": own1 - own0,
             "machine_busy_cpu_s": None if busy0 is None else busy1 - busy0,
-            "peak_rss_mib": _peak_rss_mib(),
+            "peak_rss_mib": memory.peak_rss_mib(),
             "rss_reset": rss_reset,
             "rss_at_start_mib": rss_at_start,
             "device_peak_bytes_in_use": _device_peak_bytes(),

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,8 @@ import time
 
 import numpy as np
 from absl import app, flags
+
+from experiments import memory
 
 _NUM_CLIENTS = flags.DEFINE_list(
     "num_clients", ["100", "1000", "10000", "100000"], "M of the curve against M."
@@ -141,38 +142,14 @@ def label_shift_clients(labels, num_clients, examples_per_client, beta, seed):
     return indices, counts, p[-1]
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+def _rss_now_mib() -> float:
+    rss = memory.rss_mib()
+    return float("nan") if rss is None else rss
 
 
 def _cpu_s() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def _peak_rss_mib() -> float:
-    """The RSS high-water mark (VmHWM, which /proc/self/clear_refs resets; ru_maxrss is not)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 class PointRunner:
@@ -200,11 +177,11 @@ class PointRunner:
                 self.backend_compile_s += duration
 
         jax.monitoring.register_event_duration_secs_listener(listen)
-        self.rss_start = _rss_mib()
+        self.rss_start = _rss_now_mib()
         started = time.perf_counter()
         dataset = fjp.load_fashion_mnist()
         self.load_s = time.perf_counter() - started
-        self.rss_loaded = _rss_mib()
+        self.rss_loaded = _rss_now_mib()
         self.dataset_mib = (dataset.train.x.nbytes + dataset.train.y.nbytes) / 2**20
         self.num_clients, self.m = spec["num_clients"], spec["participants"]
         started = time.perf_counter()
@@ -263,9 +240,9 @@ class PointRunner:
         t0 = time.perf_counter()
         jax.block_until_ready(solve_for(self.participants))
         self.first["solve_first_call"] = time.perf_counter() - t0
-        self.rss_after_first = _rss_mib()
-        self.peak_before_timed = _peak_rss_mib()  # load, placement, first round
-        self.rss_reset = _reset_peak_rss()
+        self.rss_after_first = _rss_now_mib()
+        self.peak_before_timed = memory.peak_rss_now_mib()  # load, placement, first round
+        self.rss_reset = memory.reset_peak_rss()
         self.rounds: list[dict] = []
 
     def _round(self, r: int) -> dict:
@@ -316,7 +293,7 @@ class PointRunner:
             values = [t[name] for t in rounds if name in t]
             return statistics.median(values) if values else None
 
-        peak_timed = _peak_rss_mib()
+        peak_timed = memory.peak_rss_now_mib()
         return {
             **self.spec,
             "backend_resolved": self.engine.backend.name,
