@@ -36,15 +36,9 @@ def solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
 
 
 @jax.custom_batching.sequential_vmap
-def qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`jnp.linalg.qr(matrix)` (reduced); under vmap, one matrix at a time."""
-    return jnp.linalg.qr(matrix)
-
-
-@jax.custom_batching.sequential_vmap
-def eigvalsh(matrix: jax.Array) -> jax.Array:
-    """`jnp.linalg.eigvalsh(matrix)`; under vmap, one matrix at a time."""
-    return jnp.linalg.eigvalsh(matrix)
+def eigh(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jnp.linalg.eigh(matrix)`; under vmap, one matrix at a time."""
+    return jnp.linalg.eigh(matrix)
 
 
 def _householder_qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:

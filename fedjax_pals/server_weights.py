@@ -25,33 +25,20 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
-import jaxopt
-from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _linalg, _validation
 
 # The solve (see _solve_fedpals): semismooth Newton on eq. 8's K-dimensional dual picks
-# the face, exact steps on that face finish it, and only where the KKT conditions then
-# fail to rounding does projected gradient run: FISTA with a fixed step 1/L (on random
-# problems up to M = 100, lam = 0, M > K, within 2e-8 of a float64 SLSQP reference from
-# FedAvg after 2000 iterations; 5000 leaves margin; its tolerance is on the step
-# ||alpha_{k+1} - y_k||, which float32 round-off bounds near 1e-7), then unaccelerated.
-# jaxopt's accelerated solver alone can stop early at a non-optimal vertex
-# (tests/test_server_weights.py has the reproducer); an unaccelerated polish
-# from its result certifies the optimum, and exact steps on the face it ends on
-# make alpha accurate to float32 rounding. See BUILD_NOTES.md.
+# the face, and a primal active-set method of exact face steps (_active_set) finishes it
+# to float32 rounding. See BUILD_NOTES.md. fedpals_weights still accepts and checks
+# max_iter and tol, the settings of the projected-gradient certificate this replaced
+# (issue 18); they no longer change the result.
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-7
-# The polish stops on the true gradient mapping and can go a decade lower
-# before float32 round-off makes it wander along flat minimiser sets.
-_POLISH_TOL_FACTOR = 0.1
-# The polish usually stops within ~50 steps; the few that reach float32's
-# noise floor would run on without gain, and under vmap every problem waits
-# for the slowest, so it gets a fifth of the budget.
-_POLISH_ITER_DIVISOR = 5
-# Exact face steps after the polish (_face_newton_polish): usually two (one to the
-# face's minimiser, one refining it); each client the ratio test drops costs one more.
-_MAX_FACE_STEPS = 8
+# _active_set: at most this many clients join the dual phase's face (it is normally right,
+# or off by a few), and at most this many full steps in a row refine a face's minimiser.
+_MAX_ADDITIONS = 64
+_MAX_REFINEMENTS = 8
 # Semismooth Newton on the dual (_dual_newton): steps, and the shortest backtracked step.
 _MAX_DUAL_STEPS = 100
 # lam's path in _dual_newton: from max(lam, N) down by this factor per stage.
@@ -61,7 +48,7 @@ _MIN_DUAL_STEP = 2.0**-30
 _MAX_THRESHOLD_STEPS = 100
 # lam = 0 has no smooth dual: the dual phase, which only chooses the face, solves
 # lam = 1e-6 N instead (the 0+ side of the path, as in lambda_for_ess), and the
-# exact face steps and projected gradient then finish at lam = 0.
+# active-set method then finishes at lam = 0.
 
 # The bisection of `lambda_for_ess` searches lam / N in [1e-6, 1e12], log-spaced.
 # 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
@@ -108,17 +95,18 @@ def fedpals_objective(
     return residual @ residual + lam * jnp.sum(alpha * alpha / _float_array(client_sizes))
 
 
-def _lipschitz_bound(dists: jax.Array, inv_sizes: jax.Array, lam: jax.Array) -> jax.Array:
-    # The Hessian of eq. 8 is 2 (S S^T + lam diag(1/n)). ||S S^T||_2 equals
-    # ||S^T S||_2, a K x K eigenproblem, cheap even for thousands of clients.
-    gram_norm = _linalg.eigvalsh(dists.T @ dists)[-1]
-    return 2.0 * (gram_norm + lam * jnp.max(inv_sizes))
-
-
 def _face_newton_step(
-    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+    alpha: jax.Array,
+    face: jax.Array,
+    dists: jax.Array,
+    target: jax.Array,
+    sizes: jax.Array,
+    lam: jax.Array,
+    fast: jax.Array | bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One exact (Newton) step of eq. 8 on the face of the simplex alpha lies on.
+    """One exact (Newton) step of eq. 8 on the face A of the simplex (a boolean mask).
+
+    alpha must be 0 off A and >= 0 on it (a client just added to A may be at 0).
 
     On the face A = supp(alpha), eq. 8 in the correction d (d_i = 0 off A,
     sum_i d_i = 0) is an equality-constrained least-squares problem. In the
@@ -154,7 +142,7 @@ def _face_newton_step(
     dtype = alpha.dtype
     eps = jnp.finfo(dtype).eps
     num_clients, num_classes = dists.shape
-    active = alpha > 0
+    active = face
     sqrt_sizes = jnp.where(active, jnp.sqrt(sizes), 0.0)  # q
     q_norm2 = sqrt_sizes @ sqrt_sizes
 
@@ -166,15 +154,40 @@ def _face_newton_step(
 
     residual = target - alpha @ dists
     f_transposed = project_rows(dists * sqrt_sizes[:, None])  # F^T, (M, K)
-    v_mat, sigma, u_t = _linalg.tall_thin_svd(f_transposed)
-    # Singular values at the SVD's rounding level belong to null directions of F.
-    keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
-    v_mat = jnp.where(keep[None, :], v_mat, 0.0)
+
+    # F^T = V diag(sigma) U^T with V = basis @ mix (an (M, K) and a K x K matrix), so that
+    # products with V are matrix-vector products.
+    def accurate_svd(f_t):
+        v_mat, sigma, u_t = _linalg.tall_thin_svd(f_t)
+        # Singular values at the SVD's rounding level belong to null directions of F.
+        keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
+        if num_clients < num_classes:  # rank <= M: pad to K singular triplets
+            pad = num_classes - num_clients
+            v_mat = jnp.pad(v_mat, ((0, 0), (0, pad)))
+            sigma, keep = jnp.pad(sigma, (0, pad)), jnp.pad(keep, (0, pad))
+            u_t = jnp.pad(u_t, ((0, pad), (0, 0)))
+        return v_mat, jnp.diag(keep.astype(dtype)), sigma, u_t, keep
+
+    def gram_svd(f_t):
+        # F F^T = U diag(sigma^2) U^T (K x K), V = F^T U / sigma: squares F's condition
+        # number, so only sigma above sqrt(16 eps K) sigma_max count (see _active_set).
+        w, u = _linalg.eigh(f_t.T @ f_t)
+        w, u = w[::-1], u[:, ::-1]
+        keep = w > 16 * eps * num_classes * w[0]
+        sigma = jnp.sqrt(jnp.where(keep, w, 0.0))
+        mix = jnp.where(keep[None, :], u / jnp.where(keep, sigma, 1.0)[None, :], 0.0)
+        return f_t, mix, sigma, u.T, keep
+
+    basis, mix, sigma, u_t, keep = jax.lax.cond(fast, gram_svd, accurate_svd, f_transposed)
+
+    def v_times(x):  # V x
+        return basis @ (mix @ x)
+
     safe_sigma = jnp.where(keep, sigma, 1.0)
     positive_lam = lam > 0
     safe_lam = jnp.where(positive_lam, lam, 1.0)
     # lam = 0.
-    e_zero = v_mat @ jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0)
+    e_zero = v_times(jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0))
     # lam > 0.
     # -grad f / 2 on A, less its n-weighted mean: at the optimum every entry equals the
     # multiplier of sum_i alpha_i = 1, which can be large (T far from Conv(S)). P
@@ -183,10 +196,10 @@ def _face_newton_step(
     half_grad = jnp.where(active, dists @ residual - lam * alpha / sizes, 0.0)
     half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
     grad = project(sqrt_sizes * half_grad)
-    components = v_mat.T @ grad
+    components = mix.T @ (basis.T @ grad)  # V^T grad
     e_positive = (
-        v_mat @ (components / (safe_sigma * safe_sigma + lam))
-        + (grad - v_mat @ components) / safe_lam
+        v_times(components / (safe_sigma * safe_sigma + lam))
+        + (grad - v_times(components)) / safe_lam
     )
     e = jnp.where(positive_lam, e_positive, e_zero)
     step = jnp.where(active, sqrt_sizes * e, 0.0)
@@ -210,26 +223,6 @@ def _face_newton_step(
     slack = 16 * eps * (old_value + 2 * jnp.sqrt(old_value))
     accept = jnp.all(jnp.isfinite(candidate)) & (objective(candidate) <= old_value + slack)
     return jnp.where(accept, candidate, alpha), accept, accept & full
-
-
-def _face_newton_polish(
-    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
-) -> jax.Array:
-    # Face steps until two full ones in a row (the first reaches the face's
-    # minimiser, the second refines it against float32 rounding); a step cut
-    # short by the ratio test drops a client, and the next continues on the
-    # smaller face. A refused step would be refused again: stop. At most
-    # _MAX_FACE_STEPS.
-    def cond(carry):
-        steps, full_in_a_row, kept, _ = carry
-        return (steps < _MAX_FACE_STEPS) & (full_in_a_row < 2) & kept
-
-    def body(carry):
-        steps, full_in_a_row, _, a = carry
-        a, kept, full = _face_newton_step(a, dists, target, sizes, lam)
-        return steps + 1, jnp.where(full, full_in_a_row + 1, 0), kept, a
-
-    return jax.lax.while_loop(cond, body, (0, 0, jnp.array(True), alpha))[3]
 
 
 def _dual_weights(scores: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -357,16 +350,16 @@ def _dual_newton(
     return alpha / jnp.sum(alpha)  # tau's rounding leaves sum(alpha) off 1 for small lam
 
 
-def _kkt_holds(
+def _kkt_gaps(
     alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
-) -> jax.Array:
-    """Whether alpha (on the simplex) satisfies eq. 8's KKT conditions to float32 rounding.
+) -> tuple[jax.Array, jax.Array]:
+    """Eq. 8's KKT gaps at alpha (on the simplex) and their float32 rounding level.
 
     With g = grad f / 2 = -S r + lam alpha / n (r = T - S^T alpha) and mu = alpha^T g, the
-    multiplier of sum_i alpha_i = 1: g_i = mu where alpha_i > 0 and g_i >= mu elsewhere.
-    Both are tested against the rounding of g: 32 eps (||T|| + ||S^T alpha|| + ||S r||_inf +
-    lam max_i alpha_i / n_i + |mu|), the first two for r's rounding (rows of S have norm
-    <= 1). O(M K) to compute.
+    multiplier of sum_i alpha_i = 1, the KKT conditions read: gap_i = g_i - mu = 0 where
+    alpha_i > 0 and gap_i >= 0 elsewhere. The slack is the rounding of g:
+    32 eps (||T|| + ||S^T alpha|| + ||S r||_inf + lam max_i alpha_i / n_i + |mu|), the first
+    two for r's rounding (rows of S have norm <= 1). O(M K) to compute.
     """
     eps = jnp.finfo(alpha.dtype).eps
     aggregate = alpha @ dists
@@ -382,7 +375,14 @@ def _kkt_holds(
         + jnp.max(penalty)
         + jnp.abs(multiplier)
     )
-    gap = half_grad - multiplier
+    return half_grad - multiplier, slack
+
+
+def _kkt_holds(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> jax.Array:
+    """Whether alpha (on the simplex) satisfies eq. 8's KKT conditions to float32 rounding."""
+    gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
     on_face = jnp.where(alpha > 0, jnp.abs(gap), 0.0)
     off_face = jnp.where(alpha > 0, 0.0, -gap)
     return (jnp.max(on_face) <= slack) & (jnp.max(off_face) <= slack) & jnp.all(
@@ -390,58 +390,72 @@ def _kkt_holds(
     )
 
 
+def _active_set(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> jax.Array:
+    """A primal active-set method for eq. 8 from alpha (on the simplex), on the face alpha > 0.
+
+    Each step is an exact step on the current face A (`_face_newton_step`). A step cut short
+    by the ratio test drops the client that reached 0 and goes on on the smaller face
+    (Lawson-Hanson's inner loop). A full step reaches the face's minimiser; if some client
+    off A then has a KKT gap below -slack (`_kkt_gaps`), the most negative one joins A with
+    weight 0: from a face minimiser, the next step raises its weight (its gap times the step's
+    entry is the objective's first-order change, which is negative), so the objective
+    decreases strictly from face to face and no face repeats. Stops after two full steps in a
+    row with no client to add (the second refines the first against float32 rounding), when
+    a step is refused (it would raise the objective beyond rounding, or is not finite), or
+    after |A_0| + 4 * _MAX_ADDITIONS + 4 steps; at most _MAX_ADDITIONS clients join A (the
+    dual phase's face is normally right or off by a few).
+    """
+    num_clients = alpha.shape[0]
+    index = jnp.arange(num_clients)
+    face = alpha > 0
+    max_steps = jnp.sum(face) + 4 * _MAX_ADDITIONS + 4
+
+    def cond(carry):
+        steps, *_, done = carry
+        return (steps < max_steps) & ~done
+
+    def body(carry):
+        steps, full_in_a_row, holds_in_a_row, additions, alpha, face, fast, _ = carry
+        alpha, kept, full = _face_newton_step(alpha, face, dists, target, sizes, lam, fast)
+        face = face & (alpha > 0)
+        gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
+        off_face_gap = jnp.where(face, jnp.inf, gap)
+        worst = jnp.argmin(off_face_gap)
+        add = kept & full & (off_face_gap[worst] < -slack) & (additions < _MAX_ADDITIONS)
+        face = face | (add & (index == worst))
+        full_in_a_row = jnp.where(full & ~add, full_in_a_row + 1, 0)
+        # Holding in a row: after a full step with nothing to add, on-face gaps within slack.
+        holds = full & ~add & (jnp.max(jnp.where(face, jnp.abs(gap), 0.0)) <= slack)
+        holds_in_a_row = jnp.where(holds, holds_in_a_row + 1, 0)
+        done = (
+            (~kept & ~fast)
+            | ((full_in_a_row >= 2) & (holds_in_a_row >= 2))
+            | (full_in_a_row >= _MAX_REFINEMENTS)
+        )
+        fast = (lam == 0) & kept & ~full
+        return steps + 1, full_in_a_row, holds_in_a_row, additions + add, alpha, face, fast, done
+
+    carry = (0, 0, 0, 0, alpha, face, jnp.array(False), jnp.array(False))
+    return jax.lax.while_loop(cond, body, carry)[4]
+
+
 @functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
 def _solve_fedpals(
     dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array, max_iter: int, tol: float
 ) -> jax.Array:
-    inv_sizes = 1.0 / sizes
+    del max_iter, tol  # TODO
     finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
-    # Scaling the objective by 1/L makes a fixed step of 1 equal to 1/L, so
-    # a traced L (vmap over lam) still gives a fixed step.
-    lipschitz = _lipschitz_bound(dists, inv_sizes, finite_lam)
-
-    def scaled_objective(alpha):
-        residual = target - alpha @ dists
-        return (residual @ residual + finite_lam * jnp.sum(alpha * alpha * inv_sizes)) / lipschitz
-
-    def solver(accelerated: bool) -> jaxopt.ProjectedGradient:
-        return jaxopt.ProjectedGradient(
-            fun=scaled_objective,
-            projection=projection_simplex,
-            stepsize=1.0,
-            maxiter=max_iter if accelerated else max(1, max_iter // _POLISH_ITER_DIVISOR),
-            tol=tol if accelerated else tol * _POLISH_TOL_FACTOR,
-            acceleration=accelerated,
-            implicit_diff=False,
-        )
-
     fedavg = sizes / jnp.sum(sizes)
     # Phase 1: the face. Semismooth Newton on eq. 8's K-dimensional dual (_dual_newton),
     # O(M K^2) a step, a few to a few tens of steps, for lam > 0; lam = 0 is approached
-    # from its 0+ side. Phase 2: exact steps on that face (_face_newton_polish).
+    # from its 0+ side. Phase 2: a primal active-set method from there (_active_set).
     dual_lam = jnp.where(
         finite_lam > 0, finite_lam, jnp.sum(sizes) * 10.0 ** LOG10_LAM_RANGE[0]
     )
     alpha = _dual_newton(dists, target, sizes, dual_lam)
-    alpha = _face_newton_polish(alpha, dists, target, sizes, finite_lam)
-    # Phase 3, the certificate: projected gradient from there, accelerated (FISTA) then
-    # plain, whose stopping test is the gradient mapping (0 only at the optimum). From
-    # the optimum each stops after a step or two; they do real work only where phases
-    # 1-2 missed a client (float32 rounding at a near-degenerate kink). Accelerated
-    # alone, it can stop at a non-optimal vertex: its stopping test ||x_{k+1} - x_k||
-    # is 0 when momentum overshoots a face and the projection lands twice on the same point.
-    # Where alpha already satisfies the KKT conditions to rounding (_kkt_holds), phase 3
-    # is skipped (under vmap lax.cond runs both branches: a step or two more).
-    def certify(a):
-        a = solver(accelerated=True).run(a).params
-        a = solver(accelerated=False).run(a).params
-        # Phase 4, exact: on the face the polish ends in, eq. 8 is an equality-
-        # constrained least-squares problem solved in closed form (_face_newton_step).
-        return _face_newton_polish(a, dists, target, sizes, finite_lam)
-
-    alpha = jax.lax.cond(
-        _kkt_holds(alpha, dists, target, sizes, finite_lam), lambda a: a, certify, alpha
-    )
+    alpha = _active_set(alpha, dists, target, sizes, finite_lam)
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
 
