@@ -293,12 +293,15 @@ def _dual_newton(
         noise = eps * (2.0 * jnp.abs(r @ target) + r @ r + jnp.abs(scores) @ alpha + jnp.abs(tau))
         return alpha, value, noise
 
+    # One copy of `evaluate` in the graph (compile time): it runs only inside the line
+    # search. A stage's first iteration is `stale`: alpha, q at r are re-evaluated for the
+    # stage's lam (a search along a zero direction that stops after its one evaluation).
     def cond(carry):
-        steps, _, _, _, _, _, done = carry
+        steps, *_, done = carry
         return (steps < _MAX_DUAL_STEPS) & ~done
 
     def body(carry):
-        steps, stage_lam, r, alpha, value, noise, _ = carry
+        steps, stage_lam, r, alpha, value, noise, stale, _ = carry
         scale = sizes / stage_lam
         active = alpha > 0
         active_scale = jnp.where(active, scale, 0.0)
@@ -306,46 +309,41 @@ def _dual_newton(
         centred = dists - mean_row
         hessian = jnp.eye(num_classes, dtype=dtype) + (centred * active_scale[:, None]).T @ centred
         half_gradient = target - r - alpha @ dists
-        direction = _linalg.solve(hessian, half_gradient)
+        direction = jnp.where(stale, 0.0, _linalg.solve(hessian, half_gradient))
         slope = 2.0 * (half_gradient @ direction)
 
         def search_cond(search):
             t, _, _, new_value, new_noise = search
             sufficient = new_value >= value + 1e-4 * t * slope - 16.0 * (noise + new_noise)
-            return ~sufficient & (t > _MIN_DUAL_STEP)
+            # t = 2: nothing evaluated yet.
+            return (t > 1.5) | (~stale & ~sufficient & (t > _MIN_DUAL_STEP))
 
         def search_body(search):
             t = 0.5 * search[0]
             candidate = r + t * direction
             return (t, candidate, *evaluate(candidate, scale))
 
-        first = r + direction
         t, new_r, new_alpha, new_value, new_noise = jax.lax.while_loop(
-            search_cond, search_body, (jnp.asarray(1.0, dtype), first, *evaluate(first, scale))
+            search_cond, search_body, (jnp.asarray(2.0, dtype), r, alpha, value, noise)
         )
-        accepted = (t > _MIN_DUAL_STEP) & jnp.all(jnp.isfinite(new_r))
+        accepted = stale | ((t > _MIN_DUAL_STEP) & jnp.all(jnp.isfinite(new_r)))
         r = jnp.where(accepted, new_r, r)
         alpha = jnp.where(accepted, new_alpha, alpha)
         value = jnp.where(accepted, new_value, value)
         noise = jnp.where(accepted, new_noise, noise)
         # A full step that keeps the active set solved the quadratic piece it lies on:
         # this stage is done (as it is when no step makes progress any more).
-        stage_done = ~accepted | ((t == 1.0) & jnp.all((new_alpha > 0) == active))
+        stage_done = ~stale & (~accepted | ((t == 1.0) & jnp.all((new_alpha > 0) == active)))
         last_stage = stage_lam <= lam
-        next_lam = jnp.maximum(lam, stage_lam / _DUAL_PATH_FACTOR)
-        # The next stage's dual differs: re-evaluate alpha, q at r for its lam.
-        next_alpha, next_value, next_noise = evaluate(r, sizes / next_lam)
+        # The next stage's dual differs: its first iteration re-evaluates alpha, q at r.
         advance = stage_done & ~last_stage
-        alpha = jnp.where(advance, next_alpha, alpha)
-        value = jnp.where(advance, next_value, value)
-        noise = jnp.where(advance, next_noise, noise)
-        stage_lam = jnp.where(advance, next_lam, stage_lam)
-        return steps + 1, stage_lam, r, alpha, value, noise, stage_done & last_stage
+        stage_lam = jnp.where(advance, jnp.maximum(lam, stage_lam / _DUAL_PATH_FACTOR), stage_lam)
+        return steps + ~stale, stage_lam, r, alpha, value, noise, advance, stage_done & last_stage
 
     start_lam = jnp.maximum(lam, jnp.sum(sizes))
     start = target - (sizes / jnp.sum(sizes)) @ dists
-    alpha, value, noise = evaluate(start, sizes / start_lam)
-    carry = (0, start_lam, start, alpha, value, noise, jnp.array(False))
+    zero = jnp.zeros((), dtype)
+    carry = (0, start_lam, start, sizes / jnp.sum(sizes), zero, zero, jnp.array(True), jnp.array(False))
     alpha = jax.lax.while_loop(cond, body, carry)[3]
     return alpha / jnp.sum(alpha)  # tau's rounding leaves sum(alpha) off 1 for small lam
 
