@@ -155,33 +155,49 @@ def _face_newton_step(
     residual = target - alpha @ dists
     f_transposed = project_rows(dists * sqrt_sizes[:, None])  # F^T, (M, K)
 
-    # F^T = V diag(sigma) U^T with V = basis @ mix (an (M, K) and a K x K matrix), so that
-    # products with V are matrix-vector products.
+    # F^T = V diag(sigma) U^T with V = Q (basis @ mix): Q a product of Householder
+    # reflections (identity for zero reflectors), basis (M, K), mix K x K, so that products
+    # with V are matrix-vector work.
     def accurate_svd(f_t):
-        v_mat, sigma, u_t = _linalg.tall_thin_svd(f_t)
+        reflectors, u_r, sigma, u_t = _linalg.tall_thin_svd(f_t)
         # Singular values at the SVD's rounding level belong to null directions of F.
         keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
-        if num_clients < num_classes:  # rank <= M: pad to K singular triplets
-            pad = num_classes - num_clients
-            v_mat = jnp.pad(v_mat, ((0, 0), (0, pad)))
+        rank = sigma.shape[0]
+        if rank < num_classes:  # M < K: pad to K singular triplets
+            pad = num_classes - rank
+            u_r = jnp.pad(u_r, ((0, 0), (0, pad)))
             sigma, keep = jnp.pad(sigma, (0, pad)), jnp.pad(keep, (0, pad))
             u_t = jnp.pad(u_t, ((0, pad), (0, 0)))
-        return v_mat, jnp.diag(keep.astype(dtype)), sigma, u_t, keep
+        if num_clients < 2 * num_classes:  # thin_svd's dense left factor (Q = I)
+            basis, mix = u_r, jnp.diag(keep.astype(dtype))
+        else:  # V = Q [U_R; 0]
+            basis = jnp.eye(num_clients, num_classes, dtype=dtype)
+            mix = jnp.where(keep[None, :], u_r, 0.0)
+        return reflectors, basis, mix, sigma, u_t, keep
 
     def gram_svd(f_t):
         # F F^T = U diag(sigma^2) U^T (K x K), V = F^T U / sigma: squares F's condition
         # number, so only sigma above sqrt(16 eps K) sigma_max count (see _active_set).
         w, u = _linalg.eigh(f_t.T @ f_t)
         w, u = w[::-1], u[:, ::-1]
-        keep = w > 16 * eps * num_classes * w[0]
+        keep = w > eps * num_classes * w[0]
         sigma = jnp.sqrt(jnp.where(keep, w, 0.0))
         mix = jnp.where(keep[None, :], u / jnp.where(keep, sigma, 1.0)[None, :], 0.0)
-        return f_t, mix, sigma, u.T, keep
+        return jnp.zeros_like(f_t), f_t, mix, sigma, u.T, keep
 
-    basis, mix, sigma, u_t, keep = jax.lax.cond(fast, gram_svd, accurate_svd, f_transposed)
+    reflectors, basis, mix, sigma, u_t, keep = jax.lax.cond(
+        fast, gram_svd, accurate_svd, f_transposed
+    )
 
     def v_times(x):  # V x
-        return basis @ (mix @ x)
+        y = basis @ (mix @ x)
+        return jax.lax.cond(fast, lambda: y, lambda: _linalg.apply_reflectors(reflectors, y))
+
+    def v_transposed_times(x):  # V^T x
+        y = jax.lax.cond(
+            fast, lambda: x, lambda: _linalg.apply_reflectors_transposed(reflectors, x)
+        )
+        return mix.T @ (basis.T @ y)
 
     safe_sigma = jnp.where(keep, sigma, 1.0)
     positive_lam = lam > 0
@@ -196,7 +212,7 @@ def _face_newton_step(
     half_grad = jnp.where(active, dists @ residual - lam * alpha / sizes, 0.0)
     half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
     grad = project(sqrt_sizes * half_grad)
-    components = mix.T @ (basis.T @ grad)  # V^T grad
+    components = v_transposed_times(grad)
     e_positive = (
         v_times(components / (safe_sigma * safe_sigma + lam))
         + (grad - v_times(components)) / safe_lam
