@@ -95,21 +95,21 @@ def tall_thin_svd(matrix: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, j
 
 
 def apply_reflectors(reflectors: jax.Array, x: jax.Array) -> jax.Array:
-    """Q x = H_0 (H_1 (... H_{K-1} x)) for the reflectors of `_householder_qr` (x: (M,))."""
+    """Q x = H_0 (H_1 (... H_{K-1} x)) for the reflectors of `_householder_qr` (x: (M, c))."""
     cols = reflectors.shape[1]
 
     def apply(j, x):
         u = reflectors[:, cols - 1 - j]
-        return x - u * (u @ x)
+        return x - jnp.outer(u, u @ x)
 
     return jax.lax.fori_loop(0, cols, apply, x)
 
 
 def apply_reflectors_transposed(reflectors: jax.Array, x: jax.Array) -> jax.Array:
-    """Q^T x = H_{K-1} (... H_0 x) (x: (M,))."""
+    """Q^T x = H_{K-1} (... H_0 x) (x: (M,) or (M, c))."""
 
     def apply(j, x):
         u = reflectors[:, j]
-        return x - u * (u @ x)
+        return x - jnp.outer(u, u @ x).reshape(x.shape)
 
     return jax.lax.fori_loop(0, reflectors.shape[1], apply, x)

@@ -189,7 +189,7 @@ def _face_newton_step(
         fast, gram_svd, accurate_svd, f_transposed
     )
 
-    def v_times(x):  # V x
+    def v_times(x):  # V x, x of shape (K, c): one pass of the reflections for all c columns
         y = basis @ (mix @ x)
         return jax.lax.cond(fast, lambda: y, lambda: _linalg.apply_reflectors(reflectors, y))
 
@@ -202,9 +202,6 @@ def _face_newton_step(
     safe_sigma = jnp.where(keep, sigma, 1.0)
     positive_lam = lam > 0
     safe_lam = jnp.where(positive_lam, lam, 1.0)
-    # lam = 0.
-    e_zero = v_times(jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0))
-    # lam > 0.
     # -grad f / 2 on A, less its n-weighted mean: at the optimum every entry equals the
     # multiplier of sum_i alpha_i = 1, which can be large (T far from Conv(S)). P
     # removes it in exact arithmetic; removing it here, before the scaling by
@@ -213,10 +210,19 @@ def _face_newton_step(
     half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
     grad = project(sqrt_sizes * half_grad)
     components = v_transposed_times(grad)
-    e_positive = (
-        v_times(components / (safe_sigma * safe_sigma + lam))
-        + (grad - v_times(components)) / safe_lam
+    # One product with V for the three vectors: lam = 0's correction, then lam > 0's two.
+    products = v_times(
+        jnp.stack(
+            [
+                jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0),
+                components / (safe_sigma * safe_sigma + lam),
+                components,
+            ],
+            axis=1,
+        )
     )
+    e_zero = products[:, 0]
+    e_positive = products[:, 1] + (grad - products[:, 2]) / safe_lam
     e = jnp.where(positive_lam, e_positive, e_zero)
     step = jnp.where(active, sqrt_sizes * e, 0.0)
     # Ratio test: the longest t <= 1 with alpha + t d >= 0.
@@ -229,15 +235,16 @@ def _face_newton_step(
     candidate = jnp.where(~full & (jnp.arange(num_clients) == blocking), 0.0, candidate)
     candidate = candidate / jnp.sum(candidate)
 
-    def objective(a):
-        res = target - a @ dists
-        return res @ res + lam * jnp.sum(a * a / sizes)
-
-    old_value = objective(alpha)
+    # The objective at alpha and at the candidate, evaluated together.
+    both = jnp.stack([alpha, candidate])
+    residuals = target - both @ dists
+    old_value, new_value = jnp.sum(residuals * residuals, axis=1) + lam * jnp.sum(
+        both * both / sizes, axis=1
+    )
     # Float32 evaluation error of the objective: ~eps (f + ||r|| (||T|| + ||alpha^T S||)),
     # with ||r|| = sqrt(f) at most, times a small factor for the sums' rounding.
     slack = 16 * eps * (old_value + 2 * jnp.sqrt(old_value))
-    accept = jnp.all(jnp.isfinite(candidate)) & (objective(candidate) <= old_value + slack)
+    accept = jnp.all(jnp.isfinite(candidate)) & (new_value <= old_value + slack)
     return jnp.where(accept, candidate, alpha), accept, accept & full
 
 
