@@ -20,8 +20,6 @@ they are concrete; traced calls skip the checks.
 from __future__ import annotations
 
 
-import functools
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -108,7 +106,7 @@ def _face_newton_step(
 
     alpha must be 0 off A and >= 0 on it (a client just added to A may be at 0).
 
-    On the face A = supp(alpha), eq. 8 in the correction d (d_i = 0 off A,
+    On the face A, eq. 8 in the correction d (d_i = 0 off A,
     sum_i d_i = 0) is an equality-constrained least-squares problem. In the
     scaled correction e = N^(-1/2) d (N = diag(n)), with q = (sqrt(n_i))_{i in A},
     P the projector onto q's orthogonal complement in A, F = S_A^T N_A^(1/2) P
@@ -120,7 +118,7 @@ def _face_newton_step(
     (M x K: O(M K^2), cheap for thousands of clients):
 
         lam = 0:  e = V diag(1 / sigma) U^T r         (the minimum-norm correction,
-                  which keeps the minimiser projected gradient chose along flat directions);
+                  which moves alpha as little as possible along flat directions);
         lam > 0:  e = V diag(1 / (sigma^2 + lam)) V^T g + (I - V V^T) g / lam,
                   g = P (N^(1/2) (-grad f(alpha) / 2)) = F^T r - lam P v.
 
@@ -133,6 +131,12 @@ def _face_newton_step(
     the multiplier in, costs eps * (their size) * sqrt(n_max / n_min) in alpha,
     1e-5 on tests/test_server_weights.py's problems. A ratio test keeps alpha >= 0:
     a client the step would make negative leaves the face at 0.
+
+    The SVD is `_linalg.tall_thin_svd`'s (Householder QR + K x K SVD, accurate to
+    float32 rounding). With `fast` it comes from the K x K Gram F F^T instead (eigh,
+    about 3x cheaper at M = 10,000, but it squares F's condition number: singular values
+    below sqrt(eps K) sigma_max are dropped, the rest lose accuracy); `_active_set` uses
+    it only for the steps that drop clients at lam = 0.
 
     Returns the new alpha, whether the step was kept and whether it was a full
     one (t = 1). The step is kept only if finite and if it does not raise the
@@ -303,7 +307,7 @@ def _dual_newton(
 
     Returns alpha(r) at the last iterate: in float32 only approximate for small lam
     (alpha_i = c_i (s_i^T r - tau) magnifies the rounding of s_i^T r by n_i / lam), but
-    its support is what the exact face steps (`_face_newton_polish`) then finish on.
+    its support is where the active-set method (`_active_set`) starts.
     """
     dtype = dists.dtype
     eps = jnp.finfo(dtype).eps
@@ -423,10 +427,17 @@ def _active_set(
     weight 0: from a face minimiser, the next step raises its weight (its gap times the step's
     entry is the objective's first-order change, which is negative), so the objective
     decreases strictly from face to face and no face repeats. Stops after two full steps in a
-    row with no client to add (the second refines the first against float32 rounding), when
+    row with no client to add whose on-face gaps hold to rounding (float32 steps at small
+    lam can need a few refinements; at most _MAX_REFINEMENTS full steps in a row), when
     a step is refused (it would raise the objective beyond rounding, or is not finite), or
     after |A_0| + 4 * _MAX_ADDITIONS + 4 steps; at most _MAX_ADDITIONS clients join A (the
     dual phase's face is normally right or off by a few).
+
+    At lam = 0 the dual phase's face (of alpha^(1e-6 N)) can hold several times the clients
+    of the face the method ends on (420 vs 122 at M = 10,000 in experiments/solve_time.py),
+    one drop per step; a step right after a drop uses the Gram factorisation (`fast`), and a
+    fast step that is full or refused is followed by an exact one, so the method ends on
+    exact steps.
     """
     num_clients = alpha.shape[0]
     index = jnp.arange(num_clients)
@@ -438,17 +449,35 @@ def _active_set(
         return (steps < max_steps) & ~done
 
     def body(carry):
-        steps, full_in_a_row, holds_in_a_row, additions, alpha, face, fast, _ = carry
+        steps, full_in_a_row, holds_in_a_row, additions, last_added, excluded, alpha, face, fast, _ = (
+            carry
+        )
         alpha, kept, full = _face_newton_step(alpha, face, dists, target, sizes, lam, fast)
         face = face & (alpha > 0)
         gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
         off_face_gap = jnp.where(face, jnp.inf, gap)
         worst = jnp.argmin(off_face_gap)
-        add = kept & full & (off_face_gap[worst] < -slack) & (additions < _MAX_ADDITIONS)
+        on_face_gap = jnp.max(jnp.where(face, jnp.abs(gap), 0.0))
+        # At a face's minimiser the on-face gaps are 0 but for rounding: they measure the
+        # gaps' actual rounding, often far below the bound `slack`. For lam > 0 a client
+        # off the face whose gap is below -4x that (and below -slack / 32, one eps of the
+        # bound) is a real violation: where lam / n_i is small, a gap within `slack` can
+        # still hide weights off by 1e-2 (duplicated clients at lam = 1e-6 N). At lam = 0
+        # clients with equal rows have equal gaps and the minimum-norm step gives an added
+        # duplicate no weight: there only gaps below -slack count.
+        threshold = jnp.where(lam > 0, jnp.maximum(4 * on_face_gap, slack / 32), slack)
+        # A client the step after its addition dropped again at once is not re-added.
+        excluded = excluded | ((index == last_added) & ~full & (alpha <= 0))
+        off_face_gap = jnp.where(excluded, jnp.inf, off_face_gap)
+        worst = jnp.argmin(off_face_gap)
+        add = (
+            kept & full & (off_face_gap[worst] < -threshold) & (additions < _MAX_ADDITIONS)
+        )
         face = face | (add & (index == worst))
+        last_added = jnp.where(add, worst, -1)
         full_in_a_row = jnp.where(full & ~add, full_in_a_row + 1, 0)
         # Holding in a row: after a full step with nothing to add, on-face gaps within slack.
-        holds = full & ~add & (jnp.max(jnp.where(face, jnp.abs(gap), 0.0)) <= slack)
+        holds = full & ~add & (on_face_gap <= slack)
         holds_in_a_row = jnp.where(holds, holds_in_a_row + 1, 0)
         done = (
             (~kept & ~fast)
@@ -456,17 +485,28 @@ def _active_set(
             | (full_in_a_row >= _MAX_REFINEMENTS)
         )
         fast = (lam == 0) & kept & ~full
-        return steps + 1, full_in_a_row, holds_in_a_row, additions + add, alpha, face, fast, done
+        return (
+            steps + 1,
+            full_in_a_row,
+            holds_in_a_row,
+            additions + add,
+            last_added,
+            excluded,
+            alpha,
+            face,
+            fast,
+            done,
+        )
 
-    carry = (0, 0, 0, 0, alpha, face, jnp.array(False), jnp.array(False))
-    return jax.lax.while_loop(cond, body, carry)[4]
+    excluded = jnp.zeros(num_clients, bool)
+    carry = (0, 0, 0, 0, -1, excluded, alpha, face, jnp.array(False), jnp.array(False))
+    return jax.lax.while_loop(cond, body, carry)[6]
 
 
-@functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
+@jax.jit
 def _solve_fedpals(
-    dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array, max_iter: int, tol: float
+    dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
 ) -> jax.Array:
-    del max_iter, tol  # TODO
     finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
     fedavg = sizes / jnp.sum(sizes)
     # Phase 1: the face. Semismooth Newton on eq. 8's K-dimensional dual (_dual_newton),
@@ -499,35 +539,31 @@ def fedpals_weights(
        concave piecewise-quadratic problem in the K-dimensional residual r = T - S^T alpha,
        with alpha_i = (n_i / lam) (s_i^T r - tau)_+; lam is approached from max(lam, N)
        down by factors of 10, warm-started (lam = 0 stands in as 1e-6 N here);
-    2. exact steps on that face (the KKT system there is linear: a least-squares problem
-       solved in closed form through a Householder QR and a K x K SVD), which drop a
-       client whose weight would turn negative;
-    3. a KKT check to float32 rounding; only where it fails, `jaxopt.ProjectedGradient`
-       from there (accelerated, then unaccelerated: its stopping rule certifies the
-       optimum) and exact face steps again.
+    2. a primal active-set method from there: exact steps on the face (the KKT system
+       there is linear: a least-squares problem solved in closed form through a
+       Householder QR and a K x K SVD), a client whose weight would turn negative leaves
+       the face, the client that most violates the KKT conditions at a face's minimiser
+       joins it, until the KKT conditions hold to float32 rounding.
 
-    At M = 10,000, K = 10 this takes 0.02-0.2 s on a 2-core CPU (BUILD_NOTES.md).
+    At M = 10,000, K = 10 this takes 0.01-0.3 s on a 2-core CPU, at M = 100,000 0.1-2 s
+    (lam = 0 is the slowest: the active set drops a client per step; BUILD_NOTES.md).
 
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.
       target_label_dist: T, shape (K,).
       client_sizes: n, shape (M,), all > 0.
       lam: the trade-off lam >= 0. `jnp.inf` returns FedAvg (Proposition 2).
-      max_iter: iteration budget of phase 3's accelerated projected gradient (an
-        integer >= 1; the unaccelerated polish gets a fifth of it). Used only where
-        phases 1-2 end off the optimum.
-      tol: its stopping tolerance on the step (a finite number > 0; the polish
-        uses tol / 10). The exact face steps that follow make the result
-        accurate to float32 rounding whenever these phases end on the optimal
-        face (BUILD_NOTES.md).
+      max_iter, tol: the settings of the projected-gradient phase that earlier versions
+        ran where the face steps ended off the optimum (an integer >= 1, a finite
+        number > 0). Still checked, no longer used: the active-set method needs neither.
 
     Returns:
       alpha, shape (M,), on the simplex.
 
     At lam = 0 with T inside Conv(S) and M > K the minimiser is not unique; this
-    returns the minimiser on the face of alpha^(1e-6 N) nearest to it (in the metric
-    sum_i d_i^2 / n_i), close to but not exactly the largest-ESS one (the lam -> 0+
-    limit, App. B.2). Use a small positive lam for that one.
+    returns the one the active-set method reaches from alpha^(1e-6 N) by minimum-norm
+    steps (in the metric sum_i d_i^2 / n_i), close to but not exactly the largest-ESS one
+    (the lam -> 0+ limit, App. B.2). Use a small positive lam for that one.
 
     Raises:
       ValueError / TypeError: bad problem data, lam < 0 or NaN, or max_iter / tol
@@ -545,7 +581,8 @@ def fedpals_weights(
     chex.assert_rank(dists, 2)
     chex.assert_shape(target, (dists.shape[1],))
     chex.assert_shape(sizes, (dists.shape[0],))
-    return _solve_fedpals(dists, target, sizes, _float_array(lam), max_iter=max_iter, tol=tol)
+    del max_iter, tol  # checked above for compatibility; nothing uses them any more
+    return _solve_fedpals(dists, target, sizes, _float_array(lam))
 
 
 def fedpals_lam_derivative(
@@ -595,9 +632,7 @@ def fedpals_lam_derivative(
     sizes = _float_array(client_sizes)
     lam = _float_array(lam)
     if alpha is None:
-        alpha = _solve_fedpals(
-            dists, target, sizes, lam, max_iter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL
-        )
+        alpha = _solve_fedpals(dists, target, sizes, lam)
     alpha = _float_array(alpha)
     return _lam_derivative(dists, target, sizes, lam, alpha)
 
@@ -633,14 +668,7 @@ def projection_distance(
     dists = _float_array(client_label_dists)
     target = _float_array(target_label_dist)
     uniform_sizes = jnp.ones(dists.shape[0], dists.dtype)
-    alpha = _solve_fedpals(
-        dists,
-        target,
-        uniform_sizes,
-        jnp.zeros((), dists.dtype),
-        max_iter=DEFAULT_MAX_ITER,
-        tol=DEFAULT_TOL,
-    )
+    alpha = _solve_fedpals(dists, target, uniform_sizes, jnp.zeros((), dists.dtype))
     residual = target - alpha @ dists
     return residual @ residual
 
@@ -648,7 +676,7 @@ def projection_distance(
 def _ess_fraction_at(log10_lam_over_n, dists, target, sizes):
     total = jnp.sum(sizes)
     lam = total * 10.0**log10_lam_over_n
-    alpha = _solve_fedpals(dists, target, sizes, lam, max_iter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL)
+    alpha = _solve_fedpals(dists, target, sizes, lam)
     return 1.0 / (total * jnp.sum(alpha * alpha / sizes))
 
 
