@@ -36,15 +36,9 @@ def solve(matrix: jax.Array, rhs: jax.Array) -> jax.Array:
 
 
 @jax.custom_batching.sequential_vmap
-def qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`jnp.linalg.qr(matrix)` (reduced); under vmap, one matrix at a time."""
-    return jnp.linalg.qr(matrix)
-
-
-@jax.custom_batching.sequential_vmap
-def eigvalsh(matrix: jax.Array) -> jax.Array:
-    """`jnp.linalg.eigvalsh(matrix)`; under vmap, one matrix at a time."""
-    return jnp.linalg.eigvalsh(matrix)
+def eigh(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jnp.linalg.eigh(matrix)`; under vmap, one matrix at a time."""
+    return jnp.linalg.eigh(matrix)
 
 
 def _householder_qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -74,25 +68,48 @@ def _householder_qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
     return reflectors, jnp.triu(a[:cols])
 
 
-def tall_thin_svd(matrix: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The thin SVD of a tall (M, K) matrix, M >= K, through a Householder QR.
+def tall_thin_svd(matrix: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The thin SVD of a tall (M, K) matrix, M >= K, through a Householder QR, left factor implicit.
 
     `jnp.linalg.svd` and `jnp.linalg.qr` of a 1,000-10,000 x 10 float32 matrix took
     15-300 ms on this (loaded, 2-core) CPU, erratically: LAPACK's blocked kernels fan
     out to threads. Here A = Q R by K Householder reflections in plain XLA ops (O(M K^2)),
     then R = U_R diag(sigma) V^T by LAPACK on K x K (`thin_svd`, microseconds), and
-    A = (Q U_R) diag(sigma) V^T. Householder QR is backward stable, so the factors are as
-    accurate as a direct SVD's. Matrices with fewer than 2 K rows go to `thin_svd`.
+    A = Q [U_R; 0] diag(sigma) V^T. Householder QR is backward stable, so the factors are as
+    accurate as a direct SVD's.
+
+    Returns (reflectors, u_r, sigma, v_t): the left singular vectors are
+    `apply_reflectors(reflectors, B)` with B = [u_r; 0] (M, K); products with them need
+    only matrix-vector work (`apply_reflectors`, `apply_reflectors_transposed`), O(M K)
+    per vector, where forming them cost another K passes over an (M, K) matrix.
+    Matrices with fewer than 2 K rows go to `thin_svd` with zero reflectors (Q = I) and
+    u_r its (M, min(M, K)) left factor.
     """
     rows, cols = matrix.shape[-2:]
     if rows < 2 * cols:
-        return thin_svd(matrix)
+        u, sigma, v_t = thin_svd(matrix)
+        return jnp.zeros((rows, cols), matrix.dtype), u, sigma, v_t
     reflectors, r = _householder_qr(matrix)
     u_r, sigma, v_t = thin_svd(r)
-    # Q [U_R; 0] = H_0 (H_1 (... H_{K-1} [U_R; 0])).
+    return reflectors, u_r, sigma, v_t
+
+
+def apply_reflectors(reflectors: jax.Array, x: jax.Array) -> jax.Array:
+    """Q x = H_0 (H_1 (... H_{K-1} x)) for the reflectors of `_householder_qr` (x: (M, c))."""
+    cols = reflectors.shape[1]
+
     def apply(j, x):
         u = reflectors[:, cols - 1 - j]
         return x - jnp.outer(u, u @ x)
 
-    padded = jnp.zeros((rows, cols), matrix.dtype).at[:cols].set(u_r)
-    return jax.lax.fori_loop(0, cols, apply, padded), sigma, v_t
+    return jax.lax.fori_loop(0, cols, apply, x)
+
+
+def apply_reflectors_transposed(reflectors: jax.Array, x: jax.Array) -> jax.Array:
+    """Q^T x = H_{K-1} (... H_0 x) (x: (M,) or (M, c))."""
+
+    def apply(j, x):
+        u = reflectors[:, j]
+        return x - jnp.outer(u, u @ x).reshape(x.shape)
+
+    return jax.lax.fori_loop(0, reflectors.shape[1], apply, x)

@@ -20,38 +20,23 @@ they are concrete; traced calls skip the checks.
 from __future__ import annotations
 
 
-import functools
-
 import chex
 import jax
 import jax.numpy as jnp
-import jaxopt
-from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _linalg, _validation
 
 # The solve (see _solve_fedpals): semismooth Newton on eq. 8's K-dimensional dual picks
-# the face, exact steps on that face finish it, and only where the KKT conditions then
-# fail to rounding does projected gradient run: FISTA with a fixed step 1/L (on random
-# problems up to M = 100, lam = 0, M > K, within 2e-8 of a float64 SLSQP reference from
-# FedAvg after 2000 iterations; 5000 leaves margin; its tolerance is on the step
-# ||alpha_{k+1} - y_k||, which float32 round-off bounds near 1e-7), then unaccelerated.
-# jaxopt's accelerated solver alone can stop early at a non-optimal vertex
-# (tests/test_server_weights.py has the reproducer); an unaccelerated polish
-# from its result certifies the optimum, and exact steps on the face it ends on
-# make alpha accurate to float32 rounding. See BUILD_NOTES.md.
+# the face, and a primal active-set method of exact face steps (_active_set) finishes it
+# to float32 rounding. See BUILD_NOTES.md. fedpals_weights still accepts and checks
+# max_iter and tol, the settings of the projected-gradient certificate this replaced
+# (issue 18); they no longer change the result.
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-7
-# The polish stops on the true gradient mapping and can go a decade lower
-# before float32 round-off makes it wander along flat minimiser sets.
-_POLISH_TOL_FACTOR = 0.1
-# The polish usually stops within ~50 steps; the few that reach float32's
-# noise floor would run on without gain, and under vmap every problem waits
-# for the slowest, so it gets a fifth of the budget.
-_POLISH_ITER_DIVISOR = 5
-# Exact face steps after the polish (_face_newton_polish): usually two (one to the
-# face's minimiser, one refining it); each client the ratio test drops costs one more.
-_MAX_FACE_STEPS = 8
+# _active_set: at most this many clients join the dual phase's face (it is normally right,
+# or off by a few), and at most this many full steps in a row refine a face's minimiser.
+_MAX_ADDITIONS = 64
+_MAX_REFINEMENTS = 8
 # Semismooth Newton on the dual (_dual_newton): steps, and the shortest backtracked step.
 _MAX_DUAL_STEPS = 100
 # lam's path in _dual_newton: from max(lam, N) down by this factor per stage.
@@ -61,7 +46,7 @@ _MIN_DUAL_STEP = 2.0**-30
 _MAX_THRESHOLD_STEPS = 100
 # lam = 0 has no smooth dual: the dual phase, which only chooses the face, solves
 # lam = 1e-6 N instead (the 0+ side of the path, as in lambda_for_ess), and the
-# exact face steps and projected gradient then finish at lam = 0.
+# active-set method then finishes at lam = 0.
 
 # The bisection of `lambda_for_ess` searches lam / N in [1e-6, 1e12], log-spaced.
 # 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
@@ -108,19 +93,20 @@ def fedpals_objective(
     return residual @ residual + lam * jnp.sum(alpha * alpha / _float_array(client_sizes))
 
 
-def _lipschitz_bound(dists: jax.Array, inv_sizes: jax.Array, lam: jax.Array) -> jax.Array:
-    # The Hessian of eq. 8 is 2 (S S^T + lam diag(1/n)). ||S S^T||_2 equals
-    # ||S^T S||_2, a K x K eigenproblem, cheap even for thousands of clients.
-    gram_norm = _linalg.eigvalsh(dists.T @ dists)[-1]
-    return 2.0 * (gram_norm + lam * jnp.max(inv_sizes))
-
-
 def _face_newton_step(
-    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+    alpha: jax.Array,
+    face: jax.Array,
+    dists: jax.Array,
+    target: jax.Array,
+    sizes: jax.Array,
+    lam: jax.Array,
+    fast: jax.Array | bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One exact (Newton) step of eq. 8 on the face of the simplex alpha lies on.
+    """One exact (Newton) step of eq. 8 on the face A of the simplex (a boolean mask).
 
-    On the face A = supp(alpha), eq. 8 in the correction d (d_i = 0 off A,
+    alpha must be 0 off A and >= 0 on it (a client just added to A may be at 0).
+
+    On the face A, eq. 8 in the correction d (d_i = 0 off A,
     sum_i d_i = 0) is an equality-constrained least-squares problem. In the
     scaled correction e = N^(-1/2) d (N = diag(n)), with q = (sqrt(n_i))_{i in A},
     P the projector onto q's orthogonal complement in A, F = S_A^T N_A^(1/2) P
@@ -132,7 +118,7 @@ def _face_newton_step(
     (M x K: O(M K^2), cheap for thousands of clients):
 
         lam = 0:  e = V diag(1 / sigma) U^T r         (the minimum-norm correction,
-                  which keeps the minimiser projected gradient chose along flat directions);
+                  which moves alpha as little as possible along flat directions);
         lam > 0:  e = V diag(1 / (sigma^2 + lam)) V^T g + (I - V V^T) g / lam,
                   g = P (N^(1/2) (-grad f(alpha) / 2)) = F^T r - lam P v.
 
@@ -146,6 +132,12 @@ def _face_newton_step(
     1e-5 on tests/test_server_weights.py's problems. A ratio test keeps alpha >= 0:
     a client the step would make negative leaves the face at 0.
 
+    The SVD is `_linalg.tall_thin_svd`'s (Householder QR + K x K SVD, accurate to
+    float32 rounding). With `fast` it comes from the K x K Gram F F^T instead (eigh,
+    about 3x cheaper at M = 10,000, but it squares F's condition number: singular values
+    below sqrt(eps K) sigma_max are dropped, the rest lose accuracy); `_active_set` uses
+    it only for the steps that drop clients at lam = 0.
+
     Returns the new alpha, whether the step was kept and whether it was a full
     one (t = 1). The step is kept only if finite and if it does not raise the
     objective beyond the float32 rounding of its evaluation: in exact
@@ -154,7 +146,7 @@ def _face_newton_step(
     dtype = alpha.dtype
     eps = jnp.finfo(dtype).eps
     num_clients, num_classes = dists.shape
-    active = alpha > 0
+    active = face
     sqrt_sizes = jnp.where(active, jnp.sqrt(sizes), 0.0)  # q
     q_norm2 = sqrt_sizes @ sqrt_sizes
 
@@ -166,16 +158,54 @@ def _face_newton_step(
 
     residual = target - alpha @ dists
     f_transposed = project_rows(dists * sqrt_sizes[:, None])  # F^T, (M, K)
-    v_mat, sigma, u_t = _linalg.tall_thin_svd(f_transposed)
-    # Singular values at the SVD's rounding level belong to null directions of F.
-    keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
-    v_mat = jnp.where(keep[None, :], v_mat, 0.0)
+
+    # F^T = V diag(sigma) U^T with V = Q (basis @ mix): Q a product of Householder
+    # reflections (identity for zero reflectors), basis (M, K), mix K x K, so that products
+    # with V are matrix-vector work.
+    def accurate_svd(f_t):
+        reflectors, u_r, sigma, u_t = _linalg.tall_thin_svd(f_t)
+        # Singular values at the SVD's rounding level belong to null directions of F.
+        keep = sigma > eps * max(num_clients, num_classes) * sigma[0]
+        rank = sigma.shape[0]
+        if rank < num_classes:  # M < K: pad to K singular triplets
+            pad = num_classes - rank
+            u_r = jnp.pad(u_r, ((0, 0), (0, pad)))
+            sigma, keep = jnp.pad(sigma, (0, pad)), jnp.pad(keep, (0, pad))
+            u_t = jnp.pad(u_t, ((0, pad), (0, 0)))
+        if num_clients < 2 * num_classes:  # thin_svd's dense left factor (Q = I)
+            basis, mix = u_r, jnp.diag(keep.astype(dtype))
+        else:  # V = Q [U_R; 0]
+            basis = jnp.eye(num_clients, num_classes, dtype=dtype)
+            mix = jnp.where(keep[None, :], u_r, 0.0)
+        return reflectors, basis, mix, sigma, u_t, keep
+
+    def gram_svd(f_t):
+        # F F^T = U diag(sigma^2) U^T (K x K), V = F^T U / sigma: squares F's condition
+        # number, so only sigma above sqrt(16 eps K) sigma_max count (see _active_set).
+        w, u = _linalg.eigh(f_t.T @ f_t)
+        w, u = w[::-1], u[:, ::-1]
+        keep = w > eps * num_classes * w[0]
+        sigma = jnp.sqrt(jnp.where(keep, w, 0.0))
+        mix = jnp.where(keep[None, :], u / jnp.where(keep, sigma, 1.0)[None, :], 0.0)
+        return jnp.zeros_like(f_t), f_t, mix, sigma, u.T, keep
+
+    reflectors, basis, mix, sigma, u_t, keep = jax.lax.cond(
+        fast, gram_svd, accurate_svd, f_transposed
+    )
+
+    def v_times(x):  # V x, x of shape (K, c): one pass of the reflections for all c columns
+        y = basis @ (mix @ x)
+        return jax.lax.cond(fast, lambda: y, lambda: _linalg.apply_reflectors(reflectors, y))
+
+    def v_transposed_times(x):  # V^T x
+        y = jax.lax.cond(
+            fast, lambda: x, lambda: _linalg.apply_reflectors_transposed(reflectors, x)
+        )
+        return mix.T @ (basis.T @ y)
+
     safe_sigma = jnp.where(keep, sigma, 1.0)
     positive_lam = lam > 0
     safe_lam = jnp.where(positive_lam, lam, 1.0)
-    # lam = 0.
-    e_zero = v_mat @ jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0)
-    # lam > 0.
     # -grad f / 2 on A, less its n-weighted mean: at the optimum every entry equals the
     # multiplier of sum_i alpha_i = 1, which can be large (T far from Conv(S)). P
     # removes it in exact arithmetic; removing it here, before the scaling by
@@ -183,11 +213,20 @@ def _face_newton_step(
     half_grad = jnp.where(active, dists @ residual - lam * alpha / sizes, 0.0)
     half_grad = jnp.where(active, half_grad - (sizes * half_grad).sum() / q_norm2, 0.0)
     grad = project(sqrt_sizes * half_grad)
-    components = v_mat.T @ grad
-    e_positive = (
-        v_mat @ (components / (safe_sigma * safe_sigma + lam))
-        + (grad - v_mat @ components) / safe_lam
+    components = v_transposed_times(grad)
+    # One product with V for the three vectors: lam = 0's correction, then lam > 0's two.
+    products = v_times(
+        jnp.stack(
+            [
+                jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0),
+                components / (safe_sigma * safe_sigma + lam),
+                components,
+            ],
+            axis=1,
+        )
     )
+    e_zero = products[:, 0]
+    e_positive = products[:, 1] + (grad - products[:, 2]) / safe_lam
     e = jnp.where(positive_lam, e_positive, e_zero)
     step = jnp.where(active, sqrt_sizes * e, 0.0)
     # Ratio test: the longest t <= 1 with alpha + t d >= 0.
@@ -200,36 +239,17 @@ def _face_newton_step(
     candidate = jnp.where(~full & (jnp.arange(num_clients) == blocking), 0.0, candidate)
     candidate = candidate / jnp.sum(candidate)
 
-    def objective(a):
-        res = target - a @ dists
-        return res @ res + lam * jnp.sum(a * a / sizes)
-
-    old_value = objective(alpha)
+    # The objective at alpha and at the candidate, evaluated together.
+    both = jnp.stack([alpha, candidate])
+    residuals = target - both @ dists
+    old_value, new_value = jnp.sum(residuals * residuals, axis=1) + lam * jnp.sum(
+        both * both / sizes, axis=1
+    )
     # Float32 evaluation error of the objective: ~eps (f + ||r|| (||T|| + ||alpha^T S||)),
     # with ||r|| = sqrt(f) at most, times a small factor for the sums' rounding.
     slack = 16 * eps * (old_value + 2 * jnp.sqrt(old_value))
-    accept = jnp.all(jnp.isfinite(candidate)) & (objective(candidate) <= old_value + slack)
+    accept = jnp.all(jnp.isfinite(candidate)) & (new_value <= old_value + slack)
     return jnp.where(accept, candidate, alpha), accept, accept & full
-
-
-def _face_newton_polish(
-    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
-) -> jax.Array:
-    # Face steps until two full ones in a row (the first reaches the face's
-    # minimiser, the second refines it against float32 rounding); a step cut
-    # short by the ratio test drops a client, and the next continues on the
-    # smaller face. A refused step would be refused again: stop. At most
-    # _MAX_FACE_STEPS.
-    def cond(carry):
-        steps, full_in_a_row, kept, _ = carry
-        return (steps < _MAX_FACE_STEPS) & (full_in_a_row < 2) & kept
-
-    def body(carry):
-        steps, full_in_a_row, _, a = carry
-        a, kept, full = _face_newton_step(a, dists, target, sizes, lam)
-        return steps + 1, jnp.where(full, full_in_a_row + 1, 0), kept, a
-
-    return jax.lax.while_loop(cond, body, (0, 0, jnp.array(True), alpha))[3]
 
 
 def _dual_weights(scores: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -287,7 +307,7 @@ def _dual_newton(
 
     Returns alpha(r) at the last iterate: in float32 only approximate for small lam
     (alpha_i = c_i (s_i^T r - tau) magnifies the rounding of s_i^T r by n_i / lam), but
-    its support is what the exact face steps (`_face_newton_polish`) then finish on.
+    its support is where the active-set method (`_active_set`) starts.
     """
     dtype = dists.dtype
     eps = jnp.finfo(dtype).eps
@@ -300,12 +320,15 @@ def _dual_newton(
         noise = eps * (2.0 * jnp.abs(r @ target) + r @ r + jnp.abs(scores) @ alpha + jnp.abs(tau))
         return alpha, value, noise
 
+    # One copy of `evaluate` in the graph (compile time): it runs only inside the line
+    # search. A stage's first iteration is `stale`: alpha, q at r are re-evaluated for the
+    # stage's lam (a search along a zero direction that stops after its one evaluation).
     def cond(carry):
-        steps, _, _, _, _, _, done = carry
+        steps, *_, done = carry
         return (steps < _MAX_DUAL_STEPS) & ~done
 
     def body(carry):
-        steps, stage_lam, r, alpha, value, noise, _ = carry
+        steps, stage_lam, r, alpha, value, noise, stale, _ = carry
         scale = sizes / stage_lam
         active = alpha > 0
         active_scale = jnp.where(active, scale, 0.0)
@@ -313,60 +336,55 @@ def _dual_newton(
         centred = dists - mean_row
         hessian = jnp.eye(num_classes, dtype=dtype) + (centred * active_scale[:, None]).T @ centred
         half_gradient = target - r - alpha @ dists
-        direction = _linalg.solve(hessian, half_gradient)
+        direction = jnp.where(stale, 0.0, _linalg.solve(hessian, half_gradient))
         slope = 2.0 * (half_gradient @ direction)
 
         def search_cond(search):
             t, _, _, new_value, new_noise = search
             sufficient = new_value >= value + 1e-4 * t * slope - 16.0 * (noise + new_noise)
-            return ~sufficient & (t > _MIN_DUAL_STEP)
+            # t = 2: nothing evaluated yet.
+            return (t > 1.5) | (~stale & ~sufficient & (t > _MIN_DUAL_STEP))
 
         def search_body(search):
             t = 0.5 * search[0]
             candidate = r + t * direction
             return (t, candidate, *evaluate(candidate, scale))
 
-        first = r + direction
         t, new_r, new_alpha, new_value, new_noise = jax.lax.while_loop(
-            search_cond, search_body, (jnp.asarray(1.0, dtype), first, *evaluate(first, scale))
+            search_cond, search_body, (jnp.asarray(2.0, dtype), r, alpha, value, noise)
         )
-        accepted = (t > _MIN_DUAL_STEP) & jnp.all(jnp.isfinite(new_r))
+        accepted = stale | ((t > _MIN_DUAL_STEP) & jnp.all(jnp.isfinite(new_r)))
         r = jnp.where(accepted, new_r, r)
         alpha = jnp.where(accepted, new_alpha, alpha)
         value = jnp.where(accepted, new_value, value)
         noise = jnp.where(accepted, new_noise, noise)
         # A full step that keeps the active set solved the quadratic piece it lies on:
         # this stage is done (as it is when no step makes progress any more).
-        stage_done = ~accepted | ((t == 1.0) & jnp.all((new_alpha > 0) == active))
+        stage_done = ~stale & (~accepted | ((t == 1.0) & jnp.all((new_alpha > 0) == active)))
         last_stage = stage_lam <= lam
-        next_lam = jnp.maximum(lam, stage_lam / _DUAL_PATH_FACTOR)
-        # The next stage's dual differs: re-evaluate alpha, q at r for its lam.
-        next_alpha, next_value, next_noise = evaluate(r, sizes / next_lam)
+        # The next stage's dual differs: its first iteration re-evaluates alpha, q at r.
         advance = stage_done & ~last_stage
-        alpha = jnp.where(advance, next_alpha, alpha)
-        value = jnp.where(advance, next_value, value)
-        noise = jnp.where(advance, next_noise, noise)
-        stage_lam = jnp.where(advance, next_lam, stage_lam)
-        return steps + 1, stage_lam, r, alpha, value, noise, stage_done & last_stage
+        stage_lam = jnp.where(advance, jnp.maximum(lam, stage_lam / _DUAL_PATH_FACTOR), stage_lam)
+        return steps + ~stale, stage_lam, r, alpha, value, noise, advance, stage_done & last_stage
 
     start_lam = jnp.maximum(lam, jnp.sum(sizes))
     start = target - (sizes / jnp.sum(sizes)) @ dists
-    alpha, value, noise = evaluate(start, sizes / start_lam)
-    carry = (0, start_lam, start, alpha, value, noise, jnp.array(False))
+    zero = jnp.zeros((), dtype)
+    carry = (0, start_lam, start, sizes / jnp.sum(sizes), zero, zero, jnp.array(True), jnp.array(False))
     alpha = jax.lax.while_loop(cond, body, carry)[3]
     return alpha / jnp.sum(alpha)  # tau's rounding leaves sum(alpha) off 1 for small lam
 
 
-def _kkt_holds(
+def _kkt_gaps(
     alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
-) -> jax.Array:
-    """Whether alpha (on the simplex) satisfies eq. 8's KKT conditions to float32 rounding.
+) -> tuple[jax.Array, jax.Array]:
+    """Eq. 8's KKT gaps at alpha (on the simplex) and their float32 rounding level.
 
     With g = grad f / 2 = -S r + lam alpha / n (r = T - S^T alpha) and mu = alpha^T g, the
-    multiplier of sum_i alpha_i = 1: g_i = mu where alpha_i > 0 and g_i >= mu elsewhere.
-    Both are tested against the rounding of g: 32 eps (||T|| + ||S^T alpha|| + ||S r||_inf +
-    lam max_i alpha_i / n_i + |mu|), the first two for r's rounding (rows of S have norm
-    <= 1). O(M K) to compute.
+    multiplier of sum_i alpha_i = 1, the KKT conditions read: gap_i = g_i - mu = 0 where
+    alpha_i > 0 and gap_i >= 0 elsewhere. The slack is the rounding of g:
+    32 eps (||T|| + ||S^T alpha|| + ||S r||_inf + lam max_i alpha_i / n_i + |mu|), the first
+    two for r's rounding (rows of S have norm <= 1). O(M K) to compute.
     """
     eps = jnp.finfo(alpha.dtype).eps
     aggregate = alpha @ dists
@@ -382,7 +400,14 @@ def _kkt_holds(
         + jnp.max(penalty)
         + jnp.abs(multiplier)
     )
-    gap = half_grad - multiplier
+    return half_grad - multiplier, slack
+
+
+def _kkt_holds(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> jax.Array:
+    """Whether alpha (on the simplex) satisfies eq. 8's KKT conditions to float32 rounding."""
+    gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
     on_face = jnp.where(alpha > 0, jnp.abs(gap), 0.0)
     off_face = jnp.where(alpha > 0, 0.0, -gap)
     return (jnp.max(on_face) <= slack) & (jnp.max(off_face) <= slack) & jnp.all(
@@ -390,58 +415,108 @@ def _kkt_holds(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
-def _solve_fedpals(
-    dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array, max_iter: int, tol: float
+def _active_set(
+    alpha: jax.Array, dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
 ) -> jax.Array:
-    inv_sizes = 1.0 / sizes
-    finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
-    # Scaling the objective by 1/L makes a fixed step of 1 equal to 1/L, so
-    # a traced L (vmap over lam) still gives a fixed step.
-    lipschitz = _lipschitz_bound(dists, inv_sizes, finite_lam)
+    """A primal active-set method for eq. 8 from alpha (on the simplex), on the face alpha > 0.
 
-    def scaled_objective(alpha):
-        residual = target - alpha @ dists
-        return (residual @ residual + finite_lam * jnp.sum(alpha * alpha * inv_sizes)) / lipschitz
+    Each step is an exact step on the current face A (`_face_newton_step`). A step cut short
+    by the ratio test drops the client that reached 0 and goes on on the smaller face
+    (Lawson-Hanson's inner loop). A full step reaches the face's minimiser; if some client
+    off A then has a KKT gap below -slack (`_kkt_gaps`), the most negative one joins A with
+    weight 0: from a face minimiser, the next step raises its weight (its gap times the step's
+    entry is the objective's first-order change, which is negative), so the objective
+    decreases strictly from face to face and no face repeats. Stops after two full steps in a
+    row with no client to add whose on-face gaps hold to rounding (float32 steps at small
+    lam can need a few refinements; at most _MAX_REFINEMENTS full steps in a row), when
+    a step is refused (it would raise the objective beyond rounding, or is not finite), or
+    after |A_0| + 4 * _MAX_ADDITIONS + 4 steps; at most _MAX_ADDITIONS clients join A (the
+    dual phase's face is normally right or off by a few).
 
-    def solver(accelerated: bool) -> jaxopt.ProjectedGradient:
-        return jaxopt.ProjectedGradient(
-            fun=scaled_objective,
-            projection=projection_simplex,
-            stepsize=1.0,
-            maxiter=max_iter if accelerated else max(1, max_iter // _POLISH_ITER_DIVISOR),
-            tol=tol if accelerated else tol * _POLISH_TOL_FACTOR,
-            acceleration=accelerated,
-            implicit_diff=False,
+    At lam = 0 the dual phase's face (of alpha^(1e-6 N)) can hold several times the clients
+    of the face the method ends on (420 vs 122 at M = 10,000 in experiments/solve_time.py),
+    one drop per step; a step right after a drop uses the Gram factorisation (`fast`), and a
+    fast step that is full or refused is followed by an exact one, so the method ends on
+    exact steps.
+    """
+    num_clients = alpha.shape[0]
+    index = jnp.arange(num_clients)
+    face = alpha > 0
+    max_steps = jnp.sum(face) + 4 * _MAX_ADDITIONS + 4
+
+    def cond(carry):
+        steps, *_, done = carry
+        return (steps < max_steps) & ~done
+
+    def body(carry):
+        steps, full_in_a_row, holds_in_a_row, additions, last_added, excluded, alpha, face, fast, _ = (
+            carry
+        )
+        alpha, kept, full = _face_newton_step(alpha, face, dists, target, sizes, lam, fast)
+        face = face & (alpha > 0)
+        gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
+        off_face_gap = jnp.where(face, jnp.inf, gap)
+        worst = jnp.argmin(off_face_gap)
+        on_face_gap = jnp.max(jnp.where(face, jnp.abs(gap), 0.0))
+        # At a face's minimiser the on-face gaps are 0 but for rounding: they measure the
+        # gaps' actual rounding, often far below the bound `slack`. For lam > 0 a client
+        # off the face whose gap is below -4x that (and below -slack / 32, one eps of the
+        # bound) is a real violation: where lam / n_i is small, a gap within `slack` can
+        # still hide weights off by 1e-2 (duplicated clients at lam = 1e-6 N). At lam = 0
+        # clients with equal rows have equal gaps and the minimum-norm step gives an added
+        # duplicate no weight: there only gaps below -slack count.
+        threshold = jnp.where(lam > 0, jnp.maximum(4 * on_face_gap, slack / 32), slack)
+        # A client the step after its addition dropped again at once is not re-added.
+        excluded = excluded | ((index == last_added) & ~full & (alpha <= 0))
+        off_face_gap = jnp.where(excluded, jnp.inf, off_face_gap)
+        worst = jnp.argmin(off_face_gap)
+        add = (
+            kept & full & (off_face_gap[worst] < -threshold) & (additions < _MAX_ADDITIONS)
+        )
+        face = face | (add & (index == worst))
+        last_added = jnp.where(add, worst, -1)
+        full_in_a_row = jnp.where(full & ~add, full_in_a_row + 1, 0)
+        # Holding in a row: after a full step with nothing to add, on-face gaps within slack.
+        holds = full & ~add & (on_face_gap <= slack)
+        holds_in_a_row = jnp.where(holds, holds_in_a_row + 1, 0)
+        done = (
+            (~kept & ~fast)
+            | ((full_in_a_row >= 2) & (holds_in_a_row >= 2))
+            | (full_in_a_row >= _MAX_REFINEMENTS)
+        )
+        fast = (lam == 0) & kept & ~full
+        return (
+            steps + 1,
+            full_in_a_row,
+            holds_in_a_row,
+            additions + add,
+            last_added,
+            excluded,
+            alpha,
+            face,
+            fast,
+            done,
         )
 
+    excluded = jnp.zeros(num_clients, bool)
+    carry = (0, 0, 0, 0, -1, excluded, alpha, face, jnp.array(False), jnp.array(False))
+    return jax.lax.while_loop(cond, body, carry)[6]
+
+
+@jax.jit
+def _solve_fedpals(
+    dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array
+) -> jax.Array:
+    finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
     fedavg = sizes / jnp.sum(sizes)
     # Phase 1: the face. Semismooth Newton on eq. 8's K-dimensional dual (_dual_newton),
     # O(M K^2) a step, a few to a few tens of steps, for lam > 0; lam = 0 is approached
-    # from its 0+ side. Phase 2: exact steps on that face (_face_newton_polish).
+    # from its 0+ side. Phase 2: a primal active-set method from there (_active_set).
     dual_lam = jnp.where(
         finite_lam > 0, finite_lam, jnp.sum(sizes) * 10.0 ** LOG10_LAM_RANGE[0]
     )
     alpha = _dual_newton(dists, target, sizes, dual_lam)
-    alpha = _face_newton_polish(alpha, dists, target, sizes, finite_lam)
-    # Phase 3, the certificate: projected gradient from there, accelerated (FISTA) then
-    # plain, whose stopping test is the gradient mapping (0 only at the optimum). From
-    # the optimum each stops after a step or two; they do real work only where phases
-    # 1-2 missed a client (float32 rounding at a near-degenerate kink). Accelerated
-    # alone, it can stop at a non-optimal vertex: its stopping test ||x_{k+1} - x_k||
-    # is 0 when momentum overshoots a face and the projection lands twice on the same point.
-    # Where alpha already satisfies the KKT conditions to rounding (_kkt_holds), phase 3
-    # is skipped (under vmap lax.cond runs both branches: a step or two more).
-    def certify(a):
-        a = solver(accelerated=True).run(a).params
-        a = solver(accelerated=False).run(a).params
-        # Phase 4, exact: on the face the polish ends in, eq. 8 is an equality-
-        # constrained least-squares problem solved in closed form (_face_newton_step).
-        return _face_newton_polish(a, dists, target, sizes, finite_lam)
-
-    alpha = jax.lax.cond(
-        _kkt_holds(alpha, dists, target, sizes, finite_lam), lambda a: a, certify, alpha
-    )
+    alpha = _active_set(alpha, dists, target, sizes, finite_lam)
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
 
@@ -464,35 +539,31 @@ def fedpals_weights(
        concave piecewise-quadratic problem in the K-dimensional residual r = T - S^T alpha,
        with alpha_i = (n_i / lam) (s_i^T r - tau)_+; lam is approached from max(lam, N)
        down by factors of 10, warm-started (lam = 0 stands in as 1e-6 N here);
-    2. exact steps on that face (the KKT system there is linear: a least-squares problem
-       solved in closed form through a Householder QR and a K x K SVD), which drop a
-       client whose weight would turn negative;
-    3. a KKT check to float32 rounding; only where it fails, `jaxopt.ProjectedGradient`
-       from there (accelerated, then unaccelerated: its stopping rule certifies the
-       optimum) and exact face steps again.
+    2. a primal active-set method from there: exact steps on the face (the KKT system
+       there is linear: a least-squares problem solved in closed form through a
+       Householder QR and a K x K SVD), a client whose weight would turn negative leaves
+       the face, the client that most violates the KKT conditions at a face's minimiser
+       joins it, until the KKT conditions hold to float32 rounding.
 
-    At M = 10,000, K = 10 this takes 0.02-0.2 s on a 2-core CPU (BUILD_NOTES.md).
+    At M = 10,000, K = 10 this takes 0.01-0.3 s on a 2-core CPU, at M = 100,000 0.1-2 s
+    (lam = 0 is the slowest: the active set drops a client per step; BUILD_NOTES.md).
 
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.
       target_label_dist: T, shape (K,).
       client_sizes: n, shape (M,), all > 0.
       lam: the trade-off lam >= 0. `jnp.inf` returns FedAvg (Proposition 2).
-      max_iter: iteration budget of phase 3's accelerated projected gradient (an
-        integer >= 1; the unaccelerated polish gets a fifth of it). Used only where
-        phases 1-2 end off the optimum.
-      tol: its stopping tolerance on the step (a finite number > 0; the polish
-        uses tol / 10). The exact face steps that follow make the result
-        accurate to float32 rounding whenever these phases end on the optimal
-        face (BUILD_NOTES.md).
+      max_iter, tol: the settings of the projected-gradient phase that earlier versions
+        ran where the face steps ended off the optimum (an integer >= 1, a finite
+        number > 0). Still checked, no longer used: the active-set method needs neither.
 
     Returns:
       alpha, shape (M,), on the simplex.
 
     At lam = 0 with T inside Conv(S) and M > K the minimiser is not unique; this
-    returns the minimiser on the face of alpha^(1e-6 N) nearest to it (in the metric
-    sum_i d_i^2 / n_i), close to but not exactly the largest-ESS one (the lam -> 0+
-    limit, App. B.2). Use a small positive lam for that one.
+    returns the one the active-set method reaches from alpha^(1e-6 N) by minimum-norm
+    steps (in the metric sum_i d_i^2 / n_i), close to but not exactly the largest-ESS one
+    (the lam -> 0+ limit, App. B.2). Use a small positive lam for that one.
 
     Raises:
       ValueError / TypeError: bad problem data, lam < 0 or NaN, or max_iter / tol
@@ -510,7 +581,8 @@ def fedpals_weights(
     chex.assert_rank(dists, 2)
     chex.assert_shape(target, (dists.shape[1],))
     chex.assert_shape(sizes, (dists.shape[0],))
-    return _solve_fedpals(dists, target, sizes, _float_array(lam), max_iter=max_iter, tol=tol)
+    del max_iter, tol  # checked above for compatibility; nothing uses them any more
+    return _solve_fedpals(dists, target, sizes, _float_array(lam))
 
 
 def fedpals_lam_derivative(
@@ -560,9 +632,7 @@ def fedpals_lam_derivative(
     sizes = _float_array(client_sizes)
     lam = _float_array(lam)
     if alpha is None:
-        alpha = _solve_fedpals(
-            dists, target, sizes, lam, max_iter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL
-        )
+        alpha = _solve_fedpals(dists, target, sizes, lam)
     alpha = _float_array(alpha)
     return _lam_derivative(dists, target, sizes, lam, alpha)
 
@@ -598,14 +668,7 @@ def projection_distance(
     dists = _float_array(client_label_dists)
     target = _float_array(target_label_dist)
     uniform_sizes = jnp.ones(dists.shape[0], dists.dtype)
-    alpha = _solve_fedpals(
-        dists,
-        target,
-        uniform_sizes,
-        jnp.zeros((), dists.dtype),
-        max_iter=DEFAULT_MAX_ITER,
-        tol=DEFAULT_TOL,
-    )
+    alpha = _solve_fedpals(dists, target, uniform_sizes, jnp.zeros((), dists.dtype))
     residual = target - alpha @ dists
     return residual @ residual
 
@@ -613,7 +676,7 @@ def projection_distance(
 def _ess_fraction_at(log10_lam_over_n, dists, target, sizes):
     total = jnp.sum(sizes)
     lam = total * 10.0**log10_lam_over_n
-    alpha = _solve_fedpals(dists, target, sizes, lam, max_iter=DEFAULT_MAX_ITER, tol=DEFAULT_TOL)
+    alpha = _solve_fedpals(dists, target, sizes, lam)
     return 1.0 / (total * jnp.sum(alpha * alpha / sizes))
 
 
