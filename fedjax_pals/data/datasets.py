@@ -278,14 +278,19 @@ def _read_tfds_source(source: Sequence[dict], name: str) -> LabeledSplit:
     return LabeledSplit(x=_scale_uint8_images(images), y=labels)
 
 
-def _load_tfds(name: str, tfds_dir: pathlib.Path) -> dict[str, LabeledSplit]:
+def _import_tfds(needed_for: str):
     try:
         import tensorflow_datasets as tfds  # deferred: ~0.5 s import, optional path
     except ImportError as e:
         raise DatasetUnavailableError(
-            f"a prepared TFDS copy of {name} exists in {tfds_dir} but tensorflow_datasets "
-            f"is not importable ({e}); pip install tensorflow-datasets importlib_resources Pillow"
+            f"{needed_for} but tensorflow_datasets is not importable ({e}); "
+            "pip install tensorflow-datasets importlib_resources Pillow"
         ) from e
+    return tfds
+
+
+def _load_tfds(name: str, tfds_dir: pathlib.Path) -> dict[str, LabeledSplit]:
+    tfds = _import_tfds(f"a prepared TFDS copy of {name} exists in {tfds_dir}")
     try:
         sources = tfds.data_source(
             name,
@@ -473,12 +478,7 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = 
 
 
 def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
-    try:
-        import tensorflow_datasets as tfds  # deferred: ~0.5 s import, optional path
-    except ImportError as e:
-        raise DatasetUnavailableError(
-            f"downloading {name} needs tensorflow_datasets, which does not import: {e}"
-        ) from e
+    tfds = _import_tfds(f"downloading {name} was asked for (dataset.download)")
     tfds_dir.mkdir(parents=True, exist_ok=True)
     try:
         tfds.builder(name, data_dir=os.fspath(tfds_dir)).download_and_prepare(
