@@ -228,9 +228,9 @@ class PointRunner:
         def solve_for(participants):
             return solve(
                 dists_d[participants],
-                weight_data["target_label_dist"],
+                weight_data.target_label_dist,
                 sizes_f[participants],
-                weight_data["lam"],
+                weight_data.lam,
             )
 
         self.solve_for = solve_for

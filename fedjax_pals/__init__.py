@@ -86,7 +86,11 @@ from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_
 from fedjax_pals.experiment.sweep import expand_sweep, run_sweep  # noqa: E402
 from fedjax_pals.experiment.protocol import PAPER_METHODS, protocol_grid, table1_config  # noqa: E402
 from fedjax_pals.experiment.restore import RestoredRun, restore_run  # noqa: E402
-from fedjax_pals.experiment.checkpoints import CheckpointError, CheckpointMismatchError  # noqa: E402
+from fedjax_pals.experiment.checkpoints import (  # noqa: E402
+    CheckpointError,
+    CheckpointMismatchError,
+    Checkpointer,
+)
 from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
 from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
 
@@ -138,6 +142,6 @@ __all__ = [
     "ConfigError", "config_digest", "default_config", "validate_config", "Task", "TaskError",
     "build_task", "train_and_evaluate", "train_and_evaluate_many", "expand_sweep", "run_sweep",
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",
-    "CheckpointError", "CheckpointMismatchError", "WorkdirError", "WorkdirLockedError",
+    "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError", "WorkdirLockedError",
     "DiskFullError",
 ]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 import time
 from typing import Any, Callable, Protocol, Sequence
@@ -28,7 +27,14 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
 from fedjax_pals.algorithms.target_estimation import TargetReestimation
 from fedjax_pals.data import Dataset, FederatedPartition
-from fedjax_pals.engine import DeviceData, LocalTraining, device_data, local_view, round_engine
+from fedjax_pals.engine import (
+    DeviceData,
+    LocalTraining,
+    device_data,
+    engine_key,
+    local_view,
+    round_engine,
+)
 from fedjax_pals.metrics import make_evaluator
 from fedjax_pals.models import Model
 
@@ -165,73 +171,6 @@ def _evaluate(evaluators, params) -> dict:
     return {name: evaluate(params) for name, evaluate in evaluators.items()}
 
 
-def _digest(*arrays: Any) -> str:
-    h = hashlib.sha256()
-    for array in arrays:
-        array = np.ascontiguousarray(np.asarray(array))
-        h.update(f"{array.dtype}{array.shape}".encode())
-        h.update(array.tobytes())
-    return h.hexdigest()[:16]
-
-
-def run_fingerprint(
-    algorithm: FederatedAlgorithm,
-    model: Model,
-    dataset: Dataset,
-    partition: FederatedPartition,
-    training: LocalTraining,
-    *,
-    seed: int,
-    clients_per_round: int | None,
-    eval_every: int,
-) -> dict[str, str]:
-    """What identifies a run of `run_training`, as short digests by component.
-
-    A checkpoint records it, and `run_training(checkpoint_path=...)` refuses a
-    checkpoint whose fingerprint differs (naming the components). It covers the
-    algorithm's names, the initial server state's values (the params drawn from
-    the seed, FedPALS' T and lam, SCAFFOLD / AFL / FedShift state), the model's
-    parameter shapes, the local training settings, the participation, the
-    evaluation period, the partition's index tables and the data's shapes and
-    labels. Not `rounds`: a run may be extended.
-    """
-    params = model.init(jax.random.fold_in(jax.random.PRNGKey(seed), _INIT_STREAM))
-    state = jax.device_get(init_server_state(algorithm, params, partition.num_clients))
-    names = [
-        getattr(algorithm, "name", ""),
-        getattr(getattr(algorithm, "client", None), "name", ""),
-        getattr(getattr(algorithm, "weighting", None), "name", ""),
-    ]
-    return {
-        "algorithm": "/".join(str(n) for n in names),
-        "initial_state": _digest(*jax.tree_util.tree_leaves(state)),
-        # Parameter shapes, each preceded by -1 as a separator.
-        "model": _digest(
-            np.asarray(
-                [d for leaf in jax.tree_util.tree_leaves(params) for d in (-1, *leaf.shape)]
-                + [model.num_classes]
-            )
-        ),
-        "training": repr(training),
-        "seed": str(int(seed)),
-        "clients_per_round": str(clients_per_round or partition.num_clients),
-        "eval_every": str(int(eval_every)),
-        "partition": _digest(
-            partition.client_indices,
-            partition.client_sizes,
-            partition.target_val_indices,
-            partition.target_test_indices,
-            partition.target_label_dist,
-        ),
-        "data": _digest(
-            np.asarray(dataset.train.x.shape),
-            np.asarray(dataset.test.x.shape),
-            dataset.train.y,
-            dataset.test.y,
-        ),
-    }
-
-
 # update_state(round_index, state_of) -> a replacement state or None: called before every
 # round (0-based index, including the first round after a resume); `state_of()` slices the run's
 # current state out of the runs axis, so call it only on the rounds that change the state.
@@ -262,7 +201,6 @@ class TrainingRun:
         seed: int = 0,
         eval_every: int = 1,
         clients_per_round: int | None = None,
-        checkpoint_path: str | None = None,
         checkpointer: CheckpointerProtocol | None = None,
         on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
         on_round: Callable[[int, float], None] | None = None,
@@ -273,28 +211,12 @@ class TrainingRun:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
-        if checkpoint_path is not None and checkpointer is not None:
-            raise ValueError("give checkpoint_path or checkpointer, not both.")
         num_clients = partition.num_clients
         if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
             clients_per_round = num_clients
         sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
         if max_train_loss is not None and not max_train_loss > 0:
             raise ValueError(f"max_train_loss must be > 0, got {max_train_loss!r}.")
-        if checkpoint_path is not None:
-            from fedjax_pals.experiment.checkpoints import Checkpointer as OrbaxCheckpointer
-
-            fingerprint = run_fingerprint(
-                algorithm,
-                model,
-                dataset,
-                partition,
-                training,
-                seed=seed,
-                clients_per_round=clients_per_round,
-                eval_every=eval_every,
-            )
-            checkpointer = OrbaxCheckpointer(checkpoint_path, identity={"fingerprint": fingerprint})
         self.algorithm, self.model, self.dataset = algorithm, model, dataset
         self.partition, self.training = partition, training
         self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
@@ -410,12 +332,17 @@ class TrainingRun:
         return self.state, self.history
 
     def lockstep_key(self) -> tuple:
-        """What runs trained together must share (besides the engine's structure)."""
+        """What runs trained together must share (besides the engine's `engine_key`).
+
+        Not their data: runs on different data sets of the same example shape (a synthetic
+        task drawn per seed) train together on the pooled examples (`_stacked_client_tables`).
+        """
         leaves, treedef = jax.tree_util.tree_flatten(self.state)
+        train_x = self.dataset.train.x
         return (
             treedef,
             tuple((np.shape(leaf), str(getattr(leaf, "dtype", type(leaf)))) for leaf in leaves),
-            id(self.dataset.train.x),
+            (train_x.shape[1:], str(train_x.dtype)),
             self.model.num_classes,
             self.partition.num_clients,
             self.clients_per_round,
@@ -429,7 +356,27 @@ def _stack(trees):
 
 
 def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
-    """The runs' client tables on a leading runs axis (rows padded to the widest run)."""
+    """The runs' client tables on a leading runs axis (rows padded to the widest run).
+
+    Runs on one training split index it as it is (no copy). Runs on several (a synthetic
+    task drawn per seed) index the splits' concatenation, each run's rows shifted to where
+    its split starts, so that they still train as one program.
+    """
+    splits: dict[int, Any] = {}
+    for run in runs:
+        splits.setdefault(id(run.dataset.train), run.dataset.train)
+    offsets, start = {}, 0
+    for key, split in splits.items():
+        offsets[key] = start
+        start += split.x.shape[0]
+    if len(splits) == 1:
+        (pooled,) = splits.values()
+        train_x, train_y = pooled.x, pooled.y
+    else:
+        train_x = np.concatenate([split.x for split in splits.values()])
+        train_y = np.concatenate([split.y for split in splits.values()])
+        for array in (train_x, train_y):
+            array.setflags(write=False)  # read-only: the device may alias it (device_data)
     width = max(run.partition.client_indices.shape[1] for run in runs)
     indices = np.stack(
         [
@@ -437,13 +384,13 @@ def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
                 run.partition.client_indices,
                 ((0, 0), (0, width - run.partition.client_indices.shape[1])),
             )
+            + offsets[id(run.dataset.train)]
             for run in runs
         ]
     )
-    first = runs[0].dataset.train
     return device_data(
-        first.x,
-        first.y,
+        train_x,
+        train_y,
         indices,
         np.stack([run.partition.client_sizes for run in runs]),
         np.stack([run.partition.client_label_dists for run in runs]),
@@ -492,7 +439,7 @@ def run_trainings(
             raise ValueError(
                 f"run {index} cannot train in lockstep with run 0: the runs of one "
                 "run_trainings call must share the model, the algorithm's compiled parts, "
-                "the local training, the data set, the number of clients and participants, "
+                "the local training, the examples' shape, the number of clients and participants, "
                 "the rounds and the round they resume from; group them by "
                 "`training_group_key` first."
             )
@@ -543,11 +490,10 @@ def _set_run_slice(states, i, state):
 
 
 def training_group_key(run: TrainingRun, *, backend: str = "auto", chunk_size: int = 64) -> tuple:
-    """Runs with equal keys can go through one `run_trainings` call."""
-    engine = round_engine(
-        run.algorithm, run.model, run.training, backend=backend, chunk_size=chunk_size
-    )
-    return (id(engine), run.lockstep_key())
+    """Runs with equal keys can go through one `run_trainings` call: the engine's static
+    spec (`engine_key`) and the run's `lockstep_key`."""
+    spec = engine_key(run.algorithm, run.model, run.training, backend=backend, chunk_size=chunk_size)
+    return (spec, run.lockstep_key())
 
 
 def run_training(
@@ -563,7 +509,6 @@ def run_training(
     clients_per_round: int | None = None,
     backend: str = "auto",
     chunk_size: int = 64,
-    checkpoint_path: str | None = None,
     checkpointer: CheckpointerProtocol | None = None,
     on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
     on_round: Callable[[int, float], None] | None = None,
@@ -579,11 +524,11 @@ def run_training(
     `backend` and `chunk_size` choose how the engine executes a round
     (`round_engine`); they do not change the results.
 
-    Checkpoints: with `checkpointer` (see `CheckpointerProtocol`) or `checkpoint_path`
-    (a directory, kept by the orbax `fedjax_pals.Checkpointer`), the state and
-    history are saved at every evaluation and an existing checkpoint is
-    resumed from. A checkpoint at `checkpoint_path` records this run's
-    `run_fingerprint`; one of another run, or one beyond `rounds`, is refused.
+    Checkpoints: with `checkpointer` (see `CheckpointerProtocol`; the orbax one
+    is `fedjax_pals.Checkpointer(directory, identity=...)`), the state and
+    history are saved at every evaluation and an existing checkpoint is resumed
+    from; one beyond `rounds` is refused. The run's identity is the
+    checkpointer's: `train_and_evaluate` gives it the config digest.
 
     Divergence: a round whose weighted training loss is non-finite or above
     `max_train_loss` (default `divergence_limit(K, L_0)` = 10 max(log K, L_0),
@@ -604,7 +549,6 @@ def run_training(
         seed=seed,
         eval_every=eval_every,
         clients_per_round=clients_per_round,
-        checkpoint_path=checkpoint_path,
         checkpointer=checkpointer,
         on_evaluation=on_evaluation,
         on_round=on_round,

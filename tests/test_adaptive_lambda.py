@@ -117,7 +117,7 @@ def test_lambda_takes_adam_steps_down_the_hypergradient_and_is_recorded():
     # Adam's first step is -lr * g / (|g| + eps): 0.5 in log lambda against g's sign.
     assert np.log(lams[1] / lams[0]) == pytest.approx(-0.5 * np.sign(grads[0]), rel=1e-4)
     # The weights of the next round use the new lambda.
-    final = np.log(float(state.weighting_state["lam"]))
+    final = np.log(float(state.weighting_state.lam))
     assert np.all(np.isfinite(report["hyper_val_loss_per_round"]))
     assert final != pytest.approx(np.log(lams[-1]))
     assert len(history.rounds) == 6

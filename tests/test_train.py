@@ -278,7 +278,7 @@ def test_a_perturbed_target_reaches_the_weights_but_not_the_evaluation():
     expected = fjp.experiment.perturbation.perturb_label_dist(truth, 0.5, 0)
     np.testing.assert_allclose(noisy.target_label_dist, expected)
     state = fjp.init_server_state(noisy.algorithm, noisy.model.init(jax.random.PRNGKey(0)), 2)
-    np.testing.assert_allclose(state.weighting_state["target_label_dist"], expected, rtol=1e-6)
+    np.testing.assert_allclose(state.weighting_state.target_label_dist, expected, rtol=1e-6)
     np.testing.assert_array_equal(
         noisy.partition.target_test_indices, exact.partition.target_test_indices
     )
@@ -323,17 +323,21 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
         assert with_others["config_digest"] == alone["config_digest"]
 
 
-def test_synthetic_runs_differing_only_in_lambda_share_the_data_and_one_runs_axis():
+def test_synthetic_runs_differing_only_in_lambda_or_seed_share_one_runs_axis():
+    settings = [(0.0, 0), (0.5, 0), (0.0, 1)]
     tasks = [
-        fjp.build_task({"dataset": {"name": "synthetic"}, "algorithm": {"lam": lam}})
-        for lam in (0.0, 0.5)
+        fjp.build_task({"dataset": {"name": "synthetic"}, "algorithm": {"lam": lam}, "seed": seed})
+        for lam, seed in settings
     ]
-    assert tasks[0].dataset is tasks[1].dataset
+    assert tasks[0].dataset is tasks[1].dataset  # one lambda's data is another's
+    assert tasks[0].dataset is not tasks[2].dataset  # a seed draws its own
     runs = [
-        fjp.training.TrainingRun(t.algorithm, t.model, t.dataset, t.partition, t.training, rounds=2, seed=0)
-        for t in tasks
+        fjp.training.TrainingRun(
+            t.algorithm, t.model, t.dataset, t.partition, t.training, rounds=2, seed=seed
+        )
+        for t, (_, seed) in zip(tasks, settings)
     ]
-    assert fjp.training.training_group_key(runs[0]) == fjp.training.training_group_key(runs[1])
+    assert len({fjp.training.training_group_key(run) for run in runs}) == 1
 
 
 @pytest.mark.parametrize(

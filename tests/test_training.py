@@ -36,10 +36,14 @@ def test_same_seed_gives_identical_results_and_another_seed_does_not():
     assert first.train_loss != other.train_loss
 
 
+def _orbax(path, seed=1):
+    return fjp.Checkpointer(path, identity={"run": f"synthetic fedpals seed {seed}"})
+
+
 def test_a_resumed_run_continues_exactly_from_its_checkpoint(tmp_path):
     path = str(tmp_path / "checkpoints")
     _, full = _synthetic_run("fedpals", 0.5, seed=1, rounds=6, eval_every=2)
-    _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpointer=_orbax(path))
     trained = []
     state, resumed = _synthetic_run(
         "fedpals",
@@ -47,7 +51,7 @@ def test_a_resumed_run_continues_exactly_from_its_checkpoint(tmp_path):
         seed=1,
         rounds=6,
         eval_every=2,
-        checkpoint_path=path,
+        checkpointer=_orbax(path),
         on_round=lambda done, loss: trained.append(done),
     )
     assert trained == [5, 6]  # rounds 1-4 came from the checkpoint, not from training again
@@ -57,23 +61,15 @@ def test_a_resumed_run_continues_exactly_from_its_checkpoint(tmp_path):
     assert resumed.train_loss == full.train_loss
 
 
-def test_a_checkpoint_of_another_run_or_beyond_the_rounds_is_refused(tmp_path):
+def test_a_checkpoint_of_another_identity_or_beyond_the_rounds_is_refused(tmp_path):
     path = str(tmp_path / "checkpoints")
-    _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
-    with pytest.raises(
-        fjp.CheckpointMismatchError, match=r"belongs to another run.*fingerprint\.seed: '1' -> '2'"
-    ):
-        _synthetic_run("fedpals", 0.5, seed=2, rounds=4, checkpoint_path=path)
-    with pytest.raises(
-        fjp.CheckpointMismatchError, match=r"fingerprint\.algorithm: .*fedpals.* -> .*fedavg"
-    ):
-        _synthetic_run("fedavg", 0.5, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
-    with pytest.raises(fjp.CheckpointMismatchError, match=r"fingerprint\.partition"):
-        _synthetic_run("fedpals", 0.0, seed=1, rounds=4, eval_every=2, checkpoint_path=path)
+    _synthetic_run("fedpals", 0.5, seed=1, rounds=4, eval_every=2, checkpointer=_orbax(path))
+    with pytest.raises(fjp.CheckpointMismatchError, match=r"run: .*seed 1' -> .*seed 2'"):
+        _synthetic_run("fedpals", 0.5, seed=2, rounds=4, checkpointer=_orbax(path, seed=2))
     with pytest.raises(
         ValueError, match=r"at round 4, beyond rounds=3: it belongs to a longer run"
     ):
-        _synthetic_run("fedpals", 0.5, seed=1, rounds=3, eval_every=2, checkpoint_path=path)
+        _synthetic_run("fedpals", 0.5, seed=1, rounds=3, eval_every=2, checkpointer=_orbax(path))
 
 
 def test_any_checkpointer_is_saved_to_at_every_evaluation_after_the_hook():
@@ -112,8 +108,6 @@ def test_any_checkpointer_is_saved_to_at_every_evaluation_after_the_hook():
         on_round=lambda done, loss: trained.append(done),
     )
     assert trained == [4]
-    with pytest.raises(ValueError, match="checkpoint_path or checkpointer, not both"):
-        _synthetic_run("fedavg", 0.5, 0, rounds=1, checkpointer=memory, checkpoint_path="x")
 
 
 @pytest.mark.integration
@@ -282,8 +276,8 @@ def test_the_divergence_limit_is_ten_times_the_untrained_loss():
 
 
 def _image_task(seed):
-    """A small 10-class image task; the partition (and so the client tables) follows the seed."""
-    rng = np.random.default_rng(0)
+    """A small 10-class image task of random examples drawn from the seed."""
+    rng = np.random.default_rng(seed)
     train = fjp.LabeledSplit(
         rng.normal(size=(1200, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 120)
     )
@@ -296,8 +290,8 @@ def _image_task(seed):
 _IMAGE = {}
 
 
-def _image_run(seed, lam, **kwargs):
-    dataset = _IMAGE.setdefault("dataset", _image_task(0))
+def _image_run(seed, lam, dataset=None, **kwargs):
+    dataset = dataset or _IMAGE.setdefault("dataset", _image_task(0))
     partition = fjp.sparsity_partition(
         dataset.train.y,
         dataset.test.y,
@@ -347,6 +341,25 @@ def test_runs_trained_together_give_their_solo_numbers_in_one_compiled_program()
     assert len({tuple(h.train_loss) for _, h in together}) == len(settings)  # the runs differ
 
 
+def test_runs_on_different_data_sets_of_one_shape_train_together_with_their_solo_numbers():
+    # As a synthetic task drawn per seed: the runs index the pooled examples of both sets.
+    datasets = [_image_task(1), _image_task(2)]
+
+    def runs():
+        return [_image_run(seed, 0.0, dataset=d) for seed, d in zip((1, 2), datasets)]
+
+    solo = [fjp.training.run_trainings([run])[0] for run in runs()]
+    pair = runs()
+    assert fjp.training.training_group_key(pair[0]) == fjp.training.training_group_key(pair[1])
+    together = fjp.training.run_trainings(pair)
+    for (state, history), (solo_state, solo_history) in zip(together, solo):
+        np.testing.assert_allclose(history.train_loss, solo_history.train_loss, rtol=1e-5)
+        for a, b in zip(
+            jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(solo_state.params)
+        ):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_a_diverging_run_fails_alone_and_runs_of_another_structure_are_refused():
     runs = [_image_run(0, 0.0), _image_run(1, 0.0, max_train_loss=1e-9)]
     (state, history), failed = fjp.training.run_trainings(runs)
@@ -381,10 +394,10 @@ def test_a_state_update_replaces_one_runs_state_between_rounds():
     broken = _image_run(2, 0.0, update_state=failing)
     (state, history), (other, _), error = fjp.training.run_trainings([updated, plain, broken])
     assert calls == [0, 1, 2]  # before every round
-    np.testing.assert_allclose(state.weighting_state["target_label_dist"], new_target, atol=1e-7)
+    np.testing.assert_allclose(state.weighting_state.target_label_dist, new_target, atol=1e-7)
     # The other run is untouched; the run whose update raised fails alone.
     np.testing.assert_allclose(
-        other.weighting_state["target_label_dist"], plain.partition.target_label_dist, atol=1e-7
+        other.weighting_state.target_label_dist, plain.partition.target_label_dist, atol=1e-7
     )
     assert isinstance(error, RuntimeError) and "estimator broke" in str(error)
     # The new T changes the last round's weights, and only that round's.

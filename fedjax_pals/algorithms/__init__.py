@@ -13,7 +13,14 @@ from fedjax_pals.algorithms.base import (
     weighted_average_update, with_client_method,
 )
 from fedjax_pals.algorithms.fedavg import fedavg
-from fedjax_pals.algorithms.fedpals import fedpals, fedpals_weighting, make_algorithm
+from fedjax_pals.algorithms.fedpals import (
+    FedPalsState,
+    fedpals,
+    fedpals_state,
+    fedpals_weighting,
+    make_algorithm,
+    replace_fedpals_state,
+)
 from fedjax_pals.algorithms.fedprox import FedProxHyperparameters, fedprox, fedprox_client
 from fedjax_pals.algorithms.scaffold import (
     ScaffoldHyperparameters, scaffold, scaffold_client, scaffold_server_update, uniform_weighting,
@@ -48,7 +55,8 @@ __all__ = [
     "ServerState", "ServerUpdate", "Weighting", "combine", "fedavg_weighting",
     "init_server_state", "plain_sgd", "weighted_average_update", "with_client_method",
     # the methods
-    "fedavg", "fedpals", "fedpals_weighting", "make_algorithm",
+    "fedavg", "fedpals", "fedpals_weighting", "make_algorithm", "FedPalsState", "fedpals_state",
+    "replace_fedpals_state",
     "FedProxHyperparameters", "fedprox", "fedprox_client",
     "ScaffoldHyperparameters", "scaffold", "scaffold_client", "scaffold_server_update",
     "uniform_weighting", "AflHyperparameters", "afl", "afl_server_update", "afl_weighting",

@@ -57,7 +57,7 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     FederatedAlgorithm, ServerState, _global_params, plain_sgd, weighted_average_update,
 )
-from fedjax_pals.algorithms.fedpals import fedpals_weighting
+from fedjax_pals.algorithms.fedpals import fedpals_state, fedpals_weighting, replace_fedpals_state
 from fedjax_pals.registry import Variant, register_variant
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, fedpals_lam_derivative
 
@@ -66,17 +66,6 @@ DEFAULT_HYPER_LEARNING_RATE = 0.5
 # smaller one is padded with zero-weight slots): one shape for every run, so the runs of a
 # sweep, whose target validation sets differ in size, stack on the engine's runs axis.
 DEFAULT_HYPER_VAL_SIZE = 2048
-
-
-def _lam_data(weighting_state: dict) -> dict:
-    # FedPALS' T and lam, possibly under "inner" (`with_server_label_dists`).
-    return weighting_state["inner"] if "inner" in weighting_state else weighting_state
-
-
-def _with_lam(weighting_state: dict, lam: jax.Array) -> dict:
-    if "inner" in weighting_state:
-        return {**weighting_state, "inner": {**weighting_state["inner"], "lam": lam}}
-    return {**weighting_state, "lam": lam}
 
 
 def _mean_cross_entropy(apply_fn, params, inputs, labels, weights=None):
@@ -121,11 +110,11 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
         new_state = weighted_average_update()(state, participants, outputs, weights)
         optimizer = optax.adam(hyper_learning_rate)
         data = state.algorithm_state
-        fedpals = _lam_data(state.weighting_state)
-        lam = fedpals["lam"]
+        fedpals = fedpals_state(state.weighting_state)
+        lam = fedpals.lam
         derivative = fedpals_lam_derivative(
             data["client_label_dists"][participants],
-            fedpals["target_label_dist"],
+            fedpals.target_label_dist,
             data["client_sizes"][participants],
             lam,
             alpha=weights,
@@ -156,7 +145,7 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
         }
         return new_state._replace(
             algorithm_state=algorithm_state,
-            weighting_state=_with_lam(new_state.weighting_state, new_lam),
+            weighting_state=replace_fedpals_state(new_state.weighting_state, lam=new_lam),
         )
 
     return update

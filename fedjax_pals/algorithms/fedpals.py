@@ -11,9 +11,10 @@ method (`<name>_fedpals`, e.g. FedProx+FedPALS).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from fedjax_pals import _validation, registry, server_weights
@@ -21,11 +22,37 @@ from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting, _need, co
 from fedjax_pals.data import FederatedPartition
 
 
+class FedPalsState(NamedTuple):
+    """FedPALS' per-run data: the weighting's state (`ServerState.weighting_state`)."""
+
+    target_label_dist: jax.Array  # (K,) T(Y)
+    lam: jax.Array  # float32 scalar, eq. 8's lambda
+
+
+def fedpals_state(weighting_state: Any) -> FedPalsState:
+    """The `FedPalsState` in `weighting_state`, through wrappers that hold theirs in `.inner`
+    (`with_server_label_dists`)."""
+    while not isinstance(weighting_state, FedPalsState):
+        if not hasattr(weighting_state, "inner"):
+            raise ValueError(
+                "the algorithm's weighting holds no FedPALS state (T and lam): build it with "
+                "fedpals(...) or a fedpals_weighting."
+            )
+        weighting_state = weighting_state.inner
+    return weighting_state
+
+
+def replace_fedpals_state(weighting_state: Any, **changes: Any) -> Any:
+    """`weighting_state` with fields of its `FedPalsState` (see `fedpals_state`) replaced."""
+    if isinstance(weighting_state, FedPalsState):
+        return weighting_state._replace(**changes)
+    fedpals_state(weighting_state)  # raises when there is none
+    return weighting_state._replace(inner=replace_fedpals_state(weighting_state.inner, **changes))
+
+
 def _fedpals_weights(label_dists, sizes, state, participants):
     data = state.weighting_state
-    return server_weights.fedpals_weights(
-        label_dists, data["target_label_dist"], sizes, data["lam"]
-    )
+    return server_weights.fedpals_weights(label_dists, data.target_label_dist, sizes, data.lam)
 
 
 def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weighting:
@@ -33,10 +60,7 @@ def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weightin
     # Checked here: inside the jitted round the values are traced and unchecked.
     _validation.check_distribution("target_label_dist", target_label_dist)
     _validation.check_lam(lam)
-    data = {
-        "target_label_dist": jnp.asarray(target_label_dist, jnp.float32),
-        "lam": jnp.asarray(lam, jnp.float32),
-    }
+    data = FedPalsState(jnp.asarray(target_label_dist, jnp.float32), jnp.asarray(lam, jnp.float32))
     return Weighting("fedpals", lambda: data, _fedpals_weights)
 
 

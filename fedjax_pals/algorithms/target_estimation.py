@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import fedjax_pals.algorithms.fedpals  # noqa: F401  (registers "fedpals", which the variants set)
+from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals import _validation
 from fedjax_pals.privacy import project_to_simplex
 from fedjax_pals.registry import Variant, register_variant
@@ -239,25 +239,16 @@ def model_probabilities(
 def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
     """`state` with FedPALS' T replaced by `target_label_dist`.
 
-    T is per-run data in `ServerState.weighting_state["target_label_dist"]` (under "inner"
-    when the weighting is wrapped by `with_server_label_dists`), so a new estimate changes
-    the next rounds' weights without recompiling the round.
+    T is per-run data in the weighting's `FedPalsState` (`fedpals_state`), so a new estimate
+    changes the next rounds' weights without recompiling the round.
     """
     dist = _validation.check_distribution("target_label_dist", target_label_dist)
-    data = state.weighting_state
-    if isinstance(data, dict) and "inner" in data and "target_label_dist" not in data:
-        inner = with_target_label_dist(state._replace(weighting_state=data["inner"]), dist)
-        return state._replace(weighting_state={**data, "inner": inner.weighting_state})
-    if not isinstance(data, dict) or "target_label_dist" not in data:
-        raise ValueError(
-            "the algorithm's weighting holds no target_label_dist in its state (build it with "
-            "fedpals(...) or a fedpals_weighting)."
-        )
-    old = data["target_label_dist"]
+    old = fedpals_state(state.weighting_state).target_label_dist
     if old.shape != dist.shape:
         raise ValueError(f"target_label_dist must have shape {old.shape}, got {dist.shape}.")
+    new = jnp.asarray(dist, old.dtype)
     return state._replace(
-        weighting_state={**data, "target_label_dist": jnp.asarray(dist, old.dtype)}
+        weighting_state=replace_fedpals_state(state.weighting_state, target_label_dist=new)
     )
 
 
@@ -315,10 +306,7 @@ class TargetReestimation:
     @staticmethod
     def current(state: Any) -> np.ndarray:
         """The T that `state`'s FedPALS weights use now (the latest estimate, or the start)."""
-        data = state.weighting_state
-        if "target_label_dist" not in data and "inner" in data:
-            data = data["inner"]
-        return np.asarray(data["target_label_dist"])
+        return np.asarray(fedpals_state(state.weighting_state).target_label_dist)
 
     def __call__(self, round_index: int, state_of: Callable[[], Any]) -> Any:
         if round_index == 0 or round_index % self.every:

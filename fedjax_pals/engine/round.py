@@ -283,10 +283,41 @@ _ENGINES: collections.OrderedDict = collections.OrderedDict()
 _ENGINES_LOCK = threading.Lock()
 
 
+def _resolved_options(model: Model, backend: str, mesh, **options) -> dict:
+    mesh = mesh if mesh is not None else mesh_lib.client_mesh()
+    return dict(backend=resolve_backend(backend, model, mesh), mesh=mesh, **options)
+
+
 def engine_key(
-    algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, **options
+    algorithm: FederatedAlgorithm,
+    model: Model,
+    training: LocalTraining,
+    *,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    steps_per_call: int = 4,
+    mesh: jax.sharding.Mesh | None = None,
+    min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
 ) -> Any:
-    """What a compiled round depends on: not the per-run data held in the state."""
+    """The hashable static spec of the round `round_engine` compiles for these arguments.
+
+    What the compiled round depends on (the client method, the weighting function, the
+    server update, the model, the local training, the resolved backend and the mesh)
+    compared by `structure_key`, not by identity; not the per-run data held in the state
+    (T, lambda, the seed's params). Runs with equal keys share one `RoundEngine`.
+    """
+    options = _resolved_options(
+        model,
+        backend,
+        mesh,
+        chunk_size=chunk_size,
+        steps_per_call=steps_per_call,
+        min_clients_per_device=min_clients_per_device,
+    )
+    return _key(algorithm, model, training, options)
+
+
+def _key(algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, options) -> Any:
     compiled_parts = (
         algorithm.client,
         algorithm.weighting.weights,
@@ -309,41 +340,26 @@ def round_engine(
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
 ) -> RoundEngine:
-    """A RoundEngine shared by every run with the same structure.
+    """A RoundEngine shared by every run with the same `engine_key`.
 
-    The key is what the compiled round depends on (the client method, the
-    weighting function, the server update, the model, the local training, the
-    backend and the mesh) compared by `structure_key`, not by identity: a sweep
-    over seeds, targets or lambda compiles its round once, and so does a
-    baseline whose builder makes new closures on every call. The cache holds
-    the 32 most recently used engines.
+    A sweep over seeds, targets or lambda compiles its round once, and so does a
+    baseline whose builder makes new closures on every call. The cache holds the
+    32 most recently used engines.
     """
-    mesh = mesh if mesh is not None else mesh_lib.client_mesh()
-    resolved = resolve_backend(backend, model, mesh)
-    key = engine_key(
-        algorithm,
+    options = _resolved_options(
         model,
-        training,
-        backend=resolved,
+        backend,
+        mesh,
         chunk_size=chunk_size,
         steps_per_call=steps_per_call,
-        mesh=mesh,
         min_clients_per_device=min_clients_per_device,
     )
+    key = _key(algorithm, model, training, options)
     with _ENGINES_LOCK:
         if key in _ENGINES:
             _ENGINES.move_to_end(key)
             return _ENGINES[key]
-        engine = RoundEngine(
-            algorithm,
-            model,
-            training,
-            backend=resolved,
-            chunk_size=chunk_size,
-            steps_per_call=steps_per_call,
-            mesh=mesh,
-            min_clients_per_device=min_clients_per_device,
-        )
+        engine = RoundEngine(algorithm, model, training, **options)
         _ENGINES[key] = engine
         while len(_ENGINES) > _ENGINE_CACHE_SIZE:
             _ENGINES.popitem(last=False)

@@ -5,7 +5,8 @@ Each checkpoint (`<directory>/<round>/`) is an orbax Composite of three items:
 * `state`: the `ServerState` (as flax's state dict of numpy arrays);
 * `history`: the `TrainingHistory` so far (JSON; floats round-trip exactly);
 * `identity`: what the checkpoint belongs to (JSON): `train_and_evaluate` stores the resolved
-  config and its digest, `run_training(checkpoint_path=...)` the run's fingerprint.
+  config and its digest (the run's one identity, `config_digest`); a library user of
+  `run_training` names their own.
 
 Kept: the latest `max_to_keep` checkpoints and the best-validation one (the round whose
 validation accuracy is the highest so far, the earliest on ties: the round the results report),
@@ -43,7 +44,7 @@ class CheckpointError(ValueError):
 
 
 class CheckpointMismatchError(CheckpointError):
-    """A readable checkpoint of another run (another config or fingerprint)."""
+    """A readable checkpoint of another run (another identity)."""
 
 
 def _short(error: BaseException) -> str:

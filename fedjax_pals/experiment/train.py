@@ -438,7 +438,7 @@ def train_and_evaluate_many(
                     )
                 except Exception as error:  # noqa: BLE001
                     done(index, error)
-            # Tasks can still differ (a synthetic data set is drawn per seed): lockstep by key.
+            # `_structure_of` is a cheap pre-grouping by config; `training_group_key` decides.
             lockstep: dict = {}
             for index, run in prepared.items():
                 engine = run.config.engine
