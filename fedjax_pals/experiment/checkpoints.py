@@ -28,11 +28,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals.experiment.config import config_differences, mapping_differences
+from fedjax_pals.training import TrainingHistory
 
 ITEMS = ("state", "history", "identity")
 # What the messages tell the user to do; "{directory}" is the checkpoint directory.
@@ -355,8 +357,6 @@ class Checkpointer:
 
     def save(self, state: Any, history: Any) -> None:
         """Saves `state` and `history` as the checkpoint of round `state.round`."""
-        import flax.serialization
-
         ocp = self._ocp()
         step = int(state.round)
         state_dict = _without_empty_opt_state(
@@ -385,10 +385,6 @@ class Checkpointer:
         """The latest checkpoint (or that of round `step`) as (state, TrainingHistory), shaped
         like `template`; None if there is none. Raises `CheckpointMismatchError` for another
         run's checkpoint and `CheckpointError` for an unreadable one, or a `step` not kept."""
-        import flax.serialization
-
-        from fedjax_pals.training import TrainingHistory
-
         latest = self.check_identity()
         if latest is None:
             return None
