@@ -226,3 +226,21 @@ def test_a_runs_axis_gives_each_run_its_solo_numbers_and_compiles_once(backend):
         )
         > 1e-3
     )
+
+
+def test_engine_key_is_the_key_of_the_shared_engine():
+    model = fjp.logistic_regression((4,), 3)
+    training = fjp.LocalTraining(batch_size=4, learning_rate=0.1)
+    first = fjp.engine.round_engine(fjp.fedpals(np.full(3, 1 / 3), 0.0), model, training)
+    # Another T and lambda (state), new closures: the same spec, the same engine.
+    other = fjp.fedpals(np.asarray([0.2, 0.3, 0.5]), 1.0)
+    assert fjp.engine.engine_key(other, model, training) == fjp.engine.engine_key(
+        fjp.fedpals(np.full(3, 1 / 3), 0.0), model, training
+    )
+    assert fjp.engine.round_engine(other, model, training) is first
+    assert fjp.engine.engine_key(fjp.fedprox(0.01), model, training) != fjp.engine.engine_key(
+        other, model, training
+    )
+    assert fjp.engine.engine_key(other, model, training, chunk_size=8) != fjp.engine.engine_key(
+        other, model, training
+    )

@@ -283,12 +283,20 @@ _ENGINES: collections.OrderedDict = collections.OrderedDict()
 _ENGINES_LOCK = threading.Lock()
 
 
-def _resolved_options(model: Model, backend: str, mesh, **options) -> dict:
-    mesh = mesh if mesh is not None else mesh_lib.client_mesh()
-    return dict(backend=resolve_backend(backend, model, mesh), mesh=mesh, **options)
-
-
 def engine_key(
+    algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, **options: Any
+) -> Any:
+    """The hashable static spec of the round `round_engine` compiles (same arguments).
+
+    What the compiled round depends on (the client method, the weighting function, the
+    server update, the model, the local training, the resolved backend and the mesh)
+    compared by `structure_key`, not by identity; not the per-run data held in the state
+    (T, lambda, the seed's params). Runs with equal keys share one `RoundEngine`.
+    """
+    return _spec(algorithm, model, training, **options)[0]
+
+
+def _spec(
     algorithm: FederatedAlgorithm,
     model: Model,
     training: LocalTraining,
@@ -298,26 +306,15 @@ def engine_key(
     steps_per_call: int = 4,
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
-) -> Any:
-    """The hashable static spec of the round `round_engine` compiles for these arguments.
-
-    What the compiled round depends on (the client method, the weighting function, the
-    server update, the model, the local training, the resolved backend and the mesh)
-    compared by `structure_key`, not by identity; not the per-run data held in the state
-    (T, lambda, the seed's params). Runs with equal keys share one `RoundEngine`.
-    """
-    options = _resolved_options(
-        model,
-        backend,
-        mesh,
+) -> tuple[Any, dict]:
+    mesh = mesh if mesh is not None else mesh_lib.client_mesh()
+    options = dict(
+        backend=resolve_backend(backend, model, mesh),
         chunk_size=chunk_size,
         steps_per_call=steps_per_call,
+        mesh=mesh,
         min_clients_per_device=min_clients_per_device,
     )
-    return _key(algorithm, model, training, options)
-
-
-def _key(algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, options) -> Any:
     compiled_parts = (
         algorithm.client,
         algorithm.weighting.weights,
@@ -326,7 +323,7 @@ def _key(algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, o
         model.init,
         training,
     )
-    return (structure_key(compiled_parts), tuple(sorted(options.items())))
+    return (structure_key(compiled_parts), tuple(sorted(options.items()))), options
 
 
 def round_engine(
@@ -346,15 +343,16 @@ def round_engine(
     baseline whose builder makes new closures on every call. The cache holds the
     32 most recently used engines.
     """
-    options = _resolved_options(
+    key, options = _spec(
+        algorithm,
         model,
-        backend,
-        mesh,
+        training,
+        backend=backend,
+        mesh=mesh,
         chunk_size=chunk_size,
         steps_per_call=steps_per_call,
         min_clients_per_device=min_clients_per_device,
     )
-    key = _key(algorithm, model, training, options)
     with _ENGINES_LOCK:
         if key in _ENGINES:
             _ENGINES.move_to_end(key)
