@@ -891,6 +891,32 @@ def test_weights_on_larger_and_edge_problems_reach_reference_optimum(case):
         assert _objective(alpha, dists, target, sizes, 0.0) < 1e-10
 
 
+@pytest.mark.parametrize(
+    "case, seed", [("sizes 1 to 1e6", 46), ("sizes 1 to 1e6", 62), ("target at a vertex", 101)]
+)
+def test_lambda_zero_draws_whose_first_face_stalls_are_solved_by_the_restart(case, seed):
+    # Draws on which the active set from the dual's face ended uncertified (objective gaps
+    # 1.4e-4, 1.5e-4 and 1.2e-2): the restart from FedAvg's full face reaches the optimum.
+    dists, target, sizes = _edge_problem(case, np.random.default_rng(seed))
+    alpha = np.asarray(fedpals_weights(dists, target, sizes, 0.0), np.float64)
+    _assert_near_optimal(alpha, dists, target, sizes, 0.0, f"{case}, seed {seed}")
+
+
+@pytest.mark.parametrize("ratio", [1e-12, 1e-9])
+def test_lambda_below_the_dual_range_is_not_far_from_optimal(ratio):
+    # 0 < lam < 1e-6 N, below LOG10_LAM_RANGE: the dual's Newton steps and the face step's
+    # 1 / lam were ill-conditioned there (gaps 0.08 and 0.12 on these draws). Not yet to
+    # 1e-6 on every draw (sizes spanning 1e6 can stay 4e-5 above): the bound here is 1e-4.
+    for case, seed in [("duplicated clients", 16), ("many clients, sparse", 1), ("sizes 1 to 1e6", 1)]:
+        dists, target, sizes = _edge_problem(case, np.random.default_rng(seed))
+        lam = ratio * sizes.sum()
+        alpha = np.clip(np.asarray(fedpals_weights(dists, target, sizes, lam), np.float64), 0, None)
+        reference = _reference_weights(dists, target, sizes, lam)
+        f_star = _objective(reference, dists, target, sizes, lam)
+        gap = _objective(alpha / alpha.sum(), dists, target, sizes, lam) - f_star
+        assert gap <= 1e-4 * max(1.0, f_star), (case, ratio, gap)
+
+
 def test_lambda_zero_in_the_hull_returns_nearly_the_largest_ess_minimiser():
     # M > K with T in Conv(S): many minimisers; the one returned is (within a few % of ESS)
     # the lam -> 0+ limit, the largest-ESS one (App. B.2), not an arbitrary one.
