@@ -3,6 +3,8 @@
 --workdir       where the run (or sweep) writes: checkpoints, results, metrics, plots
 --overwrite     replace a run of another config held in --workdir
 --quiet         no progress bar, no log lines (CI)
+--mlflow_tracking_uri
+                also log every run's params and metrics to this MLflow store (optional extra)
 --cpu_devices, --coordinator_address, --num_processes, --process_id
                 the JAX runtime: host devices of this process, and the `jax.distributed`
                 settings of a multi-process launch (see fjp.configure_runtime)
@@ -36,6 +38,13 @@ OVERWRITE = flags.DEFINE_boolean(
     "overwrite", False, "Replace a run of another config in --workdir (after validating this one)."
 )
 QUIET = flags.DEFINE_boolean("quiet", False, "No progress bar and no log lines.")
+MLFLOW_TRACKING_URI = flags.DEFINE_string(
+    "mlflow_tracking_uri",
+    None,
+    "Also log each run's params and metrics to this MLflow tracking store (e.g. "
+    "file:///abs/mlruns with MLFLOW_ALLOW_FILE_STORE=true, or http://host:5000); needs "
+    'pip install "fedjax_pals[mlflow]".',
+)
 CPU_DEVICES = flags.DEFINE_string(
     "cpu_devices",
     "auto",
@@ -60,7 +69,7 @@ USER_ERRORS = tuple(
         "DatasetUnavailableError",
         "TrainingDivergedError",
     )
-)
+) + (fjp.experiment.mlflow_writer.MlflowError,)
 
 
 # Exit status of a command-line mistake (absl's own for a flag error).

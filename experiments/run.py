@@ -34,6 +34,7 @@ def main(argv):
             common.WORKDIR.value,
             overwrite=common.OVERWRITE.value,
             quiet=common.QUIET.value,
+            mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
         )
     if common.QUIET.value or not fjp.is_main_process():
         return

@@ -41,7 +41,11 @@ def main(argv):
     started = time.time()
     with common.user_errors():
         summary = fjp.run_sweep(
-            _CONFIG.value, workdir, quiet=common.QUIET.value, overwrite=common.OVERWRITE.value
+            _CONFIG.value,
+            workdir,
+            quiet=common.QUIET.value,
+            overwrite=common.OVERWRITE.value,
+            mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
         )
     failed = {name: s for name, s in summary["runs"].items() if s == "failed"}
     if not common.QUIET.value:

@@ -1,6 +1,7 @@
 """The experiment layer: configs, train_and_evaluate, workdirs, sweeps, metrics, plots."""
 
 # -- EXP-SWEEP: metric writer, progress bar, plots ---------------------------------------------
+from fedjax_pals.experiment import mlflow_writer
 from fedjax_pals.experiment.writers import MetricWriter, flatten_hparams, read_metrics
 from fedjax_pals.experiment.progress import Progress
 from fedjax_pals.experiment.plots import (
@@ -43,7 +44,7 @@ from fedjax_pals.experiment.train import train_and_evaluate
 
 # fmt: off
 __all__ = [
-    "MetricWriter", "flatten_hparams", "read_metrics", "Progress", "plot_accuracy_vs_distance",
+    "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress", "plot_accuracy_vs_distance",
     "plot_comparison", "plot_curves", "plot_weights_vs_ess", "perturb_label_dist",
     "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point", "merge_tables",
     "protocol_grid", "protocol_table", "select_method", "table_markdown",

@@ -488,6 +488,7 @@ def execute_runs(
     quiet: bool = False,
     overwrite: bool = False,
     names: Sequence[str] | None = None,
+    mlflow_tracking_uri: str | None = None,
 ) -> list[dict | BaseException]:
     """Runs `configs[i]` in `workdirs[i]`; the one place a sweep executes its runs.
 
@@ -503,6 +504,8 @@ def execute_runs(
       quiet: no progress bar.
       overwrite: passed to `train_and_evaluate` (replace a run of another config).
       names: labels of the runs for the progress bar (default: the workdirs' names).
+      mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
+        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
 
     Returns:
       Per run, its results dict or the exception it raised.
@@ -536,6 +539,7 @@ def execute_runs(
             quiet=True,
             round_progress=not quiet,
             on_done=on_done,
+            mlflow_tracking_uri=mlflow_tracking_uri,
         )
 
 
@@ -551,7 +555,12 @@ def _check_workdir(workdir: str) -> None:
 
 
 def run_sweep(
-    config: Any, workdir: str, *, quiet: bool = False, overwrite: bool = False
+    config: Any,
+    workdir: str,
+    *,
+    quiet: bool = False,
+    overwrite: bool = False,
+    mlflow_tracking_uri: str | None = None,
 ) -> dict[str, Any]:
     """Runs every run of the sweep `config` in `<workdir>/runs/<name>/`, then the protocol.
 
@@ -559,7 +568,8 @@ def run_sweep(
     finished with the same config is skipped, and one holding another config is refused
     before anything runs (pass overwrite=True to replace them). With `sweep.protocol`, the
     report (`protocol.py`) goes to `<workdir>/`: table.md, table.json, comparison.png, plus
-    the figures named in `sweep.figures`.
+    the figures named in `sweep.figures`. With `mlflow_tracking_uri` every run also logs to
+    MLflow (one MLflow run per run workdir; `mlflow_writer.py`).
 
     Returns:
       {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed" | "busy"},
@@ -575,7 +585,15 @@ def run_sweep(
             os.path.join(workdir, SWEEP_LOCK_FILE), f"the sweep workdir {os.path.abspath(workdir)}"
         )
     try:
-        return _run_sweep_locked(config, runs, sweep, workdir, quiet=quiet, overwrite=overwrite)
+        return _run_sweep_locked(
+            config,
+            runs,
+            sweep,
+            workdir,
+            quiet=quiet,
+            overwrite=overwrite,
+            mlflow_tracking_uri=mlflow_tracking_uri,
+        )
     finally:
         locks.release(lock)
 
@@ -588,6 +606,7 @@ def _run_sweep_locked(
     *,
     quiet: bool,
     overwrite: bool,
+    mlflow_tracking_uri: str | None = None,
 ) -> dict[str, Any]:
     """`run_sweep` once the sweep holds its workdir's lock."""
     run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
@@ -617,6 +636,7 @@ def _run_sweep_locked(
         quiet=quiet,
         overwrite=overwrite,
         names=[runs[i].name for i in todo],
+        mlflow_tracking_uri=mlflow_tracking_uri,
     )
     status: dict[str, str] = {}
     errors: dict[str, str] = {}

@@ -95,7 +95,9 @@ class _PreparedRun:
     `finish` writes the final results and closes them.
     """
 
-    def __init__(self, config: Any, workdir, *, overwrite: bool, quiet: bool):
+    def __init__(
+        self, config: Any, workdir, *, overwrite: bool, quiet: bool, mlflow_tracking_uri=None
+    ):
         if _has_sweep(config):
             raise ConfigError(
                 "config.sweep is set: this config describes a sweep of runs; run it with "
@@ -144,7 +146,12 @@ class _PreparedRun:
                 "engine": segments,  # the backend and devices each round ran on
             }
             self.writer = writer = stack.enter_context(
-                MetricWriter(wd.path, enabled=main, resume_step=start_round)
+                MetricWriter(
+                    wd.path,
+                    enabled=main,
+                    resume_step=start_round,
+                    mlflow_tracking_uri=mlflow_tracking_uri,
+                )
             )
             self.progress = progress = stack.enter_context(
                 Progress(
@@ -303,7 +310,12 @@ class _PreparedRun:
 
 
 def train_and_evaluate(
-    config: Any, workdir: str | os.PathLike, *, overwrite: bool = False, quiet: bool = False
+    config: Any,
+    workdir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    quiet: bool = False,
+    mlflow_tracking_uri: str | None = None,
 ) -> dict:
     """Trains and evaluates the run described by `config` in `workdir`; returns its results.
 
@@ -316,6 +328,8 @@ def train_and_evaluate(
       overwrite: replace a run of another config held in `workdir` (its files are deleted only
         after the new config is validated and its data loaded).
       quiet: no progress bar and no log lines.
+      mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
+        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
 
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
@@ -333,7 +347,13 @@ def train_and_evaluate(
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
     with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
-        prepared = _PreparedRun(config, workdir, overwrite=overwrite, quiet=quiet)
+        prepared = _PreparedRun(
+            config,
+            workdir,
+            overwrite=overwrite,
+            quiet=quiet,
+            mlflow_tracking_uri=mlflow_tracking_uri,
+        )
         engine = prepared.config.engine
         try:
             (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
@@ -388,6 +408,7 @@ def train_and_evaluate_many(
     round_progress: bool = False,
     max_runs_per_program: int = MAX_RUNS_PER_PROGRAM,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
+    mlflow_tracking_uri: str | None = None,
 ) -> list[dict | BaseException]:
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
 
@@ -398,7 +419,8 @@ def train_and_evaluate_many(
     checkpoints are those it gets alone. A failed run does not stop the others:
     its exception is returned in its place. `on_done(index, outcome)` is called
     as each run ends. `quiet` silences each run's own output; `round_progress`
-    shows one bar over the rounds of each group trained together.
+    shows one bar over the rounds of each group trained together; `mlflow_tracking_uri` as
+    in `train_and_evaluate`.
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
@@ -434,7 +456,11 @@ def train_and_evaluate_many(
             for index in chunk:
                 try:
                     prepared[index] = _PreparedRun(
-                        configs[index], workdirs[index], overwrite=overwrite, quiet=quiet
+                        configs[index],
+                        workdirs[index],
+                        overwrite=overwrite,
+                        quiet=quiet,
+                        mlflow_tracking_uri=mlflow_tracking_uri,
                     )
                 except Exception as error:  # noqa: BLE001
                     done(index, error)

@@ -1,4 +1,5 @@
-"""Metric writer: TensorBoard event files (tensorboardX, no TensorFlow), JSONL and CSV logs.
+"""Metric writer: TensorBoard event files (tensorboardX, no TensorFlow), JSONL and CSV logs,
+and optionally MLflow (`mlflow_writer.py`).
 
 A run's `logdir` gets
 
@@ -115,9 +116,18 @@ class MetricWriter:
       enabled: False writes nothing at all (processes other than the main one).
       resume_step: when resuming from a checkpoint of round r, pass r to drop at once every
         logged step > r; without it the log is rewound at the first write (see module doc).
+      mlflow_tracking_uri: also log params and scalars to this MLflow tracking store (one
+        MLflow run per logdir; `mlflow_writer.py`). None: no MLflow.
     """
 
-    def __init__(self, logdir: str, *, enabled: bool = True, resume_step: int | None = None):
+    def __init__(
+        self,
+        logdir: str,
+        *,
+        enabled: bool = True,
+        resume_step: int | None = None,
+        mlflow_tracking_uri: str | None = None,
+    ):
         if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):
             raise TypeError(f"logdir must be a non-empty path, got {logdir!r}.")
         self.logdir = str(logdir)
@@ -127,8 +137,13 @@ class MetricWriter:
         self._csv = None
         self._last_step: int | None = None
         self._closed = False
+        self._mlflow = None
         if not self.enabled:
             return
+        if mlflow_tracking_uri is not None:
+            from fedjax_pals.experiment.mlflow_writer import MlflowWriter
+
+            self._mlflow = MlflowWriter(mlflow_tracking_uri, self.logdir)
         os.makedirs(self.logdir, exist_ok=True)
         self._jsonl_path = os.path.join(self.logdir, METRICS_FILE)
         self._csv_path = os.path.join(self.logdir, CSV_FILE)
@@ -186,6 +201,8 @@ class MetricWriter:
         if not self.enabled:
             return
         flat = flatten_hparams(hparams.to_dict() if hasattr(hparams, "to_dict") else hparams)
+        if self._mlflow is not None:
+            self._mlflow.write_hparams(flat)
         path = os.path.join(self.logdir, HPARAMS_FILE)
         if os.path.exists(path):
             with open(path) as f:
@@ -220,6 +237,8 @@ class MetricWriter:
             self._last_step = step
             return
         self._log(step, values)
+        if self._mlflow is not None:
+            self._mlflow.write_scalars(step, values)
         if self._csv is None:
             new = not os.path.exists(self._csv_path) or not os.path.getsize(self._csv_path)
             self._csv = open(self._csv_path, "a", newline="")
@@ -293,6 +312,8 @@ class MetricWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._mlflow is not None:
+            self._mlflow.close()
         self._closed = True
 
     def _check_open(self) -> None:

@@ -1,0 +1,67 @@
+"""The optional MLflow writer: a missing MLflow is one clear error; with MLflow installed (the
+`mlflow` extra), a run's params and metrics land in one MLflow run per workdir, resumed runs
+included."""
+
+import builtins
+import json
+import os
+import sys
+
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.experiment import mlflow_writer
+
+CONFIG = {
+    "dataset": {"name": "synthetic"},
+    "training": {"rounds": 2, "eval_every": 1, "batch_size": 8, "learning_rate": 0.05},
+}
+
+
+def test_a_missing_mlflow_is_one_error_naming_the_extra(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_mlflow(name, *args, **kwargs):
+        if name == "mlflow" or name.startswith("mlflow."):
+            raise ImportError("No module named 'mlflow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "mlflow", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
+        fjp.experiment.MetricWriter(str(tmp_path), mlflow_tracking_uri="file:///nowhere")
+    with pytest.raises(mlflow_writer.MlflowError, match="non-empty string"):
+        mlflow_writer.MlflowWriter("", str(tmp_path))
+    # Without the URI nothing imports MLflow.
+    fjp.experiment.MetricWriter(str(tmp_path)).close()
+
+
+def _history(client, run_id, name):
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
+
+
+def test_a_run_and_its_extension_log_to_one_mlflow_run(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    workdir = str(tmp_path / "run")
+    fjp.train_and_evaluate(CONFIG, workdir, quiet=True, mlflow_tracking_uri=uri)
+    longer = {**CONFIG, "training": {**CONFIG["training"], "rounds": 3}}
+    fjp.train_and_evaluate(longer, workdir, quiet=True, mlflow_tracking_uri=uri)
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(mlflow_writer.DEFAULT_EXPERIMENT)
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags[mlflow_writer.WORKDIR_TAG] == os.path.abspath(workdir)
+    assert run.data.params["algorithm.name"] == "fedpals"
+    assert run.data.params["training.rounds"] == "2"  # MLflow params cannot change:
+    assert run.data.tags["fedjax_pals.now.training.rounds"] == "3"  # the budget reached
+    assert "algorithm.lam" not in run.data.params or run.data.params["algorithm.lam"] != "None"
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        logged = [json.loads(line) for line in f]
+    expected = [(line["step"], line["target/accuracy"]) for line in logged if "target/accuracy" in line]
+    assert [s for s, _ in expected] == [1, 2, 3]
+    history = _history(client, run.info.run_id, "target/accuracy")
+    assert [s for s, _ in history] == [s for s, _ in expected]
+    assert [v for _, v in history] == pytest.approx([v for _, v in expected], rel=1e-12)
+    assert run.info.status == "FINISHED"
