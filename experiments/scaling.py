@@ -241,7 +241,7 @@ class PointRunner:
         jax.block_until_ready(solve_for(self.participants))
         self.first["solve_first_call"] = time.perf_counter() - t0
         self.rss_after_first = _rss_now_mib()
-        self.peak_before_timed = memory.peak_rss_now_mib()  # load, placement, first round
+        self.peak_before_timed = memory.peak_rss_mib()  # load, placement, first round
         self.rss_reset = memory.reset_peak_rss()
         self.rounds: list[dict] = []
 
@@ -293,7 +293,7 @@ class PointRunner:
             values = [t[name] for t in rounds if name in t]
             return statistics.median(values) if values else None
 
-        peak_timed = memory.peak_rss_now_mib()
+        peak_timed = memory.peak_rss_mib()
         return {
             **self.spec,
             "backend_resolved": self.engine.backend.name,

@@ -1,6 +1,12 @@
-"""The scaling command's pieces that need no training (the curves themselves are measured)."""
+"""The scaling command: its pieces without training, and one real point end to end."""
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 
 from experiments import scaling
 
@@ -44,3 +50,22 @@ def test_the_table_reports_errors_and_rows():
         [row, {"curve": "m", "num_clients": 10, "participants": 10, "error": "x"}]
     )
     assert "| M | 100 | 10 | 1 | 0.500 | 0.400 |" in table and "error" in table
+
+
+@pytest.mark.integration
+def test_one_point_of_the_curve_runs_and_reports_time_and_memory(tmp_path):
+    # The whole command, one child point: catches a broken import or helper in the children.
+    output = tmp_path / "scaling.json"
+    subprocess.run(
+        [
+            sys.executable, "-m", "experiments.scaling", "--num_clients=100", "--participants=10",
+            "--participants_curve=", "--rounds=1", f"--output={output}", "--plot=",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    (row,) = json.loads(output.read_text())["rows"]
+    assert "error" not in row, row.get("error")
+    assert row["num_clients"] == 100 and row["participants"] == 10
+    assert row["round_s"] > 0 and row["peak_rss_mib"] > row["rss_after_load_mib"] > 0
