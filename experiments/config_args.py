@@ -204,7 +204,8 @@ def check_config_argv(
     """Checks the config file and overrides in argv.
 
     Returns:
-      argv without the overrides that add new sweep keys or axes, and those as {path: value}.
+      argv without the overrides that add new sweep keys or axes, and those as {path: value};
+      of a key given twice, only the last.
 
     Raises:
       ConfigArgError: one line naming the file or the key path.
@@ -218,6 +219,13 @@ def check_config_argv(
     config = load_config_file(spec, flag)
     new: dict[str, Any] = {}
     dropped: set[int] = set()
+    # A key given twice: the last wins, as for any absl flag (ml_collections would append a
+    # tuple's second value to the first: seeds=(0,1) then seeds=(5,) ran seeds 0, 1 and 5).
+    last = {path: i for i, path, *_ in overrides}
+    for i, path, _, count, _ in overrides:
+        if last[path] != i:
+            dropped.update(range(i, i + count))
+    overrides = [o for o in overrides if last[o[1]] == o[0]]
     for i, path, text, count, negated in overrides:
         if check_override(config, path, schema_paths, sweep_keys):
             new[path] = _literal(text, negated)

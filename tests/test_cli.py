@@ -85,6 +85,21 @@ def test_existing_keys_pass_through_and_new_axes_over_config_keys_are_taken_out(
     assert argv[2:] == ["--config.sweep.grid.algorithm.lam=(0.1,)"]
 
 
+def test_a_key_given_twice_keeps_only_the_last_value():
+    # ml_collections would append (0, 1) and (5,) into seeds (0, 1, 5); absl's rule: last wins.
+    argv, new = _check(
+        "--config.sweep.seeds=(0,1)",
+        "--config.training.rounds",
+        "3",
+        "--config.sweep.seeds=(5,)",
+        "--config.training.rounds=2",
+        "--config.sweep.row=a",
+        "--config.sweep.row=b",
+    )
+    assert argv[2:] == ["--config.sweep.seeds=(5,)", "--config.training.rounds=2"]
+    assert new == {"sweep.row": "b"}
+
+
 def test_a_missing_or_broken_config_file_is_named(tmp_path):
     with pytest.raises(config_args.ConfigArgError, match="configs/dmo.py does not exist"):
         config_args.load_config_file("configs/dmo.py")
