@@ -99,6 +99,7 @@ from fedjax_pals.data import registered_datasets
 
 # The method registry, with the methods that ship with the package registered.
 from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods)
+from fedjax_pals.algorithms import target_estimation
 from fedjax_pals import registry
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 
@@ -127,7 +128,6 @@ OPTIONAL_IDENTITY_KEYS = (
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
 OPTIONAL_IDENTITY_SECTIONS = ("server",)
-TARGET_ESTIMATORS = ("bbse", "bbse_soft", "em")
 LAM_SCHEDULES = ("fixed", "hypergradient")
 WEIGHTINGS = ("fedavg", "fedpals")
 PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
@@ -614,7 +614,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         )
     hyper_lr = _maybe(_real, "algorithm.lam_hyper_lr", a["lam_hyper_lr"], low=0.0, low_open=True)
     estimator = _choice(
-        "algorithm.target_estimation", a["target_estimation"], TARGET_ESTIMATORS, optional=True
+        "algorithm.target_estimation", a["target_estimation"], target_estimation.METHODS, optional=True
     )
     estimates = uses_fedpals and estimator is not None
     # Methods that do not read T (FedAvg, ...) resolve it to None, as label_dp_epsilon.
