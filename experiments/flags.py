@@ -183,6 +183,10 @@ def run(main: Callable[[list[str]], object]) -> None:
     def checked_main(args: list[str]):
         if QUIET.value:
             _only_errors_in_the_log()
+        elif absl_logging.get_verbosity() < absl_logging.DEBUG:
+            # JAX's probe of absent accelerators ("Unable to initialize backend 'tpu'") is
+            # every CPU user's first log line and says nothing wrong; --verbosity=1 shows it.
+            logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
         try:
