@@ -31,6 +31,12 @@ certifi release that PyPI does not have yet):
   /path/to/flower-venv/bin/pip install -e /path/to/fedjax_pals   # the package, its pins
   /path/to/flower-venv/bin/pip install 'flwr[simulation]==1.41.0'
 
+With --clients=torch the clients are the same LeNet in PyTorch eager (one thread per actor,
+channels_last, the same steps, batch and learning rate on the same data; torch installed in
+the Flower venv, e.g. `pip install --no-deps "torch==2.13.0+cpu"` from PyTorch's CPU index
+plus its pure-Python dependencies): what a Flower user trains. Its params are not compared
+(another framework's initialisation and data order).
+
 Usage (from the repository root; a few minutes per M on a 2-core CPU):
   /path/to/flower-venv/bin/python -m experiments.flower_benchmark --num_clients=10 \
       --actors=2,1 --rounds=3 --output=results/flower_m10.json
@@ -65,6 +71,7 @@ class FlowerSetup:
     rounds: int
     actors: int
     settings: bench.BenchmarkSettings
+    clients: str = "jax"  # "torch": PyTorch LeNet clients (what a Flower user trains)
 
 
 # ----------------------------------------------------------------------------
@@ -85,10 +92,78 @@ def _client_problem(setup: FlowerSetup):
     return data, loop, treedef
 
 
+def torch_lenet():
+    """The benchmark's LeNet in PyTorch (NCHW in, the same layer sizes as `fjp.lenet`)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(256, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10),
+    )  # fmt: skip
+
+
+@functools.cache
+def _torch_problem(setup: FlowerSetup):
+    import torch
+
+    torch.set_num_threads(1)  # one CPU per actor, as the Ray resources say
+    s = setup.settings
+    data = bench.synthetic_data(setup.model, setup.num_clients, s.examples_per_client, s.seed)
+    x = torch.from_numpy(np.asarray(data.train_x)).permute(0, 3, 1, 2)
+    x = x.contiguous(memory_format=torch.channels_last)  # oneDNN's fastest layout here
+    y = torch.from_numpy(np.asarray(data.train_y).astype(np.int64))
+    model = torch_lenet().to(memory_format=torch.channels_last)
+    return x, y, np.asarray(data.client_indices), model
+
+
+def _torch_local_update(setup: FlowerSetup, parameters, cid: int, server_round: int):
+    """The client's local SGD in PyTorch eager: the same steps, batch and learning rate as
+    the loop (its own data order: a permutation per epoch from (seed, round, client))."""
+    import torch
+
+    x, y, indices, model = _torch_problem(setup)
+    s = setup.settings
+    with torch.no_grad():
+        for p, value in zip(model.state_dict().values(), parameters):
+            p.copy_(torch.from_numpy(np.asarray(value)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=s.learning_rate)
+    rows = torch.from_numpy(indices[cid].astype(np.int64))
+    generator = torch.Generator().manual_seed(s.seed * 1_000_003 + server_round * 7919 + cid)
+    for _ in range(s.local_epochs):
+        order = rows[torch.randperm(len(rows), generator=generator)]
+        for start in range(0, len(order) - s.batch_size + 1, s.batch_size):
+            batch = order[start : start + s.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x[batch]), y[batch])
+            loss.backward()
+            optimizer.step()
+    return [v.detach().numpy().copy() for v in model.state_dict().values()]
+
+
+def _torch_initial_params(setup: FlowerSetup) -> list[np.ndarray]:
+    import torch
+
+    torch.manual_seed(setup.settings.seed)
+    return [v.detach().numpy().copy() for v in torch_lenet().state_dict().values()]
+
+
 def _client_fn(setup: FlowerSetup, context):
     from flwr.client import NumPyClient
 
     cid = int(context.node_config["partition-id"])
+
+    if setup.clients == "torch":
+
+        class TorchClient(NumPyClient):
+            def fit(self, parameters, config):
+                start = time.perf_counter()
+                local = _torch_local_update(setup, parameters, cid, int(config["server_round"]))
+                fit_s = time.perf_counter() - start
+                return local, setup.settings.examples_per_client, {"fit_s": fit_s}
+
+        return TorchClient().to_client()
 
     class Client(NumPyClient):
         def fit(self, parameters, config):
@@ -205,10 +280,14 @@ def run_flower_round(setup: FlowerSetup) -> dict:
     from flwr.simulation import run_simulation
 
     s = setup.settings
-    model = bench.make_model(setup.model)
-    initial = [
-        np.asarray(x) for x in jax.tree_util.tree_leaves(model.init(jax.random.PRNGKey(s.seed)))
-    ]
+    if setup.clients == "torch":
+        initial = _torch_initial_params(setup)
+    else:
+        model = bench.make_model(setup.model)
+        initial = [
+            np.asarray(x)
+            for x in jax.tree_util.tree_leaves(model.init(jax.random.PRNGKey(s.seed)))
+        ]
     start = time.perf_counter()
     strategy = _timed_fedavg(setup, initial, start)
 
@@ -239,6 +318,7 @@ def run_flower_round(setup: FlowerSetup) -> dict:
     client_steps = setup.clients_per_round * s.steps_per_client
     return {
         "model": setup.model,
+        "clients": setup.clients,
         "num_clients": setup.num_clients,
         "clients_per_round": setup.clients_per_round,
         "actors": setup.actors,
@@ -290,6 +370,13 @@ def _define_flags():
     return dict(
         num_clients=flags.DEFINE_list("num_clients", ["10"], "Numbers of clients M."),
         model=flags.DEFINE_enum("model", "lenet", list(bench.MODELS), "Model."),
+        clients=flags.DEFINE_enum(
+            "clients",
+            "jax",
+            ["jax", "torch"],
+            "Flower's clients: the loop's jitted JAX step, or PyTorch eager (LeNet only; "
+            "torch in the same venv as flwr).",
+        ),
         actors=flags.DEFINE_list("actors", ["2", "1"], "Numbers of Ray actors (one CPU each)."),
         participation=flags.DEFINE_float(
             "participation", 1.0, "Fraction of the M clients sampled into each round."
@@ -333,6 +420,8 @@ def main(argv, f) -> None:
             raise ValueError("--examples_per_client must be a multiple of --batch_size.")
         sizes = sorted({int(m) for m in f["num_clients"].value})
         actors = [int(a) for a in f["actors"].value]
+        if f["clients"].value == "torch" and f["model"].value != "lenet":
+            raise ValueError("--clients=torch has LeNet only.")
         if min(sizes) < 1 or min(actors) < 1 or f["rounds"].value < 2:
             raise ValueError("--num_clients and --actors must be >= 1, --rounds >= 2.")
     except ValueError as e:
@@ -345,6 +434,7 @@ def main(argv, f) -> None:
         "config": {
             **dataclasses.asdict(settings),
             "model": model,
+            "clients": f["clients"].value,
             "num_clients": sizes,
             "actors": actors,
             "flower_rounds": f["rounds"].value,
@@ -372,12 +462,23 @@ def main(argv, f) -> None:
     for m in sizes:
         for a in actors:
             setup = FlowerSetup(
-                model, m, settings.clients_per_round(m), f["rounds"].value, a, settings
+                model,
+                m,
+                settings.clients_per_round(m),
+                f["rounds"].value,
+                a,
+                settings,
+                clients=f["clients"].value,
             )
             log(f"# Flower: M={m}, {setup.clients_per_round} per round, {a} actor(s)")
             row = run_flower_round(setup)
             params = row.pop("_first_round_params")
-            if m == settings.check_clients and setup.clients_per_round == m and params:
+            if (
+                m == settings.check_clients
+                and setup.clients_per_round == m
+                and params
+                and setup.clients == "jax"
+            ):
                 row["max_abs_diff_vs_loop"] = _parity(setup, params)
             loop, engine = rows.get((m, True)), rows.get((m, False))
             if loop is not None:
