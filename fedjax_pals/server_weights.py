@@ -538,19 +538,14 @@ def _solve_fedpals(
         # which drops clients one by one (O(M) steps), and the better of the two.
         def restart(alpha):
             again = _active_set(fedavg, dists, target, sizes, finite_lam)
-            values = jax.vmap(lambda a: _objective(a, dists, target, sizes, finite_lam))(
-                jnp.stack([alpha, again])
+            better = fedpals_objective(again, dists, target, sizes, finite_lam) < (
+                fedpals_objective(alpha, dists, target, sizes, finite_lam)
             )
-            return jnp.where(values[1] < values[0], again, alpha)
+            return jnp.where(better, again, alpha)
 
         certified = _kkt_holds(alpha, dists, target, sizes, finite_lam)
         alpha = jax.lax.cond(certified, lambda alpha: alpha, restart, alpha)
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
-
-
-def _objective(alpha, dists, target, sizes, lam):
-    residual = target - alpha @ dists
-    return residual @ residual + lam * jnp.sum(alpha * alpha / sizes)
 
 
 def fedpals_weights(

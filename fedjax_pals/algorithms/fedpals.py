@@ -46,7 +46,8 @@ def replace_fedpals_state(weighting_state: Any, **changes: Any) -> Any:
     """`weighting_state` with fields of its `FedPalsState` (see `fedpals_state`) replaced."""
     if isinstance(weighting_state, FedPalsState):
         return weighting_state._replace(**changes)
-    fedpals_state(weighting_state)  # raises when there is none
+    if not hasattr(weighting_state, "inner"):
+        fedpals_state(weighting_state)  # raises: no FedPALS state anywhere
     return weighting_state._replace(inner=replace_fedpals_state(weighting_state.inner, **changes))
 
 
