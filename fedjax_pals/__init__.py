@@ -142,6 +142,7 @@ __all__ = [
     "ConfigError", "config_digest", "default_config", "validate_config", "Task", "TaskError",
     "build_task", "train_and_evaluate", "train_and_evaluate_many", "expand_sweep", "run_sweep",
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",
-    "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError", "WorkdirLockedError",
+    "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError",
+    "WorkdirLockedError",
     "DiskFullError",
 ]

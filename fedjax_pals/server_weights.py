@@ -384,7 +384,9 @@ def _dual_newton(
     start_lam = jnp.maximum(lam, jnp.sum(sizes))
     start = target - (sizes / jnp.sum(sizes)) @ dists
     zero = jnp.zeros((), dtype)
-    carry = (0, start_lam, start, sizes / jnp.sum(sizes), zero, zero, jnp.array(True), jnp.array(False))
+    carry = (
+        0, start_lam, start, sizes / jnp.sum(sizes), zero, zero, jnp.array(True), jnp.array(False)
+    )
     alpha = jax.lax.while_loop(cond, body, carry)[3]
     return alpha / jnp.sum(alpha)  # tau's rounding leaves sum(alpha) off 1 for small lam
 

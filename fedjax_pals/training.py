@@ -439,8 +439,8 @@ def run_trainings(
             raise ValueError(
                 f"run {index} cannot train in lockstep with run 0: the runs of one "
                 "run_trainings call must share the model, the algorithm's compiled parts, "
-                "the local training, the examples' shape, the number of clients and participants, "
-                "the rounds and the round they resume from; group them by "
+                "the local training, the examples' shape, the number of clients and "
+                "participants, the rounds and the round they resume from; group them by "
                 "`training_group_key` first."
             )
     data = _stacked_client_tables(runs)
@@ -492,7 +492,9 @@ def _set_run_slice(states, i, state):
 def training_group_key(run: TrainingRun, *, backend: str = "auto", chunk_size: int = 64) -> tuple:
     """Runs with equal keys can go through one `run_trainings` call: the engine's static
     spec (`engine_key`) and the run's `lockstep_key`."""
-    spec = engine_key(run.algorithm, run.model, run.training, backend=backend, chunk_size=chunk_size)
+    spec = engine_key(
+        run.algorithm, run.model, run.training, backend=backend, chunk_size=chunk_size
+    )
     return (spec, run.lockstep_key())
 
 

@@ -59,7 +59,9 @@ def test_a_run_and_its_extension_log_to_one_mlflow_run(tmp_path, monkeypatch):
     assert "algorithm.lam" not in run.data.params or run.data.params["algorithm.lam"] != "None"
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         logged = [json.loads(line) for line in f]
-    expected = [(line["step"], line["target/accuracy"]) for line in logged if "target/accuracy" in line]
+    expected = [
+        (line["step"], line["target/accuracy"]) for line in logged if "target/accuracy" in line
+    ]
     assert [s for s, _ in expected] == [1, 2, 3]
     history = _history(client, run.info.run_id, "target/accuracy")
     assert [s for s, _ in history] == [s for s, _ in expected]

@@ -907,7 +907,8 @@ def test_lambda_below_the_dual_range_is_not_far_from_optimal(ratio):
     # 0 < lam < 1e-6 N, below LOG10_LAM_RANGE: the dual's Newton steps and the face step's
     # 1 / lam were ill-conditioned there (gaps 0.08 and 0.12 on these draws). Not yet to
     # 1e-6 on every draw (sizes spanning 1e6 can stay 4e-5 above): the bound here is 1e-4.
-    for case, seed in [("duplicated clients", 16), ("many clients, sparse", 1), ("sizes 1 to 1e6", 1)]:
+    draws = [("duplicated clients", 16), ("many clients, sparse", 1), ("sizes 1 to 1e6", 1)]
+    for case, seed in draws:
         dists, target, sizes = _edge_problem(case, np.random.default_rng(seed))
         lam = ratio * sizes.sum()
         alpha = np.clip(np.asarray(fedpals_weights(dists, target, sizes, lam), np.float64), 0, None)

@@ -44,10 +44,10 @@ from fedjax_pals.experiment.train import train_and_evaluate
 
 # fmt: off
 __all__ = [
-    "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress", "plot_accuracy_vs_distance",
-    "plot_comparison", "plot_curves", "plot_weights_vs_ess", "perturb_label_dist",
-    "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point", "merge_tables",
-    "protocol_grid", "protocol_table", "select_method", "table_markdown",
+    "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress",
+    "plot_accuracy_vs_distance", "plot_comparison", "plot_curves", "plot_weights_vs_ess",
+    "perturb_label_dist", "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point",
+    "merge_tables", "protocol_grid", "protocol_table", "select_method", "table_markdown",
     "write_protocol_report", "SweepRun", "execute_runs", "expand_sweep", "run_sweep",
     "ConfigError", "config_differences", "config_digest", "default_config", "validate_config",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "Task", "TaskError",

@@ -614,7 +614,10 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         )
     hyper_lr = _maybe(_real, "algorithm.lam_hyper_lr", a["lam_hyper_lr"], low=0.0, low_open=True)
     estimator = _choice(
-        "algorithm.target_estimation", a["target_estimation"], target_estimation.METHODS, optional=True
+        "algorithm.target_estimation",
+        a["target_estimation"],
+        target_estimation.METHODS,
+        optional=True,
     )
     estimates = uses_fedpals and estimator is not None
     # Methods that do not read T (FedAvg, ...) resolve it to None, as label_dp_epsilon.

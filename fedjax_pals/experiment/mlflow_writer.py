@@ -8,9 +8,9 @@ Histograms (alpha) stay in TensorBoard: MLflow has no histogram type.
 One MLflow run per workdir, in the experiment `fedjax_pals` unless named otherwise: a run is
 found again by its tag `fedjax_pals.workdir` (the absolute path), so a resumed or extended
 run logs into the run it started (MLflow params cannot change: an extended run's new
-`training.rounds` is the tag `fedjax_pals.now.training.rounds`). MLflow keeps every value logged, so the rounds a resumed
-run re-does after its last checkpoint appear twice at their step (TensorBoard and
-metrics.jsonl drop the first copy; MLflow cannot).
+`training.rounds` is the tag `fedjax_pals.now.training.rounds`). MLflow keeps every value
+logged, so the rounds a resumed run re-does after its last checkpoint appear twice at their
+step (TensorBoard and metrics.jsonl drop the first copy; MLflow cannot).
 
 The URI is MLflow's: `file:///abs/mlruns` (MLflow 3 refuses its file store unless
 MLFLOW_ALLOW_FILE_STORE=true is set), `sqlite:///mlflow.db` (the full `mlflow` package),
