@@ -17,12 +17,13 @@ def holder_text() -> str:
     return f"{os.getpid()} on {socket.gethostname()}"
 
 
-def acquire(path: str, what: str) -> int:
+def acquire(path: str, what: str, holder_kind: str = "process") -> int:
     """Takes the exclusive lock `path` (created if missing); returns its descriptor.
 
     Args:
       path: the lock file.
       what: the locked thing for the error, e.g. "the sweep workdir runs/x".
+      holder_kind: what the error calls the holder ("in use by another <holder_kind>").
 
     Raises:
       WorkdirLockedError: another process holds it (naming its pid and host).
@@ -38,8 +39,8 @@ def acquire(path: str, what: str) -> int:
         if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             raise
         raise WorkdirLockedError(
-            f"{what} is in use by another process (process {holder} holds {path}); wait for it "
-            "to finish, or choose another --workdir."
+            f"{what} is in use by another {holder_kind} (process {holder} holds {path}); wait for "
+            "it to finish, or choose another --workdir."
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{holder_text()}\n".encode(), 0)

@@ -155,6 +155,17 @@ def _schema_paths() -> set[str]:
     return set(config_lib.flatten(config_lib.default_config()))
 
 
+def _nonempty_tuple(key: str, values: Any, what: str) -> tuple:
+    """`values` (a tuple or a list) as a non-empty tuple; else a ConfigError naming the key."""
+    if isinstance(values, list):
+        values = tuple(values)
+    if not isinstance(values, tuple) or not values:
+        raise ConfigError(
+            f"config.sweep.{key} must be a non-empty tuple of {what}, got {values!r}."
+        )
+    return values
+
+
 def _axis(where: str, path: str, values: Any, known: set[str]) -> tuple:
     if path not in known:
         close = difflib.get_close_matches(path, sorted(known), n=1)
@@ -168,13 +179,7 @@ def _axis(where: str, path: str, values: Any, known: set[str]) -> tuple:
                 "set config.engine for the whole sweep."
             )
         raise ConfigError(f"config.sweep.{where}.{path} cannot be an axis; use config.{use}.")
-    if isinstance(values, list):
-        values = tuple(values)
-    if not isinstance(values, tuple) or not values:
-        raise ConfigError(
-            f"config.sweep.{where}.{path} must be a non-empty tuple of values, got {values!r}."
-        )
-    return values
+    return _nonempty_tuple(f"{where}.{path}", values, "values")
 
 
 def _sweep_section(config: Any) -> dict[str, Any]:
@@ -196,10 +201,7 @@ def _sweep_section(config: Any) -> dict[str, Any]:
     seeds = raw.get("seeds")
     if seeds is None:
         seeds = (config_lib.as_dict(config).get("seed", 0),)
-    if isinstance(seeds, list):
-        seeds = tuple(seeds)
-    if not isinstance(seeds, tuple) or not seeds:
-        raise ConfigError(f"config.sweep.seeds must be a non-empty tuple of seeds, got {seeds!r}.")
+    seeds = _nonempty_tuple("seeds", seeds, "seeds")
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
             raise ConfigError(
@@ -209,12 +211,7 @@ def _sweep_section(config: Any) -> dict[str, Any]:
         raise ConfigError(f"config.sweep.seeds has repeated seeds: {seeds}.")
     methods = raw.get("methods")
     if methods is not None:
-        if isinstance(methods, list):
-            methods = tuple(methods)
-        if not isinstance(methods, tuple) or not methods:
-            raise ConfigError(
-                f"config.sweep.methods must be a non-empty tuple of method keys, got {methods!r}."
-            )
+        methods = _nonempty_tuple("methods", methods, "method keys")
         for method in methods:
             _method_overrides(method)
         if len(set(methods)) != len(methods):
@@ -398,10 +395,9 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     sweep["row_axes"] = {}
     for row_values in row_points:
         row_overrides = list(zip(axis_paths, row_values))
-        row_part = ",".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides)
-        row = base_label
-        if row_overrides:
-            row += " (" + ", ".join(f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides) + ")"
+        labels = [f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides]
+        row_part = ",".join(labels)
+        row = base_label + (f" ({', '.join(labels)})" if labels else "")
         sweep["row_axes"][row] = {p.split(".")[-1]: v for p, v in row_overrides}
         for method in methods:
             method_overrides = _method_overrides(method) if method is not None else {}
@@ -585,111 +581,89 @@ def run_sweep(
             os.path.join(workdir, SWEEP_LOCK_FILE), f"the sweep workdir {os.path.abspath(workdir)}"
         )
     try:
-        return _run_sweep_locked(
-            config,
-            runs,
-            sweep,
-            workdir,
+        run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
+        previous = [_read_results(d) for d in run_dirs]
+        if not overwrite:
+            foreign = [
+                (run, results)
+                for run, results in zip(runs, previous)
+                if results is not None and results.get("config_digest") not in (None, run.digest)
+            ]
+            if foreign:
+                run, results = foreign[0]
+                differences = config_lib.config_differences(results.get("config", {}), run.resolved)
+                raise ConfigError(
+                    f"{len(foreign)} run(s) in {workdir}/runs hold another configuration, e.g. "
+                    f"{run.name}: {'; '.join(differences[:5]) or 'different digest'}. Use another "
+                    "workdir, or overwrite=True (--overwrite) to replace them."
+                )
+        if is_main_process():
+            write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
+        todo = [
+            i for i, (run, results) in enumerate(zip(runs, previous)) if not _finished(run, results)
+        ]
+        outcomes = execute_runs(
+            [runs[i].config for i in todo],
+            [run_dirs[i] for i in todo],
             quiet=quiet,
             overwrite=overwrite,
+            names=[runs[i].name for i in todo],
             mlflow_tracking_uri=mlflow_tracking_uri,
         )
+        status: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        results_by_run: dict[int, Mapping[str, Any]] = {}
+        for i, results in enumerate(previous):
+            if i not in todo:
+                status[runs[i].name] = "skipped"
+                results_by_run[i] = results
+        for i, outcome in zip(todo, outcomes):
+            name = runs[i].name
+            if isinstance(outcome, BaseException):
+                status[name] = _failure_status(outcome)
+                errors[name] = f"{type(outcome).__name__}: {outcome}"
+            else:
+                status[name] = "done"
+                results_by_run[i] = outcome
+        summary: dict[str, Any] = {
+            "runs": {run.name: status[run.name] for run in runs},
+            "errors": errors,
+            "table": None,
+            "markdown": None,
+            "files": {},
+        }
+        if not sweep["protocol"] or not results_by_run or not is_main_process():
+            return summary
+        records = [
+            protocol_lib.RunRecord(
+                row=runs[i].row,
+                method=runs[i].method,
+                hparams=runs[i].hparams,
+                seed=runs[i].seed,
+                results=results_by_run[i],
+            )
+            for i in sorted(results_by_run)
+        ]
+        paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
+        if paper and len({run.row for run in runs}) == 1:
+            paper = {runs[0].row: sweep["paper"]}
+        table = protocol_lib.protocol_table(
+            records,
+            methods=[m for m in dict.fromkeys(run.method for run in runs)],
+            selection=sweep["selection"],
+            paper=paper,
+            title=_title(runs, sweep),
+        )
+        table["runs"] = {
+            "total": len(runs),
+            "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
+        }
+        files = protocol_lib.write_protocol_report(workdir, table)
+        files.update(_figures(workdir, sweep, table, records))
+        summary.update(table=table, markdown=protocol_lib.table_markdown(table), files=files)
+        return summary
     finally:
         locks.release(lock)
-
-
-def _run_sweep_locked(
-    config: Any,
-    runs: Sequence[SweepRun],
-    sweep: Mapping[str, Any],
-    workdir: str,
-    *,
-    quiet: bool,
-    overwrite: bool,
-    mlflow_tracking_uri: str | None = None,
-) -> dict[str, Any]:
-    """`run_sweep` once the sweep holds its workdir's lock."""
-    run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
-    previous = [_read_results(d) for d in run_dirs]
-    if not overwrite:
-        foreign = [
-            (run, results)
-            for run, results in zip(runs, previous)
-            if results is not None and results.get("config_digest") not in (None, run.digest)
-        ]
-        if foreign:
-            run, results = foreign[0]
-            differences = config_lib.config_differences(results.get("config", {}), run.resolved)
-            raise ConfigError(
-                f"{len(foreign)} run(s) in {workdir}/runs hold another configuration, e.g. "
-                f"{run.name}: {'; '.join(differences[:5]) or 'different digest'}. Use another "
-                "workdir, or overwrite=True (--overwrite) to replace them."
-            )
-    if is_main_process():
-        write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
-    todo = [
-        i for i, (run, results) in enumerate(zip(runs, previous)) if not _finished(run, results)
-    ]
-    outcomes = execute_runs(
-        [runs[i].config for i in todo],
-        [run_dirs[i] for i in todo],
-        quiet=quiet,
-        overwrite=overwrite,
-        names=[runs[i].name for i in todo],
-        mlflow_tracking_uri=mlflow_tracking_uri,
-    )
-    status: dict[str, str] = {}
-    errors: dict[str, str] = {}
-    results_by_run: dict[int, Mapping[str, Any]] = {}
-    for i, results in enumerate(previous):
-        if i not in todo:
-            status[runs[i].name] = "skipped"
-            results_by_run[i] = results
-    for i, outcome in zip(todo, outcomes):
-        name = runs[i].name
-        if isinstance(outcome, BaseException):
-            status[name] = _failure_status(outcome)
-            errors[name] = f"{type(outcome).__name__}: {outcome}"
-        else:
-            status[name] = "done"
-            results_by_run[i] = outcome
-    summary: dict[str, Any] = {
-        "runs": {run.name: status[run.name] for run in runs},
-        "errors": errors,
-        "table": None,
-        "markdown": None,
-        "files": {},
-    }
-    if not sweep["protocol"] or not results_by_run or not is_main_process():
-        return summary
-    records = [
-        protocol_lib.RunRecord(
-            row=runs[i].row,
-            method=runs[i].method,
-            hparams=runs[i].hparams,
-            seed=runs[i].seed,
-            results=results_by_run[i],
-        )
-        for i in sorted(results_by_run)
-    ]
-    paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
-    if paper and len({run.row for run in runs}) == 1:
-        paper = {runs[0].row: sweep["paper"]}
-    table = protocol_lib.protocol_table(
-        records,
-        methods=[m for m in dict.fromkeys(run.method for run in runs)],
-        selection=sweep["selection"],
-        paper=paper,
-        title=_title(runs, sweep),
-    )
-    table["runs"] = {
-        "total": len(runs),
-        "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
-    }
-    files = protocol_lib.write_protocol_report(workdir, table)
-    files.update(_figures(workdir, sweep, table, records))
-    summary.update(table=table, markdown=protocol_lib.table_markdown(table), files=files)
-    return summary
 
 
 def _failure_status(error: BaseException) -> str:
@@ -788,19 +762,19 @@ def _figures(
                     path, sizes, alphas, title=f"{row}, seed {seed}: FedPALS weights vs FedAvg"
                 )
                 files[f"weights:{row}"] = path
+    # The selected cells of the protocol table: (row, method's label, the seeds' accuracies).
+    selected = [
+        (row, table["labels"].get(method, method), [p["target_accuracy"] for p in cell["per_seed"]])
+        for row in table["rows"]
+        for method, cell in row["cells"].items()
+        if cell.get("selected") is not None
+    ]
     if "accuracy_vs_distance" in sweep["figures"]:
         points: dict[str, list] = {}
-        for row in table["rows"]:
-            if row["projection_distance"] is None:
-                continue
-            for method, cell in row["cells"].items():
-                if cell.get("selected") is None:
-                    continue
-                points.setdefault(table["labels"].get(method, method), []).append(
-                    {
-                        "projection_distance": row["projection_distance"],
-                        "target_accuracy": [p["target_accuracy"] for p in cell["per_seed"]],
-                    }
+        for row, label, accuracy in selected:
+            if row["projection_distance"] is not None:
+                points.setdefault(label, []).append(
+                    {"projection_distance": row["projection_distance"], "target_accuracy": accuracy}
                 )
         if points:
             path = os.path.join(workdir, "accuracy_vs_distance.png")
@@ -811,7 +785,7 @@ def _figures(
     if "accuracy_vs_axis" in sweep["figures"]:
         x_axis = sweep["x_axis"]
         series: dict[str, list] = {}
-        for row in table["rows"]:
+        for row, label, accuracy in selected:
             values = sweep["row_axes"].get(row["row"], {})
             if x_axis not in values:
                 continue
@@ -819,16 +793,8 @@ def _figures(
             others = ", ".join(
                 f"{k}={_fmt(v)}" for k, v in values.items() if k != x_axis and not sweep["zip_axes"]
             )
-            for method, cell in row["cells"].items():
-                if cell.get("selected") is None:
-                    continue
-                label = table["labels"].get(method, method) + (f" ({others})" if others else "")
-                series.setdefault(label, []).append(
-                    {
-                        "x": values[x_axis],
-                        "target_accuracy": [p["target_accuracy"] for p in cell["per_seed"]],
-                    }
-                )
+            label += f" ({others})" if others else ""
+            series.setdefault(label, []).append({"x": values[x_axis], "target_accuracy": accuracy})
         # An axis reduced to its None value (e.g. epsilon=(None,) in a smoke run) has no curve.
         if any(p["x"] is not None for points in series.values() for p in points):
             path = os.path.join(workdir, f"accuracy_vs_{_fmt(x_axis)}.png")

@@ -21,7 +21,6 @@ the older one (one warning line says so).
 
 from __future__ import annotations
 
-import errno
 import glob
 import json
 import os
@@ -127,27 +126,10 @@ class Workdir:
         return self
 
     def _acquire_lock(self) -> None:
-        import fcntl
+        from fedjax_pals.experiment import locks  # locks imports this module
 
-        path = self.file(LOCK_FILE)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                os.close(fd)
-                raise
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise WorkdirLockedError(
-                f"the workdir {self.path} is in use by another run (process {holder} holds "
-                f"{path}); wait for it to finish, or choose another --workdir."
-            ) from None
-        import socket
-
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self._lock_fd = fd
+        what = f"the workdir {self.path}"
+        self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
 
     def close(self) -> None:
         """Releases the lock (the lock file stays; a dead process's lock is released by the OS)."""
