@@ -30,6 +30,7 @@ import numpy as np
 from fedjax_pals._host import aligned_empty
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+_SPLITS = ("train", "test")
 
 # (split, kind) -> file name stem of the official Fashion-MNIST idx files.
 _FMNIST_FILES = {
@@ -206,9 +207,13 @@ def _explicit_data_dir(data_dir: str | os.PathLike, dataset: str) -> pathlib.Pat
     return path
 
 
-def _load_fashion_mnist_idx(files: dict[tuple[str, str], pathlib.Path]) -> dict[str, LabeledSplit]:
+def _idx_dataset(directory: pathlib.Path) -> Dataset | None:
+    """Fashion-MNIST from the idx files in ``directory``; None if any of them is missing."""
+    files = _find_idx_files(directory)
+    if files is None:
+        return None
     splits = {}
-    for split in ("train", "test"):
+    for split in _SPLITS:
         images_path, labels_path = files[(split, "images")], files[(split, "labels")]
         images = _parse_idx(_read_maybe_gzip(images_path), "images", images_path)
         labels = _parse_idx(_read_maybe_gzip(labels_path), "labels", labels_path)
@@ -224,7 +229,7 @@ def _load_fashion_mnist_idx(files: dict[tuple[str, str], pathlib.Path]) -> dict[
         splits[split] = LabeledSplit(
             x=_scale_uint8_images(images[..., None]), y=labels.astype(np.int32)
         )
-    return splits
+    return _dataset("fashion_mnist", splits, f"idx files in {directory}")
 
 
 # --------------------------------------------------------------------------
@@ -289,12 +294,12 @@ def _import_tfds(needed_for: str):
     return tfds
 
 
-def _load_tfds(name: str, tfds_dir: pathlib.Path) -> dict[str, LabeledSplit]:
+def _load_tfds(name: str, tfds_dir: pathlib.Path) -> Dataset:
     tfds = _import_tfds(f"a prepared TFDS copy of {name} exists in {tfds_dir}")
     try:
         sources = tfds.data_source(
             name,
-            split=["train", "test"],
+            split=list(_SPLITS),
             data_dir=os.fspath(tfds_dir),
             download=False,  # never fetch: offline, tfds retries for minutes
             try_gcs=False,
@@ -302,13 +307,14 @@ def _load_tfds(name: str, tfds_dir: pathlib.Path) -> dict[str, LabeledSplit]:
     except NotImplementedError as e:
         # data_source reads only array_record/parquet; the default TFDS format
         # (tfrecord) needs TensorFlow to read.
-        return _load_tfds_tfrecord(tfds, name, tfds_dir, e)
+        splits = _load_tfds_tfrecord(tfds, name, tfds_dir, e)
+        return _dataset(name, splits, f"TFDS {name} prepared in {tfds_dir}")
     except Exception as e:  # e.g. a version TFDS cannot read, a damaged tree
         raise DatasetUnavailableError(
             f"TFDS could not open the prepared {name} in {tfds_dir}: {type(e).__name__}: {e}"
         ) from e
-    train, test = sources
-    return {"train": _read_tfds_source(train, name), "test": _read_tfds_source(test, name)}
+    splits = {split: _read_tfds_source(source, name) for split, source in zip(_SPLITS, sources)}
+    return _dataset(name, splits, f"TFDS {name} prepared in {tfds_dir}")
 
 
 def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exception):
@@ -323,7 +329,7 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exceptio
     splits = tfds.as_numpy(
         tfds.load(
             name,
-            split=["train", "test"],
+            split=list(_SPLITS),
             data_dir=os.fspath(tfds_dir),
             download=False,
             try_gcs=False,
@@ -332,7 +338,7 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exceptio
     )
     return {
         split: LabeledSplit(x=_scale_uint8_images(d["image"]), y=d["label"].astype(np.int32))
-        for split, d in zip(("train", "test"), splits)
+        for split, d in zip(_SPLITS, splits)
     }
 
 
@@ -368,21 +374,14 @@ def load_fashion_mnist(
     if data_dir is not None:
         return _load_fashion_mnist_from(_explicit_data_dir(data_dir, "Fashion-MNIST"))
     searched: list[str] = []
-    directories: list[pathlib.Path] = []
     if search_debian:
-        directories.append(pathlib.Path(DEBIAN_FASHION_MNIST_DIR))
-    for directory in directories:
-        files = _find_idx_files(directory)
-        if files is None:
-            searched.append(f"idx files in {directory}")
-            continue
-        splits = _load_fashion_mnist_idx(files)
-        return _fashion_mnist(splits, f"idx files in {directory}")
-
+        directory = pathlib.Path(DEBIAN_FASHION_MNIST_DIR)
+        if (found := _idx_dataset(directory)) is not None:
+            return found
+        searched.append(f"idx files in {directory}")
     tfds_dir = _tfds_data_dir(None)
     if _tfds_prepared(tfds_dir, "fashion_mnist"):
-        splits = _load_tfds("fashion_mnist", tfds_dir)
-        return _fashion_mnist(splits, f"TFDS fashion_mnist prepared in {tfds_dir}")
+        return _load_tfds("fashion_mnist", tfds_dir)
     searched.append(f"a prepared TFDS fashion_mnist in {tfds_dir}")
 
     raise DatasetUnavailableError(
@@ -398,27 +397,19 @@ def load_fashion_mnist(
     )
 
 
-def _fashion_mnist(splits: dict[str, LabeledSplit], source: str) -> Dataset:
-    return Dataset(
-        name="fashion_mnist",
-        train=splits["train"],
-        test=splits["test"],
-        num_classes=10,
-        source=source,
-    )
+def _dataset(name: str, splits: dict[str, LabeledSplit], source: str) -> Dataset:
+    """A built-in data set (both have 10 classes) from its train and test splits."""
+    return Dataset(name, splits["train"], splits["test"], num_classes=10, source=source)
 
 
 def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
     """Fashion-MNIST from an explicit directory only (see `load_fashion_mnist`)."""
     candidates = [base, base / "fashion-mnist", base / "fashion_mnist"]
     for directory in candidates:
-        files = _find_idx_files(directory)
-        if files is not None:
-            splits = _load_fashion_mnist_idx(files)
-            return _fashion_mnist(splits, f"idx files in {directory}")
+        if (found := _idx_dataset(directory)) is not None:
+            return found
     if _tfds_prepared(base, "fashion_mnist"):
-        splits = _load_tfds("fashion_mnist", base)
-        return _fashion_mnist(splits, f"TFDS fashion_mnist prepared in {base}")
+        return _load_tfds("fashion_mnist", base)
     # Name the files missing where most of them are (a partial copy), else in data_dir.
     closest = min(candidates, key=lambda d: len(_missing_idx_files(d)))
     raise DatasetUnavailableError(
@@ -467,14 +458,7 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = 
             + _TFDS_HINT.format(name="cifar10")
             + "."
         )
-    splits = _load_tfds("cifar10", tfds_dir)
-    return Dataset(
-        name="cifar10",
-        train=splits["train"],
-        test=splits["test"],
-        num_classes=10,
-        source=f"TFDS cifar10 prepared in {tfds_dir}",
-    )
+    return _load_tfds("cifar10", tfds_dir)
 
 
 def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:

@@ -87,6 +87,7 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,7 +96,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from fedjax_pals import _validation, models
-from fedjax_pals.data import registered_datasets
+from fedjax_pals.data import datasets as datasets_lib, registered_datasets
 
 # The method registry, with the methods that ship with the package registered.
 from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods)
@@ -316,23 +317,6 @@ def _dataset_name(value: Any) -> str:
     return _choice("dataset.name", value, tuple(_datasets()))
 
 
-_FMNIST_IDX = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-
-
-def _tfds_prepared(root: str) -> bool:
-    import glob
-
-    return bool(
-        glob.glob(os.path.join(root, "*", "dataset_info.json"))
-        or glob.glob(os.path.join(root, "*", "*", "dataset_info.json"))
-    )
-
-
 def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
     """An explicit data_dir must hold the data set: checked by a few stat calls, no loading."""
     if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
@@ -346,28 +330,14 @@ def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
             f"config.dataset.data_dir={path} {what}; give the directory that holds {name}, or "
             "leave data_dir unset (None) to search the usual places."
         )
+    # The loaders' own file checks (`fedjax_pals.data.datasets`), without reading the files.
+    base = pathlib.Path(path)
     if name == "fashion_mnist":
-        for directory in (
-            path,
-            os.path.join(path, "fashion-mnist"),
-            os.path.join(path, "fashion_mnist"),
-        ):
-            if all(
-                os.path.isfile(os.path.join(directory, stem))
-                or os.path.isfile(os.path.join(directory, stem + ".gz"))
-                for stem in _FMNIST_IDX
-            ):
-                return path
-        if _tfds_prepared(os.path.join(path, "fashion_mnist")):
+        subdirs = (base, base / "fashion-mnist", base / "fashion_mnist")
+        found = any(datasets_lib._find_idx_files(d) for d in subdirs)
+        if found or datasets_lib._tfds_prepared(base, "fashion_mnist"):
             return path
-        missing = [
-            stem + "[.gz]"
-            for stem in _FMNIST_IDX
-            if not (
-                os.path.isfile(os.path.join(path, stem))
-                or os.path.isfile(os.path.join(path, stem + ".gz"))
-            )
-        ]
+        missing = datasets_lib._missing_idx_files(base)
         raise ConfigError(
             f"config.dataset.data_dir={path} does not hold Fashion-MNIST: missing the idx "
             f"file(s) {missing} (looked in it and in its fashion-mnist/ and fashion_mnist/ "
@@ -375,7 +345,7 @@ def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
             "dataset_info.json). Put the four official idx files there, or leave data_dir unset "
             "to use /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)."
         )
-    if name == "cifar10" and not download and not _tfds_prepared(os.path.join(path, "cifar10")):
+    if name == "cifar10" and not download and not datasets_lib._tfds_prepared(base, "cifar10"):
         raise ConfigError(
             f"config.dataset.data_dir={path} does not hold CIFAR-10: no prepared TFDS copy "
             f"{path}/cifar10/<version>/dataset_info.json. Prepare it with TensorFlow Datasets "
