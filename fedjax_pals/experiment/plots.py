@@ -167,6 +167,16 @@ def _title(ax, title: str) -> None:
     ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)
 
 
+def _finish(fig, ax, path: str, title: str, grid: str = "both", **legend) -> None:
+    """The end every one-panel figure shares: title, grid, legend, then saved and closed."""
+    _title(ax, title)
+    ax.grid(alpha=0.3, axis=grid)
+    ax.legend(**legend)
+    fig.tight_layout()
+    _save(fig, path)
+    _pyplot().close(fig)
+
+
 def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) -> None:
     """Target accuracy per round: test solid, validation dotted, one colour per curve.
 
@@ -184,8 +194,7 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    fig, ax = _pyplot().subplots(figsize=(8.0, 4.2))
     handles = []
     seeds = []
     band_alpha = 0.15 if len(curves) <= 3 else 0.07  # many bands stay readable
@@ -222,12 +231,16 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
-    _title(ax, title)
-    ax.grid(alpha=0.3)
-    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(
+        fig,
+        ax,
+        path,
+        title,
+        handles=handles,
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
 
 
 def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -243,14 +256,9 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     path = _check_path(path)
     if not table_rows:
         raise ValueError("table_rows is empty: give at least one row.")
-    methods: list[str] = []
-    for row in table_rows:
-        for method in row["cells"]:
-            if method not in methods:
-                methods.append(method)
-    plt = _pyplot()
+    methods = list(dict.fromkeys(method for row in table_rows for method in row["cells"]))
     width = max(6.0, 1.2 + 0.45 * len(methods) * len(table_rows))
-    fig, ax = plt.subplots(figsize=(min(width, 16.0), 4.2))
+    fig, ax = _pyplot().subplots(figsize=(min(width, 16.0), 4.2))
     spread = 0.8 / max(len(methods), 1)
     seeds = []
     for m, method in enumerate(methods):
@@ -291,12 +299,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     ax.set_xticks(range(len(table_rows)))
     ax.set_xticklabels([str(row["row"]) for row in table_rows], fontsize=8)
     ax.set_ylabel("target test accuracy (%)")
-    _title(ax, title)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, title, "y", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def plot_weights_vs_ess(
@@ -331,8 +334,7 @@ def plot_weights_vs_ess(
             )
     fedavg = sizes / sizes.sum() if fedavg is None else np.asarray(fedavg, dtype=float)
     order = np.argsort(-sizes, kind="stable")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * sizes.size + 2), 3.8))
+    fig, ax = _pyplot().subplots(figsize=(max(5.0, 0.5 * sizes.size + 2), 3.8))
     width = 0.8 / len(alphas_by_label)
     positions = np.arange(sizes.size)
     for index, (label, alpha) in enumerate(alphas_by_label.items()):
@@ -360,12 +362,7 @@ def plot_weights_vs_ess(
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
     ax.set_xlabel("client (sorted by size, largest first)")
     ax.set_ylabel("aggregation weight")
-    _title(ax, title)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, title, "y", fontsize=8)
 
 
 def plot_accuracy_vs_distance(
@@ -381,8 +378,7 @@ def plot_accuracy_vs_distance(
     path = _check_path(path)
     if not points:
         raise ValueError("points is empty: give at least one method.")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    fig, ax = _pyplot().subplots(figsize=(5.6, 3.8))
     seeds = []
     for method, series in points.items():
         series = sorted(series, key=lambda p: p["projection_distance"])
@@ -394,12 +390,7 @@ def plot_accuracy_vs_distance(
     _seeds_entry(ax, seeds)
     ax.set_xlabel(axis_label("projection_distance"))
     ax.set_ylabel("target accuracy (%)")
-    _title(ax, title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, title, fontsize=8)
 
 
 def plot_accuracy_vs_axis(
@@ -425,8 +416,7 @@ def plot_accuracy_vs_axis(
     xs = [p["x"] for points in series.values() for p in points if p["x"] is not None]
     if not xs:
         raise ValueError("series has no point with a numeric x.")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.0))
     seeds = []
     for label, points in series.items():
         style = method_style(label)
@@ -457,12 +447,7 @@ def plot_accuracy_vs_axis(
         ax.set_xscale("log")
     ax.set_xlabel(x_label)
     ax.set_ylabel("target accuracy (%)")
-    _title(ax, title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, title, fontsize=7)
 
 
 def plot_lambda_trajectories(
@@ -478,8 +463,7 @@ def plot_lambda_trajectories(
     path = _check_path(path)
     if not trajectories:
         raise ValueError("trajectories is empty: give at least one run.")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    fig, ax = _pyplot().subplots(figsize=(5.6, 3.8))
     for index, (label, lams) in enumerate(trajectories.items()):
         lams = np.asarray(lams, dtype=float)
         if lams.ndim != 1 or lams.size == 0 or not np.all(lams > 0):
@@ -488,12 +472,7 @@ def plot_lambda_trajectories(
     ax.set_yscale("log")
     ax.set_xlabel("round")
     ax.set_ylabel(axis_label("lam"))
-    _title(ax, title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    _finish(fig, ax, path, title, fontsize=7, ncol=2)
 
 
 def plot_label_distributions(
