@@ -120,9 +120,9 @@ def protocol_grid() -> "ml_collections.ConfigDict":
       end "unreachable", not eligible).
     * Learning rate, every method: 0.1, 0.01, 0.001 (decades below plain SGD's usual 0.1 for a
       LeNet; the paper tunes "model hyperparameters" without listing them).
-    * Every registered method's own grid (`Method.grid`; the built-in ones and their
-      sources are in each method's module, algorithms/<method>.py): FedProx' mu, SCAFFOLD's eta_g, AFL's step,
-      FedRS' alpha.
+    * Every registered method's own grid (`Method.grid`; the built-in ones and their sources
+      are in each method's module, algorithms/<method>.py): FedProx' mu, SCAFFOLD's eta_g,
+      AFL's step, FedRS' alpha.
     """
     import ml_collections
 
@@ -256,11 +256,6 @@ def best_val_point(results: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    array = np.asarray(values, dtype=float)
-    return float(array.mean()), float(array.std())
-
-
 def _group(records: Iterable[RunRecord]):
     """{row: {method: {hparams: {seed: record}}}} keeping first-seen order at every level."""
     grouped: dict = {}
@@ -309,24 +304,19 @@ def select_method(
         candidates.append(
             {"hparams": [list(kv) for kv in h], "mean_val": mean_val, "eligible": eligible}
         )
+    # max() keeps the first of equal maxima: ties go to the earliest grid point.
     chosen: list[tuple[int, tuple]] = []
     if selection == "mean_over_seeds":
-        best = None
-        for h, candidate in zip(points, candidates):
-            if candidate["eligible"] and (best is None or candidate["mean_val"] > best[1]):
-                best = (h, candidate["mean_val"])
-        if best is not None:
-            chosen = [(s, best[0]) for s in seeds]
+        mean_val = {h: c["mean_val"] for h, c in zip(points, candidates) if c["eligible"]}
+        if mean_val:
+            chosen = [(s, max(mean_val, key=mean_val.get)) for s in seeds]
     else:
         for s in seeds:
-            best = None
-            for h, by_seed in points.items():
-                if s in by_seed and (best is None or by_seed[s]["val_accuracy"] > best[1]):
-                    best = (h, by_seed[s]["val_accuracy"])
-            if best is None:
+            having = [h for h, by_seed in points.items() if s in by_seed]
+            if not having:
                 chosen = []
                 break
-            chosen.append((s, best[0]))
+            chosen.append((s, max(having, key=lambda h: points[h][s]["val_accuracy"])))
     if not chosen:
         return {"selected": None, "per_seed": [], "candidates": candidates}
     per_seed = [{"seed": s, "hparams": [list(kv) for kv in h], **points[h][s]} for s, h in chosen]
@@ -340,8 +330,8 @@ def select_method(
         "candidates": candidates,
     }
     for metric in ("target_accuracy", "target_macro_f1", "val_accuracy"):
-        mean, std = _mean_std([row[metric] for row in per_seed])
-        out[metric] = {"mean": mean, "std": std, "n": len(per_seed)}
+        values = np.asarray([row[metric] for row in per_seed], dtype=float)
+        out[metric] = {"mean": float(values.mean()), "std": float(values.std()), "n": len(per_seed)}
     return out
 
 
