@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals.algorithms import TargetReestimation, lam_report
+from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.engine_record import engine_segments
@@ -47,18 +48,10 @@ from fedjax_pals.training import (
 
 def _sync(name: str) -> None:
     """A barrier across processes (a no-op in a single-process run)."""
-    import jax
-
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-def _resolved_backend(backend: str, model) -> str:
-    from fedjax_pals import engine
-
-    return engine.resolve_backend(backend, model)
 
 
 def _read_results(path: str) -> dict | None:
@@ -85,6 +78,12 @@ CHARTS = {
 }
 # Per-client (per-class) scalars of alpha (of T's estimate) for at most this many clients.
 PER_CLIENT_SCALARS = 20
+
+
+def _indexed(prefix: str, values) -> dict:
+    """{f"{prefix}_{i}": v}, i zero-padded so that the scalars sort in index order."""
+    width = len(str(len(values) - 1))
+    return {f"{prefix}_{i:0{width}d}": v for i, v in enumerate(values)}
 
 
 class _PreparedRun:
@@ -128,7 +127,7 @@ class _PreparedRun:
             stack.callback(checkpointer.close)
             start_round = checkpointer.check_identity() or 0
             summary = task_summary(task)
-            self.backend = _resolved_backend(resolved.engine.backend, task.model)
+            self.backend = resolve_backend(resolved.engine.backend, task.model)
             rounds = resolved.training.rounds
             self.title = f"{resolved.algorithm.name} on {task.partition.description}"
             segments, engine_warning = engine_segments(
@@ -229,8 +228,7 @@ class _PreparedRun:
         self.writer.write_histogram(done, "server/alpha", alpha)
         scalars = {"server/ess": float(1.0 / np.sum(alpha * alpha / sizes))}
         if len(alpha) <= PER_CLIENT_SCALARS:
-            width = len(str(len(alpha) - 1))
-            scalars.update({f"server/alpha/client_{i:0{width}d}": a for i, a in enumerate(alpha)})
+            scalars.update(_indexed("server/alpha/client", alpha))
         return scalars
 
     def _server_scalars(self) -> dict:
@@ -249,21 +247,20 @@ class _PreparedRun:
         if self.reestimation is not None:
             from fedjax_pals.server_weights import projection_distance
 
-            estimate = np.asarray(self.reestimation.current(jax.device_get(state)), np.float64)
-            truth = np.asarray(self.task.partition.target_label_dist, np.float64)
+            estimate, error = self._target_estimate(jax.device_get(state))
             distance = float(projection_distance(self.task.partition.client_label_dists, estimate))
-            scalars["server/target_estimate_l1_error"] = float(np.abs(estimate - truth).sum())
+            scalars["server/target_estimate_l1_error"] = error
             if estimate.size <= PER_CLIENT_SCALARS:
-                width = len(str(estimate.size - 1))
-                scalars.update(
-                    {
-                        f"server/target_estimate/class_{k:0{width}d}": v
-                        for k, v in enumerate(estimate)
-                    }
-                )
+                scalars.update(_indexed("server/target_estimate/class", estimate))
         if distance is not None:
             scalars["server/projection_distance"] = float(distance)
         return scalars
+
+    def _target_estimate(self, state) -> tuple[np.ndarray, float]:
+        """The server's estimate of T (T unknown) and its L1 distance to the true T."""
+        estimate = np.asarray(self.reestimation.current(state), np.float64)
+        truth = np.asarray(self.task.partition.target_label_dist, np.float64)
+        return estimate, float(np.abs(estimate - truth).sum())
 
     def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         self.writer.write_scalars(
@@ -293,10 +290,9 @@ class _PreparedRun:
             if isinstance(state.algorithm_state, dict) and "lam_history" in state.algorithm_state:
                 results.update(lam_report(jax.device_get(state)))  # adaptive lambda
             if self.reestimation is not None:  # T unknown: the server's last estimate of it
-                estimate = np.asarray(self.reestimation.current(state), np.float64)
-                truth = np.asarray(self.task.partition.target_label_dist, np.float64)
+                estimate, error = self._target_estimate(state)
                 results["target_estimate"] = estimate.tolist()
-                results["target_estimate_l1_error"] = float(np.abs(estimate - truth).sum())
+                results["target_estimate_l1_error"] = error
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
