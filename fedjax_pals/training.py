@@ -55,8 +55,8 @@ def sample_participants(
 
     Depends only on (seed, round_index): reproducible, and independent of what
     happened in earlier rounds. None or num_clients means every client. Up to
-    `PERMUTATION_SAMPLING_MAX_CLIENTS` clients the sample is drawn as it always
-    was (a random permutation of all M ids, O(M log M)); above, in O(m).
+    `PERMUTATION_SAMPLING_MAX_CLIENTS` clients the sample is a random permutation's
+    prefix (O(M log M)); above, it is drawn in O(m).
     """
     if clients_per_round is None:
         return np.arange(num_clients, dtype=np.int32)
@@ -76,18 +76,14 @@ def sample_participants(
             jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
         )
         return np.asarray(_choose_by_permutation(key, num_clients, clients_per_round))
-    # O(m) for m << M (NumPy's Generator.choice without replacement draws by Floyd's
-    # algorithm when m <= M / 50, else permutes M ids in C, ~1 ms at M = 10^5).
+    # O(m) for m << M (Generator.choice draws by Floyd's algorithm when m <= M / 50).
     rng = np.random.default_rng([_SAMPLING_STREAM, int(seed), int(round_index)])
     return np.sort(rng.choice(num_clients, clients_per_round, replace=False)).astype(np.int32)
 
 
 # Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
-# `choice` without replacement), as it always was: the same seed gives the same clients as in
-# every run recorded so far (the paper's configurations have M <= 100). The permutation sorts
-# M keys, O(M log M) per round: ~2 ms at M = 1,000, 11-29 ms at 10^4 and 180 ms at 10^5 on
-# this 2-core CPU, against ~1 s of training for 100 LeNet clients. Above it, clients are
-# drawn by `np.random.Generator.choice` (O(m); under 1 ms at M = 10^5 or 10^6).
+# `choice` without replacement), so the same seed gives the same clients as in every run
+# recorded so far; above it, `np.random.Generator.choice` (O(m); timings in BUILD_NOTES.md).
 PERMUTATION_SAMPLING_MAX_CLIENTS = 4096
 
 
@@ -224,19 +220,15 @@ class TrainingRun:
         self.checkpointer = checkpointer
         self.on_evaluation, self.on_round = on_evaluation, on_round
         self.update_state = update_state
+
+        def evaluator(split, indices):
+            return make_evaluator(
+                model.apply, split.x[indices], split.y[indices], model.num_classes
+            )
+
         self.evaluators = {
-            "val": make_evaluator(
-                model.apply,
-                dataset.train.x[partition.target_val_indices],
-                dataset.train.y[partition.target_val_indices],
-                model.num_classes,
-            ),
-            "test": make_evaluator(
-                model.apply,
-                dataset.test.x[partition.target_test_indices],
-                dataset.test.y[partition.target_test_indices],
-                model.num_classes,
-            ),
+            "val": evaluator(dataset.train, partition.target_val_indices),
+            "test": evaluator(dataset.test, partition.target_test_indices),
         }
         root = jax.random.PRNGKey(seed)
         self._round_root = jax.random.fold_in(root, _ROUND_STREAM)
@@ -418,23 +410,10 @@ def run_trainings(
     if not runs:
         return []
     first = runs[0]
-    engine = round_engine(
-        first.algorithm,
-        first.model,
-        first.training,
-        backend=backend,
-        chunk_size=chunk_size,
-        mesh=mesh,
-    )
+    options = dict(backend=backend, chunk_size=chunk_size, mesh=mesh)
+    engine = round_engine(first.algorithm, first.model, first.training, **options)
     for index, run in enumerate(runs[1:], 1):
-        other = round_engine(
-            run.algorithm,
-            run.model,
-            run.training,
-            backend=backend,
-            chunk_size=chunk_size,
-            mesh=mesh,
-        )
+        other = round_engine(run.algorithm, run.model, run.training, **options)
         if other is not engine or run.lockstep_key() != first.lockstep_key():
             raise ValueError(
                 f"run {index} cannot train in lockstep with run 0: the runs of one "

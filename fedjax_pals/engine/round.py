@@ -38,7 +38,7 @@ from fedjax_pals.models import Model
 
 # A traced round splits its clients over a mesh of D devices only from this many clients per
 # device: below it, one device's work is too small to pay for the split and the all-reduce
-# (logistic regression, 2 host devices: 100 clients ran 1.4x slower split, 1000 1.6x faster).
+# (BUILD_NOTES.md).
 MIN_CLIENTS_PER_DEVICE = 128
 
 
@@ -152,8 +152,8 @@ class RoundEngine:
         plan = make_plan(self.training, data, state, participants, key)
         m = participants.shape[0]
         if self.mesh.size > 1 and m < self.min_clients_per_device * self.mesh.size:
-            # Too few clients to pay for splitting them and the all-reduce (BUILD_NOTES.md):
-            # every device computes the whole round on its replica.
+            # Too few clients to split (MIN_CLIENTS_PER_DEVICE): every device computes the
+            # whole round on its replica.
             outputs = self.backend.map_clients(self.update, data, state, plan)
             return self._aggregate(state, plan, outputs)
         clients = mesh_lib.clients_sharding(self.mesh)
@@ -163,9 +163,8 @@ class RoundEngine:
         return self._aggregate(state, plan, outputs)
 
     def _single_round(self, data: DeviceData, state: ServerState, participants, key):
-        """One run's round as one program, without a runs axis: vmapped over a runs axis
-        of 1, FedPALS' solve ran 30x slower (115-160 ms against 4 ms for 20 clients on
-        this CPU: its while loops and LAPACK calls batched)."""
+        """One run's round as one program, without a runs axis: vmapped over a runs axis of 1,
+        FedPALS' solve runs far slower (see `_aggregate_runs`)."""
         return self._round(data, state, participants, key)
 
     def _aggregate_runs(self, states, plans, participants, outputs: ClientOutputs):
