@@ -258,6 +258,15 @@ class Checkpointer:
             f"afresh: {self.remedy}."
         )
 
+    def _read(self, step: int, **items) -> dict:
+        """{name: item} of checkpoint `step` (items: orbax restore args by name); raises
+        CheckpointError for one that cannot be read."""
+        try:
+            restored = self._mgr().restore(step, args=self._ocp().args.Composite(**items))
+            return {name: restored[name] for name in items}
+        except Exception as error:
+            raise self._unreadable(step, error) from None
+
     # -- queries -----------------------------------------------------------------------------
 
     def steps(self) -> list[int]:
@@ -283,14 +292,7 @@ class Checkpointer:
         step = self.latest_round() if step is None else step
         if step is None:
             return None
-        ocp = self._ocp()
-        try:
-            restored = self._mgr().restore(
-                step, args=ocp.args.Composite(identity=ocp.args.JsonRestore())
-            )
-            identity = restored.identity
-        except Exception as error:
-            raise self._unreadable(step, error) from None
+        identity = self._read(step, identity=self._ocp().args.JsonRestore())["identity"]
         if not isinstance(identity, dict):
             raise self._unreadable(step, TypeError(f"identity is {type(identity).__name__}"))
         return identity
@@ -314,20 +316,18 @@ class Checkpointer:
 
     def _damage(self, step: int) -> CheckpointError | None:
         """None if every item of checkpoint `step` can be read, else the error saying why."""
-        ocp = self._ocp()
+        args = self._ocp().args
         try:
-            restored = self._mgr().restore(
+            restored = self._read(
                 step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(),
-                    history=ocp.args.JsonRestore(),
-                    identity=ocp.args.JsonRestore(),
-                ),
+                state=args.StandardRestore(),
+                history=args.JsonRestore(),
+                identity=args.JsonRestore(),
             )
-            if not isinstance(restored.identity, dict) or not isinstance(restored.history, dict):
-                raise TypeError("identity or history is not a mapping")
-        except Exception as error:  # noqa: BLE001 - reported as the checkpoint's damage
-            return self._unreadable(step, error)
+        except CheckpointError as error:
+            return error
+        if not isinstance(restored["identity"], dict) or not isinstance(restored["history"], dict):
+            return self._unreadable(step, TypeError("identity or history is not a mapping"))
         return None
 
     def fall_back_to_intact(self) -> str | None:
@@ -395,21 +395,17 @@ class Checkpointer:
                 f"there is no checkpoint of round {step} in {self.directory} (kept: "
                 f"{', '.join(map(str, self.steps()))})."
             )
-        ocp = self._ocp()
+        args = self._ocp().args
         full_template_dict = flax.serialization.to_state_dict(jax.device_get(template))
         template_dict = _without_empty_opt_state(full_template_dict)
+        restored = self._read(
+            step, state=args.StandardRestore(template_dict), history=args.JsonRestore()
+        )
         try:
-            restored = self._mgr().restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(template_dict),
-                    history=ocp.args.JsonRestore(),
-                ),
-            )
             state = flax.serialization.from_state_dict(
-                template, {**full_template_dict, **restored.state}
+                template, {**full_template_dict, **restored["state"]}
             )
-            history = TrainingHistory(**restored.history)
+            history = TrainingHistory(**restored["history"])
         except Exception as error:
             raise self._unreadable(step, error) from None
         template_leaves, treedef = jax.tree_util.tree_flatten(template)

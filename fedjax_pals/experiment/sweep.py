@@ -79,7 +79,7 @@ from fedjax_pals.experiment import train as train_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import protocol as protocol_lib
 from fedjax_pals.experiment.progress import Progress
-from fedjax_pals.experiment.workdir import WorkdirLockedError, write_json
+from fedjax_pals.experiment.workdir import RESULTS_FILE, WorkdirLockedError, write_json
 from fedjax_pals.runtime import is_main_process
 
 ConfigError = config_lib.ConfigError
@@ -457,17 +457,6 @@ def expand_sweep(config: Any) -> list[tuple[str, ml_collections.ConfigDict]]:
 # -- execution --------------------------------------------------------------------------------
 
 
-def _read_results(run_dir: str) -> dict | None:
-    path = os.path.join(run_dir, "results.json")
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _finished(run: SweepRun, results: Mapping[str, Any] | None) -> bool:
     return (
         results is not None
@@ -582,7 +571,7 @@ def run_sweep(
         )
     try:
         run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
-        previous = [_read_results(d) for d in run_dirs]
+        previous = [train_lib._read_results(os.path.join(d, RESULTS_FILE)) for d in run_dirs]
         if not overwrite:
             foreign = [
                 (run, results)

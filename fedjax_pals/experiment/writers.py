@@ -231,10 +231,7 @@ class MetricWriter:
         if not isinstance(scalars, Mapping):
             raise TypeError(f"scalars must be a mapping name -> number, got {scalars!r}.")
         values = {name: _scalar(name, value) for name, value in scalars.items()}
-        self._check_open()
-        self._check_step_order(step)
-        if not self.enabled:
-            self._last_step = step
+        if not self._begin(step):
             return
         self._log(step, values)
         if self._mlflow is not None:
@@ -260,10 +257,7 @@ class MetricWriter:
         array = np.asarray(values, np.float64).ravel()
         if array.size == 0:
             raise ValueError(f"histogram {name!r} has no values.")
-        self._check_open()
-        self._check_step_order(step)
-        if not self.enabled:
-            self._last_step = step
+        if not self._begin(step):
             return
         self._log(step, {name: array.tolist()})
         self._writer().add_histogram(name, array, step)
@@ -275,11 +269,16 @@ class MetricWriter:
             layout = {title: {chart: ["Multiline", list(tags)] for chart, tags in charts.items()}}
             self._writer().add_custom_scalars(layout)
 
-    def _check_step_order(self, step: int) -> None:
+    def _begin(self, step: int) -> bool:
+        """Checks a write at `step`; False when this writer is disabled (it only keeps the step)."""
+        self._check_open()
         if self._last_step is not None and step < self._last_step:
             raise ValueError(
                 f"step must not decrease within a run: got {step} after {self._last_step}."
             )
+        if not self.enabled:
+            self._last_step = step
+        return self.enabled
 
     def _log(self, step: int, values: Mapping[str, Any]) -> None:
         """One JSONL line (rewinding the logs at a writer's first step)."""
@@ -292,26 +291,19 @@ class MetricWriter:
         self._file.flush()
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-        if self._csv is not None:
-            self._csv.flush()
-        if self._tb is not None:
-            self._tb.flush()
+        for handle in (self._file, self._csv, self._tb):
+            if handle is not None:
+                handle.flush()
 
     def close(self) -> None:
         if self._closed:
             return
         self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._csv is not None:
-            self._csv.close()
-            self._csv = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        for attribute in ("_file", "_csv", "_tb"):
+            handle = getattr(self, attribute)
+            if handle is not None:
+                handle.close()
+                setattr(self, attribute, None)
         if self._mlflow is not None:
             self._mlflow.close()
         self._closed = True
