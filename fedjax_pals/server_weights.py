@@ -28,9 +28,8 @@ from fedjax_pals import _linalg, _validation
 
 # The solve (see _solve_fedpals): semismooth Newton on eq. 8's K-dimensional dual picks
 # the face, and a primal active-set method of exact face steps (_active_set) finishes it
-# to float32 rounding. See BUILD_NOTES.md. fedpals_weights still accepts and checks
-# max_iter and tol, the settings of the projected-gradient certificate this replaced
-# (issue 18); they no longer change the result.
+# to float32 rounding (BUILD_NOTES.md). fedpals_weights still checks max_iter and tol, but
+# they no longer change the result.
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-7
 # _active_set: at most this many clients join the dual phase's face (it is normally right,

@@ -169,7 +169,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         sizes = np.asarray(partition.client_sizes, np.float64)
         target = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
 
-    server_dists = None
+    server_dists = None  # the S_i the server's weights see: exact, or the DP release
     if a.label_dp_epsilon is not None:
         # The clients release S_i(Y) through a DP mechanism once; the server's weights and the
         # ESS search use the release (post-processing), local training the exact counts.
@@ -180,17 +180,13 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
             jax.random.fold_in(jax.random.PRNGKey(config.seed), _LABEL_DP_STREAM),
             delta=a.label_dp_delta,
         )
+    weight_dists = partition.client_label_dists if server_dists is None else server_dists
     lam = a.lam
     adaptive = a.lam_schedule == "hypergradient"
     if a.ess_fraction is not None:
         try:
             lam = float(
-                lambda_for_ess(
-                    partition.client_label_dists if server_dists is None else server_dists,
-                    target,
-                    partition.client_sizes,
-                    a.ess_fraction,
-                )
+                lambda_for_ess(weight_dists, target, partition.client_sizes, a.ess_fraction)
             )
         except ValueError as error:
             if not (adaptive and "out of range" in str(error)):
@@ -219,7 +215,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         val = partition.target_val_indices
         algorithm = adaptive_fedpals(
             target,
-            partition.client_label_dists if server_dists is None else server_dists,
+            weight_dists,
             partition.client_sizes,
             lam,
             model.apply,

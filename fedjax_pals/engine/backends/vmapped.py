@@ -75,9 +75,8 @@ class VmapChunked:
     traceable: bool = True
 
     def __post_init__(self):
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int):
-            raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}.")
-        if self.chunk_size < 1:
+        size = self.chunk_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1, got {self.chunk_size!r}.")
 
     def client_multiple(self, num_devices: int) -> int:
