@@ -7,7 +7,8 @@ step per batch), each device configuration in child processes of its own;
 see `bench.run_benchmark` for what is measured and how. Writes JSON (rows with
 model, num_clients, backend (= strategy), devices, processes, runs,
 is_default, client_steps_per_s, speedup_vs_baseline, compile seconds, peak
-RSS, machine load) and prints a Markdown table.
+RSS, machine load; fraction_of_ceiling on the default rows: their client-steps/s over the
+bare step's on the same host devices) and prints a Markdown table.
 
 Usage:
   python -m experiments.benchmark
@@ -44,6 +45,12 @@ _PROCESSES = flags.DEFINE_list("processes", ["1"], "Numbers of local JAX process
 _RUNS = flags.DEFINE_list("runs", ["1"], "Numbers of runs trained together (runs axis).")
 _BASELINE = flags.DEFINE_boolean(
     "baseline", True, "Also time the plain per-client loop (the ratio's reference)."
+)
+_CEILING = flags.DEFINE_boolean(
+    "ceiling",
+    True,
+    "Also time the bare step on the 'auto' host devices (the machine's ceiling; default rows "
+    "report fraction_of_ceiling).",
 )
 _EXAMPLES = flags.DEFINE_integer("examples_per_client", 64, "Examples per client.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Local minibatch size.")
@@ -101,6 +108,7 @@ def main(argv):
             processes=_PROCESSES.value,
             runs=_RUNS.value,
             baseline=_BASELINE.value,
+            ceiling=_CEILING.value,
         )
     except ValueError as e:
         raise app.UsageError(str(e)) from None

@@ -37,6 +37,13 @@ seconds of the whole machine from /proc/stat, minus the case's own processes',
 per second of the timed rounds together). `speedup_vs_baseline` = case
 client-steps/s / baseline client-steps/s for the same (model, M) (for runs = 1:
 baseline s/round / case s/round); > 1 is faster than the loop.
+
+The *ceiling* (`CEILING`, device setting 'auto'): the baseline's bare jitted step with
+nothing around it (no schedule, no aggregation, data and params placed beforehand), the
+round's client steps dealt round-robin to the host devices and dispatched alternately from
+one thread. It is what the machine's cores give for this step, whatever drives them; every
+default row reports `fraction_of_ceiling` = its client-steps/s / the ceiling's at the same
+(model, M).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ from experiments import memory
 
 BASELINE = "baseline_loop"
 """The name of the plain-loop reference in the `backend` column."""
+CEILING = "ceiling"
+"""The bare step on the host devices, no round around it: the machine's ceiling for the step."""
 INPUT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 MODELS = ("lenet", "logistic_regression")
@@ -190,6 +199,10 @@ class BenchmarkCase:
         return self.backend == BASELINE
 
     @property
+    def is_ceiling(self) -> bool:
+        return self.backend == CEILING
+
+    @property
     def device_config(self) -> tuple[str | int, int]:
         """What must be set at process start: cases sharing it share child processes."""
         return (self.devices, self.processes)
@@ -247,13 +260,15 @@ def benchmark_cases(
     processes: Sequence[int] = (1,),
     runs: Sequence[int] = (1,),
     baseline: bool = True,
+    ceiling: bool = False,
 ) -> list[BenchmarkCase]:
     """The cases of a benchmark, in measuring order.
 
-    For every M (ascending) and model: the baseline first (if `baseline`), then the
-    product backends x devices x processes x runs. `backends` are names of
-    `available_backends()` or 'auto' (the engine's own choice). The baseline is
-    always one process with JAX's default settings and one run.
+    For every M (ascending) and model: the baseline first (if `baseline`), the ceiling
+    (if `ceiling`), then the product backends x devices x processes x runs. `backends`
+    are names of `available_backends()` or 'auto' (the engine's own choice). The
+    baseline is always one process with JAX's default settings and one run; the
+    ceiling one process on the 'auto' device setting.
     """
     models = list(models)
     if not models:
@@ -270,8 +285,8 @@ def benchmark_cases(
     device_settings = [parse_devices(d) for d in devices]
     process_counts = _positive_ints("processes", processes)
     run_counts = _positive_ints("runs", runs)
-    if not (baseline or backends):
-        raise ValueError("nothing to measure: no backends and baseline=False.")
+    if not (baseline or ceiling or backends):
+        raise ValueError("nothing to measure: no backends, baseline=False and ceiling=False.")
     for d in device_settings:
         if d == DEFAULT_DEVICES and any(p > 1 for p in process_counts):
             raise ValueError(
@@ -283,6 +298,8 @@ def benchmark_cases(
         for model in models:
             if baseline:
                 cases.append(BenchmarkCase(model, m, BASELINE, DEFAULT_DEVICES, 1, 1))
+            if ceiling:
+                cases.append(BenchmarkCase(model, m, CEILING, AUTO_DEVICES, 1, 1))
             for b in backends:
                 for d in device_settings:
                     for p in process_counts:
@@ -404,10 +421,12 @@ def summarize_case(
 
 
 def add_speedups(records: list[dict]) -> list[dict]:
-    """Sets `speedup_vs_baseline` on every ok row: its client-steps/s over the baseline's.
+    """Sets `speedup_vs_baseline` and, on default rows, `fraction_of_ceiling`.
 
-    The baseline is the ok `BASELINE` row of the same (model, M); for one run this is
-    baseline s/round / case s/round. Rows without a baseline get None.
+    `speedup_vs_baseline`: a row's client-steps/s over the ok `BASELINE` row's of the same
+    (model, M); for one run this is baseline s/round / case s/round. Rows without a
+    baseline get None. `fraction_of_ceiling`: a default row's client-steps/s over the ok
+    `CEILING` row's of the same (model, M); None on every other row.
     """
     baseline = {
         (r["model"], r["num_clients"]): r
@@ -421,6 +440,17 @@ def add_speedups(records: list[dict]) -> list[dict]:
             r["baseline_steady_round_s"] = base["steady_round_s"]
         else:
             r["speedup_vs_baseline"] = None
+    ceiling = {
+        (r["model"], r["num_clients"]): r
+        for r in records
+        if r["backend"] == CEILING and r["status"] == "ok"
+    }
+    for r in records:
+        top = ceiling.get((r["model"], r["num_clients"]))
+        ok = r["status"] == "ok" and r.get("is_default") and top is not None
+        r["fraction_of_ceiling"] = (
+            r["client_steps_per_s"] / top["client_steps_per_s"] if ok else None
+        )
     return records
 
 
@@ -462,10 +492,10 @@ def markdown_table(records: Sequence[dict]) -> str:
     """The rows as a Markdown table ('vs loop' = speedup_vs_baseline)."""
     header = (
         "| model | M | backend | devices | procs | runs | compile+1st round (s) | "
-        "of which compile (s) | steady s/round | client-steps/s | vs loop | peak RSS (MiB) | "
-        "load 1m | others' CPU (cores) |"
+        "of which compile (s) | steady s/round | client-steps/s | vs loop | of ceiling | "
+        "peak RSS (MiB) | load 1m | others' CPU (cores) |"
     )
-    lines = [header, "|" + "---|" * 14]
+    lines = [header, "|" + "---|" * 15]
     for r in records:
         name = r["backend"] + (" (default)" if r.get("is_default") else "")
         devices = r.get("devices") or r.get("devices_setting")
@@ -476,18 +506,20 @@ def markdown_table(records: Sequence[dict]) -> str:
         if r["status"] == "skipped":
             lines.append(
                 f"{head} skipped (est. {_fmt(r['predicted_case_s'])}s, "
-                f"~{_fmt(r['predicted_round_s'])}s/round) | | | | | | | |"
+                f"~{_fmt(r['predicted_round_s'])}s/round) | | | | | | | | |"
             )
             continue
         if r["status"] != "ok":
-            lines.append(f"{head} {r['status']}: {r.get('error', '')[:60]} | | | | | | | |")
+            lines.append(f"{head} {r['status']}: {r.get('error', '')[:60]} | | | | | | | | |")
             continue
         ratio = r.get("speedup_vs_baseline")
+        of_ceiling = r.get("fraction_of_ceiling")
         load = r.get("load_average_at_start") or [None]
         lines.append(
             f"{head} {_fmt(r['compile_plus_first_round_s'])} | {_fmt(r['compile_s'])} | "
             f"{_fmt(r['steady_round_s'])} | {_fmt(r['client_steps_per_s'])} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {_fmt(r['peak_rss_mib'])} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if of_ceiling is None else f'{of_ceiling:.2f}'} | {_fmt(r['peak_rss_mib'])} | "
             f"{_fmt(load[0])} | {_fmt(r.get('foreign_cpu_cores'), 2)} |"
         )
     return "\n".join(lines)
@@ -706,6 +738,55 @@ class BaselineLoop:
         return local
 
 
+class CeilingLoop:
+    """The machine's ceiling for the step: the baseline's jitted step and nothing else.
+
+    Each local device holds its own copy of the data and of every client's batch indices
+    (one data order, drawn once) before any round; a round deals its participants
+    round-robin to the devices and dispatches their steps alternately to the devices from
+    one thread, one step per call, the step's outputs fed straight back. No schedule, no
+    aggregation, no result buffers: what the cores give for this step, whatever drives them.
+    """
+
+    def __init__(self, model: "fjp.Model", training: "fjp.LocalTraining", data, key):
+        import jax
+
+        self._loop = loop = BaselineLoop(model, training)
+        everyone = jax.numpy.arange(data.client_indices.shape[0], dtype=jax.numpy.int32)
+        batches, _ = loop._schedule(data.client_indices, data.client_sizes, everyone, key)
+        self._devices = jax.local_devices()
+        self._placed = jax.block_until_ready(
+            [jax.device_put((data.train_x, data.train_y, batches), d) for d in self._devices]
+        )
+
+    def run_round(self, params, participants):
+        """Every participant's local steps from `params`; returns `params` unchanged."""
+        import jax
+
+        loop, devices = self._loop, self._devices
+        starts = [jax.device_put(params, d) for d in devices]
+        num_steps = self._placed[0][2].shape[1]
+        lanes = [
+            [(c, s) for c in participants[i :: len(devices)] for s in range(num_steps)]
+            for i in range(len(devices))
+        ]
+        carries = [None] * len(devices)
+        for t in range(max(len(lane) for lane in lanes)):
+            for i, lane in enumerate(lanes):
+                if t >= len(lane):
+                    continue
+                c, s = lane[t]
+                if s == 0:
+                    carries[i] = (starts[i], loop.optimizer.init(starts[i]))
+                x, y, batches = self._placed[i]
+                local, opt_state, _ = loop._step(
+                    *carries[i], x, y, batches, np.int32(c), np.int32(s)
+                )
+                carries[i] = (local, opt_state)
+        jax.block_until_ready([c for c in carries if c is not None])
+        return params
+
+
 # ----------------------------------------------------------------------------
 # The engine side
 
@@ -763,6 +844,12 @@ class CaseRunner:
         base_key = jax.random.PRNGKey(settings.seed + 1)
         params0 = model.init(jax.random.PRNGKey(settings.seed))
         self.resolved_backend = case.backend
+        if case.is_ceiling:
+            ceiling = CeilingLoop(model, training, data, base_key)
+            self.state = params0
+            self._round = lambda state, r: ceiling.run_round(state, participants(r))
+            self._first_params = None  # no round: nothing to compare
+            return
         if case.is_baseline:
             if settings.examples_per_client % settings.batch_size:
                 raise ValueError(
@@ -832,7 +919,7 @@ class CaseRunner:
         wall = time.perf_counter() - start
         busy1, own1 = _machine_busy_cpu_s(), _own_cpu_s()
         c1, n1 = self.timer.snapshot()
-        if r == 0:
+        if r == 0 and self._first_params is not None:
             self.first_params = jax.device_get(self._first_params(self.state))
         return {
             "wall_s": wall,
@@ -967,6 +1054,7 @@ class Worker:
                 "resolved_backend": runner.resolved_backend,
                 "is_default": (
                     not case.is_baseline
+                    and not case.is_ceiling
                     and case.devices == AUTO_DEVICES
                     and case.processes == 1
                     and case.runs == 1
@@ -1421,7 +1509,7 @@ def _run_problem(
             row["_case"] = a.case.name
             records.append(row)
             last[_case_key(a.case)] = (num_clients, row["steady_round_s"], row["compile_s"])
-            if num_clients == settings.check_clients:
+            if num_clients == settings.check_clients and not a.case.is_ceiling:
                 path = os.path.join(workdir, f"params-{len(records)}.npz")
                 try:
                     a.group.children[0].send({"cmd": "params", "case": a.case.name, "path": path})

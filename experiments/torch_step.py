@@ -30,6 +30,7 @@ Usage:
   python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch==2.13.0
   python -m experiments.torch_step --torch_python=/tmp/torchvenv/bin/python
   python -m experiments.torch_step --jax_threads=1 --output=results/torch_step.json
+  python -m experiments.torch_step --torch_python=/tmp/torchvenv/bin/python --pin_core=1
 """
 
 from __future__ import annotations
@@ -235,12 +236,20 @@ def worker(kind: str, steps: int) -> None:
 
 
 class _Worker:
-    def __init__(self, kind: str, python: str, steps: int, env: dict):
+    def __init__(self, kind: str, python: str, steps: int, env: dict, core: int | None = None):
         cmd = [python, "-m", "experiments.torch_step", f"--worker={kind}", f"--steps={steps}"]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
+        # Pinned before the interpreter starts: every thread the framework makes stays there.
+        pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=root
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=root,
+            preexec_fn=pin,
         )
         self.info = self.recv()
 
@@ -338,19 +347,28 @@ def _load() -> list[float] | None:
 
 
 def run(
-    *, steps: int = 80, reps: int = 5, torch_python: str | None = None, jax_threads: str = "default"
+    *,
+    steps: int = 80,
+    reps: int = 5,
+    torch_python: str | None = None,
+    jax_threads: str = "default",
+    pin_core: int | None = None,
 ) -> dict:
-    """Times every case (round-robin, `reps` x `steps` steps); the JSON object."""
+    """Times every case (round-robin, `reps` x `steps` steps); the JSON object.
+
+    With `pin_core`, every worker process (all its threads) runs on that one core: its
+    wall-clock rate is then the framework's rate per core, whatever threads it starts.
+    """
     env = dict(os.environ)
     if jax_threads == "1":
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
-    workers = {"jax": _Worker("jax", sys.executable, steps, env)}
+    workers = {"jax": _Worker("jax", sys.executable, steps, env, pin_core)}
     python = _torch_python(torch_python)
     try:
         if python is not None:
             torch_env = {**env, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
-            workers["torch"] = _Worker("torch", python, steps, torch_env)
+            workers["torch"] = _Worker("torch", python, steps, torch_env, pin_core)
         order = [(w, c) for w in workers.values() for c in w.info["cases"]]
         load_start = _load()
         times = {c: [] for _, c in order}
@@ -368,6 +386,7 @@ def run(
             "steps_per_rep": steps,
             "reps": reps,
             "jax_threads": jax_threads,
+            "pin_core": pin_core,
             "torch_python": python,
             "torch": "missing" if python is None else "ok",
         },
@@ -398,11 +417,22 @@ def main(argv=None) -> None:
         default="default",
         help="'1': XLA without its intra-op thread pool (--xla_cpu_multi_thread_eigen=false).",
     )
+    parser.add_argument(
+        "--pin_core",
+        type=int,
+        default=None,
+        help="Run every worker on this one core (os.sched_setaffinity): rates per core.",
+    )
     parser.add_argument("--output", default="results/torch_step.json")
     parser.add_argument("--worker", choices=("jax", "torch"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.reps < 1:
         parser.error("--steps and --reps must be >= 1.")
+    if args.pin_core is not None and args.pin_core not in os.sched_getaffinity(0):
+        parser.error(
+            f"--pin_core={args.pin_core} is not among this process's cores "
+            f"{sorted(os.sched_getaffinity(0))}."
+        )
     if args.worker:
         worker(args.worker, args.steps)
         return
@@ -411,6 +441,7 @@ def main(argv=None) -> None:
         reps=args.reps,
         torch_python=args.torch_python,
         jax_threads=args.jax_threads,
+        pin_core=args.pin_core,
     )
     if result["config"]["torch"] == "missing":
         print("# torch is not importable: timing the JAX cases only (see --torch_python).")

@@ -79,6 +79,20 @@ def test_benchmark_cases_put_one_default_process_baseline_first_per_model_and_m(
     assert len({c.name for c in cases}) == len(cases)
 
 
+def test_benchmark_cases_put_the_ceiling_after_the_baseline_on_the_auto_devices():
+    cases = bench.benchmark_cases(["lenet"], [100, 10], ["auto"], ceiling=True)
+    assert [(c.num_clients, c.backend, c.devices) for c in cases] == [
+        (10, bench.BASELINE, "default"),
+        (10, bench.CEILING, "auto"),
+        (10, "auto", "auto"),
+        (100, bench.BASELINE, "default"),
+        (100, bench.CEILING, "auto"),
+        (100, "auto", "auto"),
+    ]
+    assert cases[1].is_ceiling and not cases[1].is_baseline
+    assert not any(c.is_ceiling for c in bench.benchmark_cases(["lenet"], [10], ["auto"]))
+
+
 def test_benchmark_cases_without_baseline_and_with_auto_backend():
     cases = bench.benchmark_cases(["lenet"], [10], ["auto"], baseline=False)
     assert cases == [bench.BenchmarkCase("lenet", 10, "auto", "auto", 1, 1)]
@@ -268,6 +282,23 @@ def test_add_speedups_divides_throughput_by_the_same_model_and_m_baseline():
     assert fastest["lenet/M=100"]["backend"] == "a"
 
 
+def test_add_speedups_gives_default_rows_their_fraction_of_the_same_m_ceiling():
+    rows = [
+        _row("lenet", 10, bench.BASELINE, 200.0),
+        _row("lenet", 10, bench.CEILING, 300.0),
+        _row("lenet", 10, "a", 270.0),
+        _row("lenet", 10, "b", 150.0),
+        _row("lenet", 100, bench.CEILING, 400.0),
+        _row("lenet", 100, "a", 100.0),
+        _row("logistic_regression", 10, "a", 5.0),  # no ceiling for this model
+    ]
+    for i in (2, 5, 6):
+        rows[i]["is_default"] = True
+    bench.add_speedups(rows)
+    assert [r["fraction_of_ceiling"] for r in rows] == [None, None, 0.9, None, None, 0.25, None]
+    assert rows[1]["speedup_vs_baseline"] == 1.5  # the ceiling's own multiple of the loop
+
+
 def test_markdown_table_has_one_line_per_row_and_marks_the_default():
     case = bench.BenchmarkCase("lenet", 10, BACKENDS[0])
     ok = bench.summarize_case(
@@ -427,6 +458,45 @@ def test_run_benchmark_measures_each_device_config_in_its_own_process(monkeypatc
         "devices=2,processes=1",
     }
     json.dumps(result)
+
+
+def test_ceiling_loop_takes_every_step_of_the_round_and_leaves_the_params():
+    settings = dataclasses.replace(TINY, examples_per_client=8, batch_size=4)
+    model = bench.make_model("logistic_regression")
+    data = bench.synthetic_data("logistic_regression", 5, 8, seed=0)
+    ceiling = bench.CeilingLoop(model, bench.local_training(settings), data, jax.random.PRNGKey(1))
+    calls = []
+    step = ceiling._loop._step
+
+    def counted(*args):
+        calls.append((int(args[-2]), int(args[-1])))
+        return step(*args)
+
+    ceiling._loop._step = counted
+    params = model.init(jax.random.PRNGKey(0))
+    out = ceiling.run_round(params, np.array([0, 2, 3]))
+    assert out is params
+    assert sorted(calls) == [(c, s) for c in (0, 2, 3) for s in range(2)]
+
+
+@pytest.mark.integration
+def test_run_benchmark_reports_the_default_as_a_fraction_of_the_ceiling():
+    cases = bench.benchmark_cases(["logistic_regression"], [4], ["auto"], ceiling=True)
+    settings = dataclasses.replace(TINY, check_clients=4)
+    result = bench.run_benchmark(cases, settings, log=lambda msg: None)
+    baseline, ceiling, default = result["results"]
+    assert [r["status"] for r in (baseline, ceiling, default)] == ["ok"] * 3
+    assert ceiling["backend"] == bench.CEILING and not ceiling["is_default"]
+    assert default["is_default"]
+    assert default["fraction_of_ceiling"] == pytest.approx(
+        default["client_steps_per_s"] / ceiling["client_steps_per_s"]
+    )
+    assert ceiling["fraction_of_ceiling"] is None and ceiling["speedup_vs_baseline"] > 0
+    # The ceiling trains no round: it is not compared.
+    assert set(result["parity"]["logistic_regression"]["max_abs_diff"]) == {
+        cases[0].name,
+        cases[2].name,
+    }
 
 
 @pytest.mark.integration
