@@ -22,6 +22,19 @@ def test_host_loop_cuts_active_steps_into_full_blocks_then_halving_powers_of_two
     assert host_loop._blocks(np.array([], np.int32), 4) == []
 
 
+@pytest.mark.parametrize("lanes, runs, m", [(3, 2, 5), (2, 1, 4), (1, 3, 2), (4, 1, 3)])
+def test_host_loop_lane_buffers_interleave_back_to_runs_by_participants(lanes, runs, m):
+    # Pair i = r m + j is dealt to lane i % lanes as its slot i // lanes; a lane holds
+    # ceil(runs m / lanes) slots, the last ones of some lanes unused.
+    slots = -(-runs * m // lanes)
+    buffer = np.full((lanes, slots, 2), -1.0, np.float32)
+    for i in range(runs * m):
+        buffer[i % lanes, i // lanes] = [i, -i]
+    gathered = np.asarray(host_loop.HostLoop.gather_lanes(jax.numpy.asarray(buffer), runs, m))
+    pairs = np.arange(runs * m, dtype=np.float32).reshape(runs, m)
+    np.testing.assert_array_equal(gathered, np.stack([pairs, -pairs], axis=-1))
+
+
 @pytest.mark.parametrize("steps_per_call", [1, 3, 8])
 def test_host_loop_gives_the_same_round_for_any_steps_per_call(steps_per_call):
     # How a client's steps are cut into blocks does not depend on the model: the cheapest

@@ -23,7 +23,7 @@ class VmapSteps:
     name: str = "vmap_steps"
     traceable: bool = False
     shards_plan: bool = True  # the plan's clients axis is split over the mesh
-    partial_sums: bool = False
+    lane_buffers: bool = False
 
     def client_multiple(self, num_devices: int) -> int:
         return num_devices
