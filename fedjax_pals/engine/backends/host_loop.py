@@ -15,10 +15,9 @@ Each lane writes its clients' results into a buffer of its own ceil(R m / D)
 slots; the buffers of all lanes, in every process, form one (D, slots, ...)
 array (on the first lane's device in one process; sharded over the mesh across
 processes), and the round's aggregation interleaves them back into (R, m, ...)
-(`gather_lanes`; across processes, an all-gather). A lane
-holds only its own clients' results: D lanes hold R m of them in all, not
-D R m (1.76 GB per lane for 10,000 LeNet clients when every lane held every
-slot).
+(`gather_lanes`; across processes, an all-gather). A lane holds only its own
+clients' results: D lanes hold R m of them in all, not D R m (1.76 GB per lane
+for 10,000 LeNet clients when every lane held every slot).
 """
 
 from __future__ import annotations
