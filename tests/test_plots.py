@@ -155,6 +155,44 @@ def test_plot_accuracy_vs_axis_draws_means_with_error_bars_and_none_as_a_line(
         )
 
 
+def test_lines_of_one_method_share_its_colour_and_differ_in_line_and_fill(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn, lines = [], []
+    errorbar, axhline = matplotlib.axes.Axes.errorbar, matplotlib.axes.Axes.axhline
+
+    def spy_errorbar(self, *args, **kwargs):
+        drawn.append(kwargs)
+        return errorbar(self, *args, **kwargs)
+
+    def spy_axhline(self, *args, **kwargs):
+        lines.append(kwargs)
+        return axhline(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy_errorbar)
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", spy_axhline)
+    points = [{"x": 1.0, "target_accuracy": [0.8]}, {"x": None, "target_accuracy": [0.9]}]
+    series = {
+        "FedPALS (num_clients=10)": points,
+        "FedPALS (num_clients=100)": points,
+        "FedAvg (num_clients=10)": points,
+    }
+    plots.plot_accuracy_vs_axis(tmp_path / "e.png", series, "epsilon", "t")
+    fedpals = plots.method_style("FedPALS")
+    assert [(d["color"], d["marker"]) for d in drawn[:2]] == [
+        (fedpals["color"], fedpals["marker"])
+    ] * 2
+    assert drawn[0]["linestyle"] != drawn[1]["linestyle"]
+    assert drawn[0]["fillstyle"] != drawn[1]["fillstyle"]
+    assert lines[0]["linestyle"] != lines[1]["linestyle"]
+    # Another method's first line looks like FedPALS' first, in its own colour.
+    assert (drawn[2]["linestyle"], drawn[2]["fillstyle"]) == (
+        drawn[0]["linestyle"],
+        drawn[0]["fillstyle"],
+    )
+    assert drawn[2]["color"] != fedpals["color"]
+
+
 def test_plot_lambda_trajectories_refuses_non_positive_lambdas(tmp_path):
     plots.plot_lambda_trajectories(tmp_path / "l.png", {"seed 0": [10.0, 5.0, 2.5]}, "t")
     assert _image(tmp_path / "l.png").shape[0] > 100

@@ -393,6 +393,11 @@ def plot_accuracy_vs_distance(
     _finish(fig, ax, path, title, fontsize=8)
 
 
+_VARIANT_LINES = ("-", (0, (6, 2)), (0, (2, 1.5)), "-.")
+_VARIANT_FILLS = ("full", "none", "left", "bottom")
+_VARIANT_REFERENCES = ((0, (4, 3)), (0, (1, 2)), (0, (6, 2, 1, 2)), (0, (2, 4)))
+
+
 def plot_accuracy_vs_axis(
     path: str, series: Mapping[str, Sequence[Mapping[str, Any]]], x_label: str, title: str
 ) -> None:
@@ -418,9 +423,14 @@ def plot_accuracy_vs_axis(
         raise ValueError("series has no point with a numeric x.")
     fig, ax = _pyplot().subplots(figsize=(6.4, 4.0))
     seeds = []
+    variants: dict = {}  # a method's colour -> how many of its lines are drawn
     for label, points in series.items():
         style = method_style(label)
         color = style["color"]
+        # Lines of one method (e.g. "FedPALS (num_clients=10)" and "(num_clients=100)") keep
+        # its colour and marker; they differ by line style and marker fill.
+        k = variants.get(color, 0)
+        variants[color] = k + 1
         numeric = sorted((p for p in points if p["x"] is not None), key=lambda p: p["x"])
         seeds += [len(p["target_accuracy"]) for p in points]
         if numeric:
@@ -430,6 +440,8 @@ def plot_accuracy_vs_axis(
                 yerr=[100 * np.std(p["target_accuracy"]) for p in numeric],
                 capsize=3,
                 label=label,
+                linestyle=_VARIANT_LINES[k % len(_VARIANT_LINES)],
+                fillstyle=_VARIANT_FILLS[k % len(_VARIANT_FILLS)],
                 **style,
             )
         for p in points:
@@ -437,7 +449,7 @@ def plot_accuracy_vs_axis(
                 ax.axhline(
                     100 * np.mean(p["target_accuracy"]),
                     color=color,
-                    linestyle="--",
+                    linestyle=_VARIANT_REFERENCES[k % len(_VARIANT_REFERENCES)],
                     linewidth=1,
                     label=f"{label}, no {x_label}",
                 )
