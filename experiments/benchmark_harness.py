@@ -420,6 +420,15 @@ def summarize_case(
     return row
 
 
+def _ok_rows_of(records: Sequence[dict], backend: str) -> dict:
+    """(model, M) -> the ok row of `backend` (the baseline's or the ceiling's)."""
+    return {
+        (r["model"], r["num_clients"]): r
+        for r in records
+        if r["backend"] == backend and r["status"] == "ok"
+    }
+
+
 def add_speedups(records: list[dict]) -> list[dict]:
     """Sets `speedup_vs_baseline` and, on default rows, `fraction_of_ceiling`.
 
@@ -428,11 +437,8 @@ def add_speedups(records: list[dict]) -> list[dict]:
     baseline get None. `fraction_of_ceiling`: a default row's client-steps/s over the ok
     `CEILING` row's of the same (model, M); None on every other row.
     """
-    baseline = {
-        (r["model"], r["num_clients"]): r
-        for r in records
-        if r["backend"] == BASELINE and r["status"] == "ok"
-    }
+    baseline = _ok_rows_of(records, BASELINE)
+    ceiling = _ok_rows_of(records, CEILING)
     for r in records:
         base = baseline.get((r["model"], r["num_clients"]))
         if r["status"] == "ok" and base is not None:
@@ -440,12 +446,6 @@ def add_speedups(records: list[dict]) -> list[dict]:
             r["baseline_steady_round_s"] = base["steady_round_s"]
         else:
             r["speedup_vs_baseline"] = None
-    ceiling = {
-        (r["model"], r["num_clients"]): r
-        for r in records
-        if r["backend"] == CEILING and r["status"] == "ok"
-    }
-    for r in records:
         top = ceiling.get((r["model"], r["num_clients"]))
         ok = r["status"] == "ok" and r.get("is_default") and top is not None
         r["fraction_of_ceiling"] = (
