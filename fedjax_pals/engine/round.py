@@ -239,10 +239,10 @@ class RoundEngine:
                 plans = clock("plan", self._jit_plan, data, states, participants, keys)
                 outputs = clock("train", self._bound, data, states, plans)
                 aggregate = self._jit_aggregate
-                if self.backend.lane_buffers and jax.process_count() == 1:
-                    [(states, plans)] = mesh_lib.device_views(
-                        (states, plans), list(jax.tree_util.tree_leaves(outputs)[0].devices())
-                    )
+                held_by = jax.tree_util.tree_leaves(outputs)[0].sharding.device_set
+                if self.backend.lane_buffers and len(held_by) == 1:
+                    # The lanes' buffers met on one device (one process): aggregate there.
+                    [(states, plans)] = mesh_lib.device_views((states, plans), list(held_by))
                     aggregate = self._jit_aggregate_here
                 states, metrics = clock(
                     "aggregate", aggregate, states, plans, participants, outputs
