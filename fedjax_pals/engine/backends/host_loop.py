@@ -12,18 +12,27 @@ devices (`jax_num_cpu_devices`) or processes, the cores work at once.
 The (run, participant) pairs are dealt in order: pair i goes to lane i mod D
 (D devices of the mesh, in every process), as its lane's (i // D)-th client.
 Each lane writes its clients' results into a buffer of its own ceil(R m / D)
-slots; the buffers of all lanes, in every process, form one (D, slots, ...)
-array (on the first lane's device in one process; sharded over the mesh across
-processes), and the round's aggregation interleaves them back into (R, m, ...)
-(`gather_lanes`; across processes, an all-gather). A lane holds only its own
-clients' results: D lanes hold R m of them in all, not D R m (1.76 GB per lane
-for 10,000 LeNet clients when every lane held every slot).
+slots; in one process the lanes' buffers go to the first lane's device as a
+list (`join_lanes` stacks them inside the aggregation), across processes they
+form one (D, slots, ...) array sharded over the mesh; the round's aggregation
+interleaves them back into (R, m, ...) (`gather_lanes`; across processes, an
+all-gather). A lane holds only its own clients' results: D lanes hold R m of
+them in all, not D R m (1.76 GB per lane for 10,000 LeNet clients when every
+lane held every slot).
+
+The lanes' buffers outlive the round: the engine hands them back (`recycle`)
+once the aggregation that reads them is dispatched, and the next round with
+the same shapes writes into them again: a buffer above glibc's 32 MB mmap
+threshold is unmapped when freed, and a new one is faulted in page by page
+(2.5 us a page on a 2-core VM; at 1,000 LeNet participants the round took
+160,000 faults with fresh buffers, 58,000 with reused ones).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+import threading
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +72,14 @@ class HostLoop:
         pairs = jnp.swapaxes(leaf, 0, 1).reshape(lanes * slots, *leaf.shape[2:])
         return pairs[: runs * m].reshape(runs, m, *leaf.shape[2:])
 
+    @classmethod
+    def join_lanes(cls, outputs: Any, runs: int, m: int) -> ClientOutputs:
+        """The round's outputs, (runs, m, ...), from what the bound loop returned: a list of
+        the lanes' (1, slots, ...) buffers (one process) or their (D, slots, ...) stack."""
+        if isinstance(outputs, list):
+            outputs = jax.tree_util.tree_map(lambda *lanes: jnp.concatenate(lanes), *outputs)
+        return jax.tree_util.tree_map(lambda leaf: cls.gather_lanes(leaf, runs, m), outputs)
+
 
 def _run(tree, r):
     return jax.tree_util.tree_map(lambda leaf: leaf[r], tree)
@@ -88,6 +105,10 @@ class _BoundHostLoop:
         self.k = steps_per_call
         self.devices = list(mesh.devices.flat)
         self.lanes = mesh_lib.local_devices(mesh)
+        # device -> (shapes, buffer): the lanes' buffers of the last round, to write into again.
+        self._spare: dict = {}
+        self._spare_lock = threading.Lock()
+        self._last_shapes = None
 
         def start(states, r):
             return update.start(_run(states, r))
@@ -122,11 +143,38 @@ class _BoundHostLoop:
         self._empty = jax.jit(empty, static_argnums=2)
         self._finish_into = jax.jit(finish_into, donate_argnums=(0, 1))
 
-    def _lane(self, views, work, slots: int, results: dict, device) -> Iterator[None]:
+    def _buffer(self, device, shapes, states, plans, slots: int):
+        """The lane's buffer of the last round when its shapes still fit, else a new one."""
+        with self._spare_lock:
+            spare = self._spare.pop(device, None)
+        if spare is not None and spare[0] == shapes:
+            return spare[1]
+        # Its value depends on no input, so jit would not place it on the lane's device.
+        return jax.device_put(self._empty(states, plans, slots), device)
+
+    def _keep(self, device, shapes, buffer) -> None:
+        with self._spare_lock:
+            self._spare[device] = (shapes, buffer)
+
+    def recycle(self, outputs) -> None:
+        """Takes back the lanes' buffers among `outputs` (what `__call__` returned, once
+        nothing will read it again but computations already dispatched): the next round
+        writes into them."""
+        last, self._last_shapes = self._last_shapes, None
+        if last is None:
+            return
+        shapes, buffer_type = last  # the buffers are `finish`'s result type, outputs ClientOutputs
+        if isinstance(outputs, list):  # one process: the first lane's own buffer, the rest copies
+            self._keep(self.lanes[0], shapes, buffer_type(*outputs[0]))
+            return
+        leaves, treedef = jax.tree_util.tree_flatten(outputs)
+        for device, shards in zip(self.lanes, mesh_lib.device_views(leaves, self.lanes)):
+            tree = jax.tree_util.tree_unflatten(treedef, shards)
+            self._keep(device, shapes, buffer_type(*tree))
+
+    def _lane(self, views, work, buffer, results: dict, device) -> Iterator[None]:
         """One lane's dispatches; yields after each so that the lanes interleave."""
         data, states, plans = views
-        # Its value depends on no input, so jit would not place it on the lane's device.
-        buffer = jax.device_put(self._empty(states, plans, slots), device)
         yield
         if work:
             carry = self._start(states, np.int32(work[0][0]))
@@ -156,8 +204,10 @@ class _BoundHostLoop:
                 )
         results[device] = buffer
 
-    def __call__(self, data: DeviceData, states, plans: RoundPlan) -> ClientOutputs:
-        """Outputs stacked (devices, slots, ...): `HostLoop.gather_lanes` gives the round's."""
+    def __call__(self, data: DeviceData, states, plans: RoundPlan):
+        """The lanes' buffers: a list of (1, slots, ...) outputs on the first lane's device in
+        one process, one (devices, slots, ...) array across processes; `HostLoop.join_lanes`
+        gives the round's. Hand them back with `recycle` when the aggregation is dispatched."""
         active = np.asarray(jnp.any(mesh_lib.local_view(plans.mask), axis=-1))  # (R, m, S)
         runs, m = active.shape[:2]
         items = [(r, j) for r in range(runs) for j in range(m)]
@@ -168,9 +218,13 @@ class _BoundHostLoop:
 
         slots = -(-len(items) // len(self.devices))
         views = mesh_lib.device_views((data, states, plans), self.lanes)
+        leaves, treedef = jax.tree_util.tree_flatten((states, plans))
+        shapes = (slots, treedef, tuple((leaf.shape, leaf.dtype) for leaf in leaves))
         results = {}
         lanes = [
-            self._lane(view, work[device], slots, results, device)
+            self._lane(
+                view, work[device], self._buffer(device, shapes, *view[1:], slots), results, device
+            )
             for view, device in zip(views, self.lanes)
         ]
         while lanes:
@@ -180,17 +234,17 @@ class _BoundHostLoop:
                 except StopIteration:
                     lanes.remove(lane)
         local = [results[device] for device in self.lanes]
+        self._last_shapes = (shapes, type(local[0]))
         if jax.process_count() == 1:
             # On the first lane's device: the round's aggregation runs there once. Sharded
             # over the mesh, every host device would gather and reduce its own replica of
-            # the outputs (8 host devices, 1,000 LeNet clients: 5 GB peak, 1.5-1.9 s).
+            # the outputs (8 host devices, 1,000 LeNet clients: 5 GB peak, 1.5-1.9 s). The
+            # other lanes' buffers are copied there, so they are kept now; the first lane's
+            # comes back through `recycle`. The aggregation stacks them (`join_lanes`).
             first = self.lanes[0]
-            return ClientOutputs(
-                *jax.tree_util.tree_map(
-                    lambda *bufs: jnp.concatenate([jax.device_put(b, first) for b in bufs]),
-                    *local,
-                )
-            )
+            for device, buffer in zip(self.lanes[1:], local[1:]):
+                self._keep(device, shapes, buffer)
+            return [ClientOutputs(*jax.device_put(buffer, first)) for buffer in local]
         sharding = mesh_lib.clients_sharding(self.mesh)
 
         def stack(*per_lane):
