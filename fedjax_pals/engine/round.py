@@ -267,7 +267,7 @@ class RoundEngine:
             states, metrics = self.run_rounds(
                 data, states, participants, keys, timings=timings, _runs_axis=False
             )
-            return self._jit_drop_runs(states), _drop_runs_axis(metrics)
+            return self._jit_drop_runs(states), self._jit_drop_runs(metrics)
 
     def _inputs(self, state, participants, keys):
         """The round's inputs on the mesh; host values go as they are in one process (jit
