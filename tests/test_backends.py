@@ -72,17 +72,41 @@ def test_host_loop_writes_each_round_into_the_last_rounds_buffers_with_the_same_
     reused._bound._empty = lambda *args: made.append(args[-1]) or empty(*args)
     state = fjp.init_server_state(fjp.fedavg(), model.init(jax.random.PRNGKey(0)), 5)
     rounds = [[0, 1, 2], [4, 3, 1], [0, 2], [2, 3, 4]]  # m = 2 in between: a buffer of its own
+    states, losses = [state], []
     for r, participants in enumerate(rounds):
-        key = jax.random.PRNGKey(r)
-        new_state, metrics = reused.run_round(data, state, np.array(participants), key)
-        fresh_state, fresh_metrics = engine().run_round(data, state, np.array(participants), key)
-        assert _max_diff(new_state.params, fresh_state.params) == 0
-        np.testing.assert_array_equal(metrics["train_loss"], fresh_metrics["train_loss"])
-        state = new_state
+        new_state, metrics = reused.run_round(
+            data, states[-1], np.array(participants), jax.random.PRNGKey(r)
+        )
+        states.append(new_state)
+        losses.append(metrics["train_loss"])
+    # Afterwards: a fresh engine's round takes the spare buffers over (one holder at a time).
+    for r, participants in enumerate(rounds):
+        fresh_state, fresh_metrics = engine().run_round(
+            data, states[r], np.array(participants), jax.random.PRNGKey(r)
+        )
+        assert _max_diff(states[r + 1].params, fresh_state.params) == 0
+        np.testing.assert_array_equal(losses[r], fresh_metrics["train_loss"])
     lanes = len(reused._bound.lanes)
     slots = [-(-len(p) // lanes) for p in rounds]
     # New buffers in rounds 0, 2 (m = 2) and 3 (m = 3 again: round 2 took the spare), one a lane.
     assert made == [s for s in (slots[0], slots[2], slots[3]) for _ in range(lanes)]
+
+
+def test_host_loop_keeps_spare_buffers_for_the_last_engine_only():
+    # A sweep caches up to 32 engines: each keeping its round's buffers would hold 32 rounds'.
+    model = fjp.logistic_regression((6,), 3)
+    x, y, rows, sizes, dists = _random_task(5, [9, 3, 6], (6,))
+    training = fjp.LocalTraining(local_epochs=1, batch_size=2, learning_rate=0.1)
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
+    state = fjp.init_server_state(fjp.fedavg(), model.init(jax.random.PRNGKey(0)), 3)
+    first, second = (
+        fjp.engine.RoundEngine(fjp.fedavg(), model, training, backend="host_loop") for _ in range(2)
+    )
+    first.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
+    assert len(first._bound._spare) == len(first._bound.lanes)
+    second.run_round(data, state, np.arange(3), jax.random.PRNGKey(0))
+    assert first._bound._spare == {}
+    assert len(second._bound._spare) == len(second._bound.lanes)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +134,11 @@ def test_bad_backend_settings_are_named(make, match):
 
 def test_the_default_is_one_launch_per_round_on_accelerators_and_the_measured_fastest_on_cpu():
     lenet, logreg = fjp.lenet((16, 16, 1), 3), fjp.logistic_regression((4,), 3)
-    assert fjp.engine.default_backend(lenet, "gpu") == fjp.engine.default_backend(logreg, "tpu") == "vmap_scan"
+    assert (
+        fjp.engine.default_backend(lenet, "gpu")
+        == fjp.engine.default_backend(logreg, "tpu")
+        == "vmap_scan"
+    )
     assert fjp.engine.default_backend(lenet, "cpu") == "host_loop"
     assert fjp.engine.default_backend(logreg, "cpu") == "vmap_chunked"
 

@@ -25,13 +25,16 @@ once the aggregation that reads them is dispatched, and the next round with
 the same shapes writes into them again: a buffer above glibc's 32 MB mmap
 threshold is unmapped when freed, and a new one is faulted in page by page
 (2.5 us a page on a 2-core VM; at 1,000 LeNet participants the round took
-160,000 faults with fresh buffers, 58,000 with reused ones).
+160,000 faults with fresh buffers, 58,000 with reused ones). Only the loop that
+ran the last round keeps its buffers: a sweep over many cached engines holds
+one round's buffers, not one set per engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Any, Iterator
 
 import jax
@@ -79,6 +82,20 @@ class HostLoop:
         if isinstance(outputs, list):
             outputs = jax.tree_util.tree_map(lambda *lanes: jnp.concatenate(lanes), *outputs)
         return jax.tree_util.tree_map(lambda leaf: cls.gather_lanes(leaf, runs, m), outputs)
+
+
+# The one bound loop whose spare buffers are kept (a weak reference): keeping them for every
+# cached engine would hold one round's outputs per engine.
+_SPARES_HOLDER: list = [None]
+_SPARES_HOLDER_LOCK = threading.Lock()
+
+
+def _hold_spares(loop: "_BoundHostLoop") -> None:
+    with _SPARES_HOLDER_LOCK:
+        previous = _SPARES_HOLDER[0]() if _SPARES_HOLDER[0] is not None else None
+        if previous is not None and previous is not loop:
+            previous.drop_spares()
+        _SPARES_HOLDER[0] = weakref.ref(loop)
 
 
 def _run(tree, r):
@@ -153,8 +170,14 @@ class _BoundHostLoop:
         return jax.device_put(self._empty(states, plans, slots), device)
 
     def _keep(self, device, shapes, buffer) -> None:
+        _hold_spares(self)
         with self._spare_lock:
             self._spare[device] = (shapes, buffer)
+
+    def drop_spares(self) -> None:
+        """Lets the kept buffers go (another loop now keeps its own)."""
+        with self._spare_lock:
+            self._spare.clear()
 
     def recycle(self, outputs) -> None:
         """Takes back the lanes' buffers among `outputs` (what `__call__` returned, once
