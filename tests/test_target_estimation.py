@@ -54,7 +54,9 @@ def _mle_std():
 
 def test_em_recovers_a_known_target_within_its_asymptotic_error(data):
     target_probs, _, _ = data
-    estimate = target_estimation.estimate_target_label_dist(target_probs, method="em", source_label_dist=SOURCE)
+    estimate = target_estimation.estimate_target_label_dist(
+        target_probs, method="em", source_label_dist=SOURCE
+    )
     std = _mle_std()  # about 0.004-0.005 per class here
     assert np.all(std < 0.01)
     assert np.all(np.abs(estimate - TARGET) <= 5 * std), (estimate, std)
@@ -121,7 +123,10 @@ def test_bbse_refuses_a_singular_confusion_matrix():
     source_probs = np.tile([0.8, 0.1, 0.1], (200, 1))
     target_probs = np.tile([0.7, 0.2, 0.1], (50, 1))
     for soft in (False, True):
-        with pytest.raises(ValueError, match="confusion matrix is singular: rank 1 over the 3"):
+        with pytest.raises(
+            target_estimation.EstimateNotIdentified,
+            match="confusion matrix is singular: rank 1 over the 3",
+        ):
             target_estimation.bbse_label_dist(source_probs, source_labels, target_probs, soft=soft)
     # A class absent from the source data is not a singularity: it gets weight 0.
     probs = np.eye(3)[[0, 1, 0, 1, 0, 1]] * 0.9 + 0.05
@@ -163,7 +168,9 @@ def test_estimation_arguments_are_validated(data):
         target_estimation.bbse_label_dist(target_probs, np.full(10, 3), target_probs)
     # source_labels alone give EM its prior.
     np.testing.assert_allclose(
-        target_estimation.estimate_target_label_dist(target_probs, source_labels=np.array([0, 0, 1, 2])),
+        target_estimation.estimate_target_label_dist(
+            target_probs, source_labels=np.array([0, 0, 1, 2])
+        ),
         target_estimation.em_label_dist(target_probs, [0.5, 0.25, 0.25]),
     )
 
@@ -197,13 +204,13 @@ def test_fedpals_with_a_re_estimated_target():
     # by 0.25.)
     assert np.max(np.abs(estimates[-1][1] - truth)) < 0.05
     assert np.max(np.abs(start - truth)) > 0.1
-    np.testing.assert_allclose(
-        state.weighting_state.target_label_dist, estimates[-1][1], atol=1e-7
-    )
+    np.testing.assert_allclose(state.weighting_state.target_label_dist, estimates[-1][1], atol=1e-7)
     assert engine.compilations == 1  # new estimates are state, not a new program
     # Wrapped weightings (the DP release of S) hold T under "inner".
     wrapped = algorithm._replace(
-        weighting=fjp.algorithms.with_server_label_dists(algorithm.weighting, partition.client_label_dists)
+        weighting=fjp.algorithms.with_server_label_dists(
+            algorithm.weighting, partition.client_label_dists
+        )
     )
     initial = fjp.init_server_state(wrapped, model.init(jax.random.PRNGKey(0)), 2)
     moved = target_estimation.with_target_label_dist(initial, [0.2, 0.3, 0.5])
@@ -212,6 +219,47 @@ def test_fedpals_with_a_re_estimated_target():
         target_estimation.with_target_label_dist(
             fjp.init_server_state(fjp.fedavg(), {"w": jnp.zeros(1)}, 2), [0.5, 0.5]
         )
+
+
+def test_a_round_whose_model_does_not_identify_t_keeps_the_current_t():
+    # Early in training a model may not predict some class at all; BBSE's confusion matrix is
+    # then singular (test_bbse_refuses_a_singular_confusion_matrix). That round keeps the T
+    # the state has and the run goes on (before: the exception ended the run).
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    model = fjp.logistic_regression((2,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
+    sizes = partition.client_sizes
+    start = sizes @ partition.client_label_dists / sizes.sum()
+    algorithm = fjp.fedpals(start, 0.0)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=2, seed=0
+    )
+    identified = reestimation.estimate
+    seen = []
+
+    def estimate(state):  # the first re-estimation's model does not identify T
+        seen.append(np.asarray(target_estimation.TargetReestimation.current(state)))
+        if len(seen) == 1:
+            raise fjp.algorithms.EstimateNotIdentified("confusion matrix is singular: rank 2")
+        return identified(state)
+
+    reestimation.estimate = estimate
+    state, _ = fjp.training.run_training(
+        algorithm,
+        model,
+        dataset,
+        partition,
+        training,
+        rounds=5,
+        seed=0,
+        update_state=reestimation,
+    )
+    assert reestimation.skipped == [(2, "confusion matrix is singular: rank 2")]
+    assert [r for r, _ in reestimation.estimates] == [4]
+    np.testing.assert_allclose(seen[1], start, atol=1e-7)  # round 2 kept the start
+    np.testing.assert_allclose(
+        state.weighting_state.target_label_dist, reestimation.estimates[0][1], atol=1e-7
+    )
 
 
 def _unknown_target_config(**algorithm):

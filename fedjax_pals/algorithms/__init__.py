@@ -45,7 +45,7 @@ from fedjax_pals.algorithms.adaptive_lambda import (
     validation_hypergradient,
 )
 from fedjax_pals.algorithms.target_estimation import (
-    TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
+    EstimateNotIdentified, TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
     estimate_target_label_dist, model_probabilities, with_target_label_dist,
 )
 
@@ -68,7 +68,8 @@ __all__ = [
     "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
     # beyond the paper: DP label marginals, adaptive lambda, unknown T
     "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE", "DEFAULT_HYPER_VAL_SIZE",
-    "adaptive_fedpals", "lam_report", "validation_hypergradient", "TargetReestimation",
+    "adaptive_fedpals", "lam_report", "validation_hypergradient", "EstimateNotIdentified",
+    "TargetReestimation",
     "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
     "model_probabilities", "with_target_label_dist",
 ]

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals import _validation
@@ -78,6 +79,11 @@ def _labels(labels: Any, n: int, num_classes: int) -> np.ndarray:
     return array
 
 
+class EstimateNotIdentified(ValueError):
+    """The data do not identify the target's label distribution (BBSE's confusion matrix is
+    singular): C w = mu has many solutions, and picking one would be a guess."""
+
+
 def bbse_confusion(
     source_probs: Any, source_labels: Any, soft: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -107,8 +113,8 @@ def bbse_label_dist(
       (K,) float64 on the simplex. Classes absent from the source data get weight 0 in S * w.
 
     Raises:
-      ValueError: when the confusion matrix restricted to the classes present in the
-        source data is singular (rank below their number; e.g. a model that predicts one
+      EstimateNotIdentified (a ValueError): when the confusion matrix restricted to the
+        classes present in the source data is singular (rank below their number; e.g. a model that predicts one
         class for everything). Then C w = mu has many solutions and BBSE's estimate is not
         identified; no fallback is guessed: use `em_label_dist` (which needs only the
         source label marginal) or a model whose predictions separate the classes.
@@ -117,7 +123,7 @@ def bbse_label_dist(
     present = source > 0
     rank = np.linalg.matrix_rank(confusion[:, present])
     if rank < present.sum():
-        raise ValueError(
+        raise EstimateNotIdentified(
             f"BBSE's confusion matrix is singular: rank {rank} over the {present.sum()} classes "
             "present in the source data, so the model's predictions cannot tell them apart "
             f"(predicted classes on the source data: {np.flatnonzero(confusion.sum(axis=1) > 0).tolist()}) "
@@ -264,6 +270,11 @@ class TargetReestimation:
     rounds' FedPALS weights use it without recompiling. The estimate depends only on the
     state, so a run resumed from a checkpoint makes the same estimates. `estimates` lists
     (round index, T^) of the estimates this object made.
+
+    A round whose model does not identify T (BBSE with a singular confusion matrix: early in
+    training the model may not yet predict some class at all) changes nothing: the state
+    keeps the T it has (the previous estimate, or the start), the round and the reason go to
+    `skipped` and a warning to the log, and the next re-estimation tries again.
     """
 
     def __init__(
@@ -291,6 +302,7 @@ class TargetReestimation:
         self.target_x = dataset.train.x[partition.target_val_indices]
         self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
         self.estimates: list[tuple[int, np.ndarray]] = []
+        self.skipped: list[tuple[int, str]] = []
 
     def estimate(self, state: Any) -> np.ndarray:
         """T^ from the global model of `state`."""
@@ -311,7 +323,12 @@ class TargetReestimation:
     def __call__(self, round_index: int, state_of: Callable[[], Any]) -> Any:
         if round_index == 0 or round_index % self.every:
             return None
-        estimate = self.estimate(state_of())
+        try:
+            estimate = self.estimate(state_of())
+        except EstimateNotIdentified as error:
+            self.skipped.append((round_index, str(error)))
+            logging.warning("T not re-estimated before round %d, kept: %s", round_index, error)
+            return None
         self.estimates.append((round_index, estimate))
         return with_target_label_dist(state_of(), estimate)
 

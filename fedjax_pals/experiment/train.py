@@ -293,6 +293,10 @@ class _PreparedRun:
                 estimate, error = self._target_estimate(state)
                 results["target_estimate"] = estimate.tolist()
                 results["target_estimate_l1_error"] = error
+                # Rounds where the model did not identify T (kept), in this process.
+                results["target_estimation_skipped_rounds"] = [
+                    r for r, _ in self.reestimation.skipped
+                ]
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
