@@ -46,7 +46,10 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     algorithm.target_estimation None (the server knows T) | bbse | bbse_soft | em: T(Y) unknown;
                                 FedPALS starts from the clients' aggregate and re-estimates T
                                 from the global model on the unlabeled target validation inputs
-                                (algorithms/target_estimation.py); needs lam (not ess_fraction)
+                                (algorithms/target_estimation.py); needs lam (not ess_fraction).
+                                A round whose model does not identify T (BBSE's confusion matrix
+                                singular) keeps the current T (results.json:
+                                target_estimation_skipped_rounds)
     algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
