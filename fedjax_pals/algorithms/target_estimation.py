@@ -114,10 +114,11 @@ def bbse_label_dist(
 
     Raises:
       EstimateNotIdentified (a ValueError): when the confusion matrix restricted to the
-        classes present in the source data is singular (rank below their number; e.g. a model that predicts one
-        class for everything). Then C w = mu has many solutions and BBSE's estimate is not
-        identified; no fallback is guessed: use `em_label_dist` (which needs only the
-        source label marginal) or a model whose predictions separate the classes.
+        classes present in the source data is singular (rank below their number; e.g. a
+        model that predicts one class for everything). Then C w = mu has many solutions and
+        BBSE's estimate is not identified; no fallback is guessed: use `em_label_dist`
+        (which needs only the source label marginal) or a model whose predictions separate
+        the classes.
     """
     confusion, source = bbse_confusion(source_probs, source_labels, soft)
     present = source > 0

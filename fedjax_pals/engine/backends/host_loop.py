@@ -76,12 +76,14 @@ class HostLoop:
         return pairs[: runs * m].reshape(runs, m, *leaf.shape[2:])
 
     @classmethod
-    def join_lanes(cls, outputs: Any, runs: int, m: int) -> ClientOutputs:
+    def join_lanes(cls, buffers: Any, runs: int, m: int) -> ClientOutputs:
         """The round's outputs, (runs, m, ...), from what the bound loop returned: a list of
         the lanes' (1, slots, ...) buffers (one process) or their (D, slots, ...) stack."""
-        if isinstance(outputs, list):
-            outputs = jax.tree_util.tree_map(lambda *lanes: jnp.concatenate(lanes), *outputs)
-        return jax.tree_util.tree_map(lambda leaf: cls.gather_lanes(leaf, runs, m), outputs)
+        if isinstance(buffers, list):
+            buffers = jax.tree_util.tree_map(lambda *lanes: jnp.concatenate(lanes), *buffers)
+        return ClientOutputs(
+            *jax.tree_util.tree_map(lambda leaf: cls.gather_lanes(leaf, runs, m), buffers)
+        )
 
 
 # The one bound loop whose spare buffers are kept (a weak reference): keeping them for every
@@ -179,21 +181,19 @@ class _BoundHostLoop:
         with self._spare_lock:
             self._spare.clear()
 
-    def recycle(self, outputs) -> None:
-        """Takes back the lanes' buffers among `outputs` (what `__call__` returned, once
-        nothing will read it again but computations already dispatched): the next round
+    def recycle(self, buffers) -> None:
+        """Takes back the lanes' buffers among `buffers` (what `__call__` returned, once
+        nothing will read them again but computations already dispatched): the next round
         writes into them."""
-        last, self._last_shapes = self._last_shapes, None
-        if last is None:
+        shapes, self._last_shapes = self._last_shapes, None
+        if shapes is None:
             return
-        shapes, buffer_type = last  # the buffers are `finish`'s result type, outputs ClientOutputs
-        if isinstance(outputs, list):  # one process: the first lane's own buffer, the rest copies
-            self._keep(self.lanes[0], shapes, buffer_type(*outputs[0]))
+        if isinstance(buffers, list):  # one process: the first lane's own buffer, the rest copies
+            self._keep(self.lanes[0], shapes, buffers[0])
             return
-        leaves, treedef = jax.tree_util.tree_flatten(outputs)
+        leaves, treedef = jax.tree_util.tree_flatten(buffers)
         for device, shards in zip(self.lanes, mesh_lib.device_views(leaves, self.lanes)):
-            tree = jax.tree_util.tree_unflatten(treedef, shards)
-            self._keep(device, shapes, buffer_type(*tree))
+            self._keep(device, shapes, jax.tree_util.tree_unflatten(treedef, shards))
 
     def _lane(self, views, work, buffer, results: dict, device) -> Iterator[None]:
         """One lane's dispatches; yields after each so that the lanes interleave."""
@@ -228,9 +228,10 @@ class _BoundHostLoop:
         results[device] = buffer
 
     def __call__(self, data: DeviceData, states, plans: RoundPlan):
-        """The lanes' buffers: a list of (1, slots, ...) outputs on the first lane's device in
-        one process, one (devices, slots, ...) array across processes; `HostLoop.join_lanes`
-        gives the round's. Hand them back with `recycle` when the aggregation is dispatched."""
+        """The lanes' buffers (`finish`'s results): a list of (1, slots, ...) trees on the first
+        lane's device in one process, one tree of (devices, slots, ...) arrays across
+        processes; `HostLoop.join_lanes` gives the round's `ClientOutputs`. Hand them back
+        with `recycle` when the aggregation is dispatched."""
         active = np.asarray(jnp.any(mesh_lib.local_view(plans.mask), axis=-1))  # (R, m, S)
         runs, m = active.shape[:2]
         items = [(r, j) for r in range(runs) for j in range(m)]
@@ -257,7 +258,7 @@ class _BoundHostLoop:
                 except StopIteration:
                     lanes.remove(lane)
         local = [results[device] for device in self.lanes]
-        self._last_shapes = (shapes, type(local[0]))
+        self._last_shapes = shapes
         if jax.process_count() == 1:
             # On the first lane's device: the round's aggregation runs there once. Sharded
             # over the mesh, every host device would gather and reduce its own replica of
@@ -267,11 +268,11 @@ class _BoundHostLoop:
             first = self.lanes[0]
             for device, buffer in zip(self.lanes[1:], local[1:]):
                 self._keep(device, shapes, buffer)
-            return [ClientOutputs(*jax.device_put(buffer, first)) for buffer in local]
+            return [jax.device_put(buffer, first) for buffer in local]
         sharding = mesh_lib.clients_sharding(self.mesh)
 
         def stack(*per_lane):
             shape = (len(self.devices), *per_lane[0].shape[1:])
             return jax.make_array_from_single_device_arrays(shape, sharding, list(per_lane))
 
-        return ClientOutputs(*jax.tree_util.tree_map(stack, *local))
+        return jax.tree_util.tree_map(stack, *local)
