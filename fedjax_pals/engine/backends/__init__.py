@@ -44,7 +44,7 @@ def resolve_backend(backend: str, model: Model, mesh: jax.sharding.Mesh | None =
     return backend
 
 
-def make_backend(name: str, *, chunk_size: int = 64, steps_per_call: int = 4):
+def make_backend(name: str, *, chunk_size: int = 64, steps_per_call: int = 1):
     """The backend object of a resolved name."""
     if name == "vmap_scan":
         return VmapScan()

@@ -1,13 +1,16 @@
-"""A host loop over clients in lanes, one lane per local device, several steps per call.
+"""A host loop over clients in lanes, one lane per local device, a step per call.
 
 On a CPU the vmapped conv step becomes a grouped convolution that runs ~5x
 slower than one client's step, and a rolled `lax.scan` of conv steps is ~10x
 slower than a loop (jax issue 12868). So here each client trains alone, with
-`steps_per_call` of its local steps unrolled in one jitted call (fewer
-dispatches, and XLA fuses across steps), and the clients (of every run of the
-round) are dealt round-robin to the mesh's devices: each local device is a
-lane, and dispatches to the lanes are interleaved so that, with several host
-devices (`jax_num_cpu_devices`) or processes, the cores work at once.
+`steps_per_call` of its local steps unrolled in one jitted call, and the
+clients (of every run of the round) are dealt round-robin to the mesh's
+devices: each local device is a lane, and dispatches to the lanes are
+interleaved so that, with several host devices (`jax_num_cpu_devices`) or
+processes, the cores work at once. The default is one step a call: on a
+2-core CPU an unrolled 2-step call ran 3-7 % slower per step than two 1-step
+calls, alone on one core and in the lanes alike (BUILD_NOTES.md), so fewer
+dispatches did not pay for themselves.
 
 The (run, participant) pairs are dealt in order: pair i goes to lane i mod D
 (D devices of the mesh, in every process), as its lane's (i // D)-th client.
@@ -51,7 +54,7 @@ from fedjax_pals.engine.plan import DeviceData, RoundPlan, client_slice, gather_
 class HostLoop:
     """Clients one at a time per lane; `steps_per_call` local steps per jitted call."""
 
-    steps_per_call: int = 4
+    steps_per_call: int = 1
     name: str = "host_loop"
     traceable: bool = False
     shards_plan: bool = False  # every lane reads the whole (replicated) plan
