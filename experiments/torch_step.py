@@ -6,8 +6,9 @@ conv 5x5 1->6, ReLU, max-pool 2, conv 5x5 6->16, ReLU, max-pool 2, dense
 
 * `engine`: the engine's local step (`fjp.engine.make_client_update(...).step`, FedAvg;
   what every backend maps over the clients) as the CPU default backend
-  (host_loop) calls it: 4 steps unrolled per jitted call, batches gathered
-  inside. `engine_1step`: the same, one step per call.
+  (host_loop) calls it by default: one step per jitted call, the batch gathered
+  inside. `engine_4steps`: the same with 4 steps unrolled per call
+  (`steps_per_call=4`, the default until it measured slower per step).
 * `plain_loop`: the benchmark's plain loop step (`BaselineLoop`, the ratio's
   reference in experiments/benchmark.py), one step per call.
 * `flax_nhwc`: the plain loop's step with flax's own `_LeNet.apply` (NHWC
@@ -50,8 +51,8 @@ INPUT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 LEARNING_RATE = 0.1
 NUM_EXAMPLES = 2048
-JAX_CASES = ("engine", "engine_1step", "plain_loop", "flax_nhwc")
-STEPS_PER_CALL = 4  # the host_loop backend's default (fjp.HostLoop)
+JAX_CASES = ("engine", "engine_4steps", "plain_loop", "flax_nhwc")
+UNROLLED_STEPS = 4  # the `engine_4steps` case's steps per call
 TORCH_CASES = ("torch_channels_last", "torch_nchw")
 REFERENCE = "torch_channels_last"
 _PREFIX = "@@fjp-step "
@@ -129,7 +130,7 @@ def _jax_cases(steps: int) -> dict:
         return carry
 
     blocks = {
-        k: jax.jit(functools.partial(block, k=k), donate_argnums=(0,)) for k in (1, STEPS_PER_CALL)
+        k: jax.jit(functools.partial(block, k=k), donate_argnums=(0,)) for k in (1, UNROLLED_STEPS)
     }
 
     def engine_case(k):
@@ -144,8 +145,8 @@ def _jax_cases(steps: int) -> dict:
 
         return run
 
-    cases["engine"] = engine_case(STEPS_PER_CALL)
-    cases["engine_1step"] = engine_case(1)
+    cases["engine"] = engine_case(1)
+    cases["engine_4steps"] = engine_case(UNROLLED_STEPS)
     return cases
 
 
