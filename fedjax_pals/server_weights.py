@@ -537,10 +537,12 @@ def _solve_fedpals(
         # spanning 1e6, T at a vertex: about 1 draw in 50 of the edge tests at lam = 0):
         # when alpha is not KKT-certified, the active set again from FedAvg's full face,
         # which drops clients one by one (O(M) steps), and the better of the two. At lam = 0
-        # eq. 8 does not involve the sizes, and the restart steps in unscaled coordinates
-        # (unit sizes): the face steps' scaling by sqrt(n_i) makes their least-squares
-        # problem sqrt(n_max / n_min) worse conditioned (1e3 for sizes 1 to 1e6), which is
-        # what left 3 draws in 200 of that edge test uncertified at lam = 0 after both runs.
+        # eq. 8's objective does not involve the sizes, and the restart steps in unscaled
+        # coordinates (unit sizes): the face steps' scaling by sqrt(n_i) makes their
+        # least-squares problem sqrt(n_max / n_min) worse conditioned (1e3 for sizes 1 to
+        # 1e6), which left 3 draws in 200 of that edge test uncertified at lam = 0 after both
+        # runs. The sizes still pick the minimiser on a flat face (the largest-ESS one) in the
+        # first run; the restart's answer replaces it only where its objective is lower.
         def restart(alpha):
             restart_sizes = jnp.where(finite_lam > 0, sizes, jnp.ones_like(sizes))
             start = restart_sizes / jnp.sum(restart_sizes)
