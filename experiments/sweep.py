@@ -9,6 +9,19 @@ runs and resumes the others from their checkpoints. With the protocol (the defau
 the Table-1-shaped table and writes <workdir>/table.md, table.json, comparison.png and the
 figures the config names. `--list` prints the runs without running them. Sweep keys:
 fedjax_pals/experiment/sweep.py; selection rule: fedjax_pals/experiment/protocol.py.
+
+One sweep over many jobs and hosts (a workdir on a shared file system; README, "Sweeps on a
+cluster"):
+
+  python -m experiments.sweep --config=C --workdir=W --shard=3/8     # shard 3 of 8 (0-based)
+  python -m experiments.sweep --config=C --workdir=W --shard=auto    # in a Slurm / SGE array
+  python -m experiments.sweep --workdir=W --collect                  # the table, once all ended
+  python -m experiments.sweep --config=C --list --shard=3/8          # shard 3's runs and costs
+
+A shard runs only its runs (fedjax_pals/experiment/shards.py: the split, the records); run
+again, it resumes them. --collect writes the same table as the unsharded sweep, or names the
+runs that have not ended and their shards (exit status 1); --allow_partial writes a table
+marked partial instead.
 """
 
 from __future__ import annotations
@@ -19,26 +32,145 @@ from absl import app, flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
+from fedjax_pals.experiment import shards as shards_lib
 
-_CONFIG = common.define_config_file("config", None, "Sweep config file (configs/*.py).")
-_LIST = flags.DEFINE_boolean("list", False, "Print the sweep's runs and exit.")
-flags.mark_flags_as_required(["config"])
+_CONFIG = common.define_config_file(
+    "config", None, "Sweep config file (configs/*.py); optional with --collect."
+)
+_LIST = flags.DEFINE_boolean(
+    "list", False, "Print the sweep's runs (with --shard: that shard's runs) and exit."
+)
+_SHARD = flags.DEFINE_string(
+    "shard",
+    None,
+    "Run only shard <index>/<count> of the sweep (0-based, e.g. 3/8), or 'auto': the task of "
+    f"a scheduler's array job ({'; '.join(shards_lib.SCHEDULERS)}).",
+)
+_COLLECT = flags.DEFINE_boolean(
+    "collect",
+    False,
+    "Write the sweep's table and figures from its runs' results (after the shards have ended).",
+)
+_ALLOW_PARTIAL = flags.DEFINE_boolean(
+    "allow_partial", False, "With --collect: write a table marked partial if some runs are missing."
+)
+_RESHARD = flags.DEFINE_boolean(
+    "reshard",
+    False,
+    "Replace the workdir's recorded split by this command's (only once none of its shards runs).",
+)
+
+
+def _check_shard(value) -> bool:
+    if value is not None:
+        try:
+            shards_lib.parse_shard(value)
+        except shards_lib.ShardError as error:
+            raise flags.ValidationError(str(error)) from None
+    return True
+
+
+flags.register_validator(_SHARD, _check_shard)
+flags.register_multi_flags_validator(
+    ["shard", "collect"],
+    lambda f: not (f["shard"] is not None and f["collect"]),
+    "--shard and --collect do not go together: run the shards, then one --collect.",
+)
+flags.register_multi_flags_validator(
+    ["allow_partial", "collect"],
+    lambda f: f["collect"] or not f["allow_partial"],
+    "--allow_partial applies to --collect only.",
+)
+
+
+def _list(shard: shards_lib.Shard | None) -> None:
+    with common.user_errors():
+        if shard is None:
+            names = [name for name, _ in fjp.expand_sweep(_CONFIG.value)]
+            print("\n".join(names))
+            print(f"{len(names)} runs")
+            return
+        split = shards_lib.split_sweep(_CONFIG.value, shard.count)
+    mine = [(name, cost) for name, s, cost in split if s == shard.index]
+    for name, cost in mine:
+        print(f"{name}  (cost {cost:.3g})")
+    total = sum(cost for _, _, cost in split)
+    share = sum(cost for _, cost in mine) / max(total, 1e-30)
+    print(
+        f"shard {shard}: {len(mine)} of {len(split)} runs, {100 * share:.1f} % of the estimated "
+        "cost (fedjax_pals/experiment/shards.py, run_cost)"
+    )
+
+
+def _collect(workdir: str, started: float) -> None:
+    try:
+        summary = fjp.collect_sweep(
+            workdir, _CONFIG.value, allow_partial=_ALLOW_PARTIAL.value
+        )
+    except shards_lib.NoSweepError as error:
+        common.usage_error(str(error))
+    except shards_lib.SweepIncompleteError as error:
+        raise SystemExit(f"error: {error}") from None
+    except fjp.ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
+    if summary["markdown"] and fjp.is_main_process():
+        print(f"\n{summary['markdown']}\n")
+        if summary["missing"]:
+            print(f"partial: {len(summary['missing'])} run(s) missing, e.g. {summary['missing'][0]}")
+        common.print_written(workdir, started)
+
+
+def _run_shard(workdir: str) -> None:
+    with common.user_errors():
+        summary = fjp.run_shard(
+            _CONFIG.value,
+            workdir,
+            _SHARD.value,
+            quiet=common.QUIET.value,
+            overwrite=common.OVERWRITE.value,
+            mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
+            reshard=_RESHARD.value,
+        )
+    counts: dict[str, int] = {}
+    for status in summary["runs"].values():
+        counts[status] = counts.get(status, 0) + 1
+    if not common.QUIET.value:
+        for name, message in summary["errors"].items():
+            print(f"{summary['runs'][name]}: {name}: {message}")
+    if fjp.is_main_process():
+        done = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+        print(
+            f"shard {summary['shard']}: {done} (of {summary['total_runs']} runs in the sweep). "
+            f"Once every shard has ended: python -m experiments.sweep --workdir={workdir} "
+            "--collect"
+        )
+    failed = [name for name, s in summary["runs"].items() if s == "failed"]
+    if failed:
+        raise SystemExit(f"error: {len(failed)} run(s) failed; see {workdir}/runs/<name>/error.txt")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    shard = shards_lib.parse_shard(_SHARD.value) if _SHARD.value is not None else None
     if _LIST.value:
-        with common.user_errors():
-            runs = fjp.expand_sweep(_CONFIG.value)
-        print("\n".join(name for name, _ in runs))
-        print(f"{len(runs)} runs")
+        if _CONFIG.value is None:
+            common.usage_error("--config is required (the sweep to list).")
+        _list(shard)
         return
-    if common.WORKDIR.value is None:
-        raise app.UsageError("--workdir is required (where the sweep's runs and table go).")
-    common.configure_runtime()
+    if not common.WORKDIR.value:
+        common.usage_error("--workdir is required (where the sweep's runs and table go).")
     workdir = common.WORKDIR.value
+    if _CONFIG.value is None and not _COLLECT.value:
+        common.usage_error("--config is required (the sweep config file).")
     started = time.time()
+    if _COLLECT.value:
+        _collect(workdir, started)
+        return
+    common.configure_runtime()
+    if shard is not None:
+        _run_shard(workdir)
+        return
     with common.user_errors():
         summary = fjp.run_sweep(
             _CONFIG.value,
@@ -46,6 +178,7 @@ def main(argv):
             quiet=common.QUIET.value,
             overwrite=common.OVERWRITE.value,
             mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
+            reshard=_RESHARD.value,
         )
     failed = {name: s for name, s in summary["runs"].items() if s == "failed"}
     if not common.QUIET.value:

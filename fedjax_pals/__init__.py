@@ -84,6 +84,13 @@ from fedjax_pals.experiment.config import (  # noqa: E402
 from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
 from fedjax_pals.experiment.train import train_and_evaluate, train_and_evaluate_many  # noqa: E402
 from fedjax_pals.experiment.sweep import expand_sweep, run_sweep  # noqa: E402
+from fedjax_pals.experiment.shards import (  # noqa: E402
+    Shard,
+    assign_shards,
+    collect_sweep,
+    run_shard,
+)
+from fedjax_pals.experiment.submission import submit_sweep  # noqa: E402
 from fedjax_pals.experiment.protocol import PAPER_METHODS, protocol_grid, table1_config  # noqa: E402
 from fedjax_pals.experiment.restore import RestoredRun, restore_run  # noqa: E402
 from fedjax_pals.experiment.checkpoints import (  # noqa: E402
@@ -114,6 +121,8 @@ from fedjax_pals.experiment import (  # noqa: E402,F401
     plots,
     progress,
     protocol,
+    shards,
+    submission,
     sweep,
     writers,
 )
@@ -141,6 +150,7 @@ __all__ = [
     # experiments
     "ConfigError", "config_digest", "default_config", "validate_config", "Task", "TaskError",
     "build_task", "train_and_evaluate", "train_and_evaluate_many", "expand_sweep", "run_sweep",
+    "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError",
     "WorkdirLockedError",

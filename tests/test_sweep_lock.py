@@ -57,14 +57,14 @@ def _fake_many(held):
 
 def test_a_second_sweep_on_a_workdir_fails_at_once_naming_the_holder(tmp_path, monkeypatch):
     monkeypatch.setattr(fjp.experiment.train, "train_and_evaluate_many", _fake_many(held="nothing"))
-    fd = locks.acquire(str(tmp_path / sweep_lib.SWEEP_LOCK_FILE), "test")
+    lease = locks.Lease(str(tmp_path / sweep_lib.SWEEP_LOCK_FILE), "test").acquire()
     try:
         start = time.perf_counter()
         with pytest.raises(fjp.WorkdirLockedError) as info:
             fjp.run_sweep(_sweep_config(), str(tmp_path), quiet=True)
         assert time.perf_counter() - start < 1.0
     finally:
-        locks.release(fd)
+        lease.release()
     message = str(info.value)
     assert f"the sweep workdir {tmp_path} is in use" in message
     assert f"process {os.getpid()} on {socket.gethostname()}" in message

@@ -167,6 +167,12 @@ def _datasets() -> dict[str, _DatasetInfo]:
     return {**DATASETS, **user}
 
 
+def num_train_examples(name: str) -> int | None:
+    """Training examples of a built-in or registered data set (None for an unknown name)."""
+    info = _datasets().get(name)
+    return None if info is None else info.num_train
+
+
 # The synthetic task (App. C.4) has two training clients and the target.
 SYNTHETIC_NUM_CLIENTS = 3
 

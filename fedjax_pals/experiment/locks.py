@@ -1,6 +1,8 @@
-"""Advisory locks on directories (fcntl.flock): one writer at a time, released if it dies.
+"""Locks on directories: one writer at a time, released (or taken over) if it dies.
 
-The lock file holds "<pid> on <host>" of its holder, so that a refused launch can name it.
+`acquire`/`release`: an advisory fcntl.flock, for a run's workdir (one host writes a run).
+`Lease`: a lock that also holds between hosts of a shared file system, for sweeps and their
+shards (filelock's NFS-safe lease). Both name their holder ("<pid> on <host>") when they refuse.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 
 from fedjax_pals.experiment.workdir import WorkdirLockedError
 
@@ -51,3 +54,77 @@ def release(fd: int | None) -> None:
     """Releases a lock taken by `acquire` (closing the descriptor releases the flock)."""
     if fd is not None:
         os.close(fd)
+
+
+# -- leases: locks that hold on a shared file system ------------------------------------------
+
+# A lease's holder refreshes it every third of this; a peer on another host may take it over
+# once it has seen no refresh for this long (a holder on the same host that has died is taken
+# over at once: filelock checks its pid).
+LEASE_SECONDS = 30.0
+
+
+def _lease_holder(path: str) -> str:
+    """"<pid> on <host>" from a filelock marker file ("pid=..." and "host=..." lines)."""
+    try:
+        with open(path) as f:
+            fields = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+    except OSError:
+        return "unknown"
+    return f"{fields.get('pid', '?').strip()} on {fields.get('host', '?').strip()}"
+
+
+class Lease:
+    """An exclusive lock that holds across the hosts of a shared (NFS) file system.
+
+    flock/fcntl locks on NFS are node-local under common mount options (`local_lock=`), so
+    two hosts could both hold one. This is filelock's `SoftFileLease`: the lock file's
+    existence is the lock, created atomically; a heartbeat thread refreshes it while it is
+    held; a holder on this host that died (SIGKILL, OOM) is taken over at once, one on another
+    host once its lease has gone unrefreshed for `lease_seconds`. Correctness of a sharded
+    sweep does not rest on it (shards are disjoint by construction): it turns a second job on
+    the same shard into a one-line refusal.
+    """
+
+    def __init__(self, path: str, what: str, *, lease_seconds: float = LEASE_SECONDS):
+        from filelock import SoftFileLease
+
+        self.path = path
+        self.what = what
+        self._lease = SoftFileLease(path, lease_duration=lease_seconds, on_compromise=self._lost)
+
+    def _lost(self, compromise) -> None:
+        print(
+            f"warning: lost the lock {self.path} ({getattr(compromise, 'reason', compromise)}); "
+            "another job may be running the same shard.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def acquire(self, wait_seconds: float = 0.0) -> "Lease":
+        """Takes the lease, waiting up to `wait_seconds` for it.
+
+        Raises:
+          WorkdirLockedError: another live process holds it (naming its pid and host).
+        """
+        from filelock import Timeout
+
+        try:
+            self._lease.acquire(timeout=wait_seconds)
+        except Timeout:
+            raise WorkdirLockedError(
+                f"{self.what} is in use by another process (process "
+                f"{_lease_holder(self.path)} holds {self.path}); wait for it to finish. A holder "
+                f"on another host that died is taken over {self._lease.lease_duration:g} s after "
+                "its last heartbeat."
+            ) from None
+        return self
+
+    def release(self) -> None:
+        self._lease.release()
+
+    def __enter__(self) -> "Lease":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

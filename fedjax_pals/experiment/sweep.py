@@ -55,8 +55,10 @@ is "failed" and reported (traceback in the run's error.txt). A run whose workdir
 process holds (e.g. an `experiments.run` on it) is "busy": not a failure, and nothing is
 written into it.
 
-One sweep at a time per workdir: the sweep holds `<workdir>/.sweep.lock` while it runs, and a
-second sweep on the same workdir fails at once, naming the holder's pid and host.
+One sweep at a time per workdir: the sweep holds `<workdir>/.sweep.lease` (a lease that holds on
+a shared file system, `locks.Lease`) while it runs, and a second sweep on the same workdir fails
+at once, naming the holder's pid and host. To spread one sweep over many jobs and hosts, split
+it into shards (`shards.py`: `run_shard`, then `collect_sweep`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ import itertools
 import json
 import os
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
@@ -107,7 +109,11 @@ FIGURES = (
 # How a run that returned no results ended (see `_failure_status`).
 FAILURE_STATUSES = ("diverged", "unreachable", "failed", "busy")
 # Held while a sweep runs in its workdir.
-SWEEP_LOCK_FILE = ".sweep.lock"
+# (Not ".sweep.lock": workdirs of earlier versions hold an fcntl lock file of that name.)
+SWEEP_LOCK_FILE = ".sweep.lease"
+# Where a sharded sweep records its split (`shards.py`): an unsharded sweep refuses such a workdir.
+SHARDS_DIR = "shards"
+SHARD_PLAN = os.path.join(SHARDS_DIR, "plan.json")
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
 # Keys that are not hyperparameters or task axes of a sweep.
@@ -474,6 +480,7 @@ def execute_runs(
     overwrite: bool = False,
     names: Sequence[str] | None = None,
     mlflow_tracking_uri: str | None = None,
+    on_done: Callable[[int, dict | BaseException], None] | None = None,
 ) -> list[dict | BaseException]:
     """Runs `configs[i]` in `workdirs[i]`; the one place a sweep executes its runs.
 
@@ -491,6 +498,7 @@ def execute_runs(
       names: labels of the runs for the progress bar (default: the workdirs' names).
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
         (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
+      on_done: called with (index, outcome) as each run ends (after its error.txt is written).
 
     Returns:
       Per run, its results dict or the exception it raised.
@@ -500,7 +508,7 @@ def execute_runs(
     names = list(names) if names is not None else [os.path.basename(w) for w in workdirs]
     with Progress(len(configs), desc="sweep", unit="run", quiet=quiet) as bar:
 
-        def on_done(index: int, outcome) -> None:
+        def report(index: int, outcome) -> None:
             workdir, name = workdirs[index], names[index]
             if isinstance(outcome, BaseException):
                 if is_main_process() and not isinstance(outcome, WorkdirLockedError):
@@ -509,13 +517,15 @@ def execute_runs(
                         f.write("".join(traceback.format_exception(outcome)))
                 bar.write(f"{name}: {type(outcome).__name__}: {outcome}")
                 bar.update(1)
-                return
-            stale = os.path.join(workdir, "error.txt")
-            if is_main_process() and os.path.exists(stale):
-                os.remove(stale)  # an earlier attempt's failure, now resolved
-            bar.update(
-                1, run=name, test_acc=outcome.get("target_accuracy_at_best_val", float("nan"))
-            )
+            else:
+                stale = os.path.join(workdir, "error.txt")
+                if is_main_process() and os.path.exists(stale):
+                    os.remove(stale)  # an earlier attempt's failure, now resolved
+                bar.update(
+                    1, run=name, test_acc=outcome.get("target_accuracy_at_best_val", float("nan"))
+                )
+            if on_done is not None:
+                on_done(index, outcome)
 
         return train_lib.train_and_evaluate_many(
             configs,
@@ -523,7 +533,7 @@ def execute_runs(
             overwrite=overwrite,
             quiet=True,
             round_progress=not quiet,
-            on_done=on_done,
+            on_done=report,
             mlflow_tracking_uri=mlflow_tracking_uri,
         )
 
@@ -539,6 +549,162 @@ def _check_workdir(workdir: str) -> None:
         raise ConfigError(f"the sweep workdir {workdir!r} cannot be written: {error}.") from None
 
 
+def prepared_runs(
+    config: Any, workdir: str, *, overwrite: bool = False
+) -> tuple[list[SweepRun], dict[str, Any], list[Mapping[str, Any] | None]]:
+    """The sweep's runs, its section, and each run's results.json so far (or None).
+
+    Validates every run and the workdir first; a run directory holding another config is
+    refused (ConfigError naming it) unless `overwrite`. Reads no data.
+    """
+    runs, sweep = _runs(config)
+    _check_workdir(workdir)
+    return runs, sweep, previous_results(runs, workdir, overwrite=overwrite)
+
+
+def previous_results(
+    runs: Sequence[SweepRun], workdir: str, *, overwrite: bool = False
+) -> list[Mapping[str, Any] | None]:
+    """Each run's results.json so far (or None); a run directory holding another config is
+    refused (ConfigError naming it) unless `overwrite`."""
+    previous = [
+        train_lib._read_results(os.path.join(run_dir(workdir, run), RESULTS_FILE)) for run in runs
+    ]
+    if not overwrite:
+        foreign = [
+            (run, results)
+            for run, results in zip(runs, previous)
+            if results is not None and results.get("config_digest") not in (None, run.digest)
+        ]
+        if foreign:
+            run, results = foreign[0]
+            differences = config_lib.config_differences(results.get("config", {}), run.resolved)
+            raise ConfigError(
+                f"{len(foreign)} run(s) in {workdir}/runs hold another configuration, e.g. "
+                f"{run.name}: {'; '.join(differences[:5]) or 'different digest'}. Use another "
+                "workdir, or overwrite=True (--overwrite) to replace them."
+            )
+    return previous
+
+
+def run_dir(workdir: str, run: SweepRun) -> str:
+    """Where a sweep's run writes: `<workdir>/runs/<name>/`."""
+    return os.path.join(workdir, "runs", run.name)
+
+
+def execute_sweep_runs(
+    runs: Sequence[SweepRun],
+    previous: Sequence[Mapping[str, Any] | None],
+    workdir: str,
+    indices: Sequence[int],
+    *,
+    quiet: bool = False,
+    overwrite: bool = False,
+    mlflow_tracking_uri: str | None = None,
+    on_status: Callable[[str, str, str | None], None] | None = None,
+) -> tuple[dict[str, str], dict[str, str], dict[int, Mapping[str, Any]]]:
+    """Runs `runs[i]` for each i in `indices` that has not finished; skips the finished ones.
+
+    `on_status(name, status, error)` is called as each run ends (and for each skipped run).
+
+    Returns:
+      (status {name: "done" | "skipped" | one of FAILURE_STATUSES}, errors {name: message},
+       results {index: results dict} of the runs that finished, skipped ones included).
+    """
+    status: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    results_by_run: dict[int, Mapping[str, Any]] = {}
+    todo = []
+    for i in indices:
+        if _finished(runs[i], previous[i]):
+            status[runs[i].name] = "skipped"
+            results_by_run[i] = previous[i]
+            if on_status is not None:
+                on_status(runs[i].name, "skipped", None)
+        else:
+            todo.append(i)
+
+    def record(position: int, outcome) -> None:
+        i = todo[position]
+        if runs[i].name in status:
+            return
+        name = runs[i].name
+        if isinstance(outcome, BaseException):
+            status[name] = _failure_status(outcome)
+            errors[name] = f"{type(outcome).__name__}: {outcome}"
+        else:
+            status[name] = "done"
+            results_by_run[i] = outcome
+        if on_status is not None:
+            on_status(name, status[name], errors.get(name))
+
+    outcomes = execute_runs(
+        [runs[i].config for i in todo],
+        [run_dir(workdir, runs[i]) for i in todo],
+        quiet=quiet,
+        overwrite=overwrite,
+        names=[runs[i].name for i in todo],
+        mlflow_tracking_uri=mlflow_tracking_uri,
+        on_done=record,
+    )
+    for position, outcome in enumerate(outcomes):
+        record(position, outcome)
+    return status, errors, results_by_run
+
+
+def write_report(
+    workdir: str,
+    runs: Sequence[SweepRun],
+    sweep: Mapping[str, Any],
+    status: Mapping[str, str],
+    results_by_run: Mapping[int, Mapping[str, Any]],
+    *,
+    missing: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The protocol's report of the finished runs: table.md, table.json, comparison.png and the
+    figures of `sweep.figures` in `workdir`.
+
+    `missing` names runs that have not ended (a partial collect, `shards.collect_sweep`): the
+    table then says it is partial and lists them.
+
+    Returns:
+      {"table": the protocol table, "markdown": its text, "files": {name: path}}.
+    """
+    records = [
+        protocol_lib.RunRecord(
+            row=runs[i].row,
+            method=runs[i].method,
+            hparams=runs[i].hparams,
+            seed=runs[i].seed,
+            results=results_by_run[i],
+        )
+        for i in sorted(results_by_run)
+    ]
+    paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
+    if paper and len({run.row for run in runs}) == 1:
+        paper = {runs[0].row: sweep["paper"]}
+    title = _title(runs, sweep)
+    if missing:
+        title = f"PARTIAL ({len(missing)} of {len(runs)} runs missing): {title}"
+    table = protocol_lib.protocol_table(
+        records,
+        methods=[m for m in dict.fromkeys(run.method for run in runs)],
+        selection=sweep["selection"],
+        paper=paper,
+        title=title,
+    )
+    table["runs"] = {
+        "total": len(runs),
+        "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
+    }
+    if missing:
+        table["runs"]["partial"] = True
+        table["runs"]["missing"] = list(missing)
+    files = protocol_lib.write_protocol_report(workdir, table)
+    files.update(_figures(workdir, sweep, table, records))
+    return {"table": table, "markdown": protocol_lib.table_markdown(table), "files": files}
+
+
 def run_sweep(
     config: Any,
     workdir: str,
@@ -546,6 +712,7 @@ def run_sweep(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
+    reshard: bool = False,
 ) -> dict[str, Any]:
     """Runs every run of the sweep `config` in `<workdir>/runs/<name>/`, then the protocol.
 
@@ -556,64 +723,45 @@ def run_sweep(
     the figures named in `sweep.figures`. With `mlflow_tracking_uri` every run also logs to
     MLflow (one MLflow run per run workdir; `mlflow_writer.py`).
 
+    A workdir whose sweep was split into shards (`fjp.run_shard`) is refused, naming the split,
+    unless `reshard` (its record is then dropped: run it so only once none of its shards runs).
+
     Returns:
       {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed" | "busy"},
        "errors": {name: message},
        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
-    runs, sweep = _runs(config)
     workdir = os.fspath(workdir)
+    runs, sweep = _runs(config)
     _check_workdir(workdir)
-    lock = None
+    lease = None
     if is_main_process():
-        lock = locks.acquire(
+        lease = locks.Lease(
             os.path.join(workdir, SWEEP_LOCK_FILE), f"the sweep workdir {os.path.abspath(workdir)}"
-        )
+        ).acquire()
     try:
-        run_dirs = [os.path.join(workdir, "runs", run.name) for run in runs]
-        previous = [train_lib._read_results(os.path.join(d, RESULTS_FILE)) for d in run_dirs]
-        if not overwrite:
-            foreign = [
-                (run, results)
-                for run, results in zip(runs, previous)
-                if results is not None and results.get("config_digest") not in (None, run.digest)
-            ]
-            if foreign:
-                run, results = foreign[0]
-                differences = config_lib.config_differences(results.get("config", {}), run.resolved)
+        plan = os.path.join(workdir, SHARD_PLAN)
+        if os.path.exists(plan):
+            if not reshard:
                 raise ConfigError(
-                    f"{len(foreign)} run(s) in {workdir}/runs hold another configuration, e.g. "
-                    f"{run.name}: {'; '.join(differences[:5]) or 'different digest'}. Use another "
-                    "workdir, or overwrite=True (--overwrite) to replace them."
+                    f"the sweep in {workdir} is split into shards ({plan}): run its shards "
+                    "(--shard=i/N) and then --collect, or pass reshard=True (--reshard) to run "
+                    "it whole here, once none of its shards runs."
                 )
+            if is_main_process():
+                os.remove(plan)
+        runs, sweep, previous = prepared_runs(config, workdir, overwrite=overwrite)
         if is_main_process():
             write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
-        todo = [
-            i for i, (run, results) in enumerate(zip(runs, previous)) if not _finished(run, results)
-        ]
-        outcomes = execute_runs(
-            [runs[i].config for i in todo],
-            [run_dirs[i] for i in todo],
+        status, errors, results_by_run = execute_sweep_runs(
+            runs,
+            previous,
+            workdir,
+            range(len(runs)),
             quiet=quiet,
             overwrite=overwrite,
-            names=[runs[i].name for i in todo],
             mlflow_tracking_uri=mlflow_tracking_uri,
         )
-        status: dict[str, str] = {}
-        errors: dict[str, str] = {}
-        results_by_run: dict[int, Mapping[str, Any]] = {}
-        for i, results in enumerate(previous):
-            if i not in todo:
-                status[runs[i].name] = "skipped"
-                results_by_run[i] = results
-        for i, outcome in zip(todo, outcomes):
-            name = runs[i].name
-            if isinstance(outcome, BaseException):
-                status[name] = _failure_status(outcome)
-                errors[name] = f"{type(outcome).__name__}: {outcome}"
-            else:
-                status[name] = "done"
-                results_by_run[i] = outcome
         summary: dict[str, Any] = {
             "runs": {run.name: status[run.name] for run in runs},
             "errors": errors,
@@ -623,36 +771,11 @@ def run_sweep(
         }
         if not sweep["protocol"] or not results_by_run or not is_main_process():
             return summary
-        records = [
-            protocol_lib.RunRecord(
-                row=runs[i].row,
-                method=runs[i].method,
-                hparams=runs[i].hparams,
-                seed=runs[i].seed,
-                results=results_by_run[i],
-            )
-            for i in sorted(results_by_run)
-        ]
-        paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
-        if paper and len({run.row for run in runs}) == 1:
-            paper = {runs[0].row: sweep["paper"]}
-        table = protocol_lib.protocol_table(
-            records,
-            methods=[m for m in dict.fromkeys(run.method for run in runs)],
-            selection=sweep["selection"],
-            paper=paper,
-            title=_title(runs, sweep),
-        )
-        table["runs"] = {
-            "total": len(runs),
-            "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
-        }
-        files = protocol_lib.write_protocol_report(workdir, table)
-        files.update(_figures(workdir, sweep, table, records))
-        summary.update(table=table, markdown=protocol_lib.table_markdown(table), files=files)
+        summary.update(write_report(workdir, runs, sweep, status, results_by_run))
         return summary
     finally:
-        locks.release(lock)
+        if lease is not None:
+            lease.release()
 
 
 def _failure_status(error: BaseException) -> str:

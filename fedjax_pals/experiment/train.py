@@ -444,7 +444,7 @@ def train_and_evaluate_many(
     groups: dict = {}
     for index, config in enumerate(configs):
         try:
-            key = _structure_of(validate_config(config))
+            key = structure_group_key(validate_config(config))
         except Exception as error:  # noqa: BLE001 - reported in its place
             done(index, error)
             continue
@@ -494,8 +494,10 @@ def train_and_evaluate_many(
     return outcomes
 
 
-def _structure_of(resolved: ml_collections.ConfigDict) -> str:
-    """The config with what the engine holds in the state removed: equal for runs that can share."""
+def structure_group_key(resolved: ml_collections.ConfigDict) -> str:
+    """The config with what the engine holds in the state removed: equal for runs that can share
+    one compiled program (a cheap grouping by config alone; `training_group_key` decides). The
+    shard assignment (`shards.assign_shards`) keeps such runs together."""
     plain = as_dict(resolved)
     plain.pop("seed", None)
     for key in ("lam", "ess_fraction", "target_perturbation"):
