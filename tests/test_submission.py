@@ -1,0 +1,168 @@
+"""A sweep submitted through submitit: the shards as a job array, the collect after them."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import ml_collections
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.experiment import shards as shards_lib
+from fedjax_pals.experiment import submission as submission_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# CI starts a single-node Slurm (scripts/slurm_local.sh) and sets this: the Slurm test must run.
+SLURM_REQUIRED = os.environ.get("FEDJAX_PALS_SLURM_TESTS") == "1"
+
+
+def _sweep_config(rounds=2):
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.training.rounds = rounds
+    config.training.batch_size = 8
+    config.sweep = ml_collections.ConfigDict(
+        dict(
+            seeds=(0, 1, 2, 3),
+            methods=("fedavg", "fedpals"),
+            grid=dict(training=dict(learning_rate=(0.05, 0.1))),
+        )
+    )
+    return config
+
+
+def _config_file(tmp_path, rounds):
+    path = tmp_path / "sweep_config.py"
+    path.write_text(
+        "import ml_collections\nimport fedjax_pals as fjp\n\n\ndef get_config():\n"
+        "    config = fjp.default_config()\n"
+        "    config.dataset.name = 'synthetic'\n"
+        f"    config.training.rounds = {rounds}\n"
+        "    config.training.batch_size = 8\n"
+        "    config.sweep = ml_collections.ConfigDict(dict(seeds=(0, 1, 2, 3),\n"
+        "        methods=('fedavg', 'fedpals'), grid=dict(training=dict(learning_rate=(0.05, 0.1)))))\n"
+        "    return config\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shards=0), "shards must be an integer >= 1"),
+        (dict(shards=2, timeout_mn=5), "submitit refused the job parameters: .*timeout_mn"),
+        (dict(shards=2, slurm_partitio="gpu"), "Unknown argument 'partitio'"),
+        (dict(shards=2, cluster="pbs"), "submitit: AutoExecutor doesn't know any executor named pbs"),
+    ],
+)
+def test_bad_submissions_are_refused_before_anything_is_submitted(tmp_path, kwargs, match):
+    with pytest.raises(fjp.ConfigError, match=match):
+        fjp.submit_sweep(_sweep_config(), str(tmp_path), cluster=kwargs.pop("cluster", "local"), **kwargs)
+    assert not os.path.exists(tmp_path / "shards") and not os.path.exists(tmp_path / "runs")
+
+
+def test_a_bad_sweep_config_is_refused_before_anything_is_submitted(tmp_path):
+    config = _sweep_config()
+    config.sweep.methods = ("fedprx",)
+    with pytest.raises(fjp.ConfigError, match="fedprx"):
+        fjp.submit_sweep(config, str(tmp_path), shards=2, cluster="local")
+    assert not os.path.exists(tmp_path / "submitit")
+
+
+def test_the_submit_command_refuses_bad_flags_in_one_line(tmp_path):
+    for args, match in [
+        (["--shards=0"], "--shards=0"),
+        (["--shards=2", "--slurm=account"], "is not key=value"),
+        (["--shards=2", "--cluster=local", "--slurm_partition=gpu"], "need --cluster=slurm"),
+        (["--shards=2", "--cluster=local", "--timeout_mn=3"], "timeout_mn"),
+    ]:
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "experiments.submit",
+                f"--config={os.path.join(ROOT, 'configs', 'demo.py')}", f"--workdir={tmp_path}",
+                *args,
+            ],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], lines
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def _unsharded_table(tmp_path, rounds):
+    whole = fjp.run_sweep(_sweep_config(rounds), str(tmp_path / "whole"), quiet=True)
+    assert set(whole["runs"].values()) == {"done"}
+    with open(tmp_path / "whole" / "table.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.integration
+def test_submitit_local_shards_one_preempted_and_requeued_collect_the_unsharded_table(tmp_path):
+    workdir = str(tmp_path / "submitted")
+    submission = fjp.submit_sweep(
+        _sweep_config(rounds=6), workdir, shards=2, cluster="local", timeout_min=30
+    )
+    # Preempt shard 0 (submitit's signal, as Slurm sends it) once one of its runs has a checkpoint.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        plan = shards_lib.read_plan(workdir) if os.path.exists(shards_lib.plan_path(workdir)) else None
+        if plan is not None:
+            names = [e["name"] for e in plan["runs"] if e["shard"] == 0]
+            if any(
+                os.path.isdir(os.path.join(workdir, "runs", n, "checkpoints"))
+                and os.listdir(os.path.join(workdir, "runs", n, "checkpoints"))
+                for n in names
+            ):
+                break
+        assert not submission.shard_jobs[0].done(), submission.shard_jobs[0].stderr()
+        time.sleep(0.05)
+    # The signal goes to the task itself, as Slurm sends it (the record names its pid);
+    # submitit's LocalJob._interrupt signals the local controller instead.
+    record = json.loads(open(os.path.join(workdir, "shards", "shard-0-of-2.json")).read())
+    assert record["state"] == "running"
+    os.kill(record["pid"], signal.SIGUSR2)
+    summary = submission.wait()
+    assert summary["missing"] == []
+    log = submission.shard_jobs[0].stderr() or ""
+    assert "Requeued job" in log and "this job is preempted" in log, log[-3000:]
+    again = json.loads(open(os.path.join(workdir, "shards", "shard-0-of-2.json")).read())
+    assert again["state"] == "finished" and again["pid"] != record["pid"]
+    with open(os.path.join(workdir, "table.json")) as f:
+        assert json.load(f) == _unsharded_table(tmp_path, rounds=6)
+
+
+def _slurm_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    done = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return done.returncode == 0 and ("idle" in done.stdout or "mix" in done.stdout)
+
+
+@pytest.mark.integration
+def test_the_submit_command_on_a_real_slurm_runs_an_array_and_a_dependent_collect(tmp_path):
+    if not _slurm_up():
+        if SLURM_REQUIRED:
+            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
+        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    workdir = str(tmp_path / "slurm")
+    config_file = _config_file(tmp_path, rounds=2)
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "experiments.submit", f"--config={config_file}",
+            f"--workdir={workdir}", "--shards=3", "--timeout_min=20", "--wait",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "as array" in done.stdout and "collect: job" in done.stdout
+    with open(os.path.join(workdir, "table.json")) as f:
+        table = json.load(f)
+    assert table == _unsharded_table(tmp_path, rounds=2)
+    for index in range(3):
+        record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-3.json")).read())
+        assert record["state"] == "finished" and set(record["runs"].values()) <= {"done", "skipped"}
