@@ -143,26 +143,66 @@ def _slurm_up() -> bool:
     return done.returncode == 0 and ("idle" in done.stdout or "mix" in done.stdout)
 
 
+def _wait_for_job(job_id: str, timeout: float = 1200) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queued = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%i %T"], capture_output=True, text=True
+        )
+        if queued.returncode == 0 and not queued.stdout.strip():
+            return
+        time.sleep(1.0)
+    pytest.fail(f"Slurm job {job_id} still queued or running after {timeout} s")
+
+
+def _sbatch(*args: str) -> str:
+    done = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={ROOT}", *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
 @pytest.mark.integration
-def test_the_submit_command_on_a_real_slurm_runs_an_array_and_a_dependent_collect(tmp_path):
+def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard_resubmitted(
+    tmp_path,
+):
     if not _slurm_up():
         if SLURM_REQUIRED:
             pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
         pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
     workdir = str(tmp_path / "slurm")
-    config_file = _config_file(tmp_path, rounds=2)
+    config_file = _config_file(tmp_path, rounds=4)
     done = subprocess.run(
         [
             sys.executable, "-m", "experiments.submit", f"--config={config_file}",
-            f"--workdir={workdir}", "--shards=3", "--timeout_min=20", "--wait",
+            f"--workdir={workdir}", "--shards=3", "--timeout_min=20",
         ],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "as array" in done.stdout and "collect: job" in done.stdout
+    words = done.stdout.split()
+    array = words[words.index("array") + 1]
+    collect = words[words.index("collect:") + 2]
+    # Cancel shard 1 while it runs (sbatch --array: task ids are the shard indices).
+    record = os.path.join(workdir, "shards", "shard-1-of-3.json")
+    deadline = time.monotonic() + 600
+    while not os.path.exists(record) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    subprocess.run(["scancel", f"{array}_1"], check=True)
+    _wait_for_job(collect)
+    log = open(os.path.join(workdir, "submitit", collect, f"{collect}_0_log.err")).read()
+    assert "SweepIncompleteError" in log and "(shard 1/3:" in log, log[-3000:]
+    assert not os.path.exists(os.path.join(workdir, "table.json"))
+    # The plain recipe: resubmit that one shard, then a collect after it.
+    python = f"{sys.executable} -m experiments.sweep --config={config_file} --workdir={workdir}"
+    shard = _sbatch("--array=1", f"--wrap={python} --shard=1/3 --quiet")
+    again = _sbatch(f"--dependency=afterok:{shard}", f"--wrap={python} --collect --quiet")
+    _wait_for_job(shard)
+    _wait_for_job(again)
     with open(os.path.join(workdir, "table.json")) as f:
         table = json.load(f)
-    assert table == _unsharded_table(tmp_path, rounds=2)
+    assert table == _unsharded_table(tmp_path, rounds=4)
     for index in range(3):
         record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-3.json")).read())
         assert record["state"] == "finished" and set(record["runs"].values()) <= {"done", "skipped"}
