@@ -206,3 +206,28 @@ def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard
     for index in range(3):
         record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-3.json")).read())
         assert record["state"] == "finished" and set(record["runs"].values()) <= {"done", "skipped"}
+
+
+@pytest.mark.integration
+def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect(tmp_path):
+    if not _slurm_up():
+        if SLURM_REQUIRED:
+            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
+        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    workdir = str(tmp_path / "sbatch")
+    config_file = _config_file(tmp_path, rounds=2)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    submit = lambda *args: subprocess.run(  # noqa: E731
+        ["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/%x-%A_%a.out", *args],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout.strip()
+    # --array=1-2: task ids 1 and 2 are shards 0 and 1 of 2 (--shard=auto subtracts the min).
+    array = submit("--array=1-2", "examples/slurm/shard.sbatch", config_file, workdir)
+    collect = submit(f"--dependency=afterany:{array}", "examples/slurm/collect.sbatch", workdir)
+    _wait_for_job(array)
+    _wait_for_job(collect)
+    for index in range(2):
+        record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-2.json")).read())
+        assert record["state"] == "finished", record
+    with open(os.path.join(workdir, "table.json")) as f:
+        assert json.load(f) == _unsharded_table(tmp_path, rounds=2)
