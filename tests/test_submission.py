@@ -155,9 +155,11 @@ def _wait_for_job(job_id: str, timeout: float = 1200) -> None:
     pytest.fail(f"Slurm job {job_id} still queued or running after {timeout} s")
 
 
-def _sbatch(*args: str) -> str:
+def _sbatch(output_dir, *args: str) -> str:
     done = subprocess.run(
-        ["sbatch", "--parsable", f"--chdir={ROOT}", *args], capture_output=True, text=True
+        ["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={output_dir}/slurm-%j.out", *args],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
@@ -196,8 +198,8 @@ def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard
     assert not os.path.exists(os.path.join(workdir, "table.json"))
     # The plain recipe: resubmit that one shard, then a collect after it.
     python = f"{sys.executable} -m experiments.sweep --config={config_file} --workdir={workdir}"
-    shard = _sbatch("--array=1", f"--wrap={python} --shard=1/3 --quiet")
-    again = _sbatch(f"--dependency=afterok:{shard}", f"--wrap={python} --collect --quiet")
+    shard = _sbatch(tmp_path, "--array=1", f"--wrap={python} --shard=1/3 --quiet")
+    again = _sbatch(tmp_path, f"--dependency=afterok:{shard}", f"--wrap={python} --collect --quiet")
     _wait_for_job(shard)
     _wait_for_job(again)
     with open(os.path.join(workdir, "table.json")) as f:
