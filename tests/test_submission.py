@@ -94,18 +94,27 @@ def test_the_submit_command_refuses_bad_flags_in_one_line(tmp_path):
     assert not os.path.exists(tmp_path / "runs")
 
 
-def _unsharded_table(tmp_path, rounds):
-    whole = fjp.run_sweep(_sweep_config(rounds), str(tmp_path / "whole"), quiet=True)
+# The integration tests' sweep: 16 synthetic runs of this many rounds (enough to stop one
+# mid-run), and the table of its unsharded run_sweep, computed once for the module.
+ROUNDS = 4
+
+
+@pytest.fixture(scope="module")
+def unsharded_table(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("whole")
+    whole = fjp.run_sweep(_sweep_config(ROUNDS), str(workdir), quiet=True)
     assert set(whole["runs"].values()) == {"done"}
-    with open(tmp_path / "whole" / "table.json") as f:
+    with open(workdir / "table.json") as f:
         return json.load(f)
 
 
 @pytest.mark.integration
-def test_submitit_local_shards_one_preempted_and_requeued_collect_the_unsharded_table(tmp_path):
+def test_submitit_local_shards_one_preempted_and_requeued_collect_the_unsharded_table(
+    tmp_path, unsharded_table
+):
     workdir = str(tmp_path / "submitted")
     submission = fjp.submit_sweep(
-        _sweep_config(rounds=6), workdir, shards=2, cluster="local", timeout_min=30
+        _sweep_config(ROUNDS), workdir, shards=2, cluster="local", timeout_min=30
     )
     # Preempt shard 0 (submitit's signal, as Slurm sends it) once one of its runs has a checkpoint.
     deadline = time.monotonic() + 600
@@ -133,7 +142,7 @@ def test_submitit_local_shards_one_preempted_and_requeued_collect_the_unsharded_
     again = json.loads(open(os.path.join(workdir, "shards", "shard-0-of-2.json")).read())
     assert again["state"] == "finished" and again["pid"] != record["pid"]
     with open(os.path.join(workdir, "table.json")) as f:
-        assert json.load(f) == _unsharded_table(tmp_path, rounds=6)
+        assert json.load(f) == unsharded_table
 
 
 def _slurm_up() -> bool:
@@ -167,14 +176,14 @@ def _sbatch(output_dir, *args: str) -> str:
 
 @pytest.mark.integration
 def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard_resubmitted(
-    tmp_path,
+    tmp_path, unsharded_table
 ):
     if not _slurm_up():
         if SLURM_REQUIRED:
             pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
         pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
     workdir = str(tmp_path / "slurm")
-    config_file = _config_file(tmp_path, rounds=4)
+    config_file = _config_file(tmp_path, rounds=ROUNDS)
     done = subprocess.run(
         [
             sys.executable, "-m", "experiments.submit", f"--config={config_file}",
@@ -204,20 +213,22 @@ def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard
     _wait_for_job(again)
     with open(os.path.join(workdir, "table.json")) as f:
         table = json.load(f)
-    assert table == _unsharded_table(tmp_path, rounds=4)
+    assert table == unsharded_table
     for index in range(3):
         record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-3.json")).read())
         assert record["state"] == "finished" and set(record["runs"].values()) <= {"done", "skipped"}
 
 
 @pytest.mark.integration
-def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect(tmp_path):
+def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect(
+    tmp_path, unsharded_table
+):
     if not _slurm_up():
         if SLURM_REQUIRED:
             pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
         pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
     workdir = str(tmp_path / "sbatch")
-    config_file = _config_file(tmp_path, rounds=2)
+    config_file = _config_file(tmp_path, rounds=ROUNDS)
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     submit = lambda *args: subprocess.run(  # noqa: E731
         ["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/%x-%A_%a.out", *args],
@@ -232,4 +243,4 @@ def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect
         record = json.loads(open(os.path.join(workdir, "shards", f"shard-{index}-of-2.json")).read())
         assert record["state"] == "finished", record
     with open(os.path.join(workdir, "table.json")) as f:
-        assert json.load(f) == _unsharded_table(tmp_path, rounds=2)
+        assert json.load(f) == unsharded_table
