@@ -10,16 +10,31 @@ is_default, client_steps_per_s, speedup_vs_baseline, compile seconds, peak
 RSS, machine load; fraction_of_ceiling on the default rows: their client-steps/s over the
 bare step's on the same host devices) and prints a Markdown table.
 
+`--workload` sets the round of a published benchmark instead, on synthetic tensors of its
+shapes (`bench.WORKLOADS`): `fedjax_emnist` (FedJAX's EMNIST-62 CNN, 28x28x1, 62 classes,
+10 clients a round, 200 examples each in batches of 10: 20 steps) or `pfl_cifar10`
+(pfl-research's CIFAR-10 simple CNN, 32x32x3, 10 classes, cohort 50, 50 examples each in
+batches of 10: 5 steps). It sets --models, and the defaults of --num_clients,
+--examples_per_client, --batch_size, --local_epochs and --check_clients (those flags, given,
+win). With several --runs, a second table gives the runs axis' gain: client-steps/s of R
+runs trained together (every run's steps counted) over one run's.
+
+A mistake in the command line is one `error:` line on stderr and exit status 2.
+
 Usage:
   python -m experiments.benchmark
   python -m experiments.benchmark --models=lenet --num_clients=10,100 \
       --backends=host_loop,vmap_steps --devices=1,auto --output=results/bench_small.json
+  python -m experiments.benchmark --workload=fedjax_emnist --runs=1,16 --backends=auto \
+      --output=results/bench_emnist.json
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -29,7 +44,19 @@ from experiments import benchmark_harness as bench
 _BACKENDS_LIST = bench.available_backends()
 
 _NUM_CLIENTS = flags.DEFINE_list("num_clients", ["10", "100", "1000"], "Numbers of clients M.")
-_MODELS = flags.DEFINE_list("models", list(bench.MODELS), "Models.")
+_MODELS = flags.DEFINE_list(
+    "models", list(bench.MODELS), f"Models, among {list(bench.ALL_MODELS)}."
+)
+_WORKLOAD = flags.DEFINE_enum(
+    "workload",
+    None,
+    list(bench.WORKLOADS),
+    "A published benchmark's round on synthetic tensors of its shapes: fedjax_emnist "
+    "(FedJAX's EMNIST CNN, 28x28x1, 62 classes, M=10, 200 examples, batch 10: 20 steps) or "
+    "pfl_cifar10 (pfl-research's CIFAR-10 CNN, 32x32x3, 10 classes, M=50, 50 examples, batch "
+    "10: 5 steps). Sets --models and the defaults of --num_clients, --examples_per_client, "
+    "--batch_size, --local_epochs, --check_clients.",
+)
 _BACKENDS = flags.DEFINE_list(
     "backends", list(_BACKENDS_LIST), f"Engine backends, among {_BACKENDS_LIST} or 'auto'."
 )
@@ -79,19 +106,52 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and the init
 _OUTPUT = flags.DEFINE_string("output", "results/benchmark.json", "Where to write the JSON.")
 
 
-def main(argv):
-    del argv
+USAGE_ERROR_STATUS = 2
+"""Exit status of a command-line mistake (the experiments' mains' convention)."""
+
+
+def usage_error(message: str) -> None:
+    """Prints `error: <message>` (one line) on stderr and exits with status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(USAGE_ERROR_STATUS)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
     try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        usage_error(str(error))
+
+
+def _given(holder) -> tuple:
+    return holder.value, flags.FLAGS[holder.name].present
+
+
+def main(argv):
+    if len(argv) > 1:
+        usage_error(f"unexpected arguments: {argv[1:]}")
+    try:
+        chosen = bench.resolve_workload(
+            _WORKLOAD.value,
+            {
+                "models": _given(_MODELS),
+                "num_clients": _given(_NUM_CLIENTS),
+                "examples_per_client": _given(_EXAMPLES),
+                "batch_size": _given(_BATCH),
+                "local_epochs": _given(_EPOCHS),
+                "check_clients": _given(_CHECK_CLIENTS),
+            },
+        )
         settings = bench.BenchmarkSettings(
-            examples_per_client=_EXAMPLES.value,
-            batch_size=_BATCH.value,
-            local_epochs=_EPOCHS.value,
+            examples_per_client=chosen["examples_per_client"],
+            batch_size=chosen["batch_size"],
+            local_epochs=chosen["local_epochs"],
             learning_rate=_LR.value,
             chunk_size=_CHUNK.value,
             rounds=_ROUNDS.value,
             max_seconds_per_case=_MAX_SECONDS.value,
             min_timed_seconds=_MIN_TIMED.value,
-            check_clients=_CHECK_CLIENTS.value,
+            check_clients=chosen["check_clients"],
             seed=_SEED.value,
             participation=_PARTICIPATION.value,
         )
@@ -101,8 +161,8 @@ def main(argv):
                 "multiple of --batch_size (or pass --nobaseline)."
             )
         cases = bench.benchmark_cases(
-            [m.strip() for m in _MODELS.value],
-            _NUM_CLIENTS.value,
+            [m.strip() for m in chosen["models"]],
+            chosen["num_clients"],
             [b.strip() for b in _BACKENDS.value],
             devices=_DEVICES.value,
             processes=_PROCESSES.value,
@@ -111,13 +171,28 @@ def main(argv):
             ceiling=_CEILING.value,
         )
     except ValueError as e:
-        raise app.UsageError(str(e)) from None
+        usage_error(str(e))
+    workload = None if _WORKLOAD.value is None else bench.get_workload(_WORKLOAD.value)
+    if workload is not None:
+        shape = "x".join(str(d) for d in workload.input_shape)
+        print(
+            f"# workload {workload.name}: model {workload.model}, inputs {shape}, "
+            f"{workload.num_classes} classes; {workload.description}",
+            flush=True,
+        )
     print(
         f"# benchmark: {len(cases)} cases, {settings.examples_per_client} examples/client, "
         f"batch {settings.batch_size}, {settings.steps_per_client} steps/client",
         flush=True,
     )
     result = bench.run_benchmark(cases, settings, log=lambda msg: print(msg, flush=True))
+    if workload is not None:
+        result["config"]["workload"] = {
+            **dataclasses.asdict(workload),
+            "input_shape": list(workload.input_shape),
+            "num_classes": workload.num_classes,
+            "steps_per_client": workload.steps_per_client,
+        }
     out_dir = os.path.dirname(_OUTPUT.value)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -130,6 +205,13 @@ def main(argv):
         f"{machine['load_average_end']} at end. 'vs loop' = case client-steps/s / loop's.\n"
     )
     print(result["markdown_table"])
+    if result.get("runs_axis"):
+        print(
+            "\nRuns axis: client-steps/s of R runs trained together (every run's steps) over "
+            "one run's, median steady rounds (compile apart); 'fastest rounds': the same from "
+            "each case's fastest timed round (the least disturbed by other load).\n"
+        )
+        print(bench.runs_axis_table(result["runs_axis"]))
     for key, v in result["fastest"].items():
         print(
             f"# fastest {key}: {v['backend']} on {v['devices']} device(s) x {v['processes']} "
@@ -139,4 +221,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

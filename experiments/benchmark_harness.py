@@ -38,6 +38,14 @@ per second of the timed rounds together). `speedup_vs_baseline` = case
 client-steps/s / baseline client-steps/s for the same (model, M) (for runs = 1:
 baseline s/round / case s/round); > 1 is faster than the loop.
 
+*Workloads* (`WORKLOADS`, experiments/benchmark.py's `--workload`): the round of a published
+benchmark on synthetic tensors of its shapes: FedJAX's EMNIST-62 CNN (28x28x1, 62 classes,
+10 clients a round, 200 examples in batches of 10: 20 steps) and pfl-research's CIFAR-10
+simple CNN (32x32x3, 10 classes, cohort 50, 50 examples in batches of 10: 5 steps); the model
+name fixes the input shape and the classes (`model_input_shape`, `model_num_classes`). With
+cases of several runs, `runs_axis_gains` gives the runs axis' gain: R runs' client-steps/s
+(every run's steps counted) over one run's, same (model, M, backend, devices, processes).
+
 The *ceiling* (`CEILING`, device setting 'auto'): the baseline's bare jitted step with
 nothing around it (no schedule, no aggregation, data and params placed beforehand), the
 round's client steps dealt round-robin to the host devices and dispatched alternately from
@@ -77,6 +85,17 @@ CEILING = "ceiling"
 INPUT_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 MODELS = ("lenet", "logistic_regression")
+"""The default models (Fashion-MNIST-shaped inputs, 10 classes): `--models`' default."""
+WORKLOAD_MODELS = ("fedjax_emnist_cnn", "pfl_cifar10_cnn")
+"""The models of the published workloads (`WORKLOADS`), each with its own input shape and
+classes (`model_input_shape`, `model_num_classes`)."""
+ALL_MODELS = MODELS + WORKLOAD_MODELS
+_MODEL_SHAPES = {
+    "lenet": (INPUT_SHAPE, NUM_CLASSES),
+    "logistic_regression": (INPUT_SHAPE, NUM_CLASSES),
+    "fedjax_emnist_cnn": ((28, 28, 1), 62),
+    "pfl_cifar10_cnn": ((32, 32, 3), 10),
+}
 DEFAULT_DEVICES = "default"
 """Device setting 'JAX untouched': one CPU device, default threading (the baseline's)."""
 AUTO_DEVICES = "auto"
@@ -274,8 +293,8 @@ def benchmark_cases(
     if not models:
         raise ValueError("models must not be empty.")
     for m in models:
-        if m not in MODELS:
-            raise ValueError(f"unknown model {m!r}; choose among {MODELS}.")
+        if m not in ALL_MODELS:
+            raise ValueError(f"unknown model {m!r}; choose among {ALL_MODELS}.")
     sizes = sorted(set(_positive_ints("num_clients", num_clients)))
     known = available_backends()
     backends = list(backends)
@@ -476,6 +495,83 @@ def fastest_cases(records: Sequence[dict]) -> dict:
     return fastest
 
 
+def runs_axis_gains(records: Sequence[dict]) -> list[dict]:
+    """The runs axis' gain: each ok row of R > 1 runs against the ok one-run row of the same
+    (model, M, requested backend, device setting, processes).
+
+    gain = client-steps/s of the R runs together (counting every run's steps) / client-steps/s
+    of one run: R runs trained together take gain times less time than one at a time. One
+    dict per such pair, with both rows' steady s/round and compile seconds (the runs axis
+    compiles its own program; compile time is apart from client-steps/s, which come from
+    the steady rounds).
+    """
+    def key(r):
+        return (
+            r["model"],
+            r["num_clients"],
+            r.get("backend_requested", r["backend"]),
+            r.get("devices_setting"),
+            r["processes"],
+        )
+
+    solo = {key(r): r for r in records if r["status"] == "ok" and r["runs"] == 1}
+    out = []
+    for r in records:
+        one = solo.get(key(r))
+        if r["status"] != "ok" or r["runs"] == 1 or one is None:
+            continue
+        out.append(
+            {
+                "model": r["model"],
+                "num_clients": r["num_clients"],
+                "backend": r["backend"],
+                "devices": r.get("devices"),
+                "processes": r["processes"],
+                "runs": r["runs"],
+                "client_steps_per_s": r["client_steps_per_s"],
+                "one_run_client_steps_per_s": one["client_steps_per_s"],
+                "gain": r["client_steps_per_s"] / one["client_steps_per_s"],
+                # The same from each case's fastest timed round: a long R-run round and a
+                # short one-run round see a shared machine's load differently; the fastest
+                # of each is the least disturbed.
+                "gain_fastest_rounds": _fastest_rounds_gain(r, one),
+                "steady_round_s": r["steady_round_s"],
+                "one_run_steady_round_s": one["steady_round_s"],
+                "compile_s": r.get("compile_s"),
+                "one_run_compile_s": one.get("compile_s"),
+            }
+        )
+    return out
+
+
+def _fastest_rounds_gain(row: dict, one: dict) -> float | None:
+    """`row`'s client-steps/s over `one`'s, both from their fastest timed rounds."""
+    if not row.get("min_round_s") or not one.get("min_round_s"):
+        return None
+    return (row["runs"] * one["min_round_s"]) / (one["runs"] * row["min_round_s"])
+
+
+def runs_axis_table(gains: Sequence[dict]) -> str:
+    """`runs_axis_gains` as a Markdown table."""
+    lines = [
+        "| model | M | backend | devices | procs | runs | client-steps/s, 1 run | "
+        "client-steps/s, R runs | runs-axis gain | gain, fastest rounds | s/round, 1 run | "
+        "s/round, R runs | compile (s), 1 run | compile (s), R runs |",
+        "|" + "---|" * 14,
+    ]
+    for g in gains:
+        fastest = g.get("gain_fastest_rounds")
+        lines.append(
+            f"| {g['model']} | {g['num_clients']} | {g['backend']} | {g['devices']} | "
+            f"{g['processes']} | {g['runs']} | {_fmt(g['one_run_client_steps_per_s'])} | "
+            f"{_fmt(g['client_steps_per_s'])} | {g['gain']:.2f}x | "
+            f"{'-' if fastest is None else f'{fastest:.2f}x'} | "
+            f"{_fmt(g['one_run_steady_round_s'])} | {_fmt(g['steady_round_s'])} | "
+            f"{_fmt(g['one_run_compile_s'])} | {_fmt(g['compile_s'])} |"
+        )
+    return "\n".join(lines)
+
+
 def _fmt(x, digits=3):
     if x is None:
         return "-"
@@ -594,13 +690,88 @@ def _load() -> list[float]:
 # Problem setup
 
 
-def make_model(name: str, input_shape: Sequence[int] = INPUT_SHAPE) -> "fjp.Model":
-    """LeNet on (H, W, C) inputs, or logistic regression on them flattened; 10 classes."""
+def model_input_shape(name: str) -> tuple[int, ...]:
+    """The (H, W, C) inputs of model `name` (logistic regression: flattened in the data)."""
+    if name not in _MODEL_SHAPES:
+        raise ValueError(f"unknown model {name!r}; choose among {ALL_MODELS}.")
+    return tuple(_MODEL_SHAPES[name][0])
+
+
+def model_num_classes(name: str) -> int:
+    """The classes of model `name`'s synthetic task."""
+    if name not in _MODEL_SHAPES:
+        raise ValueError(f"unknown model {name!r}; choose among {ALL_MODELS}.")
+    return _MODEL_SHAPES[name][1]
+
+
+def _conv_dense_cnn_module(num_classes: int):
+    import flax.linen as nn
+
+    class ConvDenseCNN(nn.Module):
+        """conv3x3-32, relu, conv3x3-64, relu, maxpool 2x2, flatten, dense 128, relu, dense K;
+        VALID padding. No dropout (see `conv_dense_cnn`)."""
+
+        num_classes: int
+
+        @nn.compact
+        def __call__(self, x):
+            x = nn.relu(nn.Conv(32, (3, 3), padding="VALID")(x))
+            x = nn.relu(nn.Conv(64, (3, 3), padding="VALID")(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            x = x.reshape((x.shape[0], -1))
+            x = nn.relu(nn.Dense(128)(x))
+            return nn.Dense(self.num_classes)(x)
+
+    return ConvDenseCNN(num_classes)
+
+
+_CONV_DENSE_CNNS: dict = {}
+
+
+def conv_dense_cnn(name: str, input_shape: Sequence[int], num_classes: int) -> "fjp.Model":
+    """The two-convolution CNN that FedJAX and pfl-research benchmark with (one network).
+
+    * FedJAX's EMNIST CNN, `fedjax.models.emnist.create_conv_model` (google/fedjax,
+      fedjax/models/emnist.py, `ConvDropoutModule`; "matches the model used in" Reddi et al.,
+      Adaptive Federated Optimization, arXiv:2003.00295): haiku Conv2D 32 3x3 VALID, relu,
+      Conv2D 64 3x3 VALID, relu, MaxPool 2x2 stride 2, dropout 0.25, flatten, Linear 128,
+      relu, dropout 0.5, Linear 62 (28x28x1 inputs).
+    * pfl-research's `simple_cnn` (apple/pfl-research, benchmarks/model/pytorch/cnn.py and
+      benchmarks/model/tf2/cnn.py: "A simple CNN with 2 convolutional layers and one dense
+      hidden layer"), the `model_name: simple_cnn` of its CIFAR-10 benchmark
+      (benchmarks/image_classification/configs/baseline.yaml): the same layers, on 32x32x3
+      inputs with 10 outputs (flatten 14 x 14 x 64 = 12,544 -> 128).
+
+    Built with flax through `fjp.model_from_flax(..., convolutional=True)` (so the engine's
+    CPU default trains clients one at a time, as for LeNet). **Without dropout**: the
+    library's `Model.apply(params, x)` takes no rng, so the engine cannot draw dropout
+    masks; at train time dropout is two elementwise masks, small against the two
+    convolutions' FLOPs, so the step's cost is that of the references' up to them. The
+    initialisation is flax's (the references use haiku's / Glorot uniform): irrelevant to
+    throughput. Cached: equal arguments give the same Model (the engine's compile cache is
+    keyed on it).
+    """
+    key = (name, tuple(int(d) for d in input_shape), int(num_classes))
+    if key not in _CONV_DENSE_CNNS:
+        _CONV_DENSE_CNNS[key] = fjp.model_from_flax(
+            name, _conv_dense_cnn_module(key[2]), key[1], key[2], convolutional=True
+        )
+    return _CONV_DENSE_CNNS[key]
+
+
+def make_model(name: str, input_shape: Sequence[int] | None = None) -> "fjp.Model":
+    """The benchmark's model `name` on (H, W, C) inputs (its own, `model_input_shape`, by
+    default): LeNet, logistic regression on the inputs flattened (10 classes), or a
+    workload's CNN (`conv_dense_cnn`; FedJAX's EMNIST CNN with 62 classes, pfl-research's
+    CIFAR-10 CNN with 10)."""
+    if name not in _MODEL_SHAPES:
+        raise ValueError(f"unknown model {name!r}; choose among {ALL_MODELS}.")
+    shape = model_input_shape(name) if input_shape is None else tuple(input_shape)
     if name == "lenet":
-        return fjp.lenet(tuple(input_shape), NUM_CLASSES)
+        return fjp.lenet(shape, NUM_CLASSES)
     if name == "logistic_regression":
-        return fjp.logistic_regression((int(np.prod(input_shape)),), NUM_CLASSES)
-    raise ValueError(f"unknown model {name!r}; choose among {MODELS}.")
+        return fjp.logistic_regression((int(np.prod(shape)),), NUM_CLASSES)
+    return conv_dense_cnn(name, shape, model_num_classes(name))
 
 
 def synthetic_data(
@@ -608,20 +779,128 @@ def synthetic_data(
     num_clients: int,
     examples_per_client: int,
     seed: int,
-    input_shape: Sequence[int] = INPUT_SHAPE,
+    input_shape: Sequence[int] | None = None,
 ) -> "fjp.engine.DeviceData":
-    """Uniform [0, 1) inputs and random labels; client i owns rows [i n, (i + 1) n)."""
+    """Uniform [0, 1) inputs of the model's shape and random labels of its classes; client i
+    owns rows [i n, (i + 1) n)."""
+    shape = model_input_shape(model_name) if input_shape is None else tuple(input_shape)
+    num_classes = model_num_classes(model_name)
     rng = np.random.default_rng(seed)
     n = examples_per_client
     total = num_clients * n
-    x = rng.random((total, *input_shape), dtype=np.float32)
-    y = rng.integers(0, NUM_CLASSES, total).astype(np.int32)
+    x = rng.random((total, *shape), dtype=np.float32)
+    y = rng.integers(0, num_classes, total).astype(np.int32)
     indices = np.arange(total, dtype=np.int32).reshape(num_clients, n)
     sizes = np.full((num_clients,), n, np.int32)
-    label_dists = np.stack([np.bincount(y[row], minlength=NUM_CLASSES) / n for row in indices])
+    label_dists = np.stack([np.bincount(y[row], minlength=num_classes) / n for row in indices])
     if model_name == "logistic_regression":
         x = x.reshape(total, -1)
     return fjp.engine.device_data(x, y, indices, sizes, label_dists.astype(np.float32))
+
+
+# ----------------------------------------------------------------------------
+# Published workloads: the field's benchmark rounds, on synthetic tensors of their shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A published federated benchmark's round: model, clients per round and local steps.
+
+    The data stay synthetic (uniform inputs, random labels: throughput does not depend on
+    the values); `model` fixes the input shape and the classes.
+    """
+
+    name: str
+    model: str
+    num_clients: int
+    examples_per_client: int
+    batch_size: int
+    local_epochs: int
+    description: str
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return model_input_shape(self.model)
+
+    @property
+    def num_classes(self) -> int:
+        return model_num_classes(self.model)
+
+    @property
+    def steps_per_client(self) -> int:
+        return self.local_epochs * -(-self.examples_per_client // self.batch_size)
+
+    def settings_fields(self) -> dict:
+        """The `BenchmarkSettings` fields the workload sets (check_clients = its M: parity
+        of every case's first round at the workload's own M)."""
+        return {
+            "examples_per_client": self.examples_per_client,
+            "batch_size": self.batch_size,
+            "local_epochs": self.local_epochs,
+            "check_clients": self.num_clients,
+        }
+
+
+WORKLOADS = {
+    "fedjax_emnist": Workload(
+        name="fedjax_emnist",
+        model="fedjax_emnist_cnn",
+        num_clients=10,
+        examples_per_client=200,
+        batch_size=10,
+        local_epochs=1,
+        description=(
+            "FedJAX's federated EMNIST-62 FedAvg (google/fedjax examples/emnist_fed_avg.py: "
+            "create_conv_model, 10 clients a round, 1 epoch): 28x28x1, 62 classes, 200 "
+            "examples per client (EMNIST-62's mean: 671,585 examples / 3,400 writers), batch "
+            "10 -> 20 steps (FedJAX's example batches by 20: --batch_size=20 for its 10)"
+        ),
+    ),
+    "pfl_cifar10": Workload(
+        name="pfl_cifar10",
+        model="pfl_cifar10_cnn",
+        num_clients=50,
+        examples_per_client=50,
+        batch_size=10,
+        local_epochs=1,
+        description=(
+            "pfl-research's CIFAR-10 benchmark (apple/pfl-research "
+            "benchmarks/image_classification/configs/baseline.yaml: simple_cnn, cohort_size "
+            "50, mean_datapoints_per_user 50 constant, local_batch_size 10, local_num_epochs "
+            "1): 32x32x3, 10 classes, 50 examples per client, batch 10 -> 5 steps"
+        ),
+    ),
+}
+"""`--workload` presets of experiments/benchmark.py."""
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose among {tuple(WORKLOADS)}.")
+    return WORKLOADS[name]
+
+
+def resolve_workload(name: str | None, given: Mapping[str, tuple[Any, bool]]) -> dict:
+    """The command line's models, M and settings fields under workload `name`.
+
+    `given` maps each flag a workload sets (models, num_clients, examples_per_client,
+    batch_size, local_epochs, check_clients) to (its value, whether the command line gave
+    it). Without a workload: the values. With one: its model (--models given too is an
+    error: the model fixes the input shape and classes) and, for every other flag not
+    given, the workload's value; a flag given wins.
+    """
+    out = {key: value for key, (value, _) in given.items()}
+    if name is None:
+        return out
+    workload = get_workload(name)
+    if given["models"][1]:
+        raise ValueError(f"--workload={name} sets the model ({workload.model}); drop --models.")
+    out["models"] = [workload.model]
+    defaults = {"num_clients": [workload.num_clients], **workload.settings_fields()}
+    for key, value in defaults.items():
+        if not given[key][1]:
+            out[key] = value
+    return out
 
 
 def local_training(settings: BenchmarkSettings) -> "fjp.LocalTraining":
@@ -1404,6 +1683,9 @@ def run_benchmark(
         if max(diffs.values()) > 1e-4:
             log(f"# WARNING: {model}: cases disagree by more than 1e-4!")
     total = time.perf_counter() - wall_start
+    case_models = list(dict.fromkeys(c.model for c in cases))
+    runs_axis = runs_axis_gains(records)
+    extra = {"runs_axis": runs_axis} if runs_axis else {}
     return {
         "machine": _machine_info(child_infos, load_start),
         "config": {
@@ -1415,14 +1697,20 @@ def run_benchmark(
             "input_shape": {
                 "lenet": list(INPUT_SHAPE),
                 "logistic_regression": [int(np.prod(INPUT_SHAPE))],
+                **{m: list(model_input_shape(m)) for m in case_models if m not in MODELS},
             },
-            "num_classes": NUM_CLASSES,
+            "num_classes": (
+                model_num_classes(case_models[0])
+                if len({model_num_classes(m) for m in case_models}) == 1
+                else {m: model_num_classes(m) for m in case_models}
+            ),
         },
         "results": records,
         "parity": parity,
         "fastest": fastest_cases(records),
         "total_seconds": total,
         "markdown_table": markdown_table(records),
+        **extra,
     }
 
 

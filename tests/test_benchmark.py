@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ import fedjax_pals as fjp
 from experiments import benchmark_harness as bench
 
 BACKENDS = bench.available_backends()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = bench.BenchmarkSettings(
     examples_per_client=64, batch_size=32, rounds=1, min_timed_seconds=0.0, check_clients=2
 )
@@ -167,6 +170,105 @@ def test_settings_count_steps_per_client_with_a_partial_last_batch():
     assert s.steps_per_client == 6
 
 
+# -- workloads -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, model, input_shape, num_classes, m, examples, batch, steps, num_params",
+    [
+        # FedJAX's create_conv_model on 28x28x1 / 62 classes: 320 + 18,496 + 1,179,776 + 7,998.
+        ("fedjax_emnist", "fedjax_emnist_cnn", (28, 28, 1), 62, 10, 200, 10, 20, 1_206_590),
+        # pfl-research's simple_cnn on 32x32x3 / 10: 896 + 18,496 + 1,605,760 + 1,290.
+        ("pfl_cifar10", "pfl_cifar10_cnn", (32, 32, 3), 10, 50, 50, 10, 5, 1_626_442),
+    ],
+)
+def test_a_workload_sets_the_documented_shapes(
+    name, model, input_shape, num_classes, m, examples, batch, steps, num_params
+):
+    w = bench.get_workload(name)
+    assert (w.model, w.input_shape, w.num_classes) == (model, input_shape, num_classes)
+    assert (w.num_clients, w.examples_per_client, w.batch_size, w.local_epochs) == (
+        m, examples, batch, 1
+    )
+    assert w.steps_per_client == steps
+    settings = bench.BenchmarkSettings(**w.settings_fields())
+    assert settings.steps_per_client == steps and settings.check_clients == m
+    net = bench.make_model(model)
+    assert net is bench.make_model(model)  # cached: the engine's compile cache keys on it
+    assert net.num_classes == num_classes and net.is_convolutional
+    params = net.init(jax.random.PRNGKey(0))
+    assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == num_params
+    data = bench.synthetic_data(model, 3, 4, seed=0)
+    assert data.train_x.shape == (12, *input_shape)
+    assert int(jnp.max(data.train_y)) < num_classes and data.client_label_dists.shape == (
+        3, num_classes
+    )
+    assert net.apply(params, data.train_x[:2]).shape == (2, num_classes)
+    # The default models keep their Fashion-MNIST shapes.
+    assert bench.model_input_shape("lenet") == bench.INPUT_SHAPE
+    assert bench.synthetic_data("logistic_regression", 2, 4, 0).train_x.shape == (8, 784)
+
+
+def test_resolve_workload_sets_model_m_and_steps_and_given_flags_win():
+    given = {
+        "models": (["lenet", "logistic_regression"], False),
+        "num_clients": (["10", "100", "1000"], False),
+        "examples_per_client": (64, False),
+        "batch_size": (32, False),
+        "local_epochs": (1, False),
+        "check_clients": (10, False),
+    }
+    # No workload: the flags' values as they are.
+    assert bench.resolve_workload(None, given) == {k: v for k, (v, _) in given.items()}
+    out = bench.resolve_workload("pfl_cifar10", given)
+    assert out == {
+        "models": ["pfl_cifar10_cnn"],
+        "num_clients": [50],
+        "examples_per_client": 50,
+        "batch_size": 10,
+        "local_epochs": 1,
+        "check_clients": 50,
+    }
+    out = bench.resolve_workload("fedjax_emnist", {**given, "batch_size": (20, True)})
+    assert out["models"] == ["fedjax_emnist_cnn"]
+    assert (out["num_clients"], out["batch_size"]) == ([10], 20)  # --batch_size=20 given
+    assert bench.BenchmarkSettings(
+        examples_per_client=out["examples_per_client"], batch_size=out["batch_size"]
+    ).steps_per_client == 10
+    with pytest.raises(ValueError, match="sets the model .*drop --models"):
+        bench.resolve_workload("fedjax_emnist", {**given, "models": (["lenet"], True)})
+    with pytest.raises(ValueError, match="unknown workload 'mnist'"):
+        bench.resolve_workload("mnist", given)
+
+
+def _benchmark_main(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.benchmark", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--workload=cifar100"], "value should be one of <fedjax_emnist|pfl_cifar10>"),
+        (["--workload=pfl_cifar10", "--models=lenet"], "drop --models"),
+    ],
+)
+def test_a_bad_workload_is_one_error_line_and_exit_status_2(tmp_path, args, expected):
+    output = tmp_path / "bench.json"
+    completed = _benchmark_main(*args, f"--output={output}")
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), completed.stderr[-2000:]
+    assert expected in lines[0]
+    assert "Traceback" not in completed.stderr and completed.stdout == ""
+    assert not output.exists()  # nothing measured
+
+
 # -- pure arithmetic on measurements ------------------------------------------------------------
 
 
@@ -299,6 +401,30 @@ def test_add_speedups_gives_default_rows_their_fraction_of_the_same_m_ceiling():
     assert rows[1]["speedup_vs_baseline"] == 1.5  # the ceiling's own multiple of the loop
 
 
+def test_runs_axis_gains_divide_r_runs_throughput_by_one_runs_of_the_same_case():
+    rows = [
+        _row("lenet", 10, bench.BASELINE, 200.0),
+        _row("lenet", 10, "host_loop", 300.0),
+        _row("lenet", 10, "host_loop", 330.0, runs=16),
+        _row("lenet", 10, "vmap_scan", 100.0, runs=16),  # no one-run row of its own
+        _row("lenet", 100, "host_loop", 250.0, runs=16),  # nor at this M
+        _row("lenet", 10, "host_loop", None, status="skipped", runs=4),
+    ]
+    for r in rows:
+        r["compile_s"] = 2.0 * r["runs"]
+    rows[1]["min_round_s"], rows[2]["min_round_s"] = 1.0, 12.5  # fastest timed rounds
+    gains = bench.runs_axis_gains(rows)
+    assert len(gains) == 1
+    (g,) = gains
+    assert (g["model"], g["num_clients"], g["backend"], g["runs"]) == ("lenet", 10, "host_loop", 16)
+    assert g["gain"] == pytest.approx(1.1)
+    assert g["gain_fastest_rounds"] == pytest.approx(16 * 1.0 / 12.5)
+    assert (g["one_run_compile_s"], g["compile_s"]) == (2.0, 32.0)
+    lines = bench.runs_axis_table(gains).splitlines()
+    assert len(lines) == 3 and "| 1.10x | 1.28x |" in lines[2]
+    assert bench.runs_axis_gains(rows[:2]) == []
+
+
 def test_markdown_table_has_one_line_per_row_and_marks_the_default():
     case = bench.BenchmarkCase("lenet", 10, BACKENDS[0])
     ok = bench.summarize_case(
@@ -334,7 +460,7 @@ def test_compile_timer_counts_compilations_through_jax_monitoring():
 
 @pytest.mark.parametrize(
     "model_name, backends",
-    [("logistic_regression", BACKENDS), ("lenet", ("auto",))],
+    [("logistic_regression", BACKENDS), ("lenet", ("auto",)), ("pfl_cifar10_cnn", ("auto",))],
 )
 def test_baseline_loop_equals_the_engine_round(model_name, backends):
     num_clients = 3
