@@ -244,3 +244,24 @@ def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect
         assert record["state"] == "finished", record
     with open(os.path.join(workdir, "table.json")) as f:
         assert json.load(f) == unsharded_table
+
+
+@pytest.mark.integration
+def test_a_submission_that_sbatch_refuses_is_one_error_line(tmp_path):
+    if not _slurm_up():
+        if SLURM_REQUIRED:
+            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
+        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "experiments.submit",
+            f"--config={os.path.join(ROOT, 'configs', 'demo.py')}", f"--workdir={tmp_path}",
+            "--shards=2", "--slurm_partition=no_such_partition",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: the scheduler refused"), lines
+    assert "partition" in lines[0].lower()
+    assert not os.path.exists(tmp_path / "runs")

@@ -1,4 +1,5 @@
-"""The experiment layer: configs, train_and_evaluate, workdirs, sweeps, metrics, plots."""
+"""The experiment layer: configs, train_and_evaluate, workdirs, sweeps (and their shards on a
+cluster), metrics, plots."""
 
 # -- EXP-SWEEP: metric writer, progress bar, plots ---------------------------------------------
 from fedjax_pals.experiment import mlflow_writer
@@ -24,6 +25,8 @@ from fedjax_pals.experiment.protocol import (
     write_protocol_report,
 )
 from fedjax_pals.experiment.sweep import SweepRun, execute_runs, expand_sweep, run_sweep
+from fedjax_pals.experiment.shards import Shard, assign_shards, collect_sweep, run_shard
+from fedjax_pals.experiment.submission import submit_sweep
 
 # -- EXP-CORE: config, task, workdir, checkpoints, train_and_evaluate -------------------------
 from fedjax_pals.experiment.config import (
@@ -49,6 +52,7 @@ __all__ = [
     "perturb_label_dist", "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point",
     "merge_tables", "protocol_grid", "protocol_table", "select_method", "table_markdown",
     "write_protocol_report", "SweepRun", "execute_runs", "expand_sweep", "run_sweep",
+    "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",
     "ConfigError", "config_differences", "config_digest", "default_config", "validate_config",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "Task", "TaskError",
     "build_task", "Workdir", "WorkdirError", "WorkdirLockedError", "train_and_evaluate",
