@@ -323,6 +323,25 @@ def test_a_shard_with_another_config_or_count_is_refused_before_anything_trains(
     assert shards_lib.read_plan(workdir)["shards"] == 1
 
 
+def test_a_one_index_resubmission_with_auto_is_refused_naming_the_shard_to_run(
+    tmp_path, monkeypatch
+):
+    fake = FakeTraining().install(monkeypatch)
+    fjp.run_shard(_sweep_config(), str(tmp_path), "0/4", quiet=True)
+    # sbatch --array=3 of a sweep split into 4: Slurm says task 3 of an array of 1.
+    for key, value in dict(
+        SLURM_ARRAY_TASK_ID="3", SLURM_ARRAY_TASK_COUNT="1", SLURM_ARRAY_TASK_MIN="3"
+    ).items():
+        monkeypatch.setenv(key, value)
+    calls = len(fake.calls)
+    with pytest.raises(fjp.ConfigError) as info:
+        fjp.run_shard(_sweep_config(), str(tmp_path), "auto", quiet=True)
+    message = str(info.value)
+    assert "split into 4 shards" in message and "this is shard 0/1" in message
+    assert "SLURM_ARRAY_TASK_COUNT=1" in message and "run --shard=3/4" in message
+    assert len(fake.calls) == calls
+
+
 def test_a_second_job_on_the_same_shard_is_refused_at_once_naming_the_holder(
     tmp_path, monkeypatch
 ):

@@ -152,6 +152,13 @@ def _slurm_up() -> bool:
     return done.returncode == 0 and ("idle" in done.stdout or "mix" in done.stdout)
 
 
+def _require_slurm() -> None:
+    if not _slurm_up():
+        if SLURM_REQUIRED:
+            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
+        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+
+
 def _wait_for_job(job_id: str, timeout: float = 1200) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -178,10 +185,7 @@ def _sbatch(output_dir, *args: str) -> str:
 def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard_resubmitted(
     tmp_path, unsharded_table
 ):
-    if not _slurm_up():
-        if SLURM_REQUIRED:
-            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
-        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    _require_slurm()
     workdir = str(tmp_path / "slurm")
     config_file = _config_file(tmp_path, rounds=ROUNDS)
     done = subprocess.run(
@@ -223,10 +227,7 @@ def test_a_real_slurm_runs_the_array_the_dependent_collect_and_a_cancelled_shard
 def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect(
     tmp_path, unsharded_table
 ):
-    if not _slurm_up():
-        if SLURM_REQUIRED:
-            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
-        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    _require_slurm()
     workdir = str(tmp_path / "sbatch")
     config_file = _config_file(tmp_path, rounds=ROUNDS)
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
@@ -248,10 +249,7 @@ def test_the_example_sbatch_scripts_run_shards_with_auto_and_a_dependent_collect
 
 @pytest.mark.integration
 def test_a_submission_that_sbatch_refuses_is_one_error_line(tmp_path):
-    if not _slurm_up():
-        if SLURM_REQUIRED:
-            pytest.fail("FEDJAX_PALS_SLURM_TESTS=1 but no idle Slurm node (scripts/slurm_local.sh)")
-        pytest.skip("no Slurm here: bash scripts/slurm_local.sh start (as root) to run this test")
+    _require_slurm()
     done = subprocess.run(
         [
             sys.executable, "-m", "experiments.submit",

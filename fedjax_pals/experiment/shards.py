@@ -421,11 +421,14 @@ def _plan_for(
         if plan is None or reshard:
             plan = _publish_plan(workdir, make_plan(config, runs, shard.count), replace=reshard)
         _check_plan(plan, config, runs, workdir)
-        if plan.get("shards") != shard.count:
+        count = plan.get("shards")
+        if count != shard.count:
+            task = os.environ.get("SLURM_ARRAY_TASK_ID", "") if origin else ""
+            index = f"{task}" if task.isdigit() and int(task) < count else "<index>"
             raise ConfigError(
-                f"the sweep in {workdir} is split into {plan.get('shards')} shards "
-                f"({plan_path(workdir)}), but this is shard {shard}{origin}; run "
-                f"--shard=<index>/{plan.get('shards')}, or --reshard once none of its shards runs."
+                f"the sweep in {workdir} is split into {count} shards ({plan_path(workdir)}), "
+                f"but this is shard {shard}{origin}; run --shard={index}/{count}, or --reshard "
+                "once none of its shards runs."
             )
         return plan
     finally:
@@ -497,7 +500,13 @@ def run_shard(
     origin = ""
     if isinstance(shard, str):
         if shard.strip() == "auto":
-            origin = " (from the scheduler's array environment)"
+            # A one-index resubmission (sbatch --array=3) reports a count of 1: say so.
+            seen = [
+                f"{key}={os.environ[key]}"
+                for key in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")
+                if key in os.environ
+            ]
+            origin = f" (from {', '.join(seen) or 'the scheduler array environment'})"
         shard = parse_shard(shard)
     workdir = os.fspath(workdir)
     runs, _ = sweep_lib._runs(config)

@@ -21,8 +21,11 @@ file system that every node sees.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
+import tempfile
 from typing import Any, Mapping
 
 from fedjax_pals.experiment import config as config_lib
@@ -113,6 +116,29 @@ class SweepSubmission:
         return self.collect_job.result()
 
 
+class _Kept:
+    text = ""
+
+
+@contextlib.contextmanager
+def _stderr_kept_back():
+    """Holds back what child processes (sbatch) write to stderr while the block runs: submitit
+    lets sbatch print its refusal there, which the one-line error then repeats."""
+    kept = _Kept()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield kept
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept.text = capture.read()
+
+
 def _cluster_of(executor: Any) -> str:
     return str(getattr(executor, "cluster", None) or type(executor).__name__.lower())
 
@@ -171,11 +197,14 @@ def submit_sweep(
         raise ConfigError(f"submitit refused the job parameters: {first}") from None
     plain = config_lib.as_dict(config)
     try:
-        jobs = executor.map_array(ShardJob(plain, workdir, shards), range(shards))
+        with _stderr_kept_back() as kept:
+            jobs = executor.map_array(ShardJob(plain, workdir, shards), range(shards))
     except (OSError, RuntimeError, ValueError) as error:  # sbatch's own refusal, e.g.
         lines = [l for l in str(error).splitlines() if l.strip()]  # an invalid partition
         detail = next((l for l in lines if "error" in l.lower()), lines[0] if lines else "")
         raise ConfigError(f"the scheduler refused the job array: {detail.strip()}") from None
+    if kept.text.strip():
+        sys.stderr.write(kept.text)  # what sbatch said of a submission it accepted
     collect_job = None
     cluster_name = _cluster_of(executor)
     if not any(name in cluster_name for name in _NO_DEPENDENCIES):
