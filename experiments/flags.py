@@ -52,6 +52,22 @@ CPU_DEVICES = flags.DEFINE_string(
     "the local processes of a `python -m fedjax_pals.launch`); the CPU backends deal clients "
     "to them.",
 )
+
+
+def _check_cpu_devices(value) -> bool:
+    # Checked while absl parses (exit status 2, before any data is read), not when JAX starts.
+    if value in (None, "auto"):
+        return True
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise flags.ValidationError(f"must be an integer >= 1 or 'auto', got {value!r}.")
+    return True
+
+
+flags.register_validator(CPU_DEVICES, _check_cpu_devices)
 COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "jax.distributed coordinator host:port (multi-process runs)."
 )

@@ -34,6 +34,10 @@ import time
 
 # Seconds between SIGTERM and SIGKILL when the launcher stops its children.
 GRACE_SECONDS = 3.0
+# Seconds a dead child's remaining output may take to reach the terminal.
+DRAIN_SECONDS = 5.0
+# Exit status of a command-line mistake (absl's, and the experiments' mains').
+USAGE_ERROR_STATUS = 2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -76,6 +80,14 @@ def describe_exit(code: int) -> str:
             name = f"signal {-code}"
         return f"was killed by {name}"
     return f"exited with status {code}"
+
+
+def _advice(code: int) -> str:
+    """What to do after a process ended with `code`: a usage error (status 2, the mains'
+    convention) is not fixed by resuming."""
+    if code == USAGE_ERROR_STATUS:
+        return "; its command line was refused (its error is above): fix it and launch again."
+    return "; run the same command again to resume the run from its last checkpoint."
 
 
 def exit_status(code: int) -> int:
@@ -163,6 +175,9 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
                     if remaining or code < 0:
                         # A peer's death: the others would wait on it (JAX swallows SIGTERM).
                         stopped = [children.index(c) for c in remaining]
+                        # Its last lines (its error) may still be in its pipe: print them
+                        # before muting the others, whose failures follow from its death.
+                        pumps[children.index(child)].join(timeout=DRAIN_SECONDS)
                         muted.set()
                         stop(remaining)
                         remaining.clear()
@@ -173,8 +188,7 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
                             f"error: process {children.index(child)} of {num_processes} "
                             f"{describe_exit(code)}"
                             + (f"; stopped process(es) {others}" if others else "")
-                            + "; run the same command again to resume the run from its last "
-                            "checkpoint.",
+                            + _advice(code),
                             file=sys.stderr,
                             flush=True,
                         )
@@ -188,13 +202,25 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
             signal.signal(signal.SIGTERM, previous_term)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the usage text (the mains' convention)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(USAGE_ERROR_STATUS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num_processes", type=int, default=2)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.num_processes < 1:
+        parser.error(f"--num_processes must be an integer >= 1, got {args.num_processes}.")
+    if args.port is not None and not 0 < args.port < 65536:
+        parser.error(f"--port must be in [1, 65535], got {args.port}.")
+    if not command:
+        parser.error("no command to launch: put it after --, e.g. -- python -m experiments.run ...")
     return launch(command, args.num_processes, args.port)
 
 

@@ -127,6 +127,21 @@ def test_the_sweep_command_reports_a_command_line_mistake_in_one_line(args, expe
     assert expected in line
 
 
+@pytest.mark.parametrize(
+    "module, args, expected",
+    [
+        ("experiments.run", ["--workdir=w", "--cpu_devices=abc"], "--cpu_devices=abc: must be"),
+        ("experiments.sweep", ["--workdir=w", "--cpu_devices=0"], "--cpu_devices=0: must be"),
+        ("experiments.sweep", ["--workdir="], "--workdir is required"),
+    ],
+)
+def test_runtime_flags_and_an_empty_workdir_are_refused_while_parsing(tmp_path, module, args, expected):
+    args = [a.replace("--workdir=w", f"--workdir={tmp_path / 'w'}") for a in args]
+    line = _one_error_line(_main(module, "--config=configs/demo.py", *args))
+    assert expected in line
+    assert not (tmp_path / "w").exists() and not os.path.exists(os.path.join(ROOT, "runs", "fedavg"))
+
+
 def test_the_run_command_names_a_missing_config_file(tmp_path):
     line = _one_error_line(
         _main("experiments.run", "--config=configs/nope.py", f"--workdir={tmp_path / 'w'}")

@@ -23,6 +23,9 @@ PEER = textwrap.dedent("""
         time.sleep(1.0)
         print("dying at", time.time(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if i == 1 and sys.argv[1] == "usage":
+        print("error: --config.training.rounds=0: must be >= 1", file=sys.stderr, flush=True)
+        sys.exit(2)
     time.sleep(120)
 """)
 
@@ -57,6 +60,36 @@ def test_a_peer_death_stops_the_others_within_seconds_in_one_line():
         "error: process 1 of 2 was killed by SIGKILL; stopped process(es) 0; run the same "
         "command again to resume the run from its last checkpoint."
     ], stderr
+
+
+def test_a_childs_usage_error_is_shown_and_not_answered_with_resume():
+    launcher = _launcher(sys.executable, "-c", PEER, "usage")
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 2
+    assert "[1] error: --config.training.rounds=0: must be >= 1" in stdout
+    assert stderr.strip().splitlines() == [
+        "error: process 1 of 2 exited with status 2; stopped process(es) 0; its command line "
+        "was refused (its error is above): fix it and launch again."
+    ], stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_processes=0", "--", "true"], "--num_processes must be an integer >= 1, got 0"),
+        (["--num_processes=2"], "no command to launch"),
+        (["--num_processes=x", "--", "true"], "invalid int value: 'x'"),
+        (["--port=70000", "--", "true"], "--port must be in [1, 65535]"),
+    ],
+)
+def test_bad_launch_flags_are_one_error_line(args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "fedjax_pals.launch", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and message in lines[0], lines
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
