@@ -1,5 +1,6 @@
 """A sweep submitted through submitit: the shards as a job array, the collect after them."""
 
+import glob
 import json
 import os
 import shutil
@@ -109,37 +110,50 @@ def unsharded_table(tmp_path_factory):
 
 
 @pytest.mark.integration
-def test_submitit_local_shards_one_preempted_and_requeued_collect_the_unsharded_table(
+def test_submit_on_the_local_executor_with_a_shard_preempted_collects_the_unsharded_table(
     tmp_path, unsharded_table
 ):
     workdir = str(tmp_path / "submitted")
-    submission = fjp.submit_sweep(
-        _sweep_config(ROUNDS), workdir, shards=2, cluster="local", timeout_min=30
+    submit = subprocess.Popen(
+        [
+            sys.executable, "-m", "experiments.submit", f"--config={_config_file(tmp_path, ROUNDS)}",
+            f"--workdir={workdir}", "--shards=2", "--cluster=local", "--timeout_min=30",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    # Preempt shard 0 (submitit's signal, as Slurm sends it) once one of its runs has a checkpoint.
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        plan = shards_lib.read_plan(workdir) if os.path.exists(shards_lib.plan_path(workdir)) else None
-        if plan is not None:
-            names = [e["name"] for e in plan["runs"] if e["shard"] == 0]
-            if any(
-                os.path.isdir(os.path.join(workdir, "runs", n, "checkpoints"))
-                and os.listdir(os.path.join(workdir, "runs", n, "checkpoints"))
-                for n in names
-            ):
-                break
-        assert not submission.shard_jobs[0].done(), submission.shard_jobs[0].stderr()
-        time.sleep(0.05)
-    # The signal goes to the task itself, as Slurm sends it (the record names its pid);
-    # submitit's LocalJob._interrupt signals the local controller instead.
-    record = json.loads(open(os.path.join(workdir, "shards", "shard-0-of-2.json")).read())
-    assert record["state"] == "running"
-    os.kill(record["pid"], signal.SIGUSR2)
-    summary = submission.wait()
-    assert summary["missing"] == []
-    log = submission.shard_jobs[0].stderr() or ""
-    assert "Requeued job" in log and "this job is preempted" in log, log[-3000:]
-    again = json.loads(open(os.path.join(workdir, "shards", "shard-0-of-2.json")).read())
+    try:
+        # Preempt shard 0 (submitit's signal, as Slurm sends it to the task; the shard's record
+        # names the task's pid) once one of its runs has a checkpoint.
+        record_file = os.path.join(workdir, "shards", "shard-0-of-2.json")
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if os.path.exists(record_file) and os.path.exists(shards_lib.plan_path(workdir)):
+                names = [
+                    e["name"] for e in shards_lib.read_plan(workdir)["runs"] if e["shard"] == 0
+                ]
+                if any(
+                    os.path.isdir(os.path.join(workdir, "runs", n, "checkpoints"))
+                    and os.listdir(os.path.join(workdir, "runs", n, "checkpoints"))
+                    for n in names
+                ):
+                    break
+            assert submit.poll() is None, submit.communicate()[0][-3000:]
+            time.sleep(0.05)
+        record = json.loads(open(record_file).read())
+        assert record["state"] == "running"
+        os.kill(record["pid"], signal.SIGUSR2)
+        output, _ = submit.communicate(timeout=900)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    assert submit.returncode == 0, output[-3000:]
+    assert "submitted 2 shard(s)" in output and "Target test accuracy" in output
+    logs = "".join(
+        open(path).read()
+        for path in glob.glob(os.path.join(workdir, "submitit", "*", "*_log.err"))
+    )
+    assert "this job is preempted" in logs and "Requeued job" in logs, logs[-3000:]
+    again = json.loads(open(record_file).read())
     assert again["state"] == "finished" and again["pid"] != record["pid"]
     with open(os.path.join(workdir, "table.json")) as f:
         assert json.load(f) == unsharded_table
