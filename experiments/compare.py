@@ -23,6 +23,7 @@ from experiments import flags as common
 _TABLES = flags.DEFINE_list("tables", None, "Sweep workdirs (or table.json files) to merge.")
 _TITLE = flags.DEFINE_string("title", "Table 1: target test accuracy", "Caption of the table.")
 flags.mark_flags_as_required(["tables", "workdir"])
+common.require_items(_TABLES, "sweep workdir or table.json")
 
 
 def _load(path: str) -> dict:

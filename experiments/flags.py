@@ -149,6 +149,18 @@ def check_number_list(
     flags.register_validator(holder, check)
 
 
+def require_items(holder: flags.FlagHolder, what: str) -> None:
+    """Registers a check (while absl parses) that a list flag, when given, names at least one
+    item: `--tables=` is a mistake, not an empty merge."""
+
+    def check(values) -> bool:
+        if values is not None and not [v for v in values if v.strip()]:
+            raise flags.ValidationError(f"--{holder.name} needs at least one {what}.")
+        return True
+
+    flags.register_validator(holder, check)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)

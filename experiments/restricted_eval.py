@@ -39,6 +39,9 @@ _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep workdirs whose runs to re-eva
 _METHODS = flags.DEFINE_list("methods", ["fedrs", "fedavg"], "Method directories under runs/.")
 _ALPHAS = flags.DEFINE_list("alphas", ["0.5"], "Scalings a_k of the target's absent classes.")
 flags.mark_flags_as_required(["workdir", "sweeps"])
+common.require_items(_SWEEPS, "sweep workdir")
+common.require_items(_METHODS, "method")
+common.require_items(_ALPHAS, "scaling")
 common.check_number_list(
     _ALPHAS, 0.0, 1.0, include_high=False, meaning="the scaling of the absent classes' logits"
 )

@@ -142,6 +142,20 @@ def test_runtime_flags_and_an_empty_workdir_are_refused_while_parsing(tmp_path, 
     assert not (tmp_path / "w").exists() and not os.path.exists(os.path.join(ROOT, "runs", "fedavg"))
 
 
+@pytest.mark.parametrize(
+    "module, args, expected",
+    [
+        ("experiments.compare", ["--tables="], "--tables needs at least one"),
+        ("experiments.restricted_eval", ["--sweeps="], "--sweeps needs at least one"),
+        ("experiments.restricted_eval", ["--sweeps=a", "--methods="], "--methods needs at least"),
+    ],
+)
+def test_an_empty_list_flag_is_refused_in_one_line(tmp_path, module, args, expected):
+    line = _one_error_line(_main(module, f"--workdir={tmp_path / 'w'}", *args))
+    assert expected in line
+    assert not (tmp_path / "w").exists()
+
+
 def test_the_run_command_names_a_missing_config_file(tmp_path):
     line = _one_error_line(
         _main("experiments.run", "--config=configs/nope.py", f"--workdir={tmp_path / 'w'}")
