@@ -67,8 +67,10 @@ def label_distribution_figure(workdir: str) -> str | None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    common.configure_runtime()
     config = _CONFIG.value
+    with common.user_errors():
+        fjp.expand_sweep(config)  # every run's config checked before any data is read
+    common.configure_runtime()
     if config.dataset.name == "fashion_mnist":
         data_dir = config.dataset.data_dir
         try:

@@ -155,6 +155,27 @@ def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(
         assert saved["rounds"][-1] == 30
 
 
+def test_the_demo_checks_its_config_before_it_reads_any_data(tmp_path, monkeypatch):
+    from absl import flags
+
+    from experiments import demo
+
+    def read(*args, **kwargs):
+        raise AssertionError("the demo read Fashion-MNIST before checking its config")
+
+    monkeypatch.setattr(fjp, "load_fashion_mnist", read)
+    flags.FLAGS(["demo", f"--workdir={tmp_path / 'demo'}"])
+    rounds = demo._CONFIG.value.training.rounds
+    try:
+        demo._CONFIG.value.training.rounds = 0
+        with pytest.raises(SystemExit, match="config.training.rounds must be an integer"):
+            demo.main(["demo"])
+    finally:
+        demo._CONFIG.value.training.rounds = rounds
+        flags.FLAGS.unparse_flags()
+    assert not (tmp_path / "demo").exists()
+
+
 def test_the_demo_with_a_data_dir_lacking_the_data_is_an_error_not_a_fallback(tmp_path):
     empty = tmp_path / "no_data"
     empty.mkdir()
