@@ -231,10 +231,7 @@ def configure_runtime() -> None:
     """Applies the runtime flags (before any JAX computation)."""
     cpu_devices = CPU_DEVICES.value
     if cpu_devices is not None and cpu_devices != "auto":
-        try:
-            cpu_devices = int(cpu_devices)
-        except ValueError:
-            sys.exit(f"error: --cpu_devices must be an integer or 'auto', got {cpu_devices!r}.")
+        cpu_devices = int(cpu_devices)  # `_check_cpu_devices` vetted it while absl parsed
     try:
         fjp.configure_runtime(
             cpu_devices=cpu_devices,

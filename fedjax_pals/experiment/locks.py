@@ -122,9 +122,3 @@ class Lease:
 
     def release(self) -> None:
         self._lease.release()
-
-    def __enter__(self) -> "Lease":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()

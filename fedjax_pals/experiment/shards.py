@@ -49,7 +49,7 @@ from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import sweep as sweep_lib
 from fedjax_pals.experiment.train import MAX_RUNS_PER_PROGRAM, structure_group_key
-from fedjax_pals.experiment.workdir import RESULTS_FILE, write_json
+from fedjax_pals.experiment.workdir import write_json
 from fedjax_pals.runtime import is_main_process
 
 ConfigError = config_lib.ConfigError
@@ -405,9 +405,13 @@ def _plan_for(
     shard: Shard,
     *,
     reshard: bool,
-    origin: str,
+    origin: str = "",
+    task_id: str | None = None,
 ) -> dict:
     """The recorded plan, made now if there is none, checked against this shard's config and N.
+
+    `origin`: where the shard came from, for the refusal; `task_id`: the scheduler's array task
+    of a `--shard=auto` (a one-index resubmission's task is the shard to run).
 
     Holds `<workdir>/.sweep.lease` while it looks, so that it never races an unsharded sweep
     (which holds it throughout) or another shard's first write.
@@ -423,8 +427,8 @@ def _plan_for(
         _check_plan(plan, config, runs, workdir)
         count = plan.get("shards")
         if count != shard.count:
-            task = os.environ.get("SLURM_ARRAY_TASK_ID", "") if origin else ""
-            index = f"{task}" if task.isdigit() and int(task) < count else "<index>"
+            task = task_id or ""
+            index = task if task.isdigit() and int(task) < count else "<index>"
             raise ConfigError(
                 f"the sweep in {workdir} is split into {count} shards ({plan_path(workdir)}), "
                 f"but this is shard {shard}{origin}; run --shard={index}/{count}, or --reshard "
@@ -497,9 +501,10 @@ def run_shard(
       {"shard": "i/N", "runs": {name: status} of this shard's runs, "errors": {name: message},
        "total_runs": runs in the sweep, "files": {"record": path}}.
     """
-    origin = ""
+    origin, task_id = "", None
     if isinstance(shard, str):
         if shard.strip() == "auto":
+            task_id = os.environ.get("SLURM_ARRAY_TASK_ID")
             # A one-index resubmission (sbatch --array=3) reports a count of 1: say so.
             seen = [
                 f"{key}={os.environ[key]}"
@@ -520,15 +525,17 @@ def run_shard(
         ).acquire()
     record = None
     try:
-        plan = _plan_for(config, runs, workdir, shard, reshard=reshard, origin=origin)
-        previous = sweep_lib.previous_results(runs, workdir, overwrite=overwrite)
-        mine = [i for i, entry in enumerate(plan["runs"]) if entry["shard"] == shard.index]
-        record = _Record(workdir, shard, [runs[i].name for i in mine])
+        plan = _plan_for(
+            config, runs, workdir, shard, reshard=reshard, origin=origin, task_id=task_id
+        )
+        # Only this shard's runs are read and checked: the others are their shards' business.
+        mine = [run for run, entry in zip(runs, plan["runs"]) if entry["shard"] == shard.index]
+        previous = sweep_lib.previous_results(mine, workdir, overwrite=overwrite)
+        record = _Record(workdir, shard, [run.name for run in mine])
         status, errors, _ = sweep_lib.execute_sweep_runs(
-            runs,
+            mine,
             previous,
             workdir,
-            mine,
             quiet=quiet,
             overwrite=overwrite,
             mlflow_tracking_uri=mlflow_tracking_uri,
@@ -537,7 +544,7 @@ def run_shard(
         record.end("finished")
         return {
             "shard": str(shard),
-            "runs": {runs[i].name: status[runs[i].name] for i in mine},
+            "runs": {run.name: status[run.name] for run in mine},
             "errors": errors,
             "total_runs": len(runs),
             "files": {"record": record.path},
@@ -609,9 +616,7 @@ def collect_sweep(
     results_by_run: dict[int, Mapping[str, Any]] = {}
     missing: list[str] = []
     for i, run in enumerate(runs):
-        results = sweep_lib.train_lib._read_results(
-            os.path.join(sweep_lib.run_dir(workdir, run), RESULTS_FILE)
-        )
+        results = sweep_lib.run_results(workdir, run)
         if sweep_lib._finished(run, results):
             status[run.name] = "done"
             results_by_run[i] = results

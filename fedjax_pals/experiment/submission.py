@@ -26,7 +26,8 @@ import dataclasses
 import os
 import sys
 import tempfile
-from typing import Any, Mapping
+import types
+from typing import Any, Mapping, Sequence
 
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import shards as shards_lib
@@ -100,7 +101,7 @@ class SweepSubmission:
     @property
     def array_id(self) -> str:
         """The scheduler's id of the shards' job array (a Slurm job id)."""
-        return str(self.shard_jobs[0].job_id).split("_")[0]
+        return _array_id(self.shard_jobs)
 
     def wait(self) -> dict[str, Any]:
         """Waits for every shard, then for the collect (submitting it now if the executor has no
@@ -116,15 +117,16 @@ class SweepSubmission:
         return self.collect_job.result()
 
 
-class _Kept:
-    text = ""
+def _array_id(jobs: Sequence[Any]) -> str:
+    # submitit names array tasks "<array id>_<task>" and has no attribute for the array's id.
+    return str(jobs[0].job_id).split("_")[0]
 
 
 @contextlib.contextmanager
 def _stderr_kept_back():
     """Holds back what child processes (sbatch) write to stderr while the block runs: submitit
     lets sbatch print its refusal there, which the one-line error then repeats."""
-    kept = _Kept()
+    kept = types.SimpleNamespace(text="")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+") as capture:
@@ -174,7 +176,7 @@ def submit_sweep(
     submitit = _submitit()
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ConfigError(f"shards must be an integer >= 1, got {shards!r}.")
-    runs, _ = sweep_lib._runs(config)  # validates every run before anything is submitted
+    sweep_lib._runs(config)  # validates every run before anything is submitted
     plan = shards_lib.read_plan(workdir)
     if plan is not None and plan.get("shards") != shards:
         raise ConfigError(
@@ -208,10 +210,9 @@ def submit_sweep(
     collect_job = None
     cluster_name = _cluster_of(executor)
     if not any(name in cluster_name for name in _NO_DEPENDENCIES):
-        array_id = str(jobs[0].job_id).split("_")[0]
         # AutoExecutor prefixes a scheduler's own parameters with its name; SlurmExecutor not.
         key = "slurm_dependency" if isinstance(executor, submitit.AutoExecutor) else "dependency"
-        executor.update_parameters(**{key: f"afterany:{array_id}"})
+        executor.update_parameters(**{key: f"afterany:{_array_id(jobs)}"})
         collect_job = executor.submit(CollectJob(workdir, allow_partial))
     return SweepSubmission(
         workdir=workdir,

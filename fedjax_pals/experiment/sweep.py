@@ -549,27 +549,12 @@ def _check_workdir(workdir: str) -> None:
         raise ConfigError(f"the sweep workdir {workdir!r} cannot be written: {error}.") from None
 
 
-def prepared_runs(
-    config: Any, workdir: str, *, overwrite: bool = False
-) -> tuple[list[SweepRun], dict[str, Any], list[Mapping[str, Any] | None]]:
-    """The sweep's runs, its section, and each run's results.json so far (or None).
-
-    Validates every run and the workdir first; a run directory holding another config is
-    refused (ConfigError naming it) unless `overwrite`. Reads no data.
-    """
-    runs, sweep = _runs(config)
-    _check_workdir(workdir)
-    return runs, sweep, previous_results(runs, workdir, overwrite=overwrite)
-
-
 def previous_results(
     runs: Sequence[SweepRun], workdir: str, *, overwrite: bool = False
 ) -> list[Mapping[str, Any] | None]:
     """Each run's results.json so far (or None); a run directory holding another config is
     refused (ConfigError naming it) unless `overwrite`."""
-    previous = [
-        train_lib._read_results(os.path.join(run_dir(workdir, run), RESULTS_FILE)) for run in runs
-    ]
+    previous = [run_results(workdir, run) for run in runs]
     if not overwrite:
         foreign = [
             (run, results)
@@ -592,30 +577,35 @@ def run_dir(workdir: str, run: SweepRun) -> str:
     return os.path.join(workdir, "runs", run.name)
 
 
+def run_results(workdir: str, run: SweepRun) -> Mapping[str, Any] | None:
+    """The run's results.json so far, or None if there is none it can read."""
+    return train_lib._read_results(os.path.join(run_dir(workdir, run), RESULTS_FILE))
+
+
 def execute_sweep_runs(
     runs: Sequence[SweepRun],
     previous: Sequence[Mapping[str, Any] | None],
     workdir: str,
-    indices: Sequence[int],
     *,
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
     on_status: Callable[[str, str, str | None], None] | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[int, Mapping[str, Any]]]:
-    """Runs `runs[i]` for each i in `indices` that has not finished; skips the finished ones.
+    """Runs each of `runs` that has not finished (`previous[i]`: its results.json so far);
+    skips the finished ones.
 
     `on_status(name, status, error)` is called as each run ends (and for each skipped run).
 
     Returns:
       (status {name: "done" | "skipped" | one of FAILURE_STATUSES}, errors {name: message},
-       results {index: results dict} of the runs that finished, skipped ones included).
+       results {i: results dict} of the runs that finished, skipped ones included).
     """
     status: dict[str, str] = {}
     errors: dict[str, str] = {}
     results_by_run: dict[int, Mapping[str, Any]] = {}
     todo = []
-    for i in indices:
+    for i in range(len(runs)):
         if _finished(runs[i], previous[i]):
             status[runs[i].name] = "skipped"
             results_by_run[i] = previous[i]
@@ -750,14 +740,13 @@ def run_sweep(
                 )
             if is_main_process():
                 os.remove(plan)
-        runs, sweep, previous = prepared_runs(config, workdir, overwrite=overwrite)
+        previous = previous_results(runs, workdir, overwrite=overwrite)
         if is_main_process():
             write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
         status, errors, results_by_run = execute_sweep_runs(
             runs,
             previous,
             workdir,
-            range(len(runs)),
             quiet=quiet,
             overwrite=overwrite,
             mlflow_tracking_uri=mlflow_tracking_uri,
