@@ -34,12 +34,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 
-from absl import app
 from absl import flags
 
 from experiments import benchmark_harness as bench
+from experiments import cli
 
 _BACKENDS_LIST = bench.available_backends()
 
@@ -97,30 +96,20 @@ _MIN_TIMED = flags.DEFINE_float(
     "Time more than --rounds rounds (up to 20) while they total below this.",
 )
 _CHECK_CLIENTS = flags.DEFINE_integer(
-    "check_clients", 10, "At this M, compare every case's resulting params."
+    "check_clients", 10, "At this M, compare every case's resulting params (0: none)."
 )
 _PARTICIPATION = flags.DEFINE_float(
     "participation", 1.0, "Fraction of the M clients sampled into each round (1: all)."
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and the initial params.")
 _OUTPUT = flags.DEFINE_string("output", "results/benchmark.json", "Where to write the JSON.")
-
-
-USAGE_ERROR_STATUS = 2
-"""Exit status of a command-line mistake (the experiments' mains' convention)."""
-
-
-def usage_error(message: str) -> None:
-    """Prints `error: <message>` (one line) on stderr and exits with status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(USAGE_ERROR_STATUS)
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        usage_error(str(error))
+# Checked while absl parses; the rest (numbers of clients, models, backends' names) by the
+# harness before anything is measured.
+cli.require_items(_BACKENDS, "backend")
+cli.require_items(_DEVICES, "device setting")
+cli.require_items(_MODELS, "model")
+cli.require_value(_OUTPUT, "file path")
+cli.check_number(_CHECK_CLIENTS, 0, meaning="0: no comparison")
 
 
 def _given(holder) -> tuple:
@@ -128,8 +117,7 @@ def _given(holder) -> tuple:
 
 
 def main(argv):
-    if len(argv) > 1:
-        usage_error(f"unexpected arguments: {argv[1:]}")
+    del argv
     try:
         chosen = bench.resolve_workload(
             _WORKLOAD.value,
@@ -171,7 +159,7 @@ def main(argv):
             ceiling=_CEILING.value,
         )
     except ValueError as e:
-        usage_error(str(e))
+        cli.usage_error(str(e))
     workload = None if _WORKLOAD.value is None else bench.get_workload(_WORKLOAD.value)
     if workload is not None:
         shape = "x".join(str(d) for d in workload.input_shape)
@@ -221,4 +209,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    cli.run(main)

@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -48,8 +48,7 @@ def _load(path: str) -> dict:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     tables = [_load(path) for path in _TABLES.value]
     try:
         table = fjp.experiment.protocol.merge_tables(tables, title=_TITLE.value)

@@ -17,7 +17,6 @@ import json
 import os
 import time
 
-from absl import app
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -65,8 +64,7 @@ def label_distribution_figure(workdir: str) -> str | None:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     config = _CONFIG.value
     with common.user_errors():
         fjp.expand_sweep(config)  # every run's config checked before any data is read

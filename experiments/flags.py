@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from fedjax_pals import runtime
-from experiments import config_args
+from experiments import cli, config_args
 
 WORKDIR = flags.DEFINE_string(
     "workdir", None, "Working directory: checkpoints/, results.json, metrics, TensorBoard, plots."
@@ -52,27 +52,20 @@ CPU_DEVICES = flags.DEFINE_string(
     "the local processes of a `python -m fedjax_pals.launch`); the CPU backends deal clients "
     "to them.",
 )
-
-
-def _check_cpu_devices(value) -> bool:
-    # Checked while absl parses (exit status 2, before any data is read), not when JAX starts.
-    if value in (None, "auto"):
-        return True
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise flags.ValidationError(f"must be an integer >= 1 or 'auto', got {value!r}.")
-    return True
-
-
-flags.register_validator(CPU_DEVICES, _check_cpu_devices)
+# Checked while absl parses (exit status 2, before any data is read), not when JAX starts.
+cli.check_count_or_auto(CPU_DEVICES)
 COORDINATOR_ADDRESS = flags.DEFINE_string(
     "coordinator_address", None, "jax.distributed coordinator host:port (multi-process runs)."
 )
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "jax.distributed: number of processes.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "jax.distributed: this process's index.")
+# An empty value is a mistake (`--workdir=` would write into the current directory, an empty
+# MLflow URI would be taken as none), refused while absl parses like every other one.
+cli.require_value(WORKDIR, "directory")
+cli.require_value(MLFLOW_TRACKING_URI, "tracking URI (or leave the flag out)")
+cli.require_value(COORDINATOR_ADDRESS, "host:port")
+cli.check_number(NUM_PROCESSES, 1)
+cli.check_number(PROCESS_ID, 0)
 
 # What the library raises for a user's mistake: shown as one line, without a traceback.
 USER_ERRORS = tuple(
@@ -88,8 +81,11 @@ USER_ERRORS = tuple(
 ) + (fjp.experiment.mlflow_writer.MlflowError,)
 
 
-# Exit status of a command-line mistake (absl's own for a flag error).
-USAGE_ERROR_STATUS = 2
+# The command-line conventions (one `error:` line, exit status 2), shared with the benchmarks.
+USAGE_ERROR_STATUS = cli.USAGE_ERROR_STATUS
+usage_error = cli.usage_error
+check_number_list = cli.check_number_list
+require_items = cli.require_items
 
 # name -> default config file of the config flags the mains define.
 _CONFIG_FLAGS: dict[str, str | None] = {}
@@ -105,67 +101,9 @@ def define_config_file(name: str, default: str | None, help_string: str) -> flag
     return config_flags.DEFINE_config_file(name, default, help_string)
 
 
-def usage_error(message: str) -> None:
-    """Prints `error: <message>` (one line) on stderr and exits with status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    sys.exit(USAGE_ERROR_STATUS)
-
-
-def check_number_list(
-    holder: flags.FlagHolder,
-    low: float,
-    high: float,
-    *,
-    include_low: bool = True,
-    include_high: bool = True,
-    meaning: str = "",
-) -> None:
-    """Registers a check (run while absl parses, so before any data is read) that every item of
-    a list flag is a number in the interval; a bad item is named in the one `error:` line."""
-    interval = f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
-    what = f" ({meaning})" if meaning else ""
-
-    def check(values) -> bool:
-        if values is None:
-            return True
-        if not values:
-            raise flags.ValidationError(f"--{holder.name} needs at least one number in {interval}.")
-        for text in values:
-            try:
-                value = float(text)
-            except ValueError:
-                raise flags.ValidationError(
-                    f"{text!r} is not a number; give numbers in "
-                    f"{interval}{what}, comma-separated."
-                ) from None
-            above = value > low if not include_low else value >= low
-            below = value < high if not include_high else value <= high
-            if not (above and below):  # NaN fails both
-                raise flags.ValidationError(
-                    f"{text} is outside {interval}{what}."
-                )
-        return True
-
-    flags.register_validator(holder, check)
-
-
-def require_items(holder: flags.FlagHolder, what: str) -> None:
-    """Registers a check (while absl parses) that a list flag, when given, names at least one
-    item: `--tables=` is a mistake, not an empty merge."""
-
-    def check(values) -> bool:
-        if values is not None and not [v for v in values if v.strip()]:
-            raise flags.ValidationError(f"--{holder.name} needs at least one {what}.")
-        return True
-
-    flags.register_validator(holder, check)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        usage_error(str(error))
+        return cli.parse_flags(argv)
     # ml_collections raises these while applying a --config.<path> override.
     except (AttributeError, KeyError, TypeError, ValueError, OSError) as error:
         text = error.args[0] if isinstance(error, KeyError) and error.args else error
@@ -215,6 +153,8 @@ def run(main: Callable[[list[str]], object]) -> None:
             # JAX's probe of absent accelerators ("Unable to initialize backend 'tpu'") is
             # every CPU user's first log line and says nothing wrong; --verbosity=1 shows it.
             logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        if len(args) > 1:
+            usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
         try:
@@ -239,8 +179,8 @@ def configure_runtime() -> None:
             num_processes=NUM_PROCESSES.value,
             process_id=PROCESS_ID.value,
         )
-    except ValueError as error:
-        sys.exit(f"error: {error}")
+    except ValueError as error:  # flags that do not fit together: a command-line mistake
+        usage_error(str(error))
 
 
 @contextlib.contextmanager

@@ -403,7 +403,7 @@ def _define_flags():
 
 def main(argv, f) -> None:
     del argv
-    from absl import app
+    from experiments import cli
 
     try:
         settings = bench.BenchmarkSettings(
@@ -422,10 +422,8 @@ def main(argv, f) -> None:
         actors = [int(a) for a in f["actors"].value]
         if f["clients"].value == "torch" and f["model"].value != "lenet":
             raise ValueError("--clients=torch has LeNet only.")
-        if min(sizes) < 1 or min(actors) < 1 or f["rounds"].value < 2:
-            raise ValueError("--num_clients and --actors must be >= 1, --rounds >= 2.")
     except ValueError as e:
-        raise app.UsageError(str(e)) from None
+        cli.usage_error(str(e))
     model = f["model"].value
     log = functools.partial(print, flush=True)
     # Flower logs through its own handler; without this absl's root handler prints it twice.
@@ -510,10 +508,20 @@ def main(argv, f) -> None:
 def entry() -> None:
     """Defines the flags and runs `main` (flags are not defined on a plain import, which
     the Ray actors do to unpickle the client function)."""
-    from absl import app
+    from experiments import cli
 
     f = _define_flags()
-    app.run(functools.partial(main, f=f))
+    # Checked while absl parses: a mistake is one `error:` line before Ray starts.
+    cli.check_number_list(f["num_clients"], 1, integer=True, meaning="numbers of clients M")
+    cli.check_number_list(f["actors"], 1, integer=True, meaning="numbers of Ray actors")
+    cli.check_number(f["rounds"], 2, meaning="the first is the warm-up")
+    for name in ("examples", "batch", "epochs"):
+        cli.check_number(f[name], 1)
+    cli.check_number(f["lr"], 0, include_low=False)
+    cli.check_number(f["participation"], 0, 1, include_low=False)
+    cli.check_number(f["check_clients"], 0, meaning="0: no comparison")
+    cli.require_value(f["output"], "file path")
+    cli.run(functools.partial(main, f=f))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -88,8 +88,7 @@ def evaluate_run(run_dir: str, alphas) -> dict:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     common.configure_runtime()
     started = time.time()
     alphas = [float(a) for a in _ALPHAS.value]  # checked while parsing (check_number_list)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -24,8 +24,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     common.configure_runtime()
     started = time.time()
     with common.user_errors():

@@ -28,6 +28,10 @@ whole life, and during the timed rounds alone); RSS after loading the data set;
 the bytes per client of the O(M) tables (index rows, sizes, label
 distributions). Writes JSON and draws the curves (PNG + PDF).
 
+`--curves=M` or `--curves=m` measures one of the two curves. A mistake in the command line
+(an unknown flag, a bad number, an empty list) is one `error:` line and exit status 2 before
+anything is measured.
+
 Also: `--runs_split=R` alternates one run's round with R runs' round (the
 benchmark's LeNet FedAvg round) and records each phase; `--from_json=a,b`
 merges result files and redraws.
@@ -35,7 +39,7 @@ merges result files and redraws.
 Usage:
   python -m experiments.scaling
   python -m experiments.scaling --runs_split=8 --devices=auto --output=results/runs_split.json
-  python -m experiments.scaling --num_clients=100,1000 --participants_curve= \
+  python -m experiments.scaling --curves=M --num_clients=100,1000 \
       --output=results/scaling_small.json --plot=results/scaling_small
 """
 
@@ -50,10 +54,16 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from experiments import memory
+from experiments import cli, memory
 
+_CURVES = flags.DEFINE_list(
+    "curves",
+    ["M", "m"],
+    "The curves to measure: M (time against the number of clients at --participants) and/or m "
+    "(against the participants per round at --participants_curve_clients).",
+)
 _NUM_CLIENTS = flags.DEFINE_list(
     "num_clients", ["100", "1000", "10000", "100000"], "M of the curve against M."
 )
@@ -95,7 +105,7 @@ _OUTPUT = flags.DEFINE_string(
 _PLOT = flags.DEFINE_string(
     "plot",
     "results/scaling",
-    "Path of the figure without extension (.png and .pdf written).",
+    "Path of the figure without extension (.png and .pdf written); empty: no figure.",
 )
 _POINT = flags.DEFINE_string(
     "point", None, "Internal: run one point (JSON) and print it."
@@ -118,6 +128,67 @@ _RUNS_SPLIT_CLIENTS = flags.DEFINE_integer(
 _RUNS_SPLIT_PAIRS = flags.DEFINE_integer(
     "runs_split_pairs", 15, "Alternations of --runs_split."
 )
+
+# Checked while absl parses: a mistake is one line before anything is measured.
+cli.check_choices(_CURVES, ("M", "m"), "curve")
+cli.check_number_list(
+    _NUM_CLIENTS, 1, integer=True, meaning="the numbers of clients M; --curves=m skips the curve"
+)
+cli.check_number_list(
+    _PARTICIPANTS_CURVE,
+    1,
+    integer=True,
+    meaning="participants per round m; --curves=M skips the curve",
+)
+for _holder in (_PARTICIPANTS, _CURVE_CLIENTS, _EXAMPLES, _BATCH, _EPOCHS, _ROUNDS):
+    cli.check_number(_holder, 1)
+for _holder in (_LR, _BETA, _MAX_TIMED):
+    cli.check_number(_holder, 0, include_low=False)
+cli.check_number(_LAM, 0)
+cli.check_number(_RUNS_SPLIT, 0, meaning="0: the curves")
+cli.check_number(_RUNS_SPLIT_CLIENTS, 1)
+cli.check_number(_RUNS_SPLIT_PAIRS, 1)
+cli.check_count_or_auto(_DEVICES)
+cli.require_value(_OUTPUT, "file path")
+
+
+@flags.validator(_BACKEND.name, message="")
+def _check_backend(name: str) -> bool:
+    if name == "auto":
+        return True
+    from fedjax_pals import engine  # JAX is imported only for a backend named explicitly
+
+    known = ("auto", *engine.BACKENDS)
+    if name not in known:
+        raise flags.ValidationError(f"unknown backend {name!r}; choose among {known}.")
+    return True
+
+
+@flags.validator(_FROM_JSON.name, message="")
+def _check_result_files(paths: list[str]) -> bool:
+    missing = [path for path in paths if path.strip() and not os.path.isfile(path)]
+    if missing:
+        raise flags.ValidationError(f"no such result file: {', '.join(missing)}.")
+    return True
+
+
+@flags.multi_flags_validator(
+    [_PARTICIPANTS_CURVE.name, _CURVE_CLIENTS.name, _CURVES.name], message=""
+)
+def _check_participants_fit(values: dict) -> bool:
+    if "m" not in (values[_CURVES.name] or []):
+        return True
+    clients = values[_CURVE_CLIENTS.name]
+    # Items that are not integers are refused by the list's own check.
+    listed = [p.strip() for p in values[_PARTICIPANTS_CURVE.name] or []]
+    too_many = [p for p in listed if p.lstrip("-").isdigit() and int(p) > clients]
+    if too_many:
+        raise flags.ValidationError(
+            f"--participants_curve={','.join(too_many)} exceeds "
+            f"--participants_curve_clients={clients} (m <= M)."
+        )
+    return True
+
 
 _PREFIX = "@@fjp-scaling "
 NUM_CLASSES = 10
@@ -696,12 +767,12 @@ def main(argv):
                 "participants": min(_PARTICIPANTS.value, int(c)),
             }
             for c in _NUM_CLIENTS.value
-            if c.strip()
+            if "M" in _CURVES.value
         ],
         "m": [
             {"curve": "m", "num_clients": _CURVE_CLIENTS.value, "participants": int(p)}
             for p in _PARTICIPANTS_CURVE.value
-            if p.strip() and int(p) <= _CURVE_CLIENTS.value
+            if "m" in _CURVES.value
         ],
     }
     rows = []
@@ -758,4 +829,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -7,7 +7,8 @@ a random target T (Dirichlet(1)) and sizes n_i uniform in [20, 2000); times
 --repeats calls after one warm-up call; compile time reported apart). Also
 records the objective, the support size, and a float64 KKT residual of every
 solution, so that a fast wrong answer shows. Writes JSON (one row per case) and
-a PNG + PDF plot of solve time vs M.
+a PNG + PDF plot of solve time vs M. A mistake in the command line is one `error:` line and
+exit status 2 before anything is solved.
 
 Usage:
   python -m experiments.solve_time --output=results/solve_time.json
@@ -17,17 +18,18 @@ Usage:
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
 
 import fedjax_pals as fjp
+from experiments import cli
 
 _NUM_CLIENTS = flags.DEFINE_list(
     "num_clients", ["10", "100", "1000", "10000", "100000"], "Numbers of clients M."
@@ -48,6 +50,15 @@ _OUTPUT = flags.DEFINE_string("output", "results/solve_time.json", "JSON output 
 _PLOT = flags.DEFINE_string(
     "plot", "", "Plot path without extension (.png and .pdf); default: beside the JSON."
 )
+
+# Checked while absl parses: a mistake is one line before anything is solved.
+cli.check_number_list(_NUM_CLIENTS, 1, integer=True, meaning="numbers of clients M")
+cli.check_number_list(_LAM_OVER_N, 0, meaning="lam / N; 0: lam = 0")
+cli.check_number(_NUM_CLASSES, 2)
+cli.check_number(_ESS_FRACTION, -math.inf, 1, meaning="<= 0 skips lambda_for_ess")
+cli.check_number(_ESS_MAX_CLIENTS, 1)
+cli.check_number(_REPEATS, 1)
+cli.require_value(_OUTPUT, "file path")
 
 
 def problem(num_clients: int, num_classes: int, seed: int):
@@ -204,4 +215,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gc
 import time
 
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -84,8 +84,7 @@ def _parameters() -> dict:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     if not common.WORKDIR.value:
         common.usage_error("--workdir is required (the sweep's workdir, on a shared file system).")
     workdir = common.WORKDIR.value

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -150,8 +150,7 @@ def _run_shard(workdir: str) -> None:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     shard = shards_lib.parse_shard(_SHARD.value) if _SHARD.value is not None else None
     if _LIST.value:
         if _CONFIG.value is None:

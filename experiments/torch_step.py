@@ -403,8 +403,18 @@ def run(
     }
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse with the mains' convention for a command-line mistake: one `error:` line,
+    exit status 2 (not the usage text). Not `experiments.cli`: the PyTorch worker runs this
+    module in a venv without absl."""
+
+    def error(self, message: str):
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=80, help="Steps per timed repetition.")
     parser.add_argument("--reps", type=int, default=5, help="Repetitions (median reported).")
     parser.add_argument(
@@ -429,6 +439,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.reps < 1:
         parser.error("--steps and --reps must be >= 1.")
+    if not args.output.strip():
+        parser.error("--output needs a file path.")
+    if args.torch_python is not None and not os.access(args.torch_python, os.X_OK):
+        parser.error(f"--torch_python={args.torch_python} is not an executable file.")
     if args.pin_core is not None and args.pin_core not in os.sched_getaffinity(0):
         parser.error(
             f"--pin_core={args.pin_core} is not among this process's cores "

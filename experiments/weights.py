@@ -17,7 +17,7 @@ import os
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import fedjax_pals as fjp
 from experiments import flags as common
@@ -33,8 +33,7 @@ common.check_number_list(
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # a stray argument is refused by common.run
     common.configure_runtime()
     started = time.time()
     config = _CONFIG.value

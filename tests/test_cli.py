@@ -132,7 +132,11 @@ def test_the_sweep_command_reports_a_command_line_mistake_in_one_line(args, expe
     [
         ("experiments.run", ["--workdir=w", "--cpu_devices=abc"], "--cpu_devices=abc: must be"),
         ("experiments.sweep", ["--workdir=w", "--cpu_devices=0"], "--cpu_devices=0: must be"),
-        ("experiments.sweep", ["--workdir="], "--workdir is required"),
+        ("experiments.sweep", ["--workdir="], "--workdir needs a directory"),
+        ("experiments.demo", ["--workdir="], "--workdir needs a directory"),
+        ("experiments.run", ["--workdir=w", "--mlflow_tracking_uri="], "needs a tracking URI"),
+        ("experiments.run", ["--workdir=w", "--process_id=-1"], "-1 is not >= 0"),
+        ("experiments.run", ["--workdir=w", "extra"], "unexpected arguments"),
     ],
 )
 def test_runtime_flags_and_an_empty_workdir_are_refused_while_parsing(tmp_path, module, args, expected):
@@ -173,3 +177,31 @@ def test_a_new_grid_axis_on_the_command_line_is_a_sweep_axis():
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "fedpals/lam=0.1/seed_1" in completed.stdout and "6 runs" in completed.stdout
+
+
+@pytest.mark.parametrize(
+    "module, args, expected",
+    [
+        ("experiments.scaling", ["--num_clients="], "--num_clients needs at least one"),
+        ("experiments.scaling", ["--participants_curve=20000"], "exceeds --participants_curve_"),
+        ("experiments.scaling", ["--rounds=x"], "--rounds=x"),
+        ("experiments.scaling", ["--bogus=1"], "Unknown command line flag 'bogus'"),
+        ("experiments.scaling", ["extra"], "unexpected arguments ['extra']"),
+        ("experiments.solve_time", ["--lam_over_n=x"], "'x' is not a number"),
+        ("experiments.solve_time", ["--num_clients="], "--num_clients needs at least one"),
+        ("experiments.benchmark", ["--output="], "--output needs a file path"),
+        ("experiments.flower_benchmark", ["--actors=0"], "0 is not >= 1"),
+        ("experiments.torch_step", ["--bogus"], "unrecognized arguments: --bogus"),
+        ("experiments.torch_step", ["--output="], "--output needs a file path"),
+    ],
+)
+def test_the_measurement_commands_refuse_a_bad_flag_in_one_line_before_measuring(
+    tmp_path, module, args, expected
+):
+    # Every output is pointed into tmp_path: a check that let the command start would write it.
+    outputs = [f"--output={tmp_path / 'out.json'}"] if not any("--output" in a for a in args) else []
+    if module in ("experiments.scaling", "experiments.solve_time"):
+        outputs.append(f"--plot={tmp_path / 'plot'}")
+    line = _one_error_line(_main(module, *outputs, *args, timeout=60))
+    assert expected in line
+    assert not list(tmp_path.iterdir())

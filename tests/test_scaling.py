@@ -59,7 +59,7 @@ def test_one_point_of_the_curve_runs_and_reports_time_and_memory(tmp_path):
     subprocess.run(
         [
             sys.executable, "-m", "experiments.scaling", "--num_clients=100", "--participants=10",
-            "--participants_curve=", "--rounds=1", f"--output={output}", "--plot=",
+            "--curves=M", "--rounds=1", f"--output={output}", "--plot=",
         ],
         check=True,
         capture_output=True,

@@ -1,0 +1,210 @@
+"""The command-line conventions of every main in experiments/ (absl only: no JAX, no package).
+
+A mistake in a command line (an unknown flag, a value of the wrong type, an empty list, a
+number out of range, a stray argument) is one `error: <message>` line on stderr and exit
+status 2, before any data is read or any measurement starts. The checks are absl validators,
+so they run while absl parses; `run(main)` replaces `app.run(main)` to turn absl's own
+"FATAL Flags parsing error" and usage dump into that one line.
+
+The mains with a config file (run, sweep, demo, ...) go through `experiments.flags.run`, which
+adds the config checks on top of these; the benchmarks (benchmark, scaling, solve_time,
+flower_benchmark) call `run` here, so that their `--help` lists their own flags only.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable, Iterable
+
+from absl import app, flags
+
+# Exit status of a command-line mistake (absl's own for a flag error, argparse's too).
+USAGE_ERROR_STATUS = 2
+
+
+def usage_error(message: str) -> None:
+    """Prints `error: <message>` (one line) on stderr and exits with status 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(USAGE_ERROR_STATUS)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, with a flag error as one `error:` line and exit status 2."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        usage_error(str(error))
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+    """`app.run(main)` with `parse_flags`; a positional argument is refused the same way
+    (absl passes it to `main`, where it would be silently ignored)."""
+
+    def checked_main(argv: list[str]):
+        if len(argv) > 1:
+            usage_error(f"unexpected arguments {argv[1:]} (flags are written --name=value).")
+        return main(argv)
+
+    app.run(checked_main, flags_parser=parse_flags)
+
+
+def _interval(low: float, high: float, include_low: bool, include_high: bool) -> str:
+    if high == math.inf:
+        return f"{'>=' if include_low else '>'} {low:g}"
+    if low == -math.inf:
+        return f"{'<=' if include_high else '<'} {high:g}"
+    return f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
+
+
+def _number_problem(
+    text: str,
+    low: float,
+    high: float,
+    include_low: bool,
+    include_high: bool,
+    integer: bool,
+    meaning: str,
+    listed: bool = False,
+) -> str | None:
+    kind = "an integer" if integer else "a number"
+    give = ("integers" if integer else "numbers") if listed else kind
+    what = f" ({meaning})" if meaning else ""
+    interval = _interval(low, high, include_low, include_high)
+    where = interval if math.inf in (abs(low), abs(high)) else f"in {interval}"
+    try:
+        value = int(text) if integer else float(text)
+    except (TypeError, ValueError):
+        listing = ", comma-separated" if listed else ""
+        return f"{str(text)!r} is not {kind}; give {give} {where}{what}{listing}."
+    above = value >= low if include_low else value > low
+    below = value <= high if include_high else value < high
+    if not (above and below):  # NaN fails both
+        return f"{text} is {'not' if where == interval else 'outside'} {interval}{what}."
+    return None
+
+
+def check_number(
+    holder: flags.FlagHolder,
+    low: float,
+    high: float = math.inf,
+    *,
+    include_low: bool = True,
+    include_high: bool = True,
+    meaning: str = "",
+) -> None:
+    """Registers a check (run while absl parses) that a numeric flag lies in the interval."""
+
+    def check(value) -> bool:
+        if value is None:
+            return True
+        problem = _number_problem(
+            value, low, high, include_low, include_high, isinstance(value, int), meaning
+        )
+        if problem:
+            raise flags.ValidationError(problem)
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def check_number_list(
+    holder: flags.FlagHolder,
+    low: float,
+    high: float = math.inf,
+    *,
+    include_low: bool = True,
+    include_high: bool = True,
+    integer: bool = False,
+    meaning: str = "",
+    empty: str | None = None,
+) -> None:
+    """Registers a check (run while absl parses) that every item of a list flag is a number
+    (an integer with `integer`) in the interval; a bad item is named in the one `error:` line.
+
+    An empty list (`--name=`) is refused unless `empty` says what it means (then allowed).
+    """
+    kind = "integers" if integer else "numbers"
+    interval = _interval(low, high, include_low, include_high)
+
+    def check(values) -> bool:
+        if values is None:
+            return True
+        items = [text.strip() for text in values]
+        if not [text for text in items if text]:
+            if empty is not None:
+                return True
+            where = interval if math.inf in (abs(low), abs(high)) else f"in {interval}"
+            what = f" ({meaning})" if meaning else ""
+            raise flags.ValidationError(
+                f"--{holder.name} needs at least one of the {kind} {where}{what}."
+            )
+        for text in items:
+            problem = _number_problem(
+                text, low, high, include_low, include_high, integer, meaning, listed=True
+            )
+            if problem:
+                raise flags.ValidationError(problem)
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def check_count_or_auto(holder: flags.FlagHolder) -> None:
+    """Registers a check that a string flag is an integer >= 1 or 'auto'."""
+
+    def check(value) -> bool:
+        if value in (None, "auto"):
+            return True
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise flags.ValidationError(f"must be an integer >= 1 or 'auto', got {value!r}.")
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def check_choices(holder: flags.FlagHolder, choices: Iterable[str], what: str) -> None:
+    """Registers a check that a string flag (or every item of a list flag) is one of
+    `choices`; the error lists them."""
+    known = tuple(choices)
+
+    def check(value) -> bool:
+        if value is None:
+            return True
+        items = [value] if isinstance(value, str) else [v.strip() for v in value]
+        if not items or not all(items):
+            raise flags.ValidationError(f"--{holder.name} needs a {what}; choose among {known}.")
+        for item in items:
+            if item not in known:
+                raise flags.ValidationError(f"unknown {what} {item!r}; choose among {known}.")
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def require_items(holder: flags.FlagHolder, what: str) -> None:
+    """Registers a check (while absl parses) that a list flag, when given, names at least one
+    item: `--tables=` is a mistake, not an empty merge."""
+
+    def check(values) -> bool:
+        if values is not None and not [v for v in values if v.strip()]:
+            raise flags.ValidationError(f"--{holder.name} needs at least one {what}.")
+        return True
+
+    flags.register_validator(holder, check)
+
+
+def require_value(holder: flags.FlagHolder, what: str) -> None:
+    """Registers a check (while absl parses) that a string flag is not empty: `--output=`
+    would otherwise fail only when the result is written, after the whole measurement."""
+
+    def check(value) -> bool:
+        if value is not None and not value.strip():
+            raise flags.ValidationError(f"--{holder.name} needs a {what}.")
+        return True
+
+    flags.register_validator(holder, check)
