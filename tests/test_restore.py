@@ -188,3 +188,137 @@ def test_when_every_checkpoint_is_damaged_the_error_remains(long_run, tmp_path):
         _truncate(str(copy / "checkpoints" / str(step)))
     with pytest.raises(fjp.CheckpointError, match=r"checkpoints/20: it is truncated"):
         fjp.train_and_evaluate(_config(20), str(copy), quiet=True)
+
+
+# -- damage to any item of any checkpoint -----------------------------------------------------
+
+# (item, how): every item of a checkpoint, metrics (orbax's, read when it opens the folder)
+# both garbled and missing.
+DAMAGE = [
+    ("state", "truncated"),
+    ("history", "garbled"),
+    ("identity", "deleted"),
+    ("metrics", "garbled"),
+    ("metrics", "deleted"),
+]
+POSITIONS = ["latest", "best"]  # round 20, or the older best-validation round the run reports
+
+
+def _damage(step_dir, item, how):
+    if how == "truncated":
+        _truncate(step_dir)
+    elif how == "deleted":
+        shutil.rmtree(os.path.join(step_dir, item))
+    else:
+        name = "metrics" if item == "metrics" else "metadata"
+        with open(os.path.join(step_dir, item, name), "w") as f:
+            f.write('{"val_accuracy": 0.9')
+
+
+def _damaged_copy(long_run, tmp_path, item, how, position):
+    """A copy of the 20-round run with one item of one checkpoint damaged, and its round."""
+    workdir, results = long_run
+    step = 20 if position == "latest" else results["best_val_round"]
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    _damage(str(copy / "checkpoints" / str(step)), item, how)
+    return copy, step
+
+
+def _warnings(caplog, directory):
+    # fedjax_pals's lines only: asyncio may log orbax's abandoned reads of the damaged files.
+    lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
+    return [line for line in lines if directory in line]
+
+
+def _no_delete_advice(message):
+    assert "delete" not in message and "overwrite" not in message, message
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("item,how", DAMAGE)
+def test_a_damaged_item_of_any_checkpoint_is_named_and_the_newest_intact_one_restored_and_resumed(
+    long_run, tmp_path, caplog, item, how, position
+):
+    _, expected = long_run
+    best = expected["best_val_round"]
+    copy, step = _damaged_copy(long_run, tmp_path, item, how, position)
+    directory = f"{copy}/checkpoints"
+    content = item != "metrics"  # orbax's metrics are a copy of the history's
+
+    # restore_run only reads: the newest intact checkpoint, a damaged newer one named.
+    with caplog.at_level(logging.WARNING):
+        last = fjp.restore_run(copy, "last")
+    lines = _warnings(caplog, directory)
+    if content and position == "latest":
+        assert last.round == 19 and last.history.rounds == list(range(1, 20))
+        (line,) = lines
+        assert line.startswith(f"the checkpoint of round 20 in {directory} cannot be read")
+        assert line.endswith("; restoring from the intact checkpoint of round 19.")
+    else:
+        assert last.round == 20 and last.history.rounds == expected["rounds"] and not lines
+        assert _target_accuracy(last) == expected["final_target_accuracy"]
+    if content and position == "best":
+        with pytest.raises(fjp.CheckpointError) as info:
+            fjp.restore_run(copy, "best")
+        message = str(info.value)
+        assert message.startswith(
+            f"the checkpoint of the best-validation round {best} in {directory}/{best} "
+            "cannot be read ("
+        )
+        assert message.endswith("which='last' restores the intact checkpoint of round 20.")
+        _no_delete_advice(message)
+    else:
+        assert fjp.restore_run(copy, "best").round == best
+
+    # The run resumes from the newest intact checkpoint, one line naming the damaged round.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resumed = fjp.train_and_evaluate(_config(20), str(copy), quiet=True)
+    lines = _warnings(caplog, directory)
+    if content:
+        newest = 19 if position == "latest" else 20
+        assert lines == [
+            f"the checkpoint of round {step} in {directory} could not be read and was "
+            f"deleted; resuming from the intact checkpoint of round {newest}."
+        ]
+        kept = [best, 19, 20] if position == "latest" else [19, 20]  # round 20 trained again
+    else:  # rewritten from the history: the checkpoint, the best one too, is kept
+        assert lines == [
+            f"the best-validation metrics of the checkpoint of round {step} in {directory} "
+            "were missing or damaged and were rewritten from its history."
+        ]
+        kept = [best, 19, 20]
+    for key in expected:
+        if key != "wall_seconds":
+            assert resumed[key] == expected[key], key
+    checkpointer = fjp.experiment.checkpoints.Checkpointer(copy / "checkpoints")
+    assert checkpointer.steps() == kept
+    assert fjp.restore_run(copy, "last").round == 20
+
+    # The keep policy still works from the intact checkpoints' metrics: a worse round 21
+    # leaves the best-validation one in place.
+    state, history = checkpointer.restore(last.state)
+    history = fjp.TrainingHistory(
+        **{k: v + [v[-1]] if isinstance(v, list) else v for k, v in history.to_dict().items()}
+    )
+    history.rounds[-1], history.val_accuracy[-1] = 21, 0.0
+    checkpointer.save(state._replace(round=np.int32(21)), history)
+    assert checkpointer.steps() == ([best] if best in kept else []) + [20, 21]
+    checkpointer.close()
+
+
+def test_when_every_checkpoint_is_damaged_restore_run_says_so_without_advising_deletion(
+    long_run, tmp_path
+):
+    copy = tmp_path / "run"
+    shutil.copytree(long_run[0], copy)
+    for step in fjp.experiment.checkpoints.Checkpointer(copy / "checkpoints").steps():
+        _damage(str(copy / "checkpoints" / str(step)), "identity", "deleted")
+    with pytest.raises(fjp.CheckpointError) as info:
+        fjp.restore_run(copy)
+    assert str(info.value).startswith(
+        f"no checkpoint of the run in {copy} can be read: every one in {copy}/checkpoints is "
+        "damaged (round 20: "
+    )
+    _no_delete_advice(str(info.value))

@@ -16,7 +16,17 @@ The identity travels with the state, so a checkpoint can never be resumed under 
 run's label, whatever else the directory holds. Orbax writes a checkpoint into a temporary
 directory and renames it when complete, so a run killed while saving leaves the previous
 checkpoint intact. A checkpoint that cannot be read (truncated, emptied, written by something
-else) raises `CheckpointError` naming its path and the remedy, never a raw orbax trace.
+else) raises `DamagedCheckpointError` naming its round, its path and the remedy, never a raw
+orbax trace.
+
+Damage is handled alike whichever round and item it hits. Before a run resumes,
+`fall_back_to_intact` reads every kept checkpoint: a checkpoint whose `state`, `history` or
+`identity` cannot be read is deleted (its rounds are trained again when it was the latest) and
+the run resumes from the newest intact one; a damaged `metrics` item of an intact checkpoint
+is rewritten from its `history` (the metrics are a copy of it), so the checkpoint, the
+best-validation one included, is kept. Both are said in one warning line naming the rounds and
+the directory. Only when no checkpoint is intact is the damage an error. A read-only
+`Checkpointer` (`restore_run`) never reads the metrics, so damaged ones cannot stop it.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import json
 import logging as _py_logging
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +48,8 @@ from fedjax_pals.experiment.config import config_differences, mapping_difference
 from fedjax_pals.training import TrainingHistory
 
 ITEMS = ("state", "history", "identity")
+# Orbax's item of the per-checkpoint metrics (a JSON file of the same name inside it).
+METRICS = "metrics"
 # What the messages tell the user to do; "{directory}" is the checkpoint directory.
 DEFAULT_REMEDY = "delete {directory}, or use another checkpoint location"
 
@@ -47,6 +60,15 @@ class CheckpointError(ValueError):
 
 class CheckpointMismatchError(CheckpointError):
     """A readable checkpoint of another run (another identity)."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint that cannot be read: `step` is its round, `reason` the error, in short."""
+
+    def __init__(self, message: str, step: int, reason: str):
+        super().__init__(message)
+        self.step = step
+        self.reason = reason
 
 
 def _short(error: BaseException) -> str:
@@ -109,6 +131,12 @@ def budget_extension(stored_config: Mapping, lines: list[str]) -> list[str]:
             "extended: its state records lambda in arrays as long as the round budget)"
         ]
     return []
+
+
+def _metrics(step: int, history: Mapping) -> dict | None:
+    """The metrics `save` records with checkpoint `step` (None: none, without validation)."""
+    val = history.get("val_accuracy") or []
+    return {"val_accuracy": float(val[-1]), "round": int(step)} if val else None
 
 
 def _best_key(metrics: Mapping) -> tuple:
@@ -229,6 +257,8 @@ class Checkpointer:
                 best_mode="max",
                 create=False,
                 read_only=self.read_only,
+                # A reader never deletes, so it needs no metrics: damaged ones cannot stop it.
+                lightweight_initialize=self.read_only,
                 # Synchronous saves: when save() returns the checkpoint is on disk.
                 enable_async_checkpointing=False,
                 # Leftovers of a save killed half-way are removed, never read.
@@ -250,12 +280,14 @@ class Checkpointer:
     def _step_path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _unreadable(self, step: int, error: BaseException) -> CheckpointError:
+    def _unreadable(self, step: int, error: BaseException) -> DamagedCheckpointError:
         _silence_closed_loop_noise()
-        return CheckpointError(
+        return DamagedCheckpointError(
             f"cannot read the checkpoint of round {step} in {self._step_path(step)}: it is "
             f"truncated, empty or not a fedjax_pals checkpoint ({_short(error)}). To start "
-            f"afresh: {self.remedy}."
+            f"afresh: {self.remedy}.",
+            step,
+            _short(error),
         )
 
     def _read(self, step: int, **items) -> dict:
@@ -308,14 +340,17 @@ class Checkpointer:
             stored, self.identity, allow_extension=self.allow_extension
         )
         if differences:
-            raise CheckpointMismatchError(
-                f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
-                f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
-            )
+            raise self._mismatch(step, differences)
         return step
 
-    def _damage(self, step: int) -> CheckpointError | None:
-        """None if every item of checkpoint `step` can be read, else the error saying why."""
+    def _mismatch(self, step: int, differences: list[str]) -> CheckpointMismatchError:
+        return CheckpointMismatchError(
+            f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
+            f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
+        )
+
+    def _inspect(self, step: int) -> tuple[DamagedCheckpointError | None, dict]:
+        """(the damage of checkpoint `step` or None, its history and identity when intact)."""
         args = self._ocp().args
         try:
             restored = self._read(
@@ -324,34 +359,101 @@ class Checkpointer:
                 history=args.JsonRestore(),
                 identity=args.JsonRestore(),
             )
-        except CheckpointError as error:
+            if not isinstance(restored["identity"], dict):
+                raise TypeError(f"identity is {type(restored['identity']).__name__}")
+            TrainingHistory(**restored["history"])  # what `restore` will make of it
+        except DamagedCheckpointError as error:
+            return error, {}
+        except Exception as error:
+            return self._unreadable(step, error), {}
+        return None, restored
+
+    def _stored_metrics(self, step: int) -> Any:
+        """The metrics item of checkpoint `step` as stored (None when absent), or the error
+        reading it (orbax raises it while opening the directory, before any fallback)."""
+        path = os.path.join(self._step_path(step), METRICS, METRICS)
+        if not os.path.lexists(os.path.dirname(path)):
+            return None
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except Exception as error:
             return error
-        if not isinstance(restored["identity"], dict) or not isinstance(restored["history"], dict):
-            return self._unreadable(step, TypeError("identity or history is not a mapping"))
-        return None
+
+    def _rewrite_metrics(self, step: int, metrics: dict | None) -> None:
+        item = os.path.join(self._step_path(step), METRICS)
+        if metrics is None:
+            shutil.rmtree(item, ignore_errors=True)
+            return
+        os.makedirs(item, exist_ok=True)
+        path = os.path.join(item, METRICS)
+        with open(path + ".tmp", "w") as f:  # then renamed: a reader never sees half a file
+            json.dump(metrics, f)
+        os.replace(path + ".tmp", path)
 
     def fall_back_to_intact(self) -> str | None:
-        """When the latest checkpoint cannot be read but an older one can, deletes the damaged
-        newer ones (their rounds are trained again) and returns one line saying so; None when
-        the latest is intact, or when no older one is (then `restore` reports the damage)."""
-        steps = self.steps()
-        if not steps or self._damage(steps[-1]) is None:
+        """Makes the checkpoint directory resumable whatever item of whichever round is damaged;
+        returns one line saying what it did (None when everything is intact).
+
+        Every kept checkpoint is read: damaged ones (state, history or identity unreadable)
+        are deleted, so the run resumes from the newest intact one (a deleted latest one's
+        rounds are trained again); an intact one whose metrics differ from what its history
+        says (unreadable, missing, foreign) gets them rewritten, so the best-validation one
+        stays kept. Nothing is changed when the newest intact checkpoint belongs to another run
+        (`CheckpointMismatchError`); when none is intact, the latest one's damage is raised.
+        Every process calls it; the primary one writes.
+        """
+        reader = Checkpointer(self.directory, read_only=True, remedy=self.remedy)
+        try:
+            steps = reader.steps()
+            inspected = {step: reader._inspect(step) for step in steps}
+            metrics = {step: reader._stored_metrics(step) for step in steps}
+        finally:
+            reader.close()
+        if not steps:
             return None
-        damaged = [steps[-1]]
-        for step in reversed(steps[:-1]):
-            if self._damage(step) is not None:
-                damaged.append(step)
-                continue
-            for bad in damaged:  # every process calls it: orbax deletes from the primary
-                self._mgr().delete(bad)
-            self.close()  # the next reader lists the steps afresh
-            rounds = ", ".join(str(d) for d in sorted(damaged))
-            return (
-                f"the checkpoint of round{'s' if len(damaged) > 1 else ''} {rounds} in "
-                f"{self.directory} could not be read and was deleted; resuming from the intact "
-                f"checkpoint of round {step}."
+        damaged = [step for step in steps if inspected[step][0] is not None]
+        intact = [step for step in steps if inspected[step][0] is None]
+        if not intact:
+            raise inspected[steps[-1]][0]
+        newest = intact[-1]
+        if self.identity is not None:
+            differences = identity_differences(
+                inspected[newest][1]["identity"],
+                self.identity,
+                allow_extension=self.allow_extension,
             )
-        return None
+            if differences:
+                raise self._mismatch(newest, differences)
+        stale = {
+            step: expected
+            for step in intact
+            if metrics[step] != (expected := _metrics(step, inspected[step][1]["history"]))
+        }
+        if (damaged or stale) and jax.process_index() == 0:
+            for step in damaged:
+                shutil.rmtree(self._step_path(step))
+            for step, expected in stale.items():
+                self._rewrite_metrics(step, expected)
+        if jax.process_count() > 1:  # the others read only once the primary has written
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("fedjax_pals.checkpoints.fall_back_to_intact")
+        self.close()  # the next reader lists the steps afresh
+        notes = []
+        if damaged:
+            notes.append(
+                f"the checkpoint{_rounds(damaged)} in {self.directory} could not be read and "
+                f"{'was' if len(damaged) == 1 else 'were'} deleted; resuming from the intact "
+                f"checkpoint of round {newest}"
+            )
+        if stale:
+            notes.append(
+                f"the best-validation metrics of the checkpoint{_rounds(list(stale))} in "
+                f"{self.directory} were missing or damaged and were rewritten from "
+                f"{'its' if len(stale) == 1 else 'their'} history"
+            )
+        return "; ".join(notes) + "." if notes else None
 
     # -- the Checkpointer protocol -----------------------------------------------------------
 
@@ -368,8 +470,7 @@ class Checkpointer:
             return  # a round is saved once; the same run computes the same state
         if self.read_only:
             raise CheckpointError(f"{self!r} is read-only: it cannot save.")
-        val = history_dict.get("val_accuracy") or []
-        metrics = {"val_accuracy": float(val[-1]), "round": step} if val else None
+        metrics = _metrics(step, history_dict)
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -428,6 +529,12 @@ class Checkpointer:
         if self._manager is not None:
             self._manager.close()
             self._manager = None
+
+
+def _rounds(steps: list[int]) -> str:
+    """" of round 3" or "s of rounds 3, 5": the rounds a message names after "checkpoint"."""
+    plural = "s" if len(steps) > 1 else ""
+    return f"{plural} of round{plural} {', '.join(map(str, sorted(steps)))}"
 
 
 def _without_empty_opt_state(state_dict: Any) -> Any:

@@ -3,12 +3,17 @@
     run = fjp.restore_run("runs/fedpals", which="best")
     logits = run.model.apply(run.params, x)
 
-The run's resolved config comes from its latest checkpoint (the identity saved with it), the
-task is rebuilt from it (`build_task`: data, partition, algorithm, model), the initial server
-state is the template the checkpoint is restored into (with the partition's clients:
+The run's resolved config comes from its newest readable checkpoint (the identity saved with
+it; a damaged newer one is skipped, with one warning line naming its round), the task is
+rebuilt from it (`build_task`: data, partition, algorithm, model), the initial server state is
+the template the checkpoint is restored into (with the partition's clients:
 `config.partition.num_clients` counts the target too, the state's clients do not), and
 `params` are the algorithm's evaluated parameters (`eval_params`: the averaged iterate for AFL,
 the global model otherwise): the model whose accuracy the run recorded at that round.
+
+Only reads: a damaged checkpoint stays (the next resume deletes it); one whose state, history
+or identity cannot be read is never restored, and when it is the best-validation round's the
+error names that round (which='last' still restores the newest intact one).
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from typing import Any, NamedTuple
 
 import jax
 import ml_collections
+from absl import logging
 
 from fedjax_pals.algorithms import ServerState, init_server_state
-from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer
+from fedjax_pals.experiment.checkpoints import (
+    CheckpointError,
+    Checkpointer,
+    DamagedCheckpointError,
+)
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.task import Task, build_task
 from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
@@ -58,13 +68,15 @@ def restore_run(
     Args:
       workdir: a workdir of `train_and_evaluate` (finished or not; it is only read).
       which: "best": the round of the best validation accuracy (earliest on ties), the model
-        the results report (`best_val_round`); "last": the latest checkpoint.
+        the results report (`best_val_round`); "last": the latest checkpoint that can be read
+        (a damaged newer one is named in a warning line).
       data_dir: where the data set is, when it has moved since the run (default: the
         config's `dataset.data_dir`).
 
     Raises:
-      CheckpointError: no checkpoint in the workdir, an unreadable one, or a best round whose
-        checkpoint was not kept (runs of fedjax_pals before it kept the best one).
+      CheckpointError: no checkpoint in the workdir, none that can be read, or a best round
+        whose checkpoint is damaged or was not kept (runs of fedjax_pals before it kept the
+        best one).
       DatasetUnavailableError, TaskError: the data cannot be had to rebuild the task.
     """
     if which not in WHICH:
@@ -75,23 +87,36 @@ def restore_run(
         raise CheckpointError(f"{path} holds no checkpoints ({directory} does not exist).")
     checkpointer = Checkpointer(directory, read_only=True)
     try:
-        latest = checkpointer.latest_round()
-        if latest is None:
+        steps = checkpointer.steps()
+        if not steps:
             raise CheckpointError(f"{path} holds no checkpoints ({directory} is empty).")
-        identity = checkpointer.read_identity(latest)
-        if not isinstance(identity.get("config"), dict):
+        damaged: dict[int, DamagedCheckpointError] = {}
+        task = None
+        for latest in reversed(steps):  # the newest checkpoint that can be read
+            try:
+                identity = checkpointer.read_identity(latest)
+                if task is None:
+                    config, task, template = _rebuild(identity, directory, latest, data_dir)
+                state, history = checkpointer.restore(template, step=latest)
+                break
+            except DamagedCheckpointError as error:
+                damaged[latest] = error
+        else:
             raise CheckpointError(
-                f"the checkpoint in {directory}/{latest} records no config: it was not written "
-                "by train_and_evaluate (restore it with fjp.experiment.checkpoints.Checkpointer)."
+                f"no checkpoint of the run in {path} can be read: every one in {directory} is "
+                f"damaged (round {steps[-1]}: {damaged[steps[-1]].reason})."
             )
-        config = ml_collections.ConfigDict(identity["config"])
-        if data_dir is not None:
-            config.dataset.data_dir = data_dir
-        config = validate_config(config)
-        task = build_task(config)
-        params = task.model.init(jax.random.PRNGKey(0))
-        template = init_server_state(task.algorithm, params, task.partition.num_clients)
-        state, history = checkpointer.restore(template)
+        if damaged:
+            rounds = ", ".join(map(str, sorted(damaged)))
+            logging.warning(
+                "the checkpoint of round%s %s in %s cannot be read (%s); restoring from the "
+                "intact checkpoint of round %d.",
+                "s" if len(damaged) > 1 else "",
+                rounds,
+                directory,
+                damaged[max(damaged)].reason,
+                latest,
+            )
         step = latest
         if which == "best":
             step = history.rounds[history.best_val_index()]
@@ -99,10 +124,21 @@ def restore_run(
                 raise CheckpointError(
                     f"the best-validation round {step} of the run in {path} has no checkpoint "
                     f"(kept: {', '.join(map(str, checkpointer.steps()))}; a run of an older "
-                    "fedjax_pals kept only the last 2); use which='last'."
+                    "fedjax_pals kept only the last 2, and a resumed run deletes a damaged "
+                    "one); use which='last'."
                 )
             if step != latest:
-                state, _ = checkpointer.restore(template, step=step)
+                try:
+                    # Read whole, as the newest one: a checkpoint with any item damaged is
+                    # damaged (a resumed run deletes it).
+                    checkpointer.read_identity(step)
+                    state, _ = checkpointer.restore(template, step=step)
+                except DamagedCheckpointError as error:
+                    raise CheckpointError(
+                        f"the checkpoint of the best-validation round {step} in "
+                        f"{directory}/{step} cannot be read ({error.reason}); which='last' "
+                        f"restores the intact checkpoint of round {latest}."
+                    ) from None
     finally:
         checkpointer.close()
     return RestoredRun(
@@ -114,3 +150,21 @@ def restore_run(
         state=state,
         task=task,
     )
+
+
+def _rebuild(
+    identity: dict, directory: str, step: int, data_dir: str | None
+) -> tuple[ml_collections.ConfigDict, Task, ServerState]:
+    """(config, task, the state template) of the run whose checkpoint `step` has `identity`."""
+    if not isinstance(identity.get("config"), dict):
+        raise CheckpointError(
+            f"the checkpoint in {directory}/{step} records no config: it was not written "
+            "by train_and_evaluate (restore it with fjp.experiment.checkpoints.Checkpointer)."
+        )
+    config = ml_collections.ConfigDict(identity["config"])
+    if data_dir is not None:
+        config.dataset.data_dir = data_dir
+    config = validate_config(config)
+    task = build_task(config)
+    params = task.model.init(jax.random.PRNGKey(0))
+    return config, task, init_server_state(task.algorithm, params, task.partition.num_clients)
