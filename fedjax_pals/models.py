@@ -250,6 +250,16 @@ def model_from_flax(
 
 
 def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model:
+    """The registered model `name` for inputs of `input_shape` and `num_classes` classes."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")
-    return MODELS[name](input_shape, num_classes)
+    model = MODELS[name](input_shape, num_classes)
+    if not isinstance(model, Model):
+        # A registered builder's mistake, named here rather than as an attribute error of the
+        # engine (e.g. a bare flax module returned instead of its Model).
+        raise ValueError(
+            f"model {name!r}: its builder returned {type(model).__name__}, not a "
+            f"fedjax_pals.Model; make one from a flax module with "
+            f"fjp.model_from_flax({name!r}, module, input_shape, num_classes)."
+        )
+    return model

@@ -206,6 +206,7 @@ class Method:
                 f"method {self.name!r}: hyperparameters must be a Hyperparameters dataclass, "
                 f"got {self.hyperparameters!r}."
             )
+        _check_declared(self.name, self.hyperparameters)
         fields = hyperparameter_checks(self.hyperparameters)
         for key, values in dict(self.grid).items():
             if key not in fields:
@@ -230,6 +231,15 @@ class Method:
                 f"{sorted(known) or 'none'}."
             )
         algorithm = self.build(self.hyperparameters(**values), context or MethodContext())
+        from fedjax_pals.algorithms.base import FederatedAlgorithm  # it imports the registry
+
+        if not isinstance(algorithm, FederatedAlgorithm):
+            # Caught here, not at the first `_replace` or inside the compiled round.
+            raise ValueError(
+                f"method {self.name!r}: its build(hyperparameters, context) returned "
+                f"{type(algorithm).__name__}, not a fedjax_pals.FederatedAlgorithm (e.g. "
+                "fjp.fedavg()._replace(server_update=...))."
+            )
         return algorithm._replace(name=self.key(context))
 
     def key(self, context: MethodContext | None = None) -> str:
@@ -237,6 +247,25 @@ class Method:
         if self.client_side and weighting is not None and weighting.name != "fedavg":
             return f"{self.name}_{weighting.name}"
         return self.name
+
+
+def _check_declared(method: str, cls: type[Hyperparameters]) -> None:
+    """Every field of a method's hyperparameters is a `hyperparameter(...)`: the registry reads
+    each field's check and default, so a plain field would fail later as KeyError: 'check'."""
+    if "__dataclass_fields__" not in vars(cls):
+        # Without the decorator the class's fields are its base's: its own are silently lost.
+        raise TypeError(
+            f"method {method!r}: its hyperparameters {cls.__name__} is not a dataclass; "
+            "decorate it with @dataclasses.dataclass(frozen=True)."
+        )
+    for field in dataclasses.fields(cls):
+        if "check" not in field.metadata:
+            raise TypeError(
+                f"method {method!r}: hyperparameter {field.name!r} of {cls.__name__} is a plain "
+                f"dataclass field; declare it with fjp.hyperparameter(default, ...), e.g. "
+                f"`{field.name}: float = fjp.hyperparameter(1.0, low=0.0)` (its allowed values "
+                "make it a config key)."
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,3 +130,20 @@ def test_lenet_cpu_formulation_is_what_a_cpu_program_runs():
         assert "convolution" not in hlo and "dot_general" in hlo
     else:
         assert "convolution" in hlo
+
+
+def test_a_registered_builder_returning_no_model_is_refused_naming_it_and_the_type():
+    import flax.linen as nn
+
+    from fedjax_pals import models
+
+    fjp.register_model("bare_module", lambda input_shape, num_classes: nn.Dense(num_classes))
+    try:
+        with pytest.raises(ValueError) as raised:
+            fjp.make_model("bare_module", (2,), 3)
+    finally:
+        models.MODELS.pop("bare_module")
+    assert str(raised.value) == (
+        "model 'bare_module': its builder returned Dense, not a fedjax_pals.Model; make one from "
+        "a flax module with fjp.model_from_flax('bare_module', module, input_shape, num_classes)."
+    )

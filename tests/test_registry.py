@@ -2,12 +2,14 @@
 user's own method, model and data set run by the launchers without editing the package."""
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals import registry
+from fedjax_pals.data import datasets as datasets_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "extending")
@@ -218,3 +221,335 @@ def test_server_optimiser_keys_and_labels_cover_every_server_optimiser():
             "server.optimizer": optimizer,
         }
         assert fjp.method_label(optimizer) == label
+
+
+# -- a user's extension that does not fit: one line naming it, before anything trains ---------
+#
+# Each case registers a tiny extension (4 Gaussian classes in 8 dimensions, an MLP, a method)
+# with one mistake and launches it with `train_and_evaluate`, whose training is replaced by a
+# failure: the mistake must be refused while the task is built.
+
+_FIT_CLASSES, _FIT_DIM = 4, 8
+
+
+class _FitMLP(nn.Module):
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes)(nn.relu(nn.Dense(8)(x.reshape((x.shape[0], -1)))))
+
+
+def _register_blobs(name, *, declared_classes=_FIT_CLASSES, damage=None):
+    def load():
+        rng = np.random.default_rng(0)
+        means = rng.normal(scale=3.0, size=(_FIT_CLASSES, _FIT_DIM))
+
+        def split(n):
+            y = rng.integers(0, _FIT_CLASSES, size=n).astype(np.int32)
+            return (means[y] + rng.normal(size=(n, _FIT_DIM))).astype(np.float32), y
+
+        (x, y), (x_test, y_test) = split(1000), split(1000)
+        if damage is not None:
+            damage(x, x_test)
+        return fjp.Dataset(
+            name, fjp.LabeledSplit(x, y), fjp.LabeledSplit(x_test, y_test), _FIT_CLASSES, "test"
+        )
+
+    fjp.register_dataset(name, load, num_classes=declared_classes, num_train=1000, images=False)
+
+
+def _register_mlp(name, *, extra_logits=0, returns=None):
+    def build(input_shape, num_classes):
+        if returns is not None:
+            return returns(num_classes)
+        module = _FitMLP(num_classes + extra_logits)
+        return fjp.model_from_flax(name, module, input_shape, num_classes)
+
+    fjp.register_model(name, functools.cache(build))
+
+
+def _fit_config(dataset, model="logistic_regression", method="fedavg"):
+    config = fjp.default_config()
+    config.dataset.name, config.model, config.algorithm.name = dataset, model, method
+    config.partition.scheme, config.partition.dirichlet_beta = "dirichlet", 0.3
+    config.partition.num_clients = 6
+    config.training.rounds = 1
+    return config
+
+
+@pytest.fixture
+def no_training(monkeypatch, registries_restored):
+    """Training refused: a test passes only if the mistake is caught before it."""
+    from fedjax_pals.experiment import train as train_lib
+
+    def trained(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train_lib, "run_trainings", trained)
+
+
+def _refused(config, tmp_path) -> str:
+    """The one-line TaskError (an `error:` line on the command line) of a launch; nothing
+    trained or written."""
+    with pytest.raises(fjp.TaskError) as raised:
+        fjp.train_and_evaluate(config, tmp_path / "run", quiet=True)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert not (tmp_path / "run" / "results.json").exists()
+    return message
+
+
+def test_a_model_with_more_logits_than_classes_is_refused_before_training_naming_it(
+    no_training, tmp_path
+):
+    _register_blobs("fit_blobs")
+    _register_mlp("wide_mlp", extra_logits=3)
+    message = _refused(_fit_config("fit_blobs", "wide_mlp"), tmp_path)
+    assert message == (
+        "model 'wide_mlp' outputs 7 logits but data set 'fit_blobs' has 4 classes; give its "
+        "last layer the num_classes its builder is passed."
+    )
+
+
+def test_a_model_with_fewer_logits_than_classes_is_refused_before_training_naming_it(
+    no_training, tmp_path
+):
+    _register_blobs("fit_blobs")
+    _register_mlp("narrow_mlp", extra_logits=-1)
+    message = _refused(_fit_config("fit_blobs", "narrow_mlp"), tmp_path)
+    assert message.startswith("model 'narrow_mlp' outputs 3 logits but data set 'fit_blobs' has 4")
+
+
+def test_a_model_declaring_another_num_classes_than_it_was_built_for_is_refused(
+    no_training, tmp_path
+):
+    # Its logits fit, but evaluation would count the classes its Model declares.
+    _register_blobs("fit_blobs")
+    _register_mlp(
+        "liar_mlp",
+        returns=lambda k: fjp.model_from_flax("liar_mlp", _FitMLP(k), (_FIT_DIM,), k + 1),
+    )
+    message = _refused(_fit_config("fit_blobs", "liar_mlp"), tmp_path)
+    assert "model 'liar_mlp'" in message and "num_classes=5" in message
+
+
+def _nan_in_train(x, x_test):
+    x[5, 2] = np.nan
+
+
+def _inf_in_test(x, x_test):
+    x_test[[7, 9], 1] = [np.inf, -np.inf]
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (_nan_in_train, "its train split holds 1 non-finite feature value (NaN or inf), the "
+         "first in example 5"),
+        (_inf_in_test, "its test split holds 2 non-finite feature values (NaN or inf), the "
+         "first in example 7"),
+    ],
+)
+def test_non_finite_features_are_refused_before_training_naming_the_data_set_and_split(
+    no_training, tmp_path, damage, expected
+):
+    _register_blobs("nan_blobs", damage=damage)
+    message = _refused(_fit_config("nan_blobs"), tmp_path)
+    assert message.startswith(f"data set 'nan_blobs': {expected}")
+    assert "learning rate" not in message
+
+
+@pytest.mark.parametrize("declared", [_FIT_CLASSES + 2, _FIT_CLASSES - 1])
+def test_a_registered_num_classes_other_than_the_loaded_data_sets_is_refused(
+    no_training, tmp_path, declared
+):
+    _register_blobs("k_blobs", declared_classes=declared)
+    message = _refused(_fit_config("k_blobs"), tmp_path)
+    assert message.startswith(
+        f"data set 'k_blobs' is registered with num_classes={declared}, but its loader "
+        "returned one with 4 classes; register it with num_classes=4"
+    )
+
+
+def test_a_registered_num_train_or_images_other_than_the_loaded_data_sets_is_refused(
+    no_training, tmp_path
+):
+    _register_blobs("n_blobs")
+    load = datasets_lib.registered_datasets()["n_blobs"].load
+    fjp.register_dataset("n_blobs", load, num_classes=4, num_train=999, images=False, replace=True)
+    assert "num_train=999, but its loader returned one with 1000 training examples" in _refused(
+        _fit_config("n_blobs"), tmp_path
+    )
+    fjp.register_dataset("n_blobs", load, num_classes=4, num_train=1000, images=True, replace=True)
+    assert "registered with images=True, but its inputs have shape (8,) per example" in _refused(
+        _fit_config("n_blobs"), tmp_path
+    )
+
+
+def test_float_labels_of_a_registered_data_set_are_refused_naming_it(no_training, tmp_path):
+    def load():
+        split = fjp.LabeledSplit(np.zeros((1000, 2), np.float32), np.zeros(1000, np.float32))
+        return fjp.Dataset("float_blobs", split, split, 2, "test")
+
+    fjp.register_dataset("float_blobs", load, num_classes=2, num_train=1000, images=False)
+    message = _refused(_fit_config("float_blobs"), tmp_path)
+    assert message == (
+        "data set 'float_blobs': y must hold integer class labels, got dtype float32"
+    )
+
+
+def test_a_hyperparameters_field_without_hyperparameter_is_refused_at_registration():
+    @dataclasses.dataclass(frozen=True)
+    class Plain(fjp.Hyperparameters):
+        check_strength: float = 1.0
+
+    with pytest.raises(TypeError) as raised:
+        fjp.Method("plainly", "Plainly", _toy, Plain)
+    message = str(raised.value)
+    assert message.startswith(
+        "method 'plainly': hyperparameter 'check_strength' of Plain is a plain dataclass field; "
+        "declare it with fjp.hyperparameter(default, ...)"
+    )
+    assert "plainly" not in registry.registered_methods()
+
+    class Undecorated(fjp.Hyperparameters):
+        check_strength: float = fjp.hyperparameter(1.0)
+
+    with pytest.raises(TypeError, match="method 'plainly': its hyperparameters Undecorated is "
+                       "not a dataclass; decorate it with @dataclasses.dataclass"):
+        fjp.Method("plainly", "Plainly", _toy, Undecorated)
+
+
+@functools.cache
+def _bad_server_update(kind):
+    average = fjp.weighted_average_update()
+
+    def update(state, participants, outputs, weights):
+        new = average(state, participants, outputs, weights)
+        if kind == "transposed":
+            return new._replace(params=jax.tree_util.tree_map(jnp.transpose, new.params))
+        if kind == "bfloat16":  # trained silently, recompiling every round
+            return new._replace(
+                params=jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), new.params)
+            )
+        return new.params  # not a ServerState
+
+    return update
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("transposed", "its server update returns a state whose params['Dense_0']['kernel'] has "
+         "shape (4, 8) float32 where the state it was given has (8, 4) float32."),
+        ("bfloat16", "its server update returns a state whose params['Dense_0']['bias'] has "
+         "shape (4,) bfloat16 where the state it was given has (4,) float32."),
+        ("params", "its server update returns dict, not a fedjax_pals.ServerState."),
+    ],
+)
+def test_a_server_update_returning_another_state_is_refused_before_training_naming_it(
+    no_training, tmp_path, kind, expected
+):
+    def build(hp, context):
+        return fjp.fedavg()._replace(server_update=_bad_server_update(kind))
+
+    fjp.register_method(fjp.Method("badupdate", "BadUpdate", build))
+    _register_blobs("fit_blobs")
+    message = _refused(_fit_config("fit_blobs", method="badupdate"), tmp_path)
+    assert message == f"method 'badupdate': {expected}"
+
+
+def test_a_model_builder_returning_no_model_is_refused_naming_it(no_training, tmp_path):
+    _register_blobs("fit_blobs")
+    _register_mlp("module_only", returns=_FitMLP)  # the flax module, not its Model
+    message = _refused(_fit_config("fit_blobs", "module_only"), tmp_path)
+    assert message.endswith(
+        "model 'module_only': its builder returned _FitMLP, not a fedjax_pals.Model; make one "
+        "from a flax module with fjp.model_from_flax('module_only', module, input_shape, "
+        "num_classes)."
+    )
+
+
+def test_a_method_builder_returning_no_algorithm_is_refused_naming_it(no_training, tmp_path):
+    fjp.register_method(
+        fjp.Method("halfbuilt", "HalfBuilt", lambda hp, context: fjp.weighted_average_update())
+    )
+    _register_blobs("fit_blobs")
+    message = _refused(_fit_config("fit_blobs", method="halfbuilt"), tmp_path)
+    assert message.endswith(
+        "method 'halfbuilt': its build(hyperparameters, context) returned function, not a "
+        "fedjax_pals.FederatedAlgorithm (e.g. fjp.fedavg()._replace(server_update=...))."
+    )
+
+
+def _shift_train(x, x_test):
+    x += 1000.0
+
+
+def test_a_data_set_registered_again_is_loaded_again(registries_restored):
+    # A notebook redefining its data set (replace=True) gets the new data, not a cached copy.
+    from fedjax_pals.experiment import task as task_lib
+
+    _register_blobs("again_blobs")
+    config = fjp.validate_config(_fit_config("again_blobs"))
+    assert task_lib.load_data(config)[0].train.x.max() < 100.0
+    datasets_lib._REGISTERED.pop("again_blobs")
+    _register_blobs("again_blobs", damage=_shift_train)
+    assert task_lib.load_data(config)[0].train.x.min() > 100.0
+
+
+_WIDE_EXTENSION = """
+import functools
+import flax.linen as nn, numpy as np
+import fedjax_pals as fjp
+
+class Wide(nn.Module):
+    num_classes: int
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.num_classes + 3)(x)  # the mistake: 3 logits too many
+
+fjp.register_model("wide_mlp", functools.cache(
+    lambda shape, k: fjp.model_from_flax("wide_mlp", Wide(k), shape, k)))
+
+def load():
+    rng = np.random.default_rng(0)
+    def split(n):
+        y = rng.integers(0, 4, size=n)
+        return fjp.LabeledSplit((rng.normal(size=(n, 8)) + y[:, None]).astype(np.float32), y)
+    return fjp.Dataset("blobs", split(1000), split(1000), 4, source="wide")
+
+fjp.register_dataset("blobs", load, num_classes=4, num_train=1000, images=False)
+"""
+_WIDE_CONFIG = """
+import fedjax_pals as fjp
+import wide_extension  # noqa: F401
+
+def get_config():
+    config = fjp.default_config()
+    config.dataset.name, config.model, config.algorithm.name = "blobs", "wide_mlp", "fedavg"
+    config.partition.scheme, config.partition.dirichlet_beta = "dirichlet", 0.3
+    config.partition.num_clients = 6
+    config.training.rounds = 1
+    return config
+"""
+
+
+def test_a_model_that_does_not_fit_the_data_is_one_error_line_of_the_run_command(tmp_path):
+    # It used to train silently (argmax over 7 logits for 4 classes) and exit 0.
+    (tmp_path / "wide_extension.py").write_text(_WIDE_EXTENSION)
+    (tmp_path / "wide.py").write_text(_WIDE_CONFIG)
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "--config=wide.py",
+         f"--workdir={tmp_path / 'run'}", "--quiet"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "error: model 'wide_mlp' outputs 7 logits but data set 'blobs' has 4 classes; give its "
+        "last layer the num_classes its builder is passed."
+    )
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "run" / "results.json").exists()

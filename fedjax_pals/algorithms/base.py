@@ -288,3 +288,98 @@ def _need(value, what: str, name: str):
     if value is None:
         raise ValueError(f"{name} needs {what}.")
     return value
+
+
+def _leaf_paths(tree: PyTree) -> dict[str, jax.ShapeDtypeStruct]:
+    return {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+def _tree_mismatch(what: str, got: PyTree, expected: PyTree) -> str | None:
+    """The first leaf where `got` differs from `expected` in presence, shape or dtype."""
+    got_leaves, expected_leaves = _leaf_paths(got), _leaf_paths(expected)
+    for path, leaf in expected_leaves.items():
+        if path not in got_leaves:
+            extra = sorted(set(got_leaves) - set(expected_leaves))[:1]
+            instead = f" (it has {what}{extra[0]} instead)" if extra else ""
+            return f"{what}{path} is missing{instead}"
+        new = got_leaves[path]
+        if not hasattr(new, "shape"):
+            return f"{what}{path} is {type(new).__name__}, not an array"
+        if tuple(new.shape) != tuple(leaf.shape) or new.dtype != leaf.dtype:
+            return (
+                f"{what}{path} has shape {tuple(new.shape)} {new.dtype} where the state it was "
+                f"given has {tuple(leaf.shape)} {leaf.dtype}"
+            )
+    extra = sorted(set(got_leaves) - set(expected_leaves))
+    if extra:
+        return f"{what}{extra[0]} is new"
+    if jax.tree_util.tree_structure(got) != jax.tree_util.tree_structure(expected):
+        return f"{what} changes its tree structure"
+    return None
+
+
+def round_shape_mismatch(
+    algorithm: FederatedAlgorithm,
+    params: Params,
+    num_clients: int,
+    num_participants: int,
+    num_classes: int,
+) -> str | None:
+    """What is wrong with the shapes `algorithm`'s round pieces return, or None.
+
+    The engine feeds the server update's state back into the next round, and evaluates
+    `eval_params(state)` with the model: a state of another structure, shape or dtype fails
+    there as a long flax error naming neither the method nor the leaf (another dtype trains on
+    silently, compiled again).
+    Here each piece is traced once on abstract values (`jax.eval_shape`: nothing is computed)
+    shaped as the engine gives them: `weighting.weights` must return (m,) weights, the server
+    update a `ServerState` whose leaves (the round counter aside: the engine owns it) match the
+    state it was given, `eval_params` params like the model's. `params` may be abstract.
+    """
+    abstract = lambda leaf: jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf))
+    params = jax.tree_util.tree_map(abstract, params)
+    state = jax.eval_shape(lambda p: init_server_state(algorithm, p, num_clients), params)
+    m = num_participants
+
+    def stacked(tree):
+        return jax.tree_util.tree_map(lambda l: jax.ShapeDtypeStruct((m, *l.shape), l.dtype), tree)
+
+    one_client = jax.tree_util.tree_map(
+        lambda l: jax.ShapeDtypeStruct(l.shape[1:], l.dtype), state.client_states
+    )
+    vector = lambda dtype: jax.ShapeDtypeStruct((m,), dtype)
+    participants = vector(jnp.int32)
+    label_dists = jax.ShapeDtypeStruct((m, num_classes), jnp.float32)
+    weights = jax.eval_shape(
+        algorithm.weighting.weights, label_dists, vector(jnp.float32), state, participants
+    )
+    if not hasattr(weights, "shape") or tuple(weights.shape) != (m,):
+        got = tuple(weights.shape) if hasattr(weights, "shape") else type(weights).__name__
+        return (
+            f"its weighting {algorithm.weighting.name!r} returns {got} for {m} participants, "
+            f"not ({m},)"
+        )
+    outputs = ClientOutputs(
+        deltas=stacked(state.params),
+        client_states=stacked(one_client),
+        train_loss=vector(jnp.float32),
+        num_steps=vector(jnp.int32),
+        initial_loss=vector(jnp.float32),
+    )
+    new = jax.eval_shape(algorithm.server_update, state, participants, outputs, weights)
+    if not isinstance(new, ServerState):
+        return f"its server update returns {type(new).__name__}, not a fedjax_pals.ServerState"
+    for field in ServerState._fields:
+        if field == "round":
+            continue
+        problem = _tree_mismatch(field, getattr(new, field), getattr(state, field))
+        if problem is not None:
+            return f"its server update returns a state whose {problem}"
+    evaluated = jax.eval_shape(algorithm.eval_params, state)
+    problem = _tree_mismatch("params", evaluated, state.params)
+    if problem is not None:
+        return f"its eval_params returns params whose {problem}"
+    return None

@@ -4,7 +4,10 @@
 choose FedPALS' lambda (directly, or from an ESS fraction by bisection, App. B.3), build the
 algorithm, the model and the local training. Every error of the data (a data set that is not
 there, a partition that cannot be drawn, a target test set the test split cannot supply, an
-ESS fraction out of reach) surfaces here, before any training.
+ESS fraction out of reach) surfaces here, before any training; so does a user's extension that
+does not fit (README, "Extending fedjax_pals"): a registered data set unlike its registration
+or with non-finite features, a model whose logits are not (batch, K), a method whose server
+update returns a state of another structure, shape or dtype. Each is one line naming it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fedjax_pals.algorithms import (
     FederatedAlgorithm, adaptive_fedpals, init_server_state, make_algorithm, with_server_label_dists,
 )
 from fedjax_pals import registry
+from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.data import (
     Dataset,
     FederatedPartition,
@@ -33,6 +37,7 @@ from fedjax_pals.data import (
     sparsity_partition,
     synthetic_label_shift_task,
 )
+from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.perturbation import perturb_label_dist
@@ -83,15 +88,95 @@ def _synthetic_task(delta: float, seed: int) -> tuple[Dataset, FederatedPartitio
     return synthetic_label_shift_task(delta, seed=seed)
 
 
+# Keyed on the registration too: a data set registered again (replace=True) is loaded anew.
 @functools.lru_cache(maxsize=2)
-def _load_registered_dataset(name: str) -> Dataset:
-    dataset = registered_datasets()[name].load()
+def _load_registered_dataset(name: str, registered: RegisteredDataset) -> Dataset:
+    try:
+        dataset = registered.load()
+    except ValueError as error:  # e.g. LabeledSplit's float labels: name the data set
+        raise TaskError(f"data set {name!r}: {error}") from error
     if not isinstance(dataset, Dataset):
         raise TaskError(
             f"the loader registered for data set {name!r} returned {type(dataset).__name__}, "
             "not a fedjax_pals.Dataset."
         )
+    _check_registered_dataset(name, registered, dataset)
     return dataset
+
+
+def _check_registered_dataset(name: str, registered: RegisteredDataset, dataset: Dataset) -> None:
+    """The loaded data set is what its registration said (the config was checked against the
+    registration before loading) and its features are finite (NaN or inf features end in a
+    non-finite loss that reads as a learning rate too high)."""
+    facts = (
+        ("num_classes", registered.num_classes, dataset.num_classes, "classes"),
+        ("num_train", registered.num_train, len(dataset.train), "training examples"),
+    )
+    for what, declared, loaded, unit in facts:
+        if declared != loaded:
+            raise TaskError(
+                f"data set {name!r} is registered with {what}={declared}, but its loader returned "
+                f"one with {loaded} {unit}; register it with {what}={loaded} (configs are "
+                "checked against the registration before the data is loaded)."
+            )
+    if registered.images and dataset.train.x.ndim != 4:
+        raise TaskError(
+            f"data set {name!r} is registered with images=True, but its inputs have shape "
+            f"{dataset.train.x.shape[1:]} per example, not (H, W, C); register it with "
+            "images=False."
+        )
+    for split_name in ("train", "test"):
+        x = getattr(dataset, split_name).x
+        # One pass, no copy: a sum is finite exactly when every term is (float64: no overflow).
+        with np.errstate(invalid="ignore"):  # inf - inf
+            if np.isfinite(np.sum(x, dtype=np.float64)):
+                continue
+        per_example = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        count = int(x.size - np.count_nonzero(np.isfinite(x)))
+        raise TaskError(
+            f"data set {name!r}: its {split_name} split holds {count} non-finite feature "
+            f"value{'s' * (count != 1)} (NaN or inf), the first in example "
+            f"{int(np.argmin(per_example))}; training on them gives a NaN loss. Drop or impute "
+            "them in the loader."
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """The model's params and its output for a batch of one example, traced, never computed
+    (`jax.eval_shape`); cached: the runs of a sweep share their Model."""
+    key = jax.eval_shape(jax.random.PRNGKey, 0)
+    x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+
+    def init_and_apply(key, x):
+        params = model.init(key)
+        return params, model.apply(params, x)
+
+    return jax.eval_shape(init_and_apply, key, x)
+
+
+def _check_model_fits(model_name: str, model: Model, dataset_name: str, dataset: Dataset) -> None:
+    """The model's logits are (batch, K) for the data set's inputs and K classes: more logits
+    train silently (argmax may pick a class that does not exist), fewer give a NaN loss."""
+    k = dataset.num_classes
+    _, logits = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
+    shape = tuple(logits.shape) if hasattr(logits, "shape") else None
+    if shape is None or len(shape) != 2 or shape[0] != 1:
+        got = type(logits).__name__ if shape is None else f"shape {shape}"
+        raise TaskError(
+            f"model {model_name!r} returns {got} for a batch of one example of data set "
+            f"{dataset_name!r}; it must return logits of shape (batch, {k})."
+        )
+    if shape[1] != k:
+        raise TaskError(
+            f"model {model_name!r} outputs {shape[1]} logits but data set {dataset_name!r} has "
+            f"{k} classes; give its last layer the num_classes its builder is passed."
+        )
+    if model.num_classes != k:
+        raise TaskError(
+            f"model {model_name!r} was built for data set {dataset_name!r}'s {k} classes but its "
+            f"Model says num_classes={model.num_classes} (evaluation counts that many classes)."
+        )
 
 
 def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPartition]:
@@ -104,7 +189,7 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
     if d.name == "synthetic":
         return _synthetic_task(d.synthetic_delta, config.seed)
     if d.name in registered_datasets():
-        dataset = _load_registered_dataset(d.name)
+        dataset = _load_registered_dataset(d.name, registered_datasets()[d.name])
     else:
         dataset = _load_image_dataset(d.name, d.data_dir, bool(d.get("download", False)))
     common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
@@ -144,7 +229,7 @@ def build_task(config: Any) -> Task:
       DatasetUnavailableError: the data set is not available locally.
       TaskError (a ValueError): the partition cannot be drawn, the target test set would be
         too small, or the ESS fraction is out of reach for these clients (the message gives
-        the range).
+        the range); a registered data set, model or method does not fit (named).
     """
     config = validate_config(config)
     try:
@@ -211,6 +296,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
     model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
+    _check_model_fits(config.model, model, config.dataset.name, dataset)
     if adaptive:
         val = partition.target_val_indices
         algorithm = adaptive_fedpals(
@@ -234,6 +320,16 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
         algorithm = algorithm._replace(name=optimizer if key == "fedavg" else f"{optimizer}_{key}")
     t = config.training
+    params, _ = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
+    problem = round_shape_mismatch(
+        algorithm,
+        params,
+        training_partition.num_clients,
+        min(t.clients_per_round, training_partition.num_clients),
+        dataset.num_classes,
+    )
+    if problem is not None:
+        raise TaskError(f"method {a.name!r}: {problem}.")
     training = LocalTraining(
         local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate
     )
