@@ -5,12 +5,31 @@ included."""
 import builtins
 import json
 import os
+import socket
 import sys
+import time
 
 import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals.experiment import mlflow_writer
+from fedjax_pals.experiment import train as train_lib
+
+
+def _mlflow():
+    # CI installs the mlflow extra and sets this, so the tests run there instead of skipping.
+    if os.environ.get("FEDJAX_PALS_MLFLOW_TESTS"):
+        import mlflow
+
+        return mlflow
+    return pytest.importorskip("mlflow")
+
+
+def _no_task_is_built(monkeypatch):
+    def build_task(config):
+        raise AssertionError("the task was built (its data read) before MLflow was checked")
+
+    monkeypatch.setattr(train_lib, "build_task", build_task)
 
 CONFIG = {
     "dataset": {"name": "synthetic"},
@@ -36,12 +55,57 @@ def test_a_missing_mlflow_is_one_error_naming_the_extra(tmp_path, monkeypatch):
     fjp.experiment.MetricWriter(str(tmp_path)).close()
 
 
+def test_a_missing_mlflow_stops_the_run_before_its_workdir_or_data(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_mlflow(name, *args, **kwargs):
+        if name == "mlflow" or name.startswith("mlflow."):
+            raise ImportError("No module named 'mlflow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "mlflow", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    _no_task_is_built(monkeypatch)
+    workdir = tmp_path / "run"
+    with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
+        fjp.train_and_evaluate(CONFIG, str(workdir), quiet=True, mlflow_tracking_uri="http://x")
+    assert not workdir.exists()
+
+
+def _refused_uri() -> str:
+    with socket.socket() as sock:  # a port nothing listens on once the socket is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_unreachable_tracking_server_is_one_error_in_seconds_before_any_data(
+    tmp_path, monkeypatch
+):
+    _mlflow()
+    for name in mlflow_writer.CONNECT_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    _no_task_is_built(monkeypatch)
+    uri, workdir = _refused_uri(), tmp_path / "run"
+    started = time.monotonic()
+    with pytest.raises(mlflow_writer.MlflowError) as info:
+        fjp.train_and_evaluate(CONFIG, str(workdir), quiet=True, mlflow_tracking_uri=uri)
+    # MLflow's own defaults retry a refused connection for minutes (7 retries, backoff 2 s);
+    # the bounded open takes about 3 s, so 60 s holds on a loaded machine and fails unbounded.
+    assert time.monotonic() - started < 60
+    message = str(info.value)
+    assert "\n" not in message and uri in message and "cannot be reached" in message
+    assert not workdir.exists()
+    assert not any(name in os.environ for name in mlflow_writer.CONNECT_SETTINGS)
+
+
 def _history(client, run_id, name):
     return [(m.step, m.value) for m in client.get_metric_history(run_id, name)]
 
 
+@pytest.mark.integration
 def test_a_run_and_its_extension_log_to_one_mlflow_run(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow")
+    mlflow = _mlflow()
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
     workdir = str(tmp_path / "run")

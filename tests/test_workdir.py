@@ -14,6 +14,7 @@ import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals.experiment import task as task_lib
+from fedjax_pals.experiment import workdir as workdir_lib
 from fedjax_pals.experiment.workdir import Workdir
 
 # -- Checkpointer ----------------------------------------------------------------------------
@@ -283,3 +284,139 @@ def test_json_files_get_the_mode_of_any_new_file_not_0600(tmp_path):
     finally:
         os.umask(previous)
     assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o644
+
+
+# -- Workdir: what --overwrite deletes -----------------------------------------------------------
+
+
+def _mkfile(path, text="x"):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+USERS_OWN = (
+    "notes.txt",
+    "tensorboard/events.out.tfevents.1700000000.laptop",  # the old layout, kept by its user
+    "events.out.tfevents.1700000000.laptop",
+    "events.out.tfevents.1700000000.laptop.4242.0123abcd",  # even one named like the run's
+)
+
+
+def test_overwrite_keeps_a_users_own_tensorboard_directory_and_event_files(finished_run, tmp_path):
+    workdir = _copy(finished_run, tmp_path)
+    runs_events = {os.path.basename(p) for p in glob.glob(str(workdir / "events.out.tfevents.*"))}
+    assert runs_events
+    for name in USERS_OWN:
+        _mkfile(workdir / name, "mine")
+    config, _, digest = _resolved(learning_rate=0.1)
+    results = fjp.train_and_evaluate(config, str(workdir), overwrite=True, quiet=True)
+    assert results["config_digest"] == digest
+    for name in USERS_OWN:
+        assert (workdir / name).read_text() == "mine", name
+    assert not any(os.path.exists(workdir / name) for name in runs_events)  # the run's went
+    assert runs_events <= set(_record(finished_run[0]))  # as the old run had recorded them
+    # The new run recorded what it created, its event file by its exact name.
+    (new_events,) = {
+        os.path.basename(p) for p in glob.glob(str(workdir / "events.out.tfevents.*"))
+    } - {os.path.basename(name) for name in USERS_OWN}
+    assert set(_record(workdir)) == {
+        *("checkpoints", "results.json", "curves.png"),
+        *("metrics.jsonl", "metrics.csv", "hparams.json", new_events),
+    }
+
+
+def _record(directory):
+    return workdir_lib.read_record(os.path.join(directory, workdir_lib.RECORD_FILE))
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """An empty workdir, locked as the main process of a run locks it."""
+    _, resolved, digest = _resolved()
+    with Workdir(tmp_path / "run", resolved, digest) as opened:
+        yield opened
+
+
+RUNS_FIXED_FILES = (
+    "checkpoints/2/state",
+    "results.json",
+    "metrics.jsonl",
+    "metrics.csv",
+    "hparams.json",
+    "curves.png",
+    "checkpoint.msgpack",
+)
+
+
+def test_a_workdir_from_before_the_record_loses_only_the_files_a_new_run_writes_over(workdir):
+    for name in (*RUNS_FIXED_FILES, *USERS_OWN):
+        _mkfile(os.path.join(workdir.path, name))
+    removed = workdir.clear()
+    assert sorted(removed) == sorted(name.split("/")[0] for name in RUNS_FIXED_FILES)
+    assert all(os.path.exists(os.path.join(workdir.path, name)) for name in USERS_OWN)
+    assert _record(workdir.path) == []  # cleared: nothing of the run is left
+
+
+def test_overwrite_deletes_what_the_run_recorded_removing_a_link_not_its_target(
+    workdir, tmp_path
+):
+    outside = tmp_path / "elsewhere"
+    _mkfile(outside / "precious")
+    events = "events.out.tfevents.1700000000.host.1.0123abcd"
+    workdir.record(events, "linked")
+    _mkfile(workdir.file(events))
+    os.symlink(outside, workdir.file("linked"))
+    for name in USERS_OWN:
+        _mkfile(os.path.join(workdir.path, name))
+    assert sorted(workdir.clear()) == [events, "linked"]
+    assert (outside / "precious").exists()
+    assert all(os.path.exists(os.path.join(workdir.path, name)) for name in USERS_OWN)
+    assert _record(workdir.path) == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "garbled",
+        '"events.out.tfevents.1700000000.laptop"\n"../elsewhere"\n',  # outside the workdir
+        '"events.out.tfevents.1700000000.laptop"\n{"not": "a name"}\n',
+    ],
+)
+def test_a_damaged_record_deletes_nothing_unrecorded_and_says_so_in_one_line(
+    workdir, tmp_path, damage, caplog
+):
+    _mkfile(tmp_path / "elsewhere")
+    for name in (*RUNS_FIXED_FILES, *USERS_OWN):
+        _mkfile(os.path.join(workdir.path, name))
+    text = damage if damage == "garbled" else workdir_lib.RECORD_HEADER + "\n" + damage
+    _mkfile(workdir.file(workdir_lib.RECORD_FILE), text)
+    with caplog.at_level("WARNING"):
+        removed = workdir.clear()
+    assert sorted(removed) == sorted(name.split("/")[0] for name in RUNS_FIXED_FILES)
+    assert all(os.path.exists(os.path.join(workdir.path, name)) for name in USERS_OWN)
+    assert (tmp_path / "elsewhere").exists()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"the record {workdir.file(workdir_lib.RECORD_FILE)} is damaged" in warning
+    assert "every other file kept" in warning and "\n" not in warning
+
+
+def test_a_run_killed_while_recording_leaves_a_record_that_still_works(workdir):
+    # Killed mid-line: the torn name's file was never created (names are recorded first).
+    torn = workdir_lib.RECORD_HEADER + '\n"results.json"\n"events.out.tf'
+    _mkfile(workdir.file(workdir_lib.RECORD_FILE), torn)
+    assert _record(workdir.path) == ["results.json"]
+    workdir.record("curves.png")  # the next run appends a whole line, not a torn one
+    assert _record(workdir.path) == ["results.json", "curves.png"]
+    # Killed while starting the record: an empty record, not a damaged one.
+    _mkfile(workdir.file(workdir_lib.RECORD_FILE), workdir_lib.RECORD_HEADER[:10])
+    assert _record(workdir.path) == []
+
+
+def test_only_the_process_holding_the_lock_records(tmp_path):
+    _, resolved, digest = _resolved()
+    other = Workdir(tmp_path, resolved, digest, lock=False).open()  # a process other than 0
+    other.record("results.json")
+    assert not os.path.exists(other.file(workdir_lib.RECORD_FILE))
+    with pytest.raises(ValueError, match="by name"):
+        other.record("../results.json")

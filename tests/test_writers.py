@@ -4,15 +4,22 @@ import glob
 import json
 import math
 import os
+import signal
 import struct
+import subprocess
+import sys
+import textwrap
+import threading
 
 import pytest
 
+from fedjax_pals.experiment import writers as writers_lib
 from fedjax_pals.experiment.writers import MetricWriter, flatten_hparams, read_metrics
 
 
 def _events(logdir):
-    """Every Event in <logdir>/tensorboard/*, in file order (TFRecord framing, no TensorFlow)."""
+    """Every Event in <logdir>/events.out.tfevents.*, in file order (TFRecord framing, no
+    TensorFlow); a record cut short (a killed writer) ends its file."""
     from tensorboardX.proto.event_pb2 import Event
 
     events = []
@@ -20,9 +27,11 @@ def _events(logdir):
         with open(path, "rb") as f:
             data = f.read()
         offset = 0
-        while offset < len(data):
+        while offset + 12 <= len(data):
             (length,) = struct.unpack("<Q", data[offset : offset + 8])
             offset += 12  # length + its masked crc
+            if offset + length + 4 > len(data):
+                break
             events.append(Event.FromString(data[offset : offset + length]))
             offset += length + 4  # payload + its masked crc
     return events
@@ -213,3 +222,66 @@ def test_a_torn_last_line_is_skipped_when_reading(tmp_path):
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 2, "a":')  # killed mid-write
     assert read_metrics(str(tmp_path)) == [{"step": 1, "a": 1.0}]
+
+
+def test_the_last_evaluation_reaches_tensorboard_when_the_run_is_killed_after_it(tmp_path):
+    # A run's evaluation: its scalars, then the writer's flush; then the process is killed
+    # (SIGKILL: no atexit, no close). Only writers.py is loaded, so the child starts fast.
+    child = textwrap.dedent(
+        f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("writers", {writers_lib.__file__!r})
+        writers = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(writers)
+        writer = writers.MetricWriter({str(tmp_path)!r})
+        for step in (1, 2, 3):
+            writer.write_scalars(step, {{"train/loss": 1.0 / step}})
+            writer.write_scalars(step, {{"target/accuracy": step / 10, "val/accuracy": 0.5}})
+            writer.flush()  # the per-evaluation flush
+        print("evaluated", flush=True)
+        sys.stdin.read()  # until killed
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    hung = threading.Timer(300, process.kill)  # a generous bound, never a fixed wait
+    hung.start()
+    try:
+        line = process.stdout.readline()  # blocks until the evaluation is done (or it died)
+        assert line == "evaluated\n", process.stderr.read()
+    finally:
+        hung.cancel()
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=120)
+    assert process.returncode == -signal.SIGKILL
+    accuracy = _scalars(str(tmp_path), "target/accuracy")
+    assert [step for step, _ in accuracy] == [1, 2, 3]
+    assert [value for _, value in accuracy] == pytest.approx([0.1, 0.2, 0.3])
+    assert _scalars(str(tmp_path), "val/accuracy") == [(1, 0.5), (2, 0.5), (3, 0.5)]
+    assert [step for step, _ in _scalars(str(tmp_path), "train/loss")] == [1, 2, 3]
+
+
+def test_each_file_is_named_to_the_record_before_the_writer_creates_it(tmp_path):
+    recorded = []
+
+    def record(name):
+        assert not os.path.lexists(tmp_path / name), f"{name} was created before it was recorded"
+        recorded.append(name)
+
+    with MetricWriter(str(tmp_path), record=record) as writer:
+        writer.write_hparams({"a": 1})
+        writer.write_layout({"accuracy": ["a"]})
+        writer.write_scalars(1, {"a": 1.0})
+        writer.write_histogram(1, "h", [1.0, 2.0])
+    (events,) = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+    created = {"hparams.json", "metrics.jsonl", "metrics.csv", os.path.basename(events)}
+    assert set(recorded) == created == set(os.listdir(tmp_path))
+    # A disabled writer (not the main process) creates nothing, so it records nothing.
+    with MetricWriter(str(tmp_path / "other"), enabled=False, record=record) as writer:
+        writer.write_scalars(1, {"a": 1.0})
+    assert set(recorded) == created

@@ -15,38 +15,99 @@ step (TensorBoard and metrics.jsonl drop the first copy; MLflow cannot).
 The URI is MLflow's: `file:///abs/mlruns` (MLflow 3 refuses its file store unless
 MLFLOW_ALLOW_FILE_STORE=true is set), `sqlite:///mlflow.db` (the full `mlflow` package),
 `http://host:5000` (a tracking server).
+
+Opening the store is bounded: MLflow's defaults retry an unreachable server for minutes
+(7 retries, backoff factor 2, a 120 s timeout per request), so `check_store` and the writer's
+first requests run with 2 retries, backoff factor 1 and a 10 s timeout (about 3 s for a refused
+connection, about 35 s for a host that never answers) unless the user has set MLflow's
+`MLFLOW_HTTP_REQUEST_*` variables. `train_and_evaluate` calls `check_store` before it reads any
+data; the run's later logging keeps MLflow's own retries (a server busy for a moment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 WORKDIR_TAG = "fedjax_pals.workdir"
 DEFAULT_EXPERIMENT = "fedjax_pals"
 
+# MLflow's request settings while the store is opened (see the module docstring).
+CONNECT_SETTINGS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
 
 class MlflowError(RuntimeError):
-    """MLflow is not installed, or its tracking store refuses the run."""
+    """MLflow is not installed, or its tracking store cannot be reached or refuses the run."""
+
+
+def _import_mlflow(uri: Any):
+    if not isinstance(uri, str) or not uri:
+        raise MlflowError(f"mlflow_tracking_uri must be a non-empty string, got {uri!r}.")
+    try:
+        import mlflow
+    except ImportError as error:
+        raise MlflowError(
+            f"mlflow_tracking_uri={uri!r} needs MLflow, which is not installed: "
+            'pip install "fedjax_pals[mlflow]" (mlflow-skinny), or leave the URI unset.'
+        ) from error
+    return mlflow
+
+
+@contextlib.contextmanager
+def _bounded_requests() -> Iterator[None]:
+    # MLflow reads these variables at every request; the user's own settings win.
+    added = [name for name in CONNECT_SETTINGS if name not in os.environ]
+    os.environ.update({name: CONNECT_SETTINGS[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+@contextlib.contextmanager
+def _store_errors(mlflow, uri: str, doing: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        with _bounded_requests():
+            yield
+    # requests' errors are OSErrors; MLflow wraps most of them in MlflowException.
+    except (mlflow.exceptions.MlflowException, OSError) as error:
+        raise MlflowError(
+            f"MLflow at {uri!r} {doing} ({_first_line(error)}; gave up after "
+            f"{time.monotonic() - started:.0f} s): start the tracking server, fix the URI, "
+            "or leave it unset."
+        ) from error
+
+
+def check_store(uri: str) -> None:
+    """Raises `MlflowError` (one line) unless MLflow is installed and the tracking store at
+    `uri` answers; bounded in time (module docstring). Creates nothing in the store."""
+    mlflow = _import_mlflow(uri)
+    with _store_errors(mlflow, uri, "cannot be reached"):
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 class MlflowWriter:
     """Logs params and scalars of the run in `workdir` to the MLflow tracking store at `uri`."""
 
     def __init__(self, uri: str, workdir: str, *, experiment: str = DEFAULT_EXPERIMENT):
-        if not isinstance(uri, str) or not uri:
-            raise MlflowError(f"mlflow_tracking_uri must be a non-empty string, got {uri!r}.")
-        try:
-            import mlflow
-        except ImportError as error:
-            raise MlflowError(
-                f"mlflow_tracking_uri={uri!r} needs MLflow, which is not installed: "
-                'pip install "fedjax_pals[mlflow]" (mlflow-skinny), or leave the URI unset.'
-            ) from error
+        mlflow = _import_mlflow(uri)
         self._entities = mlflow.entities
         path = os.path.abspath(os.fspath(workdir))
-        try:
+        with _store_errors(mlflow, uri, "cannot take this run"):
             self.client = mlflow.MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
             experiment_id = (
@@ -64,8 +125,6 @@ class MlflowWriter:
                     experiment_id, run_name=path, tags={WORKDIR_TAG: path}
                 ).info.run_id
             )
-        except mlflow.exceptions.MlflowException as error:
-            raise MlflowError(f"MLflow at {uri!r} cannot take this run: {error}") from error
 
     def write_hparams(self, flat: Mapping[str, Any]) -> None:
         """Params not yet logged; one MLflow cannot change (an extended run's

@@ -29,13 +29,13 @@ from absl import logging
 
 from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
-from fedjax_pals.experiment import diskspace
+from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import Progress
 from fedjax_pals.experiment.task import build_task, task_summary
-from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
+from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import MetricWriter
 from fedjax_pals.runtime import is_main_process
 from fedjax_pals.training import (
@@ -109,6 +109,10 @@ class _PreparedRun:
         self.config, self.plain = resolved, as_dict(resolved)
         self.main = main = is_main_process()
         quiet = quiet or not main
+        if main and mlflow_tracking_uri is not None:
+            # Before the workdir is made and the data read: a missing MLflow or an unreachable
+            # store is one line in seconds, not after the loading (or minutes of retries).
+            mlflow_writer.check_store(mlflow_tracking_uri)
         self.stack = stack = contextlib.ExitStack()
         try:
             self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, digest, lock=main))
@@ -122,6 +126,8 @@ class _PreparedRun:
                 removed = wd.clear()
                 if removed and not quiet:
                     logging.info("overwrite: removed %s from %s", ", ".join(removed), wd.path)
+            # Recorded before any is created: the record is what a later --overwrite deletes.
+            wd.record(*OWN_FILES)
             _sync("fedjax_pals.train_and_evaluate.workdir_ready")
             checkpointer = wd.checkpointer()
             stack.callback(checkpointer.close)
@@ -150,6 +156,7 @@ class _PreparedRun:
                     enabled=main,
                     resume_step=start_round,
                     mlflow_tracking_uri=mlflow_tracking_uri,
+                    record=wd.record,
                 )
             )
             self.progress = progress = stack.enter_context(

@@ -2,6 +2,8 @@
 
     <workdir>/
       .lock           an fcntl lock held while a run writes here (released when it ends or dies)
+      .run-files      the record of what the run created here, each entry added before it is
+                      created (see `Workdir.record`)
       checkpoints/    orbax checkpoints keyed by round, each with the config and its digest
       results.json    the results so far, rewritten at every evaluation
       metrics.jsonl, metrics.csv, hparams.json, events.out.tfevents.*   the metric writer's
@@ -9,9 +11,12 @@
       curves.png      accuracy per round
 
 A workdir belongs to one config (by `config_digest`): a launch with another config is refused,
-naming the differing keys, unless `overwrite=True`, which deletes the files above (and
-nothing else) only after the new config has been validated and its task built. The lock stops
-a second launch on the same workdir at once, whatever its config.
+naming the differing keys, unless `overwrite=True`, which deletes the run's files only after
+the new config has been validated and its task built: the entries of `.run-files` and the
+fixed names a new run writes over anyway (`RUN_FILES`), nothing else. A workdir without an
+intact record (written before it existed, or damaged) keeps every event file and any
+`tensorboard/` directory, as a user's own may be among them. The lock stops a second launch
+on the same workdir at once, whatever its config.
 
 Two exceptions, neither of which needs `overwrite`: a config that differs only by a larger
 `training.rounds` extends the run (its checkpoints and results then record the new budget),
@@ -21,12 +26,13 @@ the older one (one warning line says so).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
 import tempfile
 from typing import Any
+
+from absl import logging
 
 from fedjax_pals.experiment.checkpoints import Checkpointer, identity_differences
 from fedjax_pals.experiment import diskspace
@@ -34,26 +40,87 @@ from fedjax_pals.experiment.config import as_dict
 from fedjax_pals.experiment.errors import WorkdirError
 
 LOCK_FILE = ".lock"
+RECORD_FILE = ".run-files"
 CHECKPOINT_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
-# What a run writes into its workdir; `overwrite` removes exactly these.
-RUN_FILES = (
-    CHECKPOINT_DIR,
-    RESULTS_FILE,
-    "metrics.jsonl",
-    "metrics.csv",
-    "hparams.json",
-    "tensorboard",  # the event files of fedjax_pals <= 0.1
-    "curves.png",
-    "checkpoint.msgpack",  # the single-file checkpoint of fedjax_pals <= 0.1
-)
-# ... and TensorBoard's event files, in the workdir itself.
-RUN_FILE_PATTERNS = ("events.out.tfevents.*",)
+CURVES_FILE = "curves.png"
+# What `train` writes itself (the metric writer records its own files as it creates them).
+OWN_FILES = (CHECKPOINT_DIR, RESULTS_FILE, CURVES_FILE)
+# What `overwrite` deletes whether recorded or not, so even in a workdir of a version before
+# the record: a new run writes these very paths over (the metric writer's fixed names among
+# them), and `check_reusable` refuses a workdir holding checkpoint.msgpack (the single-file
+# checkpoint of fedjax_pals <= 0.1) until it is gone. Event files and `tensorboard/` (where
+# fedjax_pals <= 0.1 wrote them) are not here: only the record tells a run's from a user's.
+RUN_FILES = (*OWN_FILES, "metrics.jsonl", "metrics.csv", "hparams.json", "checkpoint.msgpack")
+# The record's first line; then one JSON string a line, each a name in the workdir.
+RECORD_HEADER = "# fedjax_pals: what the run created in this workdir (--overwrite deletes these)"
 OVERWRITE_REMEDY = "pass --overwrite (overwrite=True) to replace it, or choose another --workdir"
 
 
 class WorkdirLockedError(WorkdirError):
     """Another launch is writing the workdir."""
+
+
+def _recordable(name: Any) -> bool:
+    # One entry of the workdir itself: a record can never name a path outside it.
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..", LOCK_FILE, RECORD_FILE)
+        and "/" not in name
+        and os.sep not in name
+        and "\0" not in name
+    )
+
+
+def read_record(path: str) -> list[str] | None:
+    """The names in the record at `path`; None when there is none.
+
+    Raises:
+      ValueError: a damaged record (its reason): not a regular file, another first line, or a
+        complete line that is not a JSON string naming an entry of the workdir. A torn last
+        line (the run killed while recording) is no damage: its file was never created.
+    """
+    if not os.path.lexists(path):
+        return None
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise ValueError("it is not a regular file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{type(error).__name__}: {error}") from None
+    header, newline, body = text.partition("\n")
+    if not newline and RECORD_HEADER.startswith(header):
+        return []  # killed while starting the record, before any entry
+    if header != RECORD_HEADER:
+        raise ValueError("its first line is not the record's")
+    names = []
+    for line in body.split("\n")[:-1]:  # the last piece: "" or a torn line
+        try:
+            name = json.loads(line)
+        except ValueError:
+            name = None
+        if not _recordable(name):
+            raise ValueError(f"it holds the line {line[:80]!r}, not the name of a file")
+        names.append(name)
+    return names
+
+
+def _ends_a_line(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except OSError:  # absent, or empty (seeking before its start)
+        return False
+
+
+def _remove(path: str) -> None:
+    # A symlink is removed, never followed: its target is not the run's.
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
 
 
 def write_json(path: str, payload: Any) -> None:
@@ -97,6 +164,8 @@ class Workdir:
         self._lock_fd: int | None = None
         # `check_reusable`'s line about a damaged checkpoint it fell back from (None: none).
         self.fallback_note: str | None = None
+        # The record's names as this process last read or wrote them (None: not read yet).
+        self._recorded: set[str] | None = None
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -153,16 +222,72 @@ class Workdir:
             allow_extension=True,
         )
 
-    def _pattern_files(self) -> list[str]:
-        return sorted(
-            os.path.basename(path)
-            for pattern in RUN_FILE_PATTERNS
-            for path in glob.glob(self.file(pattern))
-        )
+    # -- the record of what the run created ---------------------------------------------------
+
+    def record(self, *names: str) -> None:
+        """Adds `names` (entries of the workdir) to its record of what the run created, before
+        the run creates them: a run killed in between has recorded a file it never made, which
+        `clear` skips, never a file it made unrecorded. Only the lock holder (the main
+        process) records; in the others this does nothing, as they create none of the run's
+        files but orbax's shards inside checkpoints/. A damaged record is started afresh (its
+        entries were not to be trusted anyway). The lines are appended and synced, no rename:
+        a kill mid-line leaves a torn last line, which `read_record` ignores.
+        """
+        for name in names:
+            if not _recordable(name):
+                raise ValueError(f"a run records entries of its workdir by name, got {name!r}.")
+        if self._lock_fd is None:
+            return
+        fresh = False
+        if self._recorded is None:
+            path = self.file(RECORD_FILE)
+            try:
+                self._recorded = set(read_record(path) or ())
+            except ValueError:
+                self._recorded = set()
+                fresh = True
+            else:
+                # Absent, or ending in a torn line that an appended one would join.
+                fresh = not _ends_a_line(path)
+        new = [name for name in dict.fromkeys(names) if name not in self._recorded]
+        if fresh:
+            new = [*sorted(self._recorded), *new]
+        elif not new:
+            return
+        lines = "".join(json.dumps(name) + "\n" for name in new)
+        self._write_record(RECORD_HEADER + "\n" + lines if fresh else lines, fresh=fresh)
+        self._recorded.update(new)
+
+    def _write_record(self, text: str, *, fresh: bool) -> None:
+        path = self.file(RECORD_FILE)
+        data = text.encode("utf-8")
+        with diskspace.writing(path, needed=len(data)):
+            if fresh and os.path.islink(path):
+                os.remove(path)  # replaced, never written through
+            if os.path.isdir(path):
+                raise WorkdirError(f"{path} is a directory, not a run's record; move it away.")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(path, flags | (os.O_TRUNC if fresh else 0), 0o666)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)  # on disk before the file it names is created
+            finally:
+                os.close(fd)
 
     def held_run_files(self) -> list[str]:
-        held = [name for name in RUN_FILES if os.path.lexists(self.file(name))]
-        return held + self._pattern_files()
+        """What `clear` would delete now (the record's entries only while it is intact)."""
+        return self._deletable()[0]
+
+    def _deletable(self) -> tuple[list[str], str | None]:
+        """The run's files present now, and the reason the record is not used (None: it is
+        intact, or there is none)."""
+        problem = None
+        try:
+            recorded = read_record(self.file(RECORD_FILE)) or []
+        except ValueError as error:
+            recorded, problem = [], str(error)
+        names = dict.fromkeys((*RUN_FILES, *recorded))
+        return [name for name in names if os.path.lexists(self.file(name))], problem
 
     def check_reusable(self) -> int | None:
         """Checks that whatever run the workdir holds is this config's; returns the round of
@@ -213,15 +338,22 @@ class Workdir:
         return step
 
     def clear(self) -> list[str]:
-        """Deletes the run files (`RUN_FILES`) and nothing else; returns what it removed."""
-        removed = []
-        for name in (*RUN_FILES, *self._pattern_files()):
-            path = self.file(name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            elif os.path.lexists(path):
-                os.remove(path)
-            else:
-                continue
-            removed.append(name)
-        return removed
+        """Deletes the run's files (the record's entries and `RUN_FILES`) and nothing else;
+        returns what it removed. A damaged record is not trusted: only `RUN_FILES` go, and
+        one warning line says so. The record is then emptied (after the deletions: a run
+        killed among them leaves a record naming files already gone, which is harmless)."""
+        names, problem = self._deletable()
+        if problem is not None:
+            logging.warning(
+                "overwrite: the record %s is damaged (%s), so only %s were deleted and every "
+                "other file kept (event files included); delete the old ones yourself if need be",
+                self.file(RECORD_FILE),
+                problem,
+                ", ".join(RUN_FILES),
+            )
+        for name in names:
+            _remove(self.file(name))
+        if self._lock_fd is not None:
+            self._write_record(RECORD_HEADER + "\n", fresh=True)
+            self._recorded = set()
+        return names

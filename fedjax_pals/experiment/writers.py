@@ -12,6 +12,12 @@ A run's `logdir` gets
   <runs>` names each run by its workdir path (scalars under their own names, NaN and inf
   included so that a divergence shows; histograms; hyperparameters through the HParams
   plugin, unset ones left out; a Custom Scalars layout that puts curves on one chart).
+  Written in the caller's thread, each call's events handed to the OS before it returns and
+  `flush()` syncing them to disk: tensorboardX's SummaryWriter queues events for a thread of
+  its own, which its flush() does not drain, so a run killed after an evaluation lost them.
+
+Each file is named to the optional `record` callback before it is created (train passes the
+workdir's record of what the run created, which --overwrite deletes).
 
 Resume: a run killed after its last checkpoint re-does the rounds after it, so a new writer
 on the same `logdir` rewinds the log at its first `write_scalars(step, ...)`: JSONL lines with
@@ -25,12 +31,16 @@ may be written by several calls (e.g. the training loss, then the evaluation, of
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import json
 import numbers
 import os
+import socket
+import struct
+import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +50,65 @@ HPARAMS_FILE = "hparams.json"
 EVENTS_PATTERN = "events.out.tfevents.*"
 # Where fedjax_pals <= 0.1 wrote the event files (TensorBoard then named runs ".../tensorboard").
 TENSORBOARD_DIR = "tensorboard"
+
+
+class _EventFile:
+    """A TensorBoard event file written synchronously: what tensorboardX's SummaryWriter
+    writes, without its queue and writer thread (see the module docstring)."""
+
+    def __init__(self, path: str):
+        from tensorboardX.proto.event_pb2 import Event
+
+        self.path = path
+        self._file = open(path, "xb")  # a fresh name (see `_event_file_name`): never reused
+        self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def write(self, *events) -> None:
+        """Appends `events` (tensorboardX `Event` protos) and hands them to the OS, so that a
+        killed process loses none of them."""
+        from tensorboardX.record_writer import masked_crc32c
+
+        for event in events:
+            data = event.SerializeToString()
+            header = struct.pack("<Q", len(data))  # TFRecord framing
+            self._file.write(header + struct.pack("<I", masked_crc32c(header)))
+            self._file.write(data + struct.pack("<I", masked_crc32c(data)))
+        self._file.flush()
+
+    def summaries(self, step: int, *summaries) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+
+        now = time.time()
+        self.write(*(Event(wall_time=now, step=step, summary=s) for s in summaries))
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())  # on disk: survives the machine too
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
+            self._file.close()
+
+
+def _event_file_name() -> str:
+    # tensorboardX's name (the second it was opened in, the host), with a suffix that keeps a
+    # resumed writer opened within the same second from reusing the first writer's name.
+    stamp = str(int(time.time()))
+    return (
+        f"events.out.tfevents.{stamp}.{socket.gethostname()}.{os.getpid()}."
+        f"{uuid.uuid4().hex[:8]}"
+    )
+
+
+@functools.cache
+def _histogram_bins() -> tuple[float, ...]:
+    # SummaryWriter's default buckets (TensorFlow's), computed as it does: +-1e-12 * 1.1^k, 0.
+    value, buckets = 1e-12, []
+    while value < 1e20:
+        buckets.append(value)
+        value *= 1.1
+    return (*(-b for b in reversed(buckets)), 0, *buckets)
 
 
 def _check_step(step: Any) -> int:
@@ -118,6 +187,8 @@ class MetricWriter:
         logged step > r; without it the log is rewound at the first write (see module doc).
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store (one
         MLflow run per logdir; `mlflow_writer.py`). None: no MLflow.
+      record: called with the name of each file the writer creates in `logdir`, before it
+        creates it (the workdir's record of the run's files). None: no record.
     """
 
     def __init__(
@@ -127,6 +198,7 @@ class MetricWriter:
         enabled: bool = True,
         resume_step: int | None = None,
         mlflow_tracking_uri: str | None = None,
+        record: Callable[[str], None] | None = None,
     ):
         if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):
             raise TypeError(f"logdir must be a non-empty path, got {logdir!r}.")
@@ -138,6 +210,7 @@ class MetricWriter:
         self._last_step: int | None = None
         self._closed = False
         self._mlflow = None
+        self._record = record if record is not None else lambda name: None
         if not self.enabled:
             return
         if mlflow_tracking_uri is not None:
@@ -153,15 +226,16 @@ class MetricWriter:
 
     # -- internals -------------------------------------------------------------
 
-    def _writer(self):
+    def _writer(self) -> _EventFile:
         if self._tb is None:
-            from tensorboardX import SummaryWriter
-
-            # Event files are named by the second they were opened in; the suffix keeps a
-            # resumed writer opened within the same second from overwriting the first file.
-            suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            self._tb = SummaryWriter(logdir=self.logdir, flush_secs=30, filename_suffix=suffix)
+            name = _event_file_name()
+            self._record(name)
+            self._tb = _EventFile(os.path.join(self.logdir, name))
         return self._tb
+
+    def _open_log(self, name: str, newline: str | None = None):
+        self._record(name)
+        return open(os.path.join(self.logdir, name), "a", newline=newline)
 
     def _rewind(self, step: int) -> None:
         """Drops every logged step >= `step` (JSONL rewritten atomically; TensorBoard purge)."""
@@ -184,8 +258,12 @@ class MetricWriter:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
 
             # TensorBoard drops events of step >= this one written before it.
-            self._writer().file_writer.add_event(
-                Event(step=step, session_log=SessionLog(status=SessionLog.START))
+            self._writer().write(
+                Event(
+                    wall_time=time.time(),
+                    step=step,
+                    session_log=SessionLog(status=SessionLog.START),
+                )
             )
         self._had_events = False  # purged once: later rewinds need no second event
 
@@ -211,6 +289,7 @@ class MetricWriter:
                         return
                 except json.JSONDecodeError:
                     pass
+        self._record(HPARAMS_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(flat, f, indent=2, sort_keys=True)
@@ -222,8 +301,7 @@ class MetricWriter:
         _, session_start, session_end = hparams_summary(
             {k: v for k, v in flat.items() if v is not None}, {}
         )
-        self._writer().file_writer.add_summary(session_start)
-        self._writer().file_writer.add_summary(session_end)
+        self._writer().summaries(0, session_start, session_end)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Logs `scalars` at `step` (one JSONL line, one TensorBoard scalar each)."""
@@ -238,15 +316,15 @@ class MetricWriter:
             self._mlflow.write_scalars(step, values)
         if self._csv is None:
             new = not os.path.exists(self._csv_path) or not os.path.getsize(self._csv_path)
-            self._csv = open(self._csv_path, "a", newline="")
+            self._csv = self._open_log(CSV_FILE, newline="")
             if new:
                 csv.writer(self._csv).writerow(["step", "name", "value"])
         csv.writer(self._csv).writerows([step, name, repr(value)] for name, value in values.items())
         self._csv.flush()
-        writer = self._writer()
-        for name, value in values.items():
-            # NaN and inf too: TensorBoard marks them, and a divergence must show.
-            writer.add_scalar(name, value, step)
+        from tensorboardX.summary import scalar
+
+        # NaN and inf too: TensorBoard marks them, and a divergence must show.
+        self._writer().summaries(step, *(scalar(name, value) for name, value in values.items()))
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
         """Logs the distribution of `values` (e.g. the server's weight per client) at `step`:
@@ -259,15 +337,19 @@ class MetricWriter:
             raise ValueError(f"histogram {name!r} has no values.")
         if not self._begin(step):
             return
+        from tensorboardX.summary import histogram
+
         self._log(step, {name: array.tolist()})
-        self._writer().add_histogram(name, array, step)
+        self._writer().summaries(step, histogram(name, array, _histogram_bins()))
 
     def write_layout(self, charts: Mapping[str, Sequence[str]], title: str = "fedjax_pals") -> None:
         """TensorBoard Custom Scalars charts: `{chart: [tags drawn together]}`."""
         self._check_open()
         if self.enabled:
+            from tensorboardX.summary import custom_scalars
+
             layout = {title: {chart: ["Multiline", list(tags)] for chart, tags in charts.items()}}
-            self._writer().add_custom_scalars(layout)
+            self._writer().summaries(0, custom_scalars(layout))
 
     def _begin(self, step: int) -> bool:
         """Checks a write at `step`; False when this writer is disabled (it only keeps the step)."""
@@ -286,11 +368,14 @@ class MetricWriter:
             self._rewind(step)  # a resumed run re-does the rounds from `step` on
         self._last_step = step
         if self._file is None:
-            self._file = open(self._jsonl_path, "a")
+            self._file = self._open_log(METRICS_FILE)
         self._file.write(json.dumps({"step": step, **values}) + "\n")
         self._file.flush()
 
     def flush(self) -> None:
+        """Syncs the event file to disk. Every call has already handed its lines and events
+        to the OS (a killed process loses none of them); a run flushes at every evaluation so
+        that a machine that goes down loses none either."""
         for handle in (self._file, self._csv, self._tb):
             if handle is not None:
                 handle.flush()
