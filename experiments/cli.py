@@ -117,12 +117,10 @@ def check_number_list(
     include_high: bool = True,
     integer: bool = False,
     meaning: str = "",
-    empty: str | None = None,
 ) -> None:
     """Registers a check (run while absl parses) that every item of a list flag is a number
     (an integer with `integer`) in the interval; a bad item is named in the one `error:` line.
-
-    An empty list (`--name=`) is refused unless `empty` says what it means (then allowed).
+    An empty list (`--name=`) is refused.
     """
     kind = "integers" if integer else "numbers"
     interval = _interval(low, high, include_low, include_high)
@@ -132,8 +130,6 @@ def check_number_list(
             return True
         items = [text.strip() for text in values]
         if not [text for text in items if text]:
-            if empty is not None:
-                return True
             where = interval if math.inf in (abs(low), abs(high)) else f"in {interval}"
             what = f" ({meaning})" if meaning else ""
             raise flags.ValidationError(

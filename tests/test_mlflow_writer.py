@@ -25,6 +25,18 @@ def _mlflow():
     return pytest.importorskip("mlflow")
 
 
+def _without_mlflow(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_mlflow(name, *args, **kwargs):
+        if name == "mlflow" or name.startswith("mlflow."):
+            raise ImportError("No module named 'mlflow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "mlflow", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+
+
 def _no_task_is_built(monkeypatch):
     def build_task(config):
         raise AssertionError("the task was built (its data read) before MLflow was checked")
@@ -38,15 +50,7 @@ CONFIG = {
 
 
 def test_a_missing_mlflow_is_one_error_naming_the_extra(tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_mlflow(name, *args, **kwargs):
-        if name == "mlflow" or name.startswith("mlflow."):
-            raise ImportError("No module named 'mlflow'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "mlflow", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    _without_mlflow(monkeypatch)
     with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
         fjp.experiment.MetricWriter(str(tmp_path), mlflow_tracking_uri="file:///nowhere")
     with pytest.raises(mlflow_writer.MlflowError, match="non-empty string"):
@@ -56,15 +60,7 @@ def test_a_missing_mlflow_is_one_error_naming_the_extra(tmp_path, monkeypatch):
 
 
 def test_a_missing_mlflow_stops_the_run_before_its_workdir_or_data(tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_mlflow(name, *args, **kwargs):
-        if name == "mlflow" or name.startswith("mlflow."):
-            raise ImportError("No module named 'mlflow'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.delitem(sys.modules, "mlflow", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_mlflow)
+    _without_mlflow(monkeypatch)
     _no_task_is_built(monkeypatch)
     workdir = tmp_path / "run"
     with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
