@@ -19,6 +19,12 @@ batches of 10: 5 steps). It sets --models, and the defaults of --num_clients,
 win). With several --runs, a second table gives the runs axis' gain: client-steps/s of R
 runs trained together (every run's steps counted) over one run's.
 
+It says up front how long it may take (cases x --max_seconds_per_case, a case's budget),
+prints `case k/N` as each case starts, and rewrites --output after every finished case
+("partial": true, "cases_done" of "cases_total"; false when it is complete): a benchmark
+stopped by Ctrl-C or SIGTERM keeps what it measured, says so in one line, and its worker
+processes die with it (at once, also when it is SIGKILLed).
+
 A mistake in the command line is one `error:` line on stderr and exit status 2.
 
 Usage:
@@ -34,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
+import sys
 
 from absl import flags
 
@@ -116,6 +124,30 @@ def _given(holder) -> tuple:
     return holder.value, flags.FLAGS[holder.name].present
 
 
+def write_result(path: str, result: dict) -> None:
+    """Writes the JSON whole or not at all (a temporary file renamed over `path`)."""
+    out_dir = os.path.dirname(path)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "w") as f:
+            json.dump(result, f, indent=2, default=float)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):  # stopped while writing: the old file stays whole
+            os.remove(temporary)
+
+
+def _stop_on_sigterm() -> None:
+    # SIGTERM (a scheduler, `kill`) ends the benchmark as Ctrl-C does: through the finally
+    # clauses that kill the workers, with the one line below, instead of silently.
+    def stop(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv):
     del argv
     try:
@@ -173,19 +205,48 @@ def main(argv):
         f"batch {settings.batch_size}, {settings.steps_per_client} steps/client",
         flush=True,
     )
-    result = bench.run_benchmark(cases, settings, log=lambda msg: print(msg, flush=True))
-    if workload is not None:
-        result["config"]["workload"] = {
-            **dataclasses.asdict(workload),
-            "input_shape": list(workload.input_shape),
-            "num_classes": workload.num_classes,
-            "steps_per_client": workload.steps_per_client,
-        }
-    out_dir = os.path.dirname(_OUTPUT.value)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    with open(_OUTPUT.value, "w") as f:
-        json.dump(result, f, indent=2, default=float)
+    budget = bench.format_duration(bench.budget_seconds(cases, settings))
+    print(
+        f"# measuring takes up to about {budget} "
+        f"({len(cases)} cases x --max_seconds_per_case={settings.max_seconds_per_case:g} s; a "
+        "case predicted to take longer is skipped), plus starting the worker processes "
+        f"({bench.process_groups(cases)} sets, seconds each); each `case k/N` line below says "
+        f"the time left at the pace so far. {_OUTPUT.value} is rewritten after every case.",
+        flush=True,
+    )
+
+    def with_workload(result: dict) -> dict:
+        if workload is not None:
+            result["config"]["workload"] = {
+                **dataclasses.asdict(workload),
+                "input_shape": list(workload.input_shape),
+                "num_classes": workload.num_classes,
+                "steps_per_client": workload.steps_per_client,
+            }
+        return result
+
+    written = {"done": 0}
+
+    def write_partial(result: dict) -> None:
+        write_result(_OUTPUT.value, with_workload(result))
+        written["done"] = result["cases_done"]
+
+    _stop_on_sigterm()
+    try:
+        result = bench.run_benchmark(
+            cases, settings, log=lambda msg: print(msg, flush=True), on_update=write_partial
+        )
+    except KeyboardInterrupt as stopped:
+        how = str(stopped) or "SIGINT"
+        where = (
+            f"{_OUTPUT.value} holds the {written['done']} finished case(s) (\"partial\": true)"
+            if written["done"]
+            else "no case had finished: nothing was written"
+        )
+        print(f"\nstopped by {how} after {written['done']} of {len(cases)} cases; {where}.")
+        sys.exit(128 + getattr(signal.Signals, how, signal.SIGINT).value)
+    result = with_workload(result)
+    write_result(_OUTPUT.value, result)
     machine = result["machine"]
     print(
         f"\n{machine['platform_name']} ({machine['device_kind']}), jax {machine['jax_version']}, "

@@ -104,6 +104,26 @@ cores divided among a case's local processes). The engine's cases default to it,
 `is_default` marks the engine's default backend on it: keep it what a user's run gets."""
 
 _PROTOCOL_PREFIX = "@@fjp-bench "
+# The parent's pid, in each worker's environment (the worker dies with it, `WORKER_CODE`).
+_PARENT_ENV_VAR = "FEDJAX_PALS_BENCH_PARENT"
+# A worker's program. Its first statements make it die with the parent (Linux): the kernel
+# sends SIGKILL when the parent dies (PR_SET_PDEATHSIG, as fedjax_pals/launch.py's children),
+# even by SIGKILL or in the middle of an XLA compile, and a worker whose parent died before
+# the prctl took effect exits at once. Done here, not in a `preexec_fn` (launch.py's way): the
+# parent has reader threads by the time it starts its later workers, and a `preexec_fn` is not
+# safe in a process with threads. Before the heavy imports, so that the window is short.
+WORKER_CODE = f"""\
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if str(os.getppid()) != os.environ.get("{_PARENT_ENV_VAR}", str(os.getppid())):
+        os._exit(1)
+import experiments.benchmark_harness as b
+b.worker_main()
+"""
 # Environment variables that change JAX's device count or collectives: cleared in
 # every child so that only the case's own settings apply.
 _DEVICE_ENV_VARS = ("JAX_NUM_CPU_DEVICES", "JAX_CPU_COLLECTIVES_IMPLEMENTATION")
@@ -1412,6 +1432,7 @@ def _child_env(local_processes: int = 1) -> dict[str, str]:
             del env[var]
     # Read by configure_runtime(cpu_devices="auto") to share the cores among the processes.
     env["FEDJAX_PALS_LOCAL_PROCESSES"] = str(local_processes)
+    env[_PARENT_ENV_VAR] = str(os.getpid())  # the worker dies with this process
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_XLA_DEVICE_FLAG)]
     if flags:
         env["XLA_FLAGS"] = " ".join(flags)
@@ -1430,7 +1451,7 @@ class _Child:
         self.timeout_s = timeout_s
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import experiments.benchmark_harness as b; b.worker_main()"],
+            [sys.executable, "-c", WORKER_CODE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -1542,8 +1563,11 @@ class ChildGroup:
                 )
                 self.children.append(_Child(setup, log, settings.round_timeout_s, processes))
             self.info = self.ask_all(None)[0]
-        except BaseException:
+        except Exception:
             self.close()
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM: stop now, do not wait for the children
+            self.kill()
             raise
 
     def ask_all(self, command: dict | None) -> list[dict]:
@@ -1560,6 +1584,13 @@ class ChildGroup:
         # Every process first: under jax.distributed each one's exit waits for the others'.
         for c in self.children:
             c.request_exit()
+        for c in self.children:
+            c.close()
+
+    def kill(self) -> None:
+        """Kills every process at once (the benchmark is being stopped)."""
+        for c in self.children:
+            c.kill()
         for c in self.children:
             c.close()
 
@@ -1622,18 +1653,75 @@ class _Active:
     rounds: list = dataclasses.field(default_factory=list)
 
 
+def budget_seconds(cases: Sequence[BenchmarkCase], settings: BenchmarkSettings) -> float:
+    """The measuring time of a benchmark of `cases`, at most about: each case's budget
+    (`max_seconds_per_case`: a case predicted to take longer is skipped, and a case's timed
+    rounds stop within it) times the cases. Not counted: starting the worker processes of
+    each of the `process_groups` (seconds each: Python, JAX, the data), and a case measured
+    first at its size (no smaller M to predict it from) may take longer than its budget."""
+    return len(cases) * settings.max_seconds_per_case
+
+
+def process_groups(cases: Sequence[BenchmarkCase]) -> int:
+    """How many sets of worker processes the cases start: one per (model, M, devices,
+    processes)."""
+    return len({(c.model, c.num_clients, c.device_config) for c in cases})
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class _Progress:
+    """`case k/N` lines as cases start, and the partial result after every finished case."""
+
+    def __init__(self, total: int, log: Callable[[str], None], on_case_done: Callable[[], None]):
+        self.total, self.log, self.on_case_done = total, log, on_case_done
+        self.started = time.perf_counter()
+        self.begun = 0
+        self.done = 0
+
+    def begin(self, case: BenchmarkCase) -> None:
+        self.begun += 1
+        elapsed = time.perf_counter() - self.started
+        timing = f"{format_duration(elapsed)} elapsed"
+        if self.done:  # the finished cases' mean pace (a case's warm-up runs long before its
+            # timed rounds, which come after every warm-up of its problem)
+            left = elapsed / self.done * (self.total - self.done)
+            timing += f", about {format_duration(left)} left"
+        self.log(f"case {self.begun}/{self.total} ({timing}): {case.name}")
+
+    def finished(self) -> None:
+        self.done += 1
+        self.on_case_done()
+
+
 def run_benchmark(
     cases: Sequence[BenchmarkCase],
     settings: BenchmarkSettings = BenchmarkSettings(),
     *,
     log: Callable[[str], None] = print,
+    on_update: Callable[[dict], None] | None = None,
 ) -> dict:
     """Measures every case in child processes; returns the benchmark's JSON object.
 
     Keys: "machine", "config", "results" (rows, see `summarize_case`; skipped and
     failed cases have status 'skipped' / 'error'), "parity" (max abs diff of
     first-round params vs the first case at `settings.check_clients`), "fastest",
-    "total_seconds", "markdown_table".
+    "total_seconds", "markdown_table", and "partial" (False), "cases_done", "cases_total".
+
+    `log` gets a `case k/N` line as each case starts. `on_update(result)` is called after
+    every finished case with the result so far (the same keys, "partial": True, the rows of
+    the cases done so far; no parity): write it, and a stopped benchmark leaves what it
+    measured. On KeyboardInterrupt or SystemExit (a SIGTERM turned into one) the child
+    processes are killed at once; every child also dies with this process (PR_SET_PDEATHSIG:
+    strictly, with the thread that calls `run_benchmark`, so call it from one that lives as
+    long as the benchmark, e.g. the main thread).
     """
     wall_start = time.perf_counter()
     cases = list(cases)
@@ -1647,6 +1735,15 @@ def run_benchmark(
     problems: dict = {}
     for case in cases:
         problems.setdefault((case.num_clients, case.model), []).append(case)
+
+    def partial_result() -> None:
+        if on_update is not None:
+            rows = [dict(r) for r in records]
+            on_update(
+                _assemble(cases, settings, rows, {}, child_infos, load_start, wall_start, True)
+            )
+
+    progress = _Progress(len(cases), log, partial_result)
     with tempfile.TemporaryDirectory(prefix="fjp-bench-") as workdir:
         for (num_clients, model), group_cases in problems.items():
             _run_problem(
@@ -1660,12 +1757,8 @@ def run_benchmark(
                 parity_params,
                 child_infos,
                 log,
+                progress,
             )
-    order = {c.name: i for i, c in enumerate(cases)}
-    records.sort(key=lambda r: order[r["_case"]])
-    for r in records:
-        del r["_case"]
-    add_speedups(records)
     parity = {}
     for model, by_case in parity_params.items():
         names = list(by_case)
@@ -1682,11 +1775,33 @@ def run_benchmark(
         )
         if max(diffs.values()) > 1e-4:
             log(f"# WARNING: {model}: cases disagree by more than 1e-4!")
+    return _assemble(cases, settings, records, parity, child_infos, load_start, wall_start, False)
+
+
+def _assemble(
+    cases: Sequence[BenchmarkCase],
+    settings: BenchmarkSettings,
+    records: list[dict],
+    parity: dict,
+    child_infos: Mapping[str, Any],
+    load_start: list[float],
+    wall_start: float,
+    partial: bool,
+) -> dict:
+    """The benchmark's JSON object from the rows measured so far (`records`, modified)."""
+    order = {c.name: i for i, c in enumerate(cases)}
+    records.sort(key=lambda r: order[r["_case"]])
+    for r in records:
+        del r["_case"]
+    add_speedups(records)
     total = time.perf_counter() - wall_start
     case_models = list(dict.fromkeys(c.model for c in cases))
     runs_axis = runs_axis_gains(records)
     extra = {"runs_axis": runs_axis} if runs_axis else {}
     return {
+        "partial": partial,
+        "cases_done": len(records),
+        "cases_total": len(cases),
         "machine": _machine_info(child_infos, load_start),
         "config": {
             **dataclasses.asdict(settings),
@@ -1715,19 +1830,36 @@ def run_benchmark(
 
 
 def _run_problem(
-    model, num_clients, cases, settings, workdir, records, last, parity_params, child_infos, log
+    model,
+    num_clients,
+    cases,
+    settings,
+    workdir,
+    records,
+    last,
+    parity_params,
+    child_infos,
+    log,
+    progress=None,
 ):
     """The cases of one (model, M): warm-ups one at a time, then interleaved timed rounds."""
+    progress = progress or _Progress(len(cases), lambda msg: None, lambda: None)
+
+    def record(row: dict) -> None:
+        records.append(row)
+        progress.finished()
+
     runnable = []
     for case in cases:
         est_round, est_case = predict_case(last.get(_case_key(case)), num_clients)
         if est_case is not None and est_case > settings.max_seconds_per_case:
+            progress.begin(case)
             log(f"{case.name}: skipped (est. {est_case:.0f}s: ~{est_round:.1f}s/round)")
             row = _status_row(
                 case, "skipped", settings, predicted_round_s=est_round, predicted_case_s=est_case
             )
             row["_case"] = case.name
-            records.append(row)
+            record(row)
             # Chain the estimate so that larger M are skipped too.
             last[_case_key(case)] = (num_clients, est_round, last[_case_key(case)][2])
             continue
@@ -1737,6 +1869,7 @@ def _run_problem(
     active: list[_Active] = []
     try:
         for case, est_round in runnable:
+            progress.begin(case)
             try:
                 group = groups.get(case.device_config)
                 if group is None:
@@ -1751,7 +1884,7 @@ def _run_problem(
                 log(f"{case.name}: ERROR {e}")
                 row = _status_row(case, "error", settings, error=str(e)[:2000])
                 row["_case"] = case.name
-                records.append(row)
+                record(row)
                 # A dead child, or processes that may now wait on each other in a collective.
                 if case.device_config in groups and (
                     isinstance(e, ChildError) or case.processes > 1
@@ -1783,7 +1916,7 @@ def _run_problem(
                             log(f"{b.case.name}: ERROR {e}")
                             row = _status_row(b.case, "error", settings, error=str(e)[:2000])
                             row["_case"] = b.case.name
-                            records.append(row)
+                            record(row)
                             active.remove(b)
                     if broken:
                         groups.pop(a.case.device_config, None)
@@ -1811,6 +1944,12 @@ def _run_problem(
                 f"peak RSS {row['peak_rss_mib']:.0f} MiB"
                 + ("  RECOMPILED in timed rounds!" if row["recompiled_after_first_round"] else "")
             )
+            progress.finished()  # after its parity params: the child is done with the case
+    except BaseException as error:
+        if not isinstance(error, Exception):  # Ctrl-C, SIGTERM: kill the children, not wait
+            for group in groups.values():
+                group.kill()
+        raise
     finally:
         for group in groups.values():
             group.close()

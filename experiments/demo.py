@@ -6,20 +6,25 @@ r"""The main job: FedPALS vs FedAvg on Fashion-MNIST under sparsity label shift.
 Runs configs/demo.py (10 clients, C = 3 labels per client, 4 rounds, seeds 0 and 1), prints
 the comparison table and writes <workdir>/table.md, comparison.png, label_distributions.png
 (the clients' label distributions, T, and FedPALS' and FedAvg's weights; a PDF of each figure
-beside it) and a results.json per run, and lists every file it wrote. If Fashion-MNIST cannot
-be had it says how to get it and runs the paper's synthetic task (App. C.4) instead; an
-explicit --config.dataset.data_dir without the files is an error.
+beside it) and a results.json per run, lists every file it wrote and ends with its elapsed
+time. If Fashion-MNIST cannot be had it says how to get it and runs the paper's synthetic task
+(App. C.4) instead; an explicit --config.dataset.data_dir without the files is an error.
+The same command again skips the finished runs and resumes an interrupted one from its last
+checkpoint (a workdir holding another config's demo is replaced); Ctrl-C or SIGTERM stops it
+with one line saying where (exit status 130 / 143).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
+_STARTED = time.monotonic()  # the demo's elapsed time counts its imports too
 
-import fedjax_pals as fjp
-from experiments import flags as common
+import json  # noqa: E402
+import os  # noqa: E402
+
+import fedjax_pals as fjp  # noqa: E402
+from experiments import flags as common  # noqa: E402
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.py")
 _CONFIG = common.define_config_file("config", _DEMO_CONFIG, "The demo's sweep config.")
@@ -56,6 +61,7 @@ def label_distribution_figure(workdir: str) -> str | None:
         partition["client_label_dists"],
         partition["target_label_dist"],
         {fjp.method_label(m): results[m][seed]["alpha"] for m in ("fedpals", "fedavg")},
+        dataset=results["fedpals"][seed]["config"]["dataset"]["name"],
         title=partition["description"]
         + ("" if "seed" in partition["description"] else f", seed {seed}")
         + ": label distributions and server weights",
@@ -86,8 +92,14 @@ def main(argv):
     workdir = common.WORKDIR.value or "runs/demo"
     started = time.time()
     with common.user_errors():
-        # The demo's workdir is scratch: a previous demo of another config is replaced.
-        summary = fjp.run_sweep(config, workdir, quiet=common.QUIET.value, overwrite=True)
+        # The demo's workdir is scratch: a previous demo of another config is replaced; one of
+        # this config is resumed (its finished runs skipped, an interrupted one continued).
+        summary = fjp.run_sweep(
+            config,
+            workdir,
+            quiet=common.QUIET.value,
+            overwrite=holds_another_config(config, workdir),
+        )
     failed = {name: status for name, status in summary["runs"].items() if status == "failed"}
     if failed:
         for name, message in summary["errors"].items():
@@ -98,6 +110,32 @@ def main(argv):
     label_distribution_figure(workdir)
     print()
     common.print_written(workdir, started)
+    print(f"demo: {elapsed(time.monotonic() - _STARTED)} elapsed")
+
+
+def elapsed(seconds: float) -> str:
+    """42.3 s, or 1 min 25 s."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest} s"
+
+
+def holds_another_config(config, workdir: str) -> bool:
+    """Whether a run of `workdir` holds the results of another config than this sweep's run
+    of its name (an earlier demo of other settings, or the synthetic fallback's)."""
+    for name, run_config in fjp.expand_sweep(config):
+        path = os.path.join(workdir, "runs", name, "results.json")
+        try:
+            with open(path) as f:
+                digest = json.load(f).get("config_digest")
+        except FileNotFoundError:
+            continue  # not started, or killed before its first evaluation
+        except (OSError, ValueError, AttributeError):
+            return True  # not a run's results: scratch, replaced
+        if digest != fjp.config_digest(fjp.validate_config(run_config)):
+            return True
+    return False
 
 
 if __name__ == "__main__":

@@ -2,17 +2,25 @@
 
 --workdir       where the run (or sweep) writes: checkpoints, results, metrics, plots
 --overwrite     replace a run of another config held in --workdir
---quiet         no progress bar, no log lines (CI)
+--quiet         no progress bar or lines, no log lines (CI); results and `wrote:` stay
 --mlflow_tracking_uri
                 also log every run's params and metrics to this MLflow store (optional extra)
+--mlflow_experiment
+                the MLflow experiment of those runs (default fedjax_pals)
 --cpu_devices, --coordinator_address, --num_processes, --process_id
                 the JAX runtime: host devices of this process, and the `jax.distributed`
                 settings of a multi-process launch (see fjp.configure_runtime)
+--compilation_cache
+                JAX's persistent compilation cache: 'auto' (the default:
+                $JAX_COMPILATION_CACHE_DIR, else ~/.cache/fedjax_pals/jax), a directory, or
+                'none'; a second launch loads what the first compiled
 
 Every main defines its config flag with `define_config_file` and starts with `run(main)`
 (instead of `app.run`): a mistake in the command line (a missing or broken config file, a
 key path that names no key, an unknown flag, a bad flag value) is then one `error:` line on
-stderr and exit status 2, before any data is read.
+stderr and exit status 2, before any data is read; SIGINT (Ctrl-C) or SIGTERM is one line
+saying where the run stopped and the round the same command resumes from, exit status 130 or
+143, no traceback (`fedjax_pals.experiment.progress`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -29,6 +38,7 @@ from ml_collections import config_flags
 
 import fedjax_pals as fjp
 from fedjax_pals import runtime
+from fedjax_pals.experiment import progress
 from experiments import cli, config_args
 
 WORKDIR = flags.DEFINE_string(
@@ -37,13 +47,23 @@ WORKDIR = flags.DEFINE_string(
 OVERWRITE = flags.DEFINE_boolean(
     "overwrite", False, "Replace a run of another config in --workdir (after validating this one)."
 )
-QUIET = flags.DEFINE_boolean("quiet", False, "No progress bar and no log lines.")
+QUIET = flags.DEFINE_boolean(
+    "quiet",
+    False,
+    "No progress bar or lines and no log lines; the results, the `wrote:` list and errors stay.",
+)
 MLFLOW_TRACKING_URI = flags.DEFINE_string(
     "mlflow_tracking_uri",
     None,
     "Also log each run's params and metrics to this MLflow tracking store (e.g. "
     "file:///abs/mlruns with MLFLOW_ALLOW_FILE_STORE=true, or http://host:5000); needs "
     'pip install "fedjax_pals[mlflow]".',
+)
+MLFLOW_EXPERIMENT = flags.DEFINE_string(
+    "mlflow_experiment",
+    "fedjax_pals",
+    "The MLflow experiment that --mlflow_tracking_uri logs the runs into (created if missing); "
+    "each run is named by its key in the sweep (fedpals/seed_0) or its workdir's name.",
 )
 CPU_DEVICES = flags.DEFINE_string(
     "cpu_devices",
@@ -59,13 +79,22 @@ COORDINATOR_ADDRESS = flags.DEFINE_string(
 )
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "jax.distributed: number of processes.")
 PROCESS_ID = flags.DEFINE_integer("process_id", None, "jax.distributed: this process's index.")
+COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache",
+    "auto",
+    "JAX's persistent compilation cache, so that a launch loads the programs an earlier one "
+    "compiled instead of compiling them again: a directory, 'auto' ($JAX_COMPILATION_CACHE_DIR "
+    "if set, else $XDG_CACHE_HOME/fedjax_pals/jax, i.e. ~/.cache/fedjax_pals/jax) or 'none'.",
+)
 # An empty value is a mistake (`--workdir=` would write into the current directory, an empty
 # MLflow URI would be taken as none), refused while absl parses like every other one.
 cli.require_value(WORKDIR, "directory")
 cli.require_value(MLFLOW_TRACKING_URI, "tracking URI (or leave the flag out)")
+cli.require_value(MLFLOW_EXPERIMENT, "name for the MLflow experiment")
 cli.require_value(COORDINATOR_ADDRESS, "host:port")
 cli.check_number(NUM_PROCESSES, 1)
 cli.check_number(PROCESS_ID, 0)
+cli.require_value(COMPILATION_CACHE, "directory, 'auto' or 'none'")
 
 # What the library raises for a user's mistake: shown as one line, without a traceback.
 USER_ERRORS = tuple(
@@ -122,6 +151,21 @@ def _show_launcher_flags_in_help() -> None:
     # defined here are every main's own, so they belong in it, not only in --helpfull.
     for flag in flags.FLAGS.get_flags_for_module(__name__):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+    _say_required_in_help()
+
+
+def _say_required_in_help() -> None:
+    # absl's help says nothing of a flag marked required and shows a config flag without a
+    # default as "(default: 'None')": the main's required flags say "(required)" instead, and
+    # no flag shows a default of None.
+    for flag in flags.FLAGS.get_key_flags_for_module(sys.argv[0]):
+        required = f"Flag --{flag.name} must have a value other than None."  # absl's validator
+        if any(getattr(v, "message", None) == required for v in flag.validators):
+            if not flag.help.endswith("(required)"):
+                flag.help += "\n(required)"
+            flag.default_as_str = None
+        elif flag.default is None:
+            flag.default_as_str = None
 
 
 def run(main: Callable[[list[str]], object]) -> None:
@@ -151,14 +195,22 @@ def run(main: Callable[[list[str]], object]) -> None:
             _only_errors_in_the_log()
         elif absl_logging.get_verbosity() < absl_logging.DEBUG:
             # JAX's probe of absent accelerators ("Unable to initialize backend 'tpu'") is
-            # every CPU user's first log line and says nothing wrong; --verbosity=1 shows it.
-            logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+            # every CPU user's first log line and says nothing wrong, nor do jax.distributed's
+            # "Starting / Connecting to JAX distributed service"; --verbosity=1 shows them.
+            for name in ("jax._src.xla_bridge", "jax._src.distributed"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         if len(args) > 1:
             usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
+        progress.handle_signals()  # SIGINT and SIGTERM: one line (below), 130 / 143
         try:
             return main(args)
+        except KeyboardInterrupt as error:  # Ctrl-C, SIGTERM: where it stopped, not a traceback
+            if not _secondary_process():  # the other processes of a launch: only the status
+                print(progress.interruption_message(_signal_of(error)), file=sys.stderr)
+                sys.stderr.flush()
+            sys.exit(progress.exit_status(error))
         except Exception as error:
             if runtime.is_lost_peer_error(error):  # a peer died: one line, not a traceback
                 sys.exit(f"error: {runtime.lost_peer_message(error)}")
@@ -178,9 +230,28 @@ def configure_runtime() -> None:
             coordinator_address=COORDINATOR_ADDRESS.value,
             num_processes=NUM_PROCESSES.value,
             process_id=PROCESS_ID.value,
+            compilation_cache=COMPILATION_CACHE.value,
         )
     except ValueError as error:  # flags that do not fit together: a command-line mistake
         usage_error(str(error))
+    if progress.signals_handled():
+        progress.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
+
+
+def _signal_of(error: KeyboardInterrupt) -> int:
+    return getattr(error, "signum", signal.SIGINT)
+
+
+def _secondary_process() -> bool:
+    """A process other than the first of a multi-process launch (known without asking JAX,
+    which may not have started)."""
+    index = PROCESS_ID.value
+    if index is None:
+        index = os.environ.get("FEDJAX_PALS_PROCESS_ID")
+    try:
+        return index is not None and int(index) != 0
+    except ValueError:
+        return False
 
 
 @contextlib.contextmanager

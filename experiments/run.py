@@ -1,23 +1,30 @@
 r"""One run from a config file, in a workdir (resumable).
 
   python -m experiments.run --config=configs/default.py --workdir=runs/fmnist_c3_fedpals \
-      --config.algorithm.ess_fraction=0.25 --config.training.rounds=50
+      --config.algorithm.ess_fraction=0.5 --config.training.rounds=50
 
 Writes <workdir>/results.json (rewritten at every evaluation), checkpoints/ (orbax, with the
 config inside), metrics.jsonl/.csv, TensorBoard event files (`tensorboard --logdir <workdir>`)
 and curves.png.
 The same command again resumes where a killed run stopped; another config in the same workdir
 is refused unless --overwrite. Config keys: fedjax_pals/experiment/config.py.
+Without a terminal (a log file, `tee`, CI) it prints a line per evaluation (round, target and
+validation accuracy, ETA). Ctrl-C or SIGTERM stops it with one line: the round it reached and
+the round the same command resumes from (the last checkpoint's); exit status 130 / 143.
 """
 
 from __future__ import annotations
 
 import time
 
-from absl import flags
+_STARTED = time.monotonic()  # this launch's time counts its imports too
 
-import fedjax_pals as fjp
-from experiments import flags as common
+from absl import flags  # noqa: E402
+
+import fedjax_pals as fjp  # noqa: E402
+from experiments import flags as common  # noqa: E402
+from fedjax_pals.experiment import progress  # noqa: E402
+from fedjax_pals.experiment.progress import result_line  # noqa: E402
 
 _CONFIG = common.define_config_file("config", None, "Config file (configs/*.py).")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -34,14 +41,12 @@ def main(argv):
             overwrite=common.OVERWRITE.value,
             quiet=common.QUIET.value,
             mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
+            mlflow_experiment=common.MLFLOW_EXPERIMENT.value,
         )
-    if common.QUIET.value or not fjp.is_main_process():
+    if not fjp.is_main_process():  # --quiet silences progress and logs, not the results
         return
-    print(
-        f"final target accuracy {results['final_target_accuracy']:.4f}; "
-        f"at best val (round {results['best_val_round']}) "
-        f"{results['target_accuracy_at_best_val']:.4f}; {results['wall_seconds']:.1f}s"
-    )
+    # This launch's time; after a resume or an extension, the training time of all launches too.
+    print(result_line(results, time.monotonic() - _STARTED, progress.ACTIVITY.last_start))
     common.print_written(common.WORKDIR.value, started)
 
 

@@ -5,7 +5,10 @@ r"""Runs a sweep config: every run in <workdir>/runs/<name>/, then the paper's s
       --config.training.rounds=30 --config.sweep.seeds='(0,1)'
 
 Every run's config is validated before anything runs. The same command again skips finished
-runs and resumes the others from their checkpoints. With the protocol (the default) it prints
+runs (saying how many) and resumes the others from their checkpoints. Without a terminal it
+prints a line per finished run (`[k/N] <run>: target acc ...`); Ctrl-C or SIGTERM stops it
+with one line naming the interrupted run, its resume round and how many runs finished (exit
+status 130 / 143). With the protocol (the default) it prints
 the Table-1-shaped table and writes <workdir>/table.md, table.json, comparison.png and the
 figures the config names. `--list` prints the runs without running them. Sweep keys:
 fedjax_pals/experiment/sweep.py; selection rule: fedjax_pals/experiment/protocol.py.
@@ -129,15 +132,15 @@ def _run_shard(workdir: str) -> None:
             quiet=common.QUIET.value,
             overwrite=common.OVERWRITE.value,
             mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
+            mlflow_experiment=common.MLFLOW_EXPERIMENT.value,
             reshard=_RESHARD.value,
         )
     counts: dict[str, int] = {}
     for status in summary["runs"].values():
         counts[status] = counts.get(status, 0) + 1
-    if not common.QUIET.value:
+    if fjp.is_main_process():  # --quiet silences progress and logs, not the outcome
         for name, message in summary["errors"].items():
             print(f"{summary['runs'][name]}: {name}: {message}")
-    if fjp.is_main_process():
         done = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
         print(
             f"shard {summary['shard']}: {done} (of {summary['total_runs']} runs in the sweep). "
@@ -177,10 +180,11 @@ def main(argv):
             quiet=common.QUIET.value,
             overwrite=common.OVERWRITE.value,
             mlflow_tracking_uri=common.MLFLOW_TRACKING_URI.value,
+            mlflow_experiment=common.MLFLOW_EXPERIMENT.value,
             reshard=_RESHARD.value,
         )
     failed = {name: s for name, s in summary["runs"].items() if s == "failed"}
-    if not common.QUIET.value:
+    if fjp.is_main_process():  # --quiet silences progress and logs, not the outcome
         for name, message in summary["errors"].items():
             print(f"{summary['runs'][name]}: {name}: {message}")
     if summary["markdown"] and fjp.is_main_process():

@@ -9,7 +9,13 @@ when no explicit settings are given, and `FEDJAX_PALS_LOCAL_PROCESSES`, so
 that `cpu_devices="auto"` divides the cores among the local processes. The
 children's output is interleaved on this terminal, prefixed by process id;
 the launcher exits with the first non-zero exit status (128 + the signal's number
-for a process killed by a signal).
+for a process killed by a signal). Gloo's connection lines (`[Gloo] Rank 0 is connected to 1
+peer ranks...`, written by its C++ code on every start) are left out unless the command
+raises absl's verbosity (`--verbosity=1` or more; the mains then also show JAX's INFO lines).
+
+Ctrl-C (SIGINT) or SIGTERM to the launcher stops the children (SIGTERM: process 0 says the
+round the run reached and the one the same command resumes from), then one line, and the
+exit status 130 or 143.
 
 When one process dies while the others still run (they would wait on it in a
 collective, and JAX's preemption notifier swallows SIGTERM), the launcher sends
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +41,9 @@ import time
 
 # Seconds between SIGTERM and SIGKILL when the launcher stops its children.
 GRACE_SECONDS = 3.0
+# The same when the user stops the launcher: process 0 finishes the round's writes (which may
+# wait on the other processes at orbax's barriers) and says where it stopped.
+INTERRUPT_GRACE_SECONDS = 10.0
 # Seconds a dead child's remaining output may take to reach the terminal.
 DRAIN_SECONDS = 5.0
 # Exit status of a command-line mistake (absl's, and the experiments' mains').
@@ -47,10 +57,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _pump(stream, prefix: str, out, muted: threading.Event) -> None:
+# Lines of a child's output that say nothing to a user (C++ stderr, no logger to silence).
+NOISE = (re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"),)
+
+
+def verbosity(command: list[str]) -> int:
+    """The absl verbosity a command asks for (`--verbosity=N`, `-v N`, ...; 0 if none)."""
+    level = 0
+    for i, arg in enumerate(command):
+        for name in ("--verbosity", "-verbosity", "--v", "-v"):
+            if arg == name and i + 1 < len(command):
+                value = command[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1 :]
+            else:
+                continue
+            try:
+                level = int(value)
+            except ValueError:
+                pass
+    return level
+
+
+def _pump(stream, prefix: str, out, muted: threading.Event, quiet: bool = False) -> None:
     for line in iter(stream.readline, ""):
         if muted.is_set():
             continue  # after a peer's death: the others' failures are its consequence
+        if quiet and any(pattern.match(line) for pattern in NOISE):
+            continue
         out.write(f"{prefix}{line}")
         out.flush()
 
@@ -132,11 +166,16 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
     address = f"127.0.0.1:{port or free_port()}"
     children, pumps = [], []
     muted = threading.Event()
-    previous_term = signal.getsignal(signal.SIGTERM)
+    stopping = (signal.SIGTERM, signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in stopping}
     in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:  # a SIGTERM to the launcher stops its children (the finally below)
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    quiet = verbosity(command) < 1
     try:
+        if in_main_thread:  # SIGTERM or Ctrl-C to the launcher stops its children (finally)
+            for signum in stopping:
+                if signum == signal.SIGTERM or previous[signum] is not signal.SIG_IGN:
+                    # (a SIGINT ignored from the start stays so)
+                    signal.signal(signum, _interrupted)
         # Every child is started before any thread (preexec_fn is not thread-safe).
         for i in range(num_processes):
             env = dict(
@@ -158,7 +197,9 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
                 )
             )
         for i, child in enumerate(children):
-            pump = threading.Thread(target=_pump, args=(child.stdout, f"[{i}] ", sys.stdout, muted))
+            pump = threading.Thread(
+                target=_pump, args=(child.stdout, f"[{i}] ", sys.stdout, muted, quiet)
+            )
             pump.start()
             pumps.append(pump)
         status = 0
@@ -196,10 +237,40 @@ def launch(command: list[str], num_processes: int, port: int | None = None) -> i
         for pump in pumps:
             pump.join()
         return status
+    except _Interrupted as interrupted:
+        # SIGTERM: process 0 says where the run stopped (through its pump)
+        stop(children, grace=INTERRUPT_GRACE_SECONDS)
+        for pump in pumps:
+            pump.join(timeout=DRAIN_SECONDS)
+        print(
+            f"interrupted ({signal.Signals(interrupted.signum).name}): stopped the "
+            f"{len(children)} process(es); the same command resumes the run from its last "
+            "checkpoint.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + interrupted.signum
     finally:
+        if in_main_thread:  # a signal now would cut the stop below: the stop is under way
+            for signum in stopping:
+                signal.signal(signum, signal.SIG_IGN)
         stop(children)  # on an exception or a signal: no child outlives the launcher
         if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_term)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+class _Interrupted(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupted(signum: int, frame) -> None:
+    del frame
+    for other in (signal.SIGTERM, signal.SIGINT):  # a second signal: the stop is under way
+        signal.signal(other, signal.SIG_IGN)
+    raise _Interrupted(signum)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,6 +11,11 @@ JAX initialises its backends.
   process_id=i)` in each; on SLURM or TPU pods `configure_runtime(distributed=True)`
   lets JAX detect the cluster. On CPU the processes talk through gloo.
   The engine's mesh then spans every process's devices.
+* Compiling once across launches: `configure_runtime(compilation_cache="auto")` turns on
+  JAX's persistent compilation cache (`compilation_cache_dir`: $JAX_COMPILATION_CACHE_DIR if
+  set, else $XDG_CACHE_HOME/fedjax_pals/jax or ~/.cache/fedjax_pals/jax), so that a second
+  launch loads the programs the first one compiled; the launchers of `experiments/` do so by
+  default (`--compilation_cache=DIR|none`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,16 @@ import jax
 from absl import logging
 
 _configured: dict = {}
+
+# What `configure_runtime(compilation_cache=...)` accepts besides a directory.
+COMPILATION_CACHE_AUTO = "auto"
+COMPILATION_CACHE_OFF = ("none", "off")
+# Programs that compile faster than this are not written to the persistent cache. JAX's own
+# default is 1 s, measured on the machine at hand: on a fast, quiet one the demo's mid-sized
+# programs compile in under that and would be compiled at every launch. 0 keeps every program
+# (the demo: 102 entries, 1.3 MB, against 20 at 1 s, whose second launch still compiled 82
+# programs: BUILD_NOTES.md, "Compiling once across launches").
+CACHE_MIN_COMPILE_SECONDS = 0.0
 
 
 def available_cores() -> int:
@@ -37,6 +52,7 @@ def configure_runtime(
     num_processes: int | None = None,
     process_id: int | None = None,
     distributed: bool | None = None,
+    compilation_cache: str | os.PathLike | None = None,
 ) -> dict:
     """Sets up host devices and, if asked, the multi-process runtime; returns the settings.
 
@@ -51,6 +67,12 @@ def configure_runtime(
         is given they are read from the environment that `fedjax_pals.launch` sets.
       distributed: True to start it with JAX's auto-detection (SLURM, TPU pods,
         Open MPI); None starts it only when the settings above are given.
+      compilation_cache: JAX's persistent compilation cache: a directory, "auto"
+        (`compilation_cache_dir("auto")`: $JAX_COMPILATION_CACHE_DIR, else the user's cache
+        directory), "none" (off, even if $JAX_COMPILATION_CACHE_DIR is set), or None (JAX's
+        settings left as they are). Every program is cached (`CACHE_MIN_COMPILE_SECONDS`,
+        unless $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise). The directory is
+        trusted: whoever can write to it can run code in this process, so keep it your own.
     """
     env = os.environ
     if coordinator_address is None and num_processes is None and process_id is None:
@@ -80,6 +102,9 @@ def configure_runtime(
         and any(v is not None for v in (coordinator_address, num_processes, process_id))
     )
     asked_auto = cpu_devices_setting == "auto"
+    cache_dir = None
+    if compilation_cache is not None:
+        cache_dir = compilation_cache_dir(compilation_cache)  # checked before anything is set
     try:
         if cpu_devices is not None:
             try:
@@ -107,8 +132,59 @@ def configure_runtime(
             num_processes=num_processes,
             process_id=process_id,
         )
+    if compilation_cache is not None:
+        _use_compilation_cache(cache_dir)
+        _configured.update(compilation_cache=cache_dir)
     _configured.update(cpu_devices=cpu_devices, distributed=bool(start_distributed))
     return dict(_configured)
+
+
+def default_compilation_cache_dir() -> str:
+    """$XDG_CACHE_HOME/fedjax_pals/jax, or ~/.cache/fedjax_pals/jax without it."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fedjax_pals", "jax")
+
+
+def compilation_cache_dir(setting: str | os.PathLike) -> str | None:
+    """The directory `configure_runtime(compilation_cache=setting)` uses, or None for off.
+
+    "auto": $JAX_COMPILATION_CACHE_DIR when set (the test suite's, or the user's own), else
+    `default_compilation_cache_dir()`; "none" or "off": None; anything else: that directory,
+    made absolute (created at the first compile).
+    """
+    if isinstance(setting, os.PathLike):
+        setting = os.fspath(setting)
+    if not isinstance(setting, str) or not setting.strip():
+        raise ValueError(
+            "compilation_cache must be a directory, 'auto' or 'none', got "
+            f"{setting!r}."
+        )
+    setting = setting.strip()
+    if setting.lower() in COMPILATION_CACHE_OFF:
+        return None
+    if setting.lower() == COMPILATION_CACHE_AUTO:
+        setting = os.environ.get("JAX_COMPILATION_CACHE_DIR") or default_compilation_cache_dir()
+    return os.path.abspath(os.path.expanduser(setting))
+
+
+def _use_compilation_cache(directory: str | None) -> None:
+    """Points JAX's persistent compilation cache at `directory` (None: turns it off)."""
+    if directory is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    if os.path.realpath(directory) == os.path.realpath(default_compilation_cache_dir()):
+        try:  # the user's own cache, readable and writable by them alone
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as error:
+            logging.warning("no persistent compilation cache (%s): %s", directory, error)
+            jax.config.update("jax_enable_compilation_cache", False)
+            return
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # the user's wins
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS
+        )
 
 
 # What a collective or the coordination service raises when another process has died.

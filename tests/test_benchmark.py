@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -672,3 +673,173 @@ def test_flower_benchmark_imports_without_defining_flags_when_flower_is_installe
     assert "actors" not in flags.FLAGS  # defined only by its entry point
     setup = flower_benchmark.FlowerSetup("lenet", 10, 10, 2, 1, TINY)
     assert hash(setup) == hash(flower_benchmark.FlowerSetup("lenet", 10, 10, 2, 1, TINY))
+
+
+# -- progress, partial results, stopping (fake workers: no processes) ----------------------------
+
+
+class _FakeGroup:
+    """A ChildGroup that answers at once; `interrupt_at` raises KeyboardInterrupt (Ctrl-C) when
+    that case's first round is asked for."""
+
+    made: list = []
+    interrupt_at: str | None = None
+
+    def __init__(self, devices, processes, model, num_clients, settings, workdir):
+        self.devices, self.processes = devices, processes
+        self.info = {"devices": 1, "local_devices": 1, "platform": "cpu", "device_kind": "cpu"}
+        self.closed = self.killed = False
+        _FakeGroup.made.append(self)
+
+    def ask_all(self, command):
+        if command["cmd"] == "add":
+            return [{"resolved_backend": command["case"]["backend"], "is_default": False}]
+        if command["case"] == _FakeGroup.interrupt_at:
+            raise KeyboardInterrupt
+        return [_measure(0.5 if command["r"] == 0 else 0.01, compile_s=0.4 * (command["r"] == 0))]
+
+    def close(self):
+        self.closed = True
+
+    def kill(self):
+        self.killed = True
+
+
+@pytest.fixture
+def fake_workers(monkeypatch):
+    monkeypatch.setattr(bench, "ChildGroup", _FakeGroup)
+    monkeypatch.setattr(_FakeGroup, "made", [])
+    monkeypatch.setattr(_FakeGroup, "interrupt_at", None)
+    return _FakeGroup
+
+
+FAKE_SETTINGS = dataclasses.replace(TINY, check_clients=0, rounds=2)
+
+
+def test_run_benchmark_says_case_k_of_n_and_hands_over_the_result_after_every_case(fake_workers):
+    cases = bench.benchmark_cases(["logistic_regression"], [2, 4], ["auto"])
+    lines, updates = [], []
+    result = bench.run_benchmark(cases, FAKE_SETTINGS, log=lines.append, on_update=updates.append)
+    starts = [line for line in lines if line.startswith("case ")]
+    assert [s.split(" (")[0] for s in starts] == ["case 1/4", "case 2/4", "case 3/4", "case 4/4"]
+    assert all(case.name in s for case, s in zip(cases, starts))
+    # "left" once a case has finished (its pace, not the warm-ups', which come first)
+    assert "elapsed" in starts[0] and "left" not in starts[0] and "left" in starts[-1]
+    # One update per finished case, each a whole JSON object marked partial, growing.
+    assert [u["cases_done"] for u in updates] == [1, 2, 3, 4]
+    assert all(u["partial"] and u["cases_total"] == 4 for u in updates)
+    assert [len(u["results"]) for u in updates] == [1, 2, 3, 4]
+    assert all("markdown_table" in u and "machine" in u for u in updates)
+    json.dumps(updates)
+    assert result["partial"] is False and result["cases_done"] == result["cases_total"] == 4
+    assert updates[-1]["results"] == result["results"]
+    assert all(group.closed and not group.killed for group in fake_workers.made)
+
+
+def test_a_stopped_run_benchmark_kills_its_workers_and_its_partial_result_has_the_cases_done(
+    fake_workers,
+):
+    cases = bench.benchmark_cases(["logistic_regression"], [2, 4], ["auto"])
+    fake_workers.interrupt_at = cases[2].name  # the first case at M = 4
+    updates = []
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_benchmark(cases, FAKE_SETTINGS, log=lambda msg: None, on_update=updates.append)
+    assert updates[-1]["partial"] and updates[-1]["cases_done"] == 2
+    assert [r["num_clients"] for r in updates[-1]["results"]] == [2, 2]
+    stopped = [g for g in fake_workers.made if g.killed]
+    assert stopped and all(g.closed for g in fake_workers.made)
+
+
+def test_the_budget_is_the_cases_times_the_per_case_budget():
+    cases = bench.benchmark_cases(["logistic_regression", "lenet"], [10, 100], ["auto"])
+    settings = dataclasses.replace(TINY, max_seconds_per_case=60.0)
+    assert bench.budget_seconds(cases, settings) == len(cases) * 60.0 == 4 * 60.0 * 2
+    assert bench.process_groups(cases) == 8  # (model, M) x (default devices, auto devices)
+    assert bench.format_duration(36 * 60.0) == "36 min 00 s"
+    assert bench.format_duration(42) == "42 s" and bench.format_duration(3725) == "1 h 02 min"
+
+
+def test_a_worker_dies_with_its_parent_even_while_its_input_stays_open(tmp_path):
+    # The parent starts a worker, and a second process holds the write end of the worker's
+    # input: with the parent SIGKILLed the worker sees no end of file (as when it is busy
+    # compiling). It must die with the parent all the same, at once.
+    parent_code = r"""
+import json, os, subprocess, sys, time
+argv, env = json.loads(sys.stdin.readline())
+env[sys.argv[1]] = str(os.getpid())
+read, write = os.pipe()
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+worker = subprocess.Popen(argv, stdin=read, env=env, **quiet)
+holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], pass_fds=[write])
+print(worker.pid, holder.pid, flush=True)
+time.sleep(120)
+"""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, bench._PARENT_ENV_VAR],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    parent.stdin.write(json.dumps([[sys.executable, "-c", bench.WORKER_CODE], bench._child_env()]))
+    parent.stdin.write("\n")
+    parent.stdin.flush()
+    worker, holder = map(int, parent.stdout.readline().split())
+    try:
+        parent.kill()
+        parent.wait()
+
+        def alive(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 10.0
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker)
+    finally:
+        for pid in (worker, holder):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_benchmark_stopped_by_sigterm_says_so_in_one_line_and_keeps_the_finished_cases(tmp_path):
+    # The command itself, its run_benchmark replaced: one case finishes, then a SIGTERM.
+    output = tmp_path / "bench.json"
+    code = """
+import os, signal, sys
+from experiments import benchmark, benchmark_harness as bench, cli
+
+def stopped_after_one_case(cases, settings, *, log, on_update):
+    log(f"case 1/{len(cases)}")
+    on_update({"partial": True, "cases_done": 1, "cases_total": len(cases), "results": [{}],
+               "config": {}})
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("the SIGTERM did not stop it")
+
+bench.run_benchmark = stopped_after_one_case
+sys.argv = ["benchmark", "--models=logistic_regression", "--num_clients=2",
+            "--backends=host_loop", "--noceiling", "--output=" + sys.argv[1]]
+cli.run(benchmark.main)
+"""
+    completed = subprocess.run(
+        [sys.executable, "-c", code, str(output)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert completed.returncode == 128 + 15, completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr
+    lines = completed.stdout.strip().splitlines()
+    assert lines[0].startswith("# benchmark: 2 cases") and "up to about 2 min 00 s" in lines[1]
+    assert lines[-1] == (
+        f"stopped by SIGTERM after 1 of 2 cases; {output} holds the 1 finished case(s) "
+        '("partial": true).'
+    )
+    assert json.loads(output.read_text())["cases_done"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temporary file left

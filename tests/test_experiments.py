@@ -1,9 +1,13 @@
 """The command-line mains: experiments.run (config file + workdir) and experiments.demo."""
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,6 +144,7 @@ def test_the_demo_falls_back_to_the_synthetic_task_without_fashion_mnist(
     finally:
         flags.FLAGS.unparse_flags()
     printed = capsys.readouterr().out
+    assert re.fullmatch(r"demo: ([\d.]+ s|\d+ min \d+ s) elapsed", printed.splitlines()[-1])
     assert "runs the synthetic task instead" in printed
     assert "apt-get install dataset-fashion-mnist" in printed
     assert "FedPALS" in printed and "FedAvg" in printed
@@ -176,6 +181,23 @@ def test_the_demo_checks_its_config_before_it_reads_any_data(tmp_path, monkeypat
     assert not (tmp_path / "demo").exists()
 
 
+def test_the_demo_resumes_a_workdir_of_its_own_config_and_replaces_another_ones(tmp_path):
+    from experiments import demo
+
+    config = _config_file("demo")
+    workdir = str(tmp_path / "demo")
+    assert not demo.holds_another_config(config, workdir)  # nothing there yet
+    name, run_config = fjp.expand_sweep(config)[0]
+    results = tmp_path / "demo" / "runs" / name / "results.json"
+    results.parent.mkdir(parents=True)
+    results.write_text(json.dumps({"config_digest": fjp.config_digest(run_config)}))
+    assert not demo.holds_another_config(config, workdir)  # an interrupted demo: resumed
+    results.write_text(json.dumps({"config_digest": "another"}))
+    assert demo.holds_another_config(config, workdir)  # an earlier demo of other settings
+    results.write_text("{")
+    assert demo.holds_another_config(config, workdir)  # not a run's results: scratch
+
+
 def test_the_demo_with_a_data_dir_lacking_the_data_is_an_error_not_a_fallback(tmp_path):
     empty = tmp_path / "no_data"
     empty.mkdir()
@@ -193,7 +215,11 @@ def test_two_local_processes_give_the_results_of_one(tmp_path):
     args = ["--config=configs/synthetic.py", "--config.training.rounds=3", "--quiet"]
     one = _main("experiments.run", *args, f"--workdir={tmp_path / 'one'}")
     assert one.returncode == 0, one.stderr[-2000:]
-    assert one.stdout == one.stderr == ""  # --quiet: no log line (absl's INFO included)
+    assert one.stderr == ""  # --quiet: no progress and no log line (absl's INFO included)...
+    lines = one.stdout.splitlines()  # ...but the result and what was written
+    assert lines[0].startswith("final target accuracy ") and "%; at best val (round " in lines[0]
+    assert " s this launch" in lines[0] and lines[1] == "wrote:"
+    assert f"  {tmp_path / 'one' / 'results.json'}" in lines
     two = subprocess.run(
         [
             sys.executable,
@@ -213,13 +239,118 @@ def test_two_local_processes_give_the_results_of_one(tmp_path):
         cwd=ROOT,
     )
     assert two.returncode == 0, two.stdout[-3000:]
-    assert "Rank 1 is connected" in two.stdout  # both processes joined one program
+    # Neither Gloo's connection lines nor JAX's INFO lines, unless --verbosity is raised.
+    assert "Gloo" not in two.stdout and "JAX distributed service" not in two.stdout
+    assert two.stdout.startswith("[0] final target accuracy"), two.stdout[-3000:]
     with open(tmp_path / "one" / "results.json") as f:
         alone = json.load(f)
     with open(tmp_path / "two" / "results.json") as f:
         together = json.load(f)
+    assert together["engine"][0]["processes"] == 2  # both processes joined one program
     assert together["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-5)
     assert together["target_accuracy"] == alone["target_accuracy"]
+
+
+@contextlib.contextmanager
+def _sigint_not_ignored():
+    """A child started inside gets SIGINT's default action, even where this process ignores
+    SIGINT (started in the background of a script): a handler here is reset by exec."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class _Child:
+    """A command whose stderr is read line by line as it comes (a thread feeds a queue)."""
+
+    def __init__(self, module, *args):
+        import queue
+        import threading
+
+        with _sigint_not_ignored():  # as from a terminal, even if pytest was started so
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+        self.lines, self._queue = [], queue.Queue()
+
+        def read():
+            for line in self.process.stderr:
+                self._queue.put(line.rstrip("\n"))
+            self._queue.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def wait_for(self, predicate, timeout=300):
+        """The first stderr line for which `predicate` holds (waiting on output, no sleeps)."""
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.process.kill()
+                raise AssertionError(f"no such line in {timeout} s: {self.lines[-5:]}") from None
+            if line is None:
+                raise AssertionError(f"ended ({self.process.wait()}) first: {self.lines[-20:]}")
+            self.lines.append(line)
+            if predicate(line):
+                return line
+
+    def stop(self, signum):
+        """Sends `signum`; returns the exit status and the stderr lines that followed."""
+        self.process.send_signal(signum)
+        status = self.process.wait(timeout=120)
+        rest = []
+        while (line := self._queue.get(timeout=30)) is not None:
+            rest.append(line)
+        self.process.stdout.close()
+        return status, rest
+
+
+@pytest.mark.integration
+def test_ctrl_c_and_sigterm_end_a_run_in_one_line_and_the_same_command_resumes(tmp_path):
+    command = [
+        "--config=configs/synthetic.py",
+        "--config.training.rounds=300",
+        "--config.training.eval_every=5",
+        f"--workdir={tmp_path / 'run'}",
+    ]
+    pattern = (
+        r"interrupted \((SIGINT|SIGTERM)\) in round (\d+)/300 of .*run; the same command "
+        r"resumes from round (\d+) \(the last checkpoint\)\."
+    )
+    first = _Child("experiments.run", *command)
+    evaluation = first.wait_for(lambda line: line.startswith("fedpals seed 0: round "))
+    assert re.fullmatch(
+        r"fedpals seed 0: round 5/300, target acc [\d.]+%, val acc [\d.]+%, .*ETA (\d+:\d\d|\?)",
+        evaluation,
+    ), evaluation
+    status, rest = first.stop(signal.SIGINT)
+    assert status == 130, rest
+    # Perhaps an evaluation or two more before the signal landed, then the one line.
+    assert all(line.startswith("fedpals seed 0: round ") for line in rest[:-1]), rest
+    name, reached, resume = re.fullmatch(pattern, rest[-1]).groups()
+    assert name == "SIGINT" and int(resume) % 5 == 0 and int(resume) < int(reached)
+
+    second = _Child("experiments.run", *command)
+    header = second.wait_for(lambda line: "rounds, backend" in line)
+    assert header.endswith(f", resuming after round {resume}")  # the round the line named
+    second.wait_for(lambda line: line.startswith("fedpals seed 0: round "))
+    status, rest = second.stop(signal.SIGTERM)
+    assert status == 143, rest
+    assert all(line.startswith("fedpals seed 0: round ") for line in rest[:-1]), rest
+    assert re.fullmatch(pattern, rest[-1]).group(1) == "SIGTERM", rest
+    assert "Traceback" not in "\n".join(second.lines + rest)
 
 
 def test_the_weights_command_draws_fedpals_weights_without_training(tmp_path):

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from fedjax_pals import launch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Process 1 dies by SIGKILL once both have started; process 0 ignores SIGTERM, as a JAX process
@@ -124,9 +126,58 @@ def test_a_sigterm_to_the_launcher_stops_children_that_ignore_it():
     start = time.monotonic()
     launcher.send_signal(signal.SIGTERM)
     launcher.wait(timeout=30)
-    assert time.monotonic() - start < 10
+    # SIGKILLed after the grace a user's stop gives them, not waited for.
+    assert time.monotonic() - start < launch.INTERRUPT_GRACE_SECONDS + 10
     assert launcher.returncode == 128 + signal.SIGTERM
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_ctrl_c_to_the_launcher_stops_the_children_in_one_line_with_status_130():
+    # As from a terminal: SIGINT not ignored, even if pytest was started so (a handler here is
+    # reset to the default action by exec, SIG_IGN is not).
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        launcher = _launcher(sys.executable, "-c", PEER, "live")
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pids = []
+    for line in launcher.stdout:  # waits on output: both children have started
+        if "started" in line:
+            pids.append(int(line.split()[-1]))
+        if len(pids) == 2:
+            break
+    launcher.send_signal(signal.SIGINT)
+    stdout, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert stderr.strip().splitlines() == [
+        "interrupted (SIGINT): stopped the 2 process(es); the same command resumes the run from "
+        "its last checkpoint."
+    ]
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_gloo_connection_lines_are_left_out_unless_the_command_raises_verbosity():
+    import io
+    import threading
+
+    from fedjax_pals import launch
+
+    command = [sys.executable, "-m", "experiments.run", "--config=configs/synthetic.py"]
+    assert launch.verbosity(command) == 0
+    assert launch.verbosity([*command, "--verbosity=1"]) == 1
+    assert launch.verbosity([*command, "-v", "2"]) == 2
+    output = (
+        "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks "
+        "is : 1\nfinal target accuracy 50.0%\n"
+    )
+    for quiet, expected in ((True, 1), (False, 2)):
+        out = io.StringIO()
+        launch._pump(io.StringIO(output), "[1] ", out, threading.Event(), quiet)
+        assert len(out.getvalue().splitlines()) == expected
+        assert out.getvalue().endswith("[1] final target accuracy 50.0%\n")
 
 
 def _children(pid):

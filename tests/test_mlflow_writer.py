@@ -127,3 +127,83 @@ def test_a_run_and_its_extension_log_to_one_mlflow_run(tmp_path, monkeypatch):
     assert [s for s, _ in history] == [s for s, _ in expected]
     assert [v for _, v in history] == pytest.approx([v for _, v in expected], rel=1e-12)
     assert run.info.status == "FINISHED"
+
+
+def test_runs_are_named_short_and_found_again_by_their_path(tmp_path, monkeypatch):
+    mlflow = _mlflow()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    workdir = str(tmp_path / "sweep" / "runs" / "fedpals" / "seed_0")
+    writer = mlflow_writer.MlflowWriter(
+        uri, workdir, experiment="label_shift", run_name="fedpals/seed_0"
+    )
+    writer.close()
+    # A resumed run finds its MLflow run again by the path (whatever name it is given).
+    again = mlflow_writer.MlflowWriter(uri, workdir, experiment="label_shift")
+    assert again.run_id == writer.run_id
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert client.get_experiment_by_name(mlflow_writer.DEFAULT_EXPERIMENT) is None
+    run = client.get_run(writer.run_id)
+    assert run.info.run_name == "fedpals/seed_0"
+    assert run.data.tags[mlflow_writer.WORKDIR_TAG] == os.path.abspath(workdir)
+    # A single run: its workdir's name. One named by its absolute path (earlier versions) is
+    # renamed when it is resumed.
+    single = str(tmp_path / "fmnist_c3")
+    old = client.create_run(
+        client.get_experiment_by_name("label_shift").experiment_id,
+        run_name=os.path.abspath(single),
+        tags={mlflow_writer.WORKDIR_TAG: os.path.abspath(single)},
+    )
+    resumed = mlflow_writer.MlflowWriter(uri, single, experiment="label_shift")
+    assert resumed.run_id == old.info.run_id
+    assert client.get_run(old.info.run_id).info.run_name == "fmnist_c3"
+
+
+@pytest.mark.parametrize("launch", ["sweep", "shard"])
+def test_a_sweep_passes_each_run_its_key_and_the_experiment(tmp_path, monkeypatch, launch):
+    calls = []
+
+    def many(configs, workdirs, **kwargs):
+        calls.append(kwargs)
+        return [RuntimeError("not trained")] * len(configs)
+
+    monkeypatch.setattr(train_lib, "train_and_evaluate_many", many)
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.sweep = {"seeds": (0, 1), "methods": ("fedavg", "fedprox_fedpals")}
+    mlflow = dict(mlflow_tracking_uri="file:///unused", mlflow_experiment="label_shift")
+    if launch == "sweep":
+        fjp.run_sweep(config, str(tmp_path), quiet=True, **mlflow)
+    else:
+        fjp.run_shard(config, str(tmp_path), "0/1", quiet=True, **mlflow)
+    (kwargs,) = calls
+    assert kwargs["mlflow_experiment"] == "label_shift"
+    assert kwargs["run_names"] == [
+        "fedavg/seed_0",
+        "fedavg/seed_1",
+        "fedprox_fedpals/seed_0",
+        "fedprox_fedpals/seed_1",
+    ]
+
+
+@pytest.mark.integration
+def test_a_run_logs_its_method_key_and_files_into_the_chosen_experiment(tmp_path, monkeypatch):
+    mlflow = _mlflow()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    workdir = str(tmp_path / "fedprox_fedpals")
+    config = {**CONFIG, "algorithm": {"name": "fedprox", "weights": "fedpals"}}
+    fjp.train_and_evaluate(
+        config, workdir, quiet=True, mlflow_tracking_uri=uri, mlflow_experiment="label_shift"
+    )
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("label_shift")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "fedprox_fedpals"
+    assert run.data.params["method"] == "fedprox_fedpals"
+    artifacts = {a.path: a.file_size for a in client.list_artifacts(run.info.run_id)}
+    assert set(artifacts) == {"results.json", "curves.png", "hparams.json"}
+    for name, size in artifacts.items():
+        assert size == os.path.getsize(os.path.join(workdir, name)), name
+    with open(client.download_artifacts(run.info.run_id, "results.json", str(tmp_path))) as f:
+        assert json.load(f)["config_digest"] == fjp.config_digest(config)

@@ -353,3 +353,262 @@ def test_the_label_distribution_figure_shows_every_client_t_and_the_weights(tmp_
         plots.plot_label_distributions(tmp_path / "h.png", dists, [0.5, 0.5], alphas)
     with pytest.raises(ValueError, match=r"alpha of 'FedAvg' has shape \(3,\)"):
         plots.plot_label_distributions(tmp_path / "h.png", dists, target, {"FedAvg": [1, 0, 0]})
+
+
+# -- every figure fits, and reads as the tables do (issue 28) ----------------------------------
+
+
+def _check_every_saved_figure(monkeypatch):
+    """Spies on every text a saved figure draws (PNG and PDF): per file name, how many texts
+    were drawn and those whose window extent is not inside the figure's bbox."""
+    import matplotlib.figure
+    import matplotlib.text
+
+    checked = {}
+    saving = []
+    savefig, draw = matplotlib.figure.Figure.savefig, matplotlib.text.Text.draw
+
+    def spy_savefig(self, path, *args, **kwargs):
+        saving.append(os.path.basename(str(path)))
+        checked[saving[-1]] = (0, [])
+        try:
+            return savefig(self, path, *args, **kwargs)
+        finally:
+            saving.pop()
+
+    def spy_draw(self, renderer):
+        result = draw(self, renderer)
+        if saving and self.get_visible() and self.get_text().strip():
+            extent, box = self.get_window_extent(renderer), self.get_figure(root=True).bbox
+            drawn, outside = checked[saving[-1]]
+            if (
+                extent.x0 < box.x0 - 0.5
+                or extent.y0 < box.y0 - 0.5
+                or extent.x1 > box.x1 + 0.5
+                or extent.y1 > box.y1 + 0.5
+            ):
+                outside = outside + [(self.get_text(), tuple(round(v) for v in extent.extents))]
+            checked[saving[-1]] = (drawn + 1, outside)
+        return result
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy_savefig)
+    monkeypatch.setattr(matplotlib.text.Text, "draw", spy_draw)
+    return checked
+
+
+# The demo's real comparison title: the one that ran off the figure's left edge.
+_DEMO_TITLE = "Fashion-MNIST C=3: 10 clients (incl. target), 4 rounds, E=1, 2 seed(s)"
+_ROW = {
+    "row": "Fashion-MNIST C=3",
+    "cells": {
+        "FedAvg": {"mean": 0.5415, "std": 0.0998, "target_accuracy": {"n": 2}},
+        "FedPALS": {"mean": 0.926, "std": 0.031, "target_accuracy": {"n": 2}},
+    },
+}
+
+
+def test_every_text_of_every_figure_lies_inside_the_figure(tmp_path, monkeypatch):
+    checked = _check_every_saved_figure(monkeypatch)
+    long_title = _DEMO_TITLE + ", selected on the target validation set (the paper's protocol)"
+    plots.plot_comparison(tmp_path / "one_row.png", [_ROW], _DEMO_TITLE)
+    plots.plot_comparison(
+        tmp_path / "one_row_paper.png",
+        [dict(_ROW, paper={"FedPALS": {"mean": 0.924, "std": 0.021}})],
+        long_title,
+    )
+    plots.plot_comparison(
+        tmp_path / "rows.png",
+        [_ROW, dict(_ROW, row="Fashion-MNIST C=2"), dict(_ROW, row="CIFAR-10 C=3")],
+        long_title,
+    )
+    seeds = [[0.2, 0.4, 0.5], [0.4, 0.8, 0.7]]
+    plots.plot_curves(
+        tmp_path / "curves.png",
+        {
+            "fedprox_fedpals": {"rounds": [1, 2, 3], "target_accuracy": seeds},
+            "fedavg": {"rounds": [1, 2, 3], "target_accuracy": [0.1, 0.2, 0.3]},
+        },
+        "fedpals on sparsity C=3 (1000 per label), 10 clients (9 train + target), seed 0",
+    )
+    plots.plot_weights_vs_ess(
+        tmp_path / "weights.png",
+        [3000, 1000, 2000],
+        {
+            "λ = 0 (ESS 30 %)": [0.5, 0.0, 0.5],
+            "ESS 50 % (λ = 631.2)": [0.4, 0.2, 0.4],
+            "ESS 75 % (λ = 2005)": [0.4, 0.25, 0.35],
+        },
+        title="sparsity C=3 (1000 per label), 10 clients (9 train + target), seed 0: FedPALS "
+        "weights vs FedAvg (ESS 10, 25 % out of reach)",
+    )
+    dists = np.zeros((4, 10))
+    for i in range(4):
+        dists[i, [i, i + 3, i + 6]] = 1 / 3
+    plots.plot_label_distributions(
+        tmp_path / "heatmap.png",
+        dists,
+        np.full(10, 0.1),
+        {"FedPALS": [0.4, 0.3, 0.2, 0.1], "FedAvg": [0.25] * 4},
+        title="sparsity C=3 (1000 per label), 10 clients (9 train + target), seed 0: label "
+        "distributions and server weights",
+        dataset="fashion_mnist",
+    )
+    plots.plot_accuracy_vs_axis(
+        tmp_path / "axis.png",
+        {"FedPALS (num_clients=10)": [{"x": 1.0, "target_accuracy": [0.8]}]},
+        "algorithm.label_dp_epsilon",
+        long_title,
+    )
+    plots.plot_lambda_trajectories(tmp_path / "lambda.png", {"seed 0": [1.0, 2.0]}, long_title)
+    names = ("one_row", "one_row_paper", "rows", "curves", "weights", "heatmap", "axis", "lambda")
+    assert sorted(checked) == sorted(f"{name}.{ext}" for name in names for ext in ("png", "pdf"))
+    for name, (drawn, outside) in checked.items():
+        assert drawn >= 8, name  # the spy saw the texts: title, labels, ticks, legend
+        assert outside == [], f"{name}: texts outside the figure: {outside}"
+
+
+def test_a_one_row_comparison_draws_methods_against_accuracy_with_the_legend_inside(
+    tmp_path, monkeypatch
+):
+    import matplotlib.axes
+    import matplotlib.figure
+
+    seen = {}
+    original = matplotlib.figure.Figure.savefig
+
+    def spy(self, path, *args, **kwargs):
+        if str(path).endswith(".png"):
+            (ax,) = self.axes
+            self.canvas.draw()
+            renderer = self.canvas.get_renderer()
+            legend = ax.get_legend()
+            seen.update(
+                ticks=[t.get_text() for t in ax.get_xticklabels()],
+                numbers=sorted(t.get_text() for t in ax.texts),
+                legend=[t.get_text() for t in legend.get_texts()],
+                legend_inside=ax.bbox.contains(*legend.get_window_extent(renderer).p0)
+                and ax.bbox.contains(*legend.get_window_extent(renderer).p1),
+                axes_width=ax.bbox.width / self.bbox.width,
+            )
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    errorbars = []
+    errorbar = matplotlib.axes.Axes.errorbar
+
+    def spy_errorbar(self, x, y, yerr=None, **kwargs):
+        errorbars.append((kwargs.get("label"), round(float(y), 6), round(float(yerr), 6)))
+        return errorbar(self, x, y, yerr=yerr, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy_errorbar)
+    plots.plot_comparison(tmp_path / "c.png", [_ROW], _DEMO_TITLE)
+    # The methods along the x axis, each at its mean +- std (the table's cell, in %) with the
+    # numbers written beside it; the legend (what the bars are) inside the axes.
+    assert seen["ticks"] == ["FedAvg", "FedPALS"]
+    assert errorbars == [("FedAvg", 54.15, 9.98), ("FedPALS", 92.6, 3.1)]
+    assert seen["numbers"] == ["54.1 ± 10.0", "92.6 ± 3.1"]
+    assert seen["legend"] == ["mean ± 1 std over 2 seeds"]
+    assert seen["legend_inside"]
+    assert seen["axes_width"] > 0.75  # no legend beside it taking the width
+
+
+def test_curves_show_method_keys_by_the_labels_of_the_tables(tmp_path, monkeypatch):
+    import fedjax_pals as fjp
+
+    saved = _legends_and_labels(monkeypatch)
+    plots.plot_curves(
+        tmp_path / "c.png",
+        {
+            "fedprox_fedpals": {"rounds": [1, 2], "target_accuracy": [0.5, 0.6]},
+            "fedpals": {"rounds": [1, 2], "target_accuracy": [0.5, 0.7]},
+            "seed 0": {"rounds": [1, 2], "target_accuracy": [0.5, 0.7]},
+        },
+        "t",
+    )
+    assert saved[0]["legend"][:3] == ["FedProx+FedPALS", "FedPALS", "seed 0"]
+    assert plots.display_label("fedprox_fedpals") == fjp.method_label("fedprox_fedpals")
+    assert plots.display_label("FedAvg (learning_rate=0.1)") == "FedAvg (learning_rate=0.1)"
+
+
+def test_figure_file_names_are_stable_and_shell_friendly():
+    assert plots.file_stem("Fashion-MNIST C=3") == "Fashion-MNIST_C3"
+    assert plots.file_stem("CIFAR-10 C=3 (dirichlet)") == "CIFAR-10_C3_dirichlet"
+    assert plots.file_stem("synthetic delta=0.5, E=2") == "synthetic_delta0.5_E2"
+    assert plots.file_stem("a/b 'c'") == "a_b_c"
+    for text in ("Fashion-MNIST C=3", "x=1 (y=2), z=[3]; $HOME & `ls` * ? ! ~ # %", "=()"):
+        stem = plots.file_stem(text)
+        assert stem and all(c.isalnum() or c in "._+-" for c in stem), stem
+        assert plots.file_stem(text) == stem  # the same row, the same file, every sweep
+    # Rows that differ only in dropped characters still get files of their own.
+    assert plots.file_stems(["C=3", "C3", "C=3"]) == {"C=3": "C3", "C3": "C3_2"}
+
+
+def test_the_heatmap_names_the_classes_and_draws_zero_apart_from_small_shares(
+    tmp_path, monkeypatch
+):
+    import matplotlib.axes
+    import matplotlib.figure
+
+    images, ticks = [], []
+    imshow = matplotlib.axes.Axes.imshow
+    savefig = matplotlib.figure.Figure.savefig
+
+    def spy_imshow(self, *args, **kwargs):
+        images.append(imshow(self, *args, **kwargs))
+        return images[-1]
+
+    def spy_savefig(self, path, *args, **kwargs):
+        ticks.append([t.get_text() for t in self.axes[0].get_xticklabels()])
+        return savefig(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", spy_imshow)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy_savefig)
+    dists = np.eye(10)[:3]
+    alphas = {"FedPALS": [0.5, 0.5, 0.0]}
+    plots.plot_label_distributions(
+        tmp_path / "h.png", dists, np.full(10, 0.1), alphas, dataset="fashion_mnist"
+    )
+    assert ticks[0][:2] == ["T-shirt/top", "Trouser"] and ticks[0][-1] == "Ankle boot"
+    rgba = images[0].to_rgba(np.array([[0.0, 0.01, 1 / 3, 1.0]]))[0, :, :3]
+    assert np.allclose(rgba[0], 1.0)  # 0: white
+    for share in rgba[1:]:  # any share > 0: far from white
+        assert np.linalg.norm(share - rgba[0]) > 0.8
+    assert np.linalg.norm(rgba[1] - rgba[2]) > 0.3  # 1 % and 1/3 apart too
+    # A data set without known names (or class_names given) keeps indices (or those names).
+    plots.plot_label_distributions(tmp_path / "h.png", dists, np.full(10, 0.1), alphas)
+    assert ticks[-1] == [str(k) for k in range(10)]
+    assert plots.dataset_class_names("cifar10", 10)[0] == "airplane"
+    assert plots.dataset_class_names("fashion_mnist", 3) == ("0", "1", "2")
+
+
+def _lab(rgb):
+    """CIELAB of an sRGB colour (D65): Delta E = the Euclidean distance of two of them."""
+    c = np.asarray(rgb, dtype=float)
+    c = np.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+    xyz = xyz @ c / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_the_weights_figure_gives_each_lambda_a_colour_of_its_own(tmp_path, monkeypatch):
+    import matplotlib.axes
+    import matplotlib.colors
+
+    shown = []  # each bar series' colour as drawn on the white background
+    bar = matplotlib.axes.Axes.bar
+
+    def spy(self, *args, **kwargs):
+        r, g, b, a = matplotlib.colors.to_rgba(kwargs["color"], kwargs.get("alpha"))
+        shown.append(_lab(a * np.array([r, g, b]) + (1 - a)))
+        return bar(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", spy)
+    alphas = {f"ESS {f} %": [0.5, 0.5] for f in (0, 10, 25, 50, 75)}  # weights.py's five
+    plots.plot_weights_vs_ess(tmp_path / "w.png", [1, 2], alphas)
+    assert len(shown) == 5
+    fedavg = _lab(matplotlib.colors.to_rgb(plots.method_style("fedavg")["color"]))
+    for i, colour in enumerate(shown):
+        assert np.linalg.norm(colour - fedavg) > 25  # apart from FedAvg's dots
+        for other in shown[i + 1 :]:
+            assert np.linalg.norm(colour - other) > 25  # Delta E: clearly different colours

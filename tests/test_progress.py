@@ -89,3 +89,219 @@ def test_metrics_given_without_a_step_show_at_once():
         bar.update(1)
         bar.update(0, acc=0.75)  # an evaluation after the round: not one round later
         assert "acc=0.75" in out.getvalue()
+
+
+# -- without a terminal: plain lines -----------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def _clock(monkeypatch):
+    from fedjax_pals.experiment import progress
+
+    clock = _Clock()
+    monkeypatch.setattr(progress, "_clock", clock)
+    return clock
+
+
+def test_without_a_terminal_each_evaluation_is_a_line_with_round_accuracy_and_eta(
+    monkeypatch, capsys
+):
+    clock = _clock(monkeypatch)
+    with Progress(10, desc="fedpals seed 0", first_step_compiles=True) as bar:
+        clock.now += 20.0  # the first round compiles: not counted in the rate
+        bar.update(1, loss=0.9)
+        clock.now += 4.0
+        bar.update(1, loss=0.5)  # 4 s a round: 8 left, ETA 0:32
+        bar.update(0, **{"target acc": "85.2%", "val acc": "84.9%"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "fedpals seed 0: round 2/10, target acc 85.2%, val acc 84.9%, loss 0.5, ETA 0:32"
+    ]
+
+
+def test_without_a_terminal_rounds_between_evaluations_print_at_most_a_line_every_30_s(
+    monkeypatch, capsys
+):
+    from fedjax_pals.experiment.progress import LINE_INTERVAL_SECONDS
+
+    clock = _clock(monkeypatch)
+    with Progress(100, desc="fedavg seed 1") as bar:
+        for _ in range(20):  # 20 rounds of 5 s: a line after 30 s, 60 s and 90 s
+            clock.now += 5.0
+            bar.update(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert LINE_INTERVAL_SECONDS == 30.0
+    assert lines == [
+        "fedavg seed 1: round 6/100, ETA 7:50",
+        "fedavg seed 1: round 12/100, ETA 7:20",
+        "fedavg seed 1: round 18/100, ETA 6:50",
+    ]
+
+
+class _ZeroColumnPty:
+    """A pty whose window is 0 x 0 (a terminal that tqdm draws nothing in)."""
+
+    def __init__(self):
+        self.text = []
+
+    def isatty(self):
+        return True
+
+    def fileno(self):
+        return 2
+
+    def write(self, text):
+        self.text.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_a_zero_column_terminal_gets_plain_lines_instead_of_a_vanishing_bar(monkeypatch):
+    import os
+    import sys
+
+    pty = _ZeroColumnPty()
+    monkeypatch.setattr(sys, "stderr", pty)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd=None: os.terminal_size((0, 0)))
+    with Progress(4, desc="fedpals seed 0") as bar:
+        bar.update(1)
+        bar.update(0, **{"target acc": "50.0%"})
+    text = "".join(pty.text)
+    assert bar._bar is None
+    assert text.startswith("fedpals seed 0: round 1/4, target acc 50.0%, ETA ")
+
+
+def test_on_screen_accuracies_are_percentages_like_the_tables():
+    from fedjax_pals.experiment.progress import duration, percent
+
+    assert percent(0.8523) == "85.2%" and percent(1.0) == "100.0%"
+    assert duration(85) == "1:25" and duration(3725) == "1:02:05" and duration(float("nan")) == "?"
+
+
+# -- what an interrupted command says ---------------------------------------------------------
+
+
+def test_the_interruption_line_names_the_round_reached_and_the_round_it_resumes_from():
+    import signal
+
+    from fedjax_pals.experiment.progress import Activity, interruption_message
+
+    activity = Activity()
+    assert interruption_message(signal.SIGINT, activity) == (
+        "interrupted (SIGINT); the same command starts again."  # nothing began
+    )
+    activity.reset()  # as train_and_evaluate begins
+    assert interruption_message(signal.SIGINT, activity) == (
+        "interrupted (SIGINT) before training began; the same command starts again."
+    )
+    activity.run_prepared("/abs/runs/a", "runs/a", 50)
+    activity.run_saved("/abs/runs/a", 20)
+    assert interruption_message(signal.SIGTERM, activity) == (
+        "interrupted (SIGTERM) before round 21/50 of runs/a; the same command resumes from "
+        "round 20 (the last checkpoint)."
+    )
+    activity.run_training(["/abs/runs/a"])
+    activity.run_round("/abs/runs/a", 26)
+    assert interruption_message(signal.SIGINT, activity) == (
+        "interrupted (SIGINT) in round 27/50 of runs/a; the same command resumes from round 20 "
+        "(the last checkpoint)."
+    )
+
+
+def test_an_interrupted_sweep_names_its_run_and_how_many_runs_finished():
+    import signal
+
+    from fedjax_pals.experiment.progress import Activity, interruption_message
+
+    activity = Activity()
+    activity.reset()  # as a sweep's execute_runs begins
+    activity.sweep_started(8, 3)
+    activity.name_runs({"/w/runs/fedavg/seed_1": "fedavg/seed_1"})
+    assert interruption_message(signal.SIGINT, activity) == (
+        "interrupted (SIGINT) with 3 of 8 runs finished; the same command resumes the sweep."
+    )
+    activity.run_prepared("/w/runs/fedavg/seed_1", "/w/runs/fedavg/seed_1", 4)
+    activity.run_training(["/w/runs/fedavg/seed_1"])
+    activity.run_round("/w/runs/fedavg/seed_1", 1)
+    activity.sweep_run_finished()
+    assert interruption_message(signal.SIGTERM, activity) == (
+        "interrupted (SIGTERM) in round 2/4 of run fedavg/seed_1, with 4 of 8 runs finished; "
+        "the same command resumes the sweep, this run from round 0 (no checkpoint yet)."
+    )
+
+
+@pytest.fixture
+def signal_handlers():
+    """`handle_signals` for one test; the process's own handlers back afterwards."""
+    import signal
+
+    from fedjax_pals.experiment import progress
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress.handle_signals()
+    yield progress
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+    progress._Signals.raised = progress._Signals.pending = None
+    progress._Signals.installed = False
+
+
+def test_a_signal_during_a_write_takes_effect_once_the_write_is_whole(signal_handlers):
+    import os
+    import signal
+
+    progress = signal_handlers
+    written = []
+    with pytest.raises(progress.Interrupted) as caught:
+        with progress.uninterrupted():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes: it is well past now
+                pass
+            written.append("the whole checkpoint")
+    assert written == ["the whole checkpoint"]
+    assert caught.value.signum == signal.SIGTERM and caught.value.exit_status == 143
+    assert progress.exit_status(KeyboardInterrupt()) == 130
+
+
+def test_a_runs_result_line_is_in_percent_and_states_this_launchs_time():
+    from fedjax_pals.experiment.progress import result_line
+
+    results = {
+        "final_target_accuracy": 0.8523,
+        "best_val_round": 48,
+        "target_accuracy_at_best_val": 0.856,
+        "wall_seconds": 41.6,  # training time summed over the launches (results.json's)
+    }
+    assert result_line(results, 95.3) == (
+        "final target accuracy 85.2%; at best val (round 48) 85.6%; 95.3 s this launch"
+    )
+    # Extended or resumed: this launch's time, and the total, labelled.
+    assert result_line(results, 12.0, start_round=30) == (
+        "final target accuracy 85.2%; at best val (round 48) 85.6%; 12.0 s this launch "
+        "(resumed after round 30; training over all launches 41.6 s)"
+    )
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    import signal
+
+    from fedjax_pals.experiment import progress
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` in a script starts cmd
+        progress.handle_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is progress._on_signal
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        progress._Signals.installed = False

@@ -116,6 +116,7 @@ def test_the_table_holds_numpy_mean_and_std_and_the_markdown_shows_them():
     assert table["methods"] == ["fedpals", "fedavg", "oracle"]
     text = protocol.table_markdown(table)
     assert "| data / split | FedPALS | FedAvg | Oracle |" in text
+    assert "Macro-F1: the unweighted mean of each class's F1" in text  # defined where shown
     for row in table["rows"]:
         cells = []
         competitors = {}
@@ -203,3 +204,69 @@ def test_a_table1_row_is_sparsity_or_dirichlet_and_carries_the_papers_numbers():
     assert fjp.table1_config("cifar10", dirichlet_beta=0.1).sweep.row == "CIFAR-10 beta=0.1"
     with pytest.raises(ValueError, match="give labels_per_client .* or dirichlet_beta, not both"):
         fjp.table1_config("cifar10", labels_per_client=3, dirichlet_beta=0.1)
+
+
+# -- a method's declared grid and the sweep ----------------------------------------------------
+
+
+def _grid_sweep(grid, methods=("fedavg", "fedprox", "fedprox_fedpals"), **sweep):
+    return {
+        "dataset": {"name": "synthetic"},
+        "sweep": {"seeds": (0,), "methods": methods, "grid": grid, **sweep},
+    }
+
+
+def _grid_warnings(caplog):
+    messages = [r.getMessage() for r in caplog.records]
+    return [m for m in messages if "without the grid its method" in m]
+
+
+def test_a_protocol_sweep_without_a_methods_declared_grid_warns_once_per_method_how_to_add_it(
+    caplog, monkeypatch
+):
+    monkeypatch.setattr(protocol, "_WARNED_GRIDS", set())
+    config = _grid_sweep({"training": {"learning_rate": (0.1, 0.01)}})
+    with caplog.at_level("WARNING"):
+        names = [name for name, _ in fjp.expand_sweep(config)]
+        fjp.expand_sweep(config)  # expanded again (listing, shards): no second warning
+    # The declared grid is not tried: only the sweep's own grid spans the runs.
+    assert not any("prox_mu" in name for name in names)
+    fedprox, combined = _grid_warnings(caplog)
+    declared = fjp.registry.get_method("fedprox").grid["prox_mu"]
+    assert fedprox.startswith("the sweep selects fedprox without") and "fedprox_fedpals" in combined
+    for line in (fedprox, combined):
+        assert f"prox_mu={declared}" in line and "runs use prox_mu=0.01 only" in line
+        assert f"config.sweep.grid.algorithm.prox_mu = {declared}" in line
+        assert "fjp.protocol_grid()" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
+    "grid, extra",
+    [
+        ({"algorithm": {"prox_mu": (0.01, 1.0)}}, {}),  # the sweep names the key
+        ({"training": {"learning_rate": (0.1,)}}, {"protocol": False}),  # nothing is selected
+        ("protocol_grid", {}),  # every registered method's grid
+    ],
+)
+def test_no_grid_warning_when_the_sweep_names_the_key_selects_nothing_or_uses_the_protocol_grid(
+    caplog, monkeypatch, grid, extra
+):
+    monkeypatch.setattr(protocol, "_WARNED_GRIDS", set())
+    if grid == "protocol_grid":
+        grid = fjp.protocol_grid().to_dict()
+    with caplog.at_level("WARNING"):
+        methods = ("fedprox", "fedprox_fedpals", "fedavg")
+        fjp.expand_sweep(_grid_sweep(grid, methods=methods, **extra))
+    assert _grid_warnings(caplog) == []
+
+
+def test_ignored_method_grids_names_each_left_out_key_with_the_value_the_runs_use():
+    methods = {
+        "fedprox": ("fedprox", {"prox_mu": 0.1}),
+        "scaffold": ("scaffold", {"server_lr": 1.0}),
+        "fedavg": ("fedavg", {}),
+        "mine": ("not_registered", {}),
+    }
+    named = {"algorithm.server_lr", "training.learning_rate"}
+    declared = fjp.registry.get_method("fedprox").grid["prox_mu"]
+    assert protocol.ignored_method_grids(methods, named) == {"fedprox": {"prox_mu": (declared, 0.1)}}

@@ -387,6 +387,27 @@ def test_a_registered_num_train_or_images_other_than_the_loaded_data_sets_is_ref
     )
 
 
+def test_a_registered_data_set_s_label_names_its_sweep_rows(registries_restored):
+    from fedjax_pals.experiment import sweep as sweep_lib
+
+    _register_blobs("l_blobs")
+    config = _fit_config("l_blobs")
+    config.sweep = {"seeds": (0,), "methods": ("fedavg",)}
+    ((run,), _) = sweep_lib._runs(config)
+    assert run.row == "l_blobs beta=0.3"  # no label: the name
+    load = datasets_lib.registered_datasets()["l_blobs"].load
+    fjp.register_dataset(
+        "l_blobs", load, num_classes=4, num_train=1000, images=False, label="Blobs", replace=True
+    )
+    ((run,), _) = sweep_lib._runs(config)
+    assert run.row == "Blobs beta=0.3"
+    assert fjp.data.dataset_label("l_blobs") == "Blobs"
+    assert fjp.data.dataset_label("cifar10") == "CIFAR-10"
+    with pytest.raises(ValueError, match="label must be a non-empty string"):
+        fjp.register_dataset("l_blobs", load, num_classes=4, num_train=1000, images=False,
+                             label=" ", replace=True)
+
+
 def test_float_labels_of_a_registered_data_set_are_refused_naming_it(no_training, tmp_path):
     def load():
         split = fjp.LabeledSplit(np.zeros((1000, 2), np.float32), np.zeros(1000, np.float32))

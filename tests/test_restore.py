@@ -2,6 +2,7 @@
 and a damaged latest checkpoint resumed from an older intact one."""
 
 import glob
+import json
 import logging
 import os
 import shutil
@@ -107,6 +108,32 @@ def test_restore_run_returns_the_best_and_the_last_model_after_20_rounds(long_ru
     assert last.round == 20
     assert _target_accuracy(last) == results["final_target_accuracy"]
     assert not _leaves_equal(best.params, last.params)
+
+
+def test_run_evaluate_gives_the_accuracy_and_macro_f1_that_results_json_recorded(long_run):
+    workdir, results = long_run
+    with open(workdir / "results.json") as f:
+        recorded = json.load(f)
+    for which in ("best", "last"):
+        run = fjp.restore_run(workdir, which=which)
+        at = recorded["rounds"].index(run.round)
+        # Exact: both are computed on the host in float64 from the same integer confusion
+        # counts, by training's own evaluator on the same examples and params, and results.json
+        # holds Python floats (repr round-trips exactly).
+        target, val = run.evaluate("target"), run.evaluate("val")
+        assert target["accuracy"] == recorded["target_accuracy"][at]
+        assert target["macro_f1"] == recorded["target_macro_f1"][at]
+        assert val["accuracy"] == recorded["val_accuracy"][at]
+        assert val["macro_f1"] == recorded["val_macro_f1"][at]
+        assert run.evaluate("test") == target  # training's name for the target's test set
+        assert np.isfinite(target["loss"]) and np.isfinite(val["loss"])
+        assert run.evaluate() == target
+    assert run.round == 20 and target["accuracy"] == recorded["final_target_accuracy"]
+    best = fjp.restore_run(workdir, which="best")
+    assert best.evaluate("target")["accuracy"] == recorded["target_accuracy_at_best_val"]
+    assert best.evaluate("target")["macro_f1"] == recorded["target_macro_f1_at_best_val"]
+    with pytest.raises(ValueError, match=r"split must be one of \('target', 'val', 'test'\)"):
+        best.evaluate("train")
 
 
 def test_restore_run_refuses_what_it_cannot_restore(tmp_path):

@@ -215,6 +215,7 @@ class FakeTraining:
             "target_accuracy": test[: len(rounds)],
             "target_macro_f1": [t / 2 for t in test[: len(rounds)]],
             "best_val_round": rounds[int(np.argmax(val[: len(rounds)]))],
+            "target_accuracy_at_best_val": test[int(np.argmax(val[: len(rounds)]))],
             "projection_distance": 0.0,
         }
         os.makedirs(workdir, exist_ok=True)
@@ -358,6 +359,75 @@ def test_a_sweep_executes_its_runs_through_one_function(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_lib, "execute_runs", execute)
     fjp.run_sweep(_two_method_sweep(), str(tmp_path), quiet=True)
     assert len(batches) == 1 and len(batches[0]) == 8
+
+
+def test_without_a_terminal_a_sweep_prints_a_line_per_run_and_says_what_it_skips(
+    tmp_path, monkeypatch, capsys
+):
+    FakeTraining().install(monkeypatch)
+    fjp.run_sweep(_two_method_sweep(), str(tmp_path))  # stderr is no terminal under pytest
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(
+        "[1/8] fedpals/learning_rate=0.1/seed_0: target acc 93.0% at best val (round 2), "
+        "sweep ETA "
+    )
+    last = "[8/8] fedavg/learning_rate=0.01/seed_1: target acc 90.0% at best val (round 2)"
+    assert lines[7] == last
+    assert len(lines) == 8
+    # One run killed before its last round: the others are skipped, and it says so.
+    path = tmp_path / "runs" / "fedavg" / "learning_rate=0.01" / "seed_1" / "results.json"
+    results = json.loads(path.read_text())
+    results["rounds"] = results["rounds"][:1]
+    path.write_text(json.dumps(results))
+    fjp.run_sweep(_two_method_sweep(), str(tmp_path))
+    assert capsys.readouterr().err.splitlines() == [
+        "sweep: skipping 7 finished runs of 8",
+        last,
+    ]
+    fjp.run_sweep(_two_method_sweep(), str(tmp_path))
+    assert capsys.readouterr().err == "sweep: skipping 8 finished runs of 8; nothing to train\n"
+
+
+@pytest.mark.integration
+def test_an_interrupted_sweep_names_its_run_and_the_same_call_resumes_it(
+    tmp_path, monkeypatch, capsys
+):
+    import signal
+
+    from fedjax_pals.experiment import progress
+    from fedjax_pals.experiment import train as train_lib
+
+    config = _sweep_config(seeds=(0,), methods=("fedavg", "fedpals"))
+    config.training.update(rounds=4, eval_every=2, batch_size=8, learning_rate=0.05)
+    real = train_lib.TrainingRun
+    made, trained = [], []
+
+    def training_run(*args, on_round, **kwargs):
+        made.append(len(made))
+        second = len(made) == 2
+
+        def hook(done, loss):
+            trained.append((len(made), done))
+            on_round(done, loss)
+            if second and done == 3:  # Ctrl-C while the second run trains its round 4
+                raise progress.Interrupted(signal.SIGINT)
+
+        return real(*args, on_round=hook, **kwargs)
+
+    monkeypatch.setattr(train_lib, "TrainingRun", training_run)
+    with pytest.raises(progress.Interrupted):
+        fjp.run_sweep(config, str(tmp_path), quiet=True)
+    assert progress.interruption_message(signal.SIGINT) == (
+        "interrupted (SIGINT) in round 4/4 of run fedpals/seed_0, with 1 of 2 runs finished; "
+        "the same command resumes the sweep, this run from round 2 (the last checkpoint)."
+    )
+    made.clear(), trained.clear()
+    summary = fjp.run_sweep(config, str(tmp_path))  # the sweep's and the run's locks were let go
+    assert summary["runs"] == {"fedavg/seed_0": "skipped", "fedpals/seed_0": "done"}
+    assert trained == [(1, 3), (1, 4)]  # from the checkpoint of round 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "sweep: skipping 1 finished run of 2"
+    assert err[-1].startswith("[2/2] fedpals/seed_0: target acc ")
 
 
 # -- the experiment configs ------------------------------------------------------------------

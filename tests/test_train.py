@@ -119,12 +119,19 @@ def test_a_run_writes_its_results_metrics_checkpoints_and_plot(uninterrupted):
         "val/accuracy",
         "val/macro_f1",
         "val/loss",
+        "target/accuracy_at_best_val",
         "server/lambda",
         "server/projection_distance",
     }
-    # The server's weights of every round: a histogram, per-client scalars (M = 2), the ESS.
+    headline = [line["target/accuracy_at_best_val"] for line in lines if "target/accuracy" in line]
+    assert headline[-1] == saved["target_accuracy_at_best_val"]
+    # The server's weights: per-client scalars (M = 2) every round; their histogram, the ESS,
+    # lambda and d(T,S), constant for this run, once.
     alphas = [line["server/alpha"] for line in lines if "server/alpha" in line]
-    assert len(alphas) == 6 and alphas[0] == pytest.approx(saved["alpha"], abs=1e-6)
+    assert len(alphas) == 1 and alphas[0] == pytest.approx(saved["alpha"], abs=1e-6)
+    first = {"server/ess": 1, "server/lambda": 2, "server/projection_distance": 2}  # round, eval
+    for constant, step in first.items():
+        assert [line["step"] for line in lines if constant in line] == [step], constant
     per_client = [line for line in lines if "server/alpha/client_0" in line]
     assert [line["step"] for line in per_client] == [1, 2, 3, 4, 5, 6]
     assert per_client[0]["server/ess"] == pytest.approx(saved["ess"], rel=1e-5)
@@ -244,15 +251,18 @@ def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd, monk
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "q"), quiet=True)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
-    # Not quiet, in a log file (not a terminal): the run's line, no bar.
+    # Not quiet, in a log file (not a terminal): the run's line and a line per evaluation, no bar.
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "log"))
     out, err = capfd.readouterr()
-    assert "fedpals on synthetic label shift" in err and "1/1" not in err
-    # In a terminal: the bar too.
+    lines = err.splitlines()
+    assert "FedPALS on synthetic label shift" in lines[0] and "%|" not in err
+    assert lines[1].startswith("fedpals seed 0: round 1/1, target acc ") and len(lines) == 2
+    # In a terminal: the bar instead of the lines.
     monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "loud"))
     out, err = capfd.readouterr()
-    assert "fedpals on synthetic label shift" in err and "1/1" in err
+    assert "FedPALS on synthetic label shift" in err and "1/1" in err and "%|" in err
+    assert "round 1/1, target acc" not in err
 
 
 @pytest.mark.parametrize("name", fjp.registered_methods())
@@ -351,18 +361,62 @@ def test_synthetic_runs_differing_only_in_lambda_or_seed_share_one_runs_axis():
 def test_the_metrics_carry_lambda_in_use_and_the_estimate_of_T(tmp_path, algorithm):
     config = _config(rounds=3, eval_every=1) | {"algorithm": algorithm}
     results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
-    evaluations = [line for line in _metrics(tmp_path) if "target/accuracy" in line]
+    lines = _metrics(tmp_path)
+    evaluations = [line for line in lines if "target/accuracy" in line]
     assert [line["step"] for line in evaluations] == [1, 2, 3]
+
+    def last(name):  # written when it changes (and once more at the end if it changed)
+        return [line[name] for line in lines if name in line][-1]
+
     if "lam_schedule" in algorithm:
-        # The lambda each round used, as recorded by the schedule.
-        assert [line["server/lambda"] for line in evaluations] == pytest.approx(
-            results["lam_per_round"], rel=1e-6
-        )
+        # The lambda each round used, as recorded by the schedule, at each change; it changed,
+        # so its curve runs to the last round.
+        lam = [(line["step"], line["server/lambda"]) for line in lines if "server/lambda" in line]
+        assert lam[0][0] == 1 and lam[-1][0] == 3
+        for step, value in lam:
+            assert value == pytest.approx(results["lam_per_round"][step - 1], rel=1e-6)
     else:
-        last = evaluations[-1]
-        assert last["server/target_estimate_l1_error"] == pytest.approx(
+        assert last("server/target_estimate_l1_error") == pytest.approx(
             results["target_estimate_l1_error"], rel=1e-6
         )
-        estimate = [last[f"server/target_estimate/class_{k}"] for k in range(3)]
+        estimate = [last(f"server/target_estimate/class_{k}") for k in range(3)]
         assert estimate == pytest.approx(results["target_estimate"], abs=1e-6)
-        assert last["server/projection_distance"] >= 0.0
+        assert last("server/projection_distance") >= 0.0
+
+
+def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_checkpoint(
+    uninterrupted, tmp_path, monkeypatch, capsys
+):
+    import signal
+
+    from fedjax_pals.experiment import progress
+
+    _, expected = uninterrupted
+    workdir = str(tmp_path / "run")
+    real = _TRAINING_RUN
+
+    def interrupted_after_round_3(*args, on_round, **kwargs):
+        def hook(done, loss):
+            on_round(done, loss)
+            if done == 3:  # SIGTERM while round 4 trains (as `handle_signals` raises it)
+                raise progress.Interrupted(signal.SIGTERM)
+
+        return real(*args, on_round=hook, **kwargs)
+
+    monkeypatch.setattr(train_lib, "TrainingRun", interrupted_after_round_3)
+    with pytest.raises(progress.Interrupted):
+        fjp.train_and_evaluate(_config(), workdir)  # not quiet: stderr is no terminal here
+    assert progress.interruption_message(signal.SIGTERM) == (
+        f"interrupted (SIGTERM) in round 4/6 of {workdir}; the same command resumes from round 2 "
+        "(the last checkpoint)."
+    )
+    lines = capsys.readouterr().err.splitlines()
+    accuracy = progress.percent(expected["target_accuracy"][0])
+    assert lines[1].startswith(f"fedpals seed 0: round 2/6, target acc {accuracy}, val acc ")
+    assert " ETA " in lines[1] and len(lines) == 2  # the header, then one line per evaluation
+
+    trained = _instrument(monkeypatch)  # the lock was let go: the same call resumes
+    resumed = fjp.train_and_evaluate(_config(), workdir, quiet=True)
+    assert trained == [3, 4, 5, 6]
+    assert resumed["target_accuracy"] == expected["target_accuracy"]
+    assert progress.ACTIVITY.last_start == 2  # what experiments.run's last line says

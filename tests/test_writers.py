@@ -285,3 +285,173 @@ def test_each_file_is_named_to_the_record_before_the_writer_creates_it(tmp_path)
     with MetricWriter(str(tmp_path / "other"), enabled=False, record=record) as writer:
         writer.write_scalars(1, {"a": 1.0})
     assert set(recorded) == created
+
+
+def _hparams_plugin_data(logdir, tag):
+    from tensorboardX.proto import plugin_hparams_pb2
+
+    return [
+        plugin_hparams_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
+        for e in _events(logdir)
+        for v in e.summary.value
+        if v.tag == tag
+    ]
+
+
+def _differs(info):
+    # TensorBoard's HParamInfo.differs (field 7), absent from tensorboardX's api.proto: kept as
+    # an unknown field, serialized after the known ones.
+    from tensorboardX.proto.api_pb2 import HParamInfo
+
+    known = HParamInfo(name=info.name, type=info.type).SerializeToString()
+    return info.SerializeToString() == known + bytes([7 << 3, 1])
+
+
+METRICS = {"target/accuracy_at_best_val": "the headline", "target/accuracy": "", "val/accuracy": ""}
+
+
+def test_every_run_declares_the_same_hparams_columns_and_only_the_declared_metrics(tmp_path):
+    # TensorBoard takes the HParams columns from the first experiment summary it finds: FedAvg's
+    # (no lambda) must declare the lambda column that FedPALS' sets.
+    runs = {
+        "fedavg": {"method": "fedavg", "seed": 0, "algorithm": {"lam": None, "name": "fedavg"}},
+        "fedprox_fedpals": {
+            "method": "fedprox_fedpals",
+            "seed": 1,
+            "algorithm": {"lam": 0.5, "name": "fedprox"},
+        },
+    }
+    experiments = {}
+    for name, hparams in runs.items():
+        with MetricWriter(str(tmp_path / name)) as writer:
+            writer.write_hparams(hparams, METRICS, shown=("method", "seed"))
+            writer.write_scalars(1, {"target/accuracy": 0.5, "server/alpha/client_0": 0.3})
+        (data,) = _hparams_plugin_data(str(tmp_path / name), "_hparams_/experiment")
+        experiments[name] = data.experiment
+    for experiment in experiments.values():
+        names = [info.name for info in experiment.hparam_infos]
+        assert names == ["method", "seed", "algorithm.lam", "algorithm.name"]
+        assert [_differs(info) for info in experiment.hparam_infos] == [True, True, False, False]
+        assert [m.name.tag for m in experiment.metric_infos] == list(METRICS)  # not every scalar
+    from tensorboardX.proto.api_pb2 import DataType
+
+    lam = {name: e.hparam_infos[2].type for name, e in experiments.items()}
+    assert lam == {
+        "fedavg": DataType.DATA_TYPE_UNSET,  # unset there: no type
+        "fedprox_fedpals": DataType.DATA_TYPE_FLOAT64,
+    }
+    # Each run's own values: the set ones only (no "None" string in a numeric column).
+    (start,) = _hparams_plugin_data(str(tmp_path / "fedavg"), "_hparams_/session_start_info")
+    assert set(start.session_start_info.hparams) == {"method", "seed", "algorithm.name"}
+    assert start.session_start_info.hparams["method"].string_value == "fedavg"
+
+
+def test_a_constant_quantity_is_one_point_and_a_changing_one_steps_where_it_changed(tmp_path):
+    with MetricWriter(str(tmp_path), changed_only="lam|ess|alpha") as writer:
+        for step, ess in enumerate([5.0, 5.0, 5.0, 7.0, 7.0], start=1):
+            writer.write_scalars(step, {"train/loss": 1.0 / step, "lam": 0.1, "ess": ess})
+            writer.write_histogram(step, "alpha", [0.5, 0.5])
+    assert _scalars(str(tmp_path), "lam") == [(1, pytest.approx(0.1))]
+    # 5 through step 3 (written again before the change, so the curve steps at 4), 7 from 4 to
+    # the end (written again at close: it changed).
+    assert _scalars(str(tmp_path), "ess") == [(1, 5.0), (3, 5.0), (4, 7.0), (5, 7.0)]
+    assert [s for s, _ in _scalars(str(tmp_path), "train/loss")] == [1, 2, 3, 4, 5]
+    events = _events(str(tmp_path))
+    assert [e.step for e in events for v in e.summary.value if v.tag == "alpha"] == [1]
+    assert [r["step"] for r in read_metrics(str(tmp_path)) if "alpha" in r] == [1]
+
+
+def test_a_resumed_writer_remembers_the_constants_so_its_log_is_the_uninterrupted_one(tmp_path):
+    def rounds(writer, steps):
+        for step in steps:
+            ess = 5.0 if step < 4 else 7.0
+            writer.write_scalars(step, {"loss": 1.0 / step, "ess": ess, "lam": 0.1})
+
+    with MetricWriter(str(tmp_path / "whole"), changed_only="ess|lam") as writer:
+        rounds(writer, range(1, 6))
+    with MetricWriter(str(tmp_path / "resumed"), changed_only="ess|lam") as writer:
+        rounds(writer, range(1, 4))  # killed after round 3, its checkpoint at round 2
+    with MetricWriter(str(tmp_path / "resumed"), resume_step=2, changed_only="ess|lam") as writer:
+        rounds(writer, range(3, 6))
+    assert read_metrics(str(tmp_path / "resumed")) == read_metrics(str(tmp_path / "whole"))
+    assert [step for step, _ in _scalars(str(tmp_path / "resumed"), "lam")] == [1]
+
+
+def test_a_write_at_the_resume_step_keeps_what_the_log_holds_up_to_it(tmp_path):
+    with MetricWriter(str(tmp_path)) as writer:
+        for step in (1, 2):
+            writer.write_scalars(step, {"acc": step / 10})
+    # A finished run launched again: its writer resumes at round 2 and may log at round 2.
+    with MetricWriter(str(tmp_path), resume_step=2) as writer:
+        writer.write_scalars(2, {"extra": 1.0})
+    assert read_metrics(str(tmp_path)) == [
+        {"step": 1, "acc": 0.1},
+        {"step": 2, "acc": 0.2},
+        {"step": 2, "extra": 1.0},
+    ]
+
+
+def test_a_resumed_writer_writes_nothing_again_of_what_changed_only_does_not_match(tmp_path):
+    with MetricWriter(str(tmp_path), changed_only="ess") as writer:
+        writer.write_scalars(5, {"target/accuracy": 0.5, "ess": 3.0})
+        writer.write_scalars(10, {"target/accuracy": 0.6})
+    with MetricWriter(str(tmp_path), resume_step=12, changed_only="ess"):
+        pass  # resumed after round 12, then stopped before writing
+    assert read_metrics(str(tmp_path)) == [
+        {"step": 5, "target/accuracy": 0.5, "ess": 3.0},
+        {"step": 10, "target/accuracy": 0.6},
+    ]
+
+
+def test_the_custom_scalars_charts_draw_exactly_their_tags_and_alpha_per_client():
+    import re
+
+    from fedjax_pals.experiment import train as train_lib
+
+    tags = [
+        "target/accuracy", "target/accuracy_at_best_val", "val/accuracy", "target/macro_f1",
+        "val/macro_f1", "train/loss", "target/loss", "val/loss", "server/alpha",
+        "server/alpha/client_0", "server/alpha/client_12", "server/ess",
+    ]  # fmt: skip
+
+    def drawn(chart):  # TensorBoard's Custom Scalars: re.match of each regex against each tag
+        return [t for t in tags if any(re.match(r, t) for r in train_lib.CHARTS[chart])]
+
+    assert drawn("accuracy (target, validation)") == ["target/accuracy", "val/accuracy"]
+    assert drawn("alpha per client (server weights)") == [
+        "server/alpha/client_0",
+        "server/alpha/client_12",
+    ]
+
+
+@pytest.mark.integration
+def test_a_run_gives_tensorboard_its_headline_method_key_and_constants_once(tmp_path):
+    import fedjax_pals as fjp
+
+    config = {
+        "dataset": {"name": "synthetic"},
+        "algorithm": {"name": "fedprox", "weights": "fedpals"},
+        "training": {"rounds": 3, "eval_every": 1, "batch_size": 8, "learning_rate": 0.05},
+    }
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    logdir = str(tmp_path)
+    # The headline, at every evaluation as results.json had it; the last one is the run's.
+    headline = _scalars(logdir, "target/accuracy_at_best_val")
+    assert [s for s, _ in headline] == [1, 2, 3]
+    assert headline[-1][1] == pytest.approx(results["target_accuracy_at_best_val"])
+    (experiment,) = _hparams_plugin_data(logdir, "_hparams_/experiment")
+    assert experiment.experiment.metric_infos[0].name.tag == "target/accuracy_at_best_val"
+    (start,) = _hparams_plugin_data(logdir, "_hparams_/session_start_info")
+    values = start.session_start_info.hparams
+    assert values["method"].string_value == "fedprox_fedpals"  # not algorithm.name's "fedprox"
+    assert values["seed"].number_value == 0
+    # FedPALS' weights with every client in every round: ESS, lambda, d(T,S) and alpha's
+    # histogram are constant for the run, one point each; alpha per client is drawn as lines
+    # (the "alpha per client" chart), so it is written every round.
+    for tag in ("server/ess", "server/lambda", "server/projection_distance", "server/alpha"):
+        assert [e.step for e in _events(logdir) for v in e.summary.value if v.tag == tag] == [1]
+    assert [s for s, _ in _scalars(logdir, "server/alpha/client_0")] == [1, 2, 3]
+    assert [s for s, _ in _scalars(logdir, "train/loss")] == [1, 2, 3]
+    events = _events(logdir)
+    (layout,) = [v for e in events for v in e.summary.value if v.tag == "custom_scalars__config__"]
+    assert b"server/alpha/client_" in layout.tensor.string_val[0]

@@ -108,5 +108,11 @@ def load_blobs() -> fjp.Dataset:
 
 
 fjp.register_dataset(
-    "blobs", load_blobs, num_classes=NUM_CLASSES, num_train=3000, images=False, replace=True
+    "blobs",
+    load_blobs,
+    num_classes=NUM_CLASSES,
+    num_train=3000,
+    images=False,
+    label="Blobs",
+    replace=True,
 )

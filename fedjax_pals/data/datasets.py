@@ -486,9 +486,11 @@ class RegisteredDataset:
     num_classes: int
     num_train: int
     images: bool
+    label: str  # how tables, figure titles and row names show it
 
 
 _REGISTERED: dict[str, RegisteredDataset] = {}
+_BUILTIN_LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
 
 
 def register_dataset(
@@ -498,6 +500,7 @@ def register_dataset(
     num_classes: int,
     num_train: int,
     images: bool,
+    label: str | None = None,
     replace: bool = False,
 ) -> None:
     """Registers a data set under `name` (config.dataset.name = name).
@@ -507,19 +510,31 @@ def register_dataset(
     it (cache nothing yourself). The config's partition schemes (sparsity, dirichlet) split it
     like the built-in data sets. num_classes and num_train (training examples) let a config be
     checked without loading; images: inputs are (H, W, C) (the 'auto' model is then LeNet,
-    else logistic regression).
+    else logistic regression). label: how tables, figure titles and sweep rows show it
+    (e.g. "iWildCam"; default: the name).
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a data set's name must be a Python identifier, got {name!r}.")
-    builtin = {"fashion_mnist", "cifar10", "synthetic"}
-    if name in builtin or (name in _REGISTERED and not replace):
+    if name in _BUILTIN_LABELS or (name in _REGISTERED and not replace):
         raise ValueError(f"a data set {name!r} is already registered; pick another name.")
     if not callable(load):
         raise TypeError(f"load must be callable () -> Dataset, got {load!r}.")
     for what, value in (("num_classes", num_classes), ("num_train", num_train)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{what} must be an integer >= 1, got {value!r}.")
-    _REGISTERED[name] = RegisteredDataset(load, int(num_classes), int(num_train), bool(images))
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise ValueError(f"label must be a non-empty string, got {label!r}.")
+    _REGISTERED[name] = RegisteredDataset(
+        load, int(num_classes), int(num_train), bool(images), label or name
+    )
+
+
+def dataset_label(name: str) -> str:
+    """How tables, figure titles and sweep rows show the data set `name` ("Fashion-MNIST"; a
+    registered one's `label`); an unknown name as it is."""
+    if name in _REGISTERED:
+        return _REGISTERED[name].label
+    return _BUILTIN_LABELS.get(name, name)
 
 
 def registered_datasets() -> dict[str, RegisteredDataset]:

@@ -1,16 +1,19 @@
 """An optional MLflow copy of a run's metrics (`pip install "fedjax_pals[mlflow]"`, never required).
 
 `MetricWriter(..., mlflow_tracking_uri=uri)` sends what it writes to MLflow as well: the
-flattened config as the run's params (unset ones left out), the scalars as metrics at their
-round (names as in TensorBoard: `target/accuracy`, `server/ess`, ...; NaN and inf included).
-Histograms (alpha) stay in TensorBoard: MLflow has no histogram type.
+flattened config (and the method key) as the run's params (unset ones left out), the scalars
+as metrics at their round (names as in TensorBoard: `target/accuracy`, `server/ess`, ...; NaN
+and inf included), and at the end of the run its results.json, curves.png and hparams.json as
+artifacts. Histograms (alpha) stay in TensorBoard: MLflow has no histogram type.
 
-One MLflow run per workdir, in the experiment `fedjax_pals` unless named otherwise: a run is
-found again by its tag `fedjax_pals.workdir` (the absolute path), so a resumed or extended
-run logs into the run it started (MLflow params cannot change: an extended run's new
-`training.rounds` is the tag `fedjax_pals.now.training.rounds`). MLflow keeps every value
-logged, so the rounds a resumed run re-does after its last checkpoint appear twice at their
-step (TensorBoard and metrics.jsonl drop the first copy; MLflow cannot).
+One MLflow run per workdir, in the experiment `fedjax_pals` unless named otherwise
+(`--mlflow_experiment`). The run is named short: a sweep's run by its key in the sweep
+(`fedpals/seed_0`), a single run by its workdir's name; it is found again by its tag
+`fedjax_pals.workdir` (the absolute path), so a resumed or extended run logs into the run it
+started, renamed if an earlier version named it by that path. MLflow params cannot change: an
+extended run's new `training.rounds` is the tag `fedjax_pals.now.training.rounds`. MLflow keeps
+every value logged, so the rounds a resumed run re-does after its last checkpoint appear twice
+at their step (TensorBoard and metrics.jsonl drop the first copy; MLflow cannot).
 
 The URI is MLflow's: `file:///abs/mlruns` (MLflow 3 refuses its file store unless
 MLFLOW_ALLOW_FILE_STORE=true is set), `sqlite:///mlflow.db` (the full `mlflow` package),
@@ -103,10 +106,23 @@ def check_store(uri: str) -> None:
 class MlflowWriter:
     """Logs params and scalars of the run in `workdir` to the MLflow tracking store at `uri`."""
 
-    def __init__(self, uri: str, workdir: str, *, experiment: str = DEFAULT_EXPERIMENT):
+    def __init__(
+        self,
+        uri: str,
+        workdir: str,
+        *,
+        experiment: str = DEFAULT_EXPERIMENT,
+        run_name: str | None = None,
+    ):
         mlflow = _import_mlflow(uri)
+        if not isinstance(experiment, str) or not experiment:
+            raise MlflowError(
+                f"the MLflow experiment must be a non-empty name, got {experiment!r}."
+            )
         self._entities = mlflow.entities
+        self._store_errors = lambda doing: _store_errors(mlflow, uri, doing)
         path = os.path.abspath(os.fspath(workdir))
+        run_name = run_name or os.path.basename(path) or path
         with _store_errors(mlflow, uri, "cannot take this run"):
             self.client = mlflow.MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
@@ -118,13 +134,14 @@ class MlflowWriter:
                 filter_string=f"tags.`{WORKDIR_TAG}` = '{path}'",
                 max_results=1,
             )
-            self.run_id = (
-                runs[0].info.run_id
-                if runs
-                else self.client.create_run(
-                    experiment_id, run_name=path, tags={WORKDIR_TAG: path}
+            if runs:
+                self.run_id = runs[0].info.run_id
+                if runs[0].info.run_name == path:  # named by its absolute path (earlier versions)
+                    self.client.update_run(self.run_id, name=run_name)
+            else:
+                self.run_id = self.client.create_run(
+                    experiment_id, run_name=run_name, tags={WORKDIR_TAG: path}
                 ).info.run_id
-            )
 
     def write_hparams(self, flat: Mapping[str, Any]) -> None:
         """Params not yet logged; one MLflow cannot change (an extended run's
@@ -145,6 +162,12 @@ class MlflowWriter:
         ]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
+
+    def write_artifacts(self, paths) -> None:
+        """Copies each file of `paths` into the run's artifacts (again: replaced)."""
+        with self._store_errors("cannot take the run's artifacts"):
+            for path in paths:
+                self.client.log_artifact(self.run_id, path)
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)

@@ -2,28 +2,37 @@
 a vector PDF beside every PNG).
 
 One style for every figure: each method has its colour and marker (`method_style`, by method
-name or its display label), accuracies are in %, axes are named by symbols and words
+name or its display label) and is shown by its display label (`display_label`: the tables'
+`fedjax_pals.method_label`), accuracies are in %, axes are named by symbols and words
 (`axis_label`: lambda, epsilon, E, number of clients), and every legend with bands or error
-bars says "mean ± 1 std over n seeds".
+bars says "mean ± 1 std over n seeds". Figures are laid out by matplotlib's constrained
+layout with the title centred on the figure and wrapped to its width: every text (title,
+ticks, labels, legends) lies inside the figure (tests/test_plots.py checks it). `file_stem`
+names a figure's file after a table row without `=`, brackets or spaces ("Fashion-MNIST C=3"
+-> "Fashion-MNIST_C3").
 
 * `plot_curves`: target accuracy per round, test solid and validation dotted, one colour per
   run; a curve with one list per seed is drawn as its mean with a +-1 std band.
-* `plot_comparison`: a Table-1-style chart, one group per row (data set / split), one marker
-  per method at its mean target test accuracy with +-1 std error bars (the paper's number,
-  when given, as a hollow marker beside it).
+* `plot_comparison`: a Table-1-style chart of the table's numbers. One row: the methods along
+  the x axis, each at its mean target test accuracy with +-1 std error bars and the numbers
+  written beside it, the legend inside. Several rows: one group per row (data set / split),
+  one marker per method. The paper's number, when given, is a hollow marker beside.
 * `plot_weights_vs_ess`: aggregation weights alpha per client for several lambda (labelled by
-  their ESS) as bars, FedAvg's n_i / N as dots, clients sorted by size (the paper's Fig. 4).
+  their ESS) as bars in distinct colours (`SERIES_COLORS`), FedAvg's n_i / N as dots, clients
+  sorted by size (the paper's Fig. 4).
 * `plot_accuracy_vs_axis`: target accuracy against a task axis (epsilon, E, clients).
 * `plot_lambda_trajectories`: lambda per round of adaptive-lambda runs.
 * `plot_accuracy_vs_distance`: target accuracy against the projection distance d(T, S) of the
   synthetic task (the paper's Fig. 9), mean +- std over seeds per method.
-* `plot_label_distributions`: the clients' label distributions as a heatmap with T beside them,
+* `plot_label_distributions`: the clients' label distributions as a heatmap with T beneath
+  them (0 white, shares > 0 on viridis; classes named for the data sets of `CLASS_NAMES`),
   and the server weights alpha of FedPALS and FedAvg per client next to it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from typing import Any, Mapping, Sequence
 
@@ -64,6 +73,24 @@ _SPARE_STYLES = [
     ("#31a354", "X"),
     ("#756bb1", "h"),
 ]
+# Series of one method that differ in a setting (FedPALS' lambdas in the weights figure): a
+# qualitative palette (mostly Okabe and Ito's, colour-blind safe) without FedAvg's blue; any two
+# differ by CIELAB Delta E > 30, and each from FedAvg's blue by > 40.
+SERIES_COLORS = ("#D55E00", "#009E73", "#E69F00", "#CC79A7", "#8C564B", "#F0E442", "#999999")
+# A data set's name (config.dataset.name) -> its class names in label order, for the axes that
+# name classes; other data sets show class indices.
+# fmt: off
+CLASS_NAMES = {
+    "fashion_mnist": (
+        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    ),
+    "cifar10": (
+        "airplane", "automobile", "bird", "cat", "deer",
+        "dog", "frog", "horse", "ship", "truck",
+    ),
+}
+# fmt: on
 # Config keys (the last part of a dotted key) -> what an axis says.
 AXIS_LABELS = {
     "lam": "λ",
@@ -115,6 +142,15 @@ def method_style(label: str) -> dict[str, str]:
     return {"color": color, "marker": marker}
 
 
+def dataset_class_names(dataset: str | None, num_classes: int) -> tuple[str, ...]:
+    """The class names of a data set (`CLASS_NAMES`) when it has them and they are
+    num_classes; else the class indices "0" ... "K-1"."""
+    names = CLASS_NAMES.get(str(dataset)) if dataset is not None else None
+    if names is not None and len(names) == num_classes:
+        return tuple(names)
+    return tuple(str(k) for k in range(num_classes))
+
+
 def axis_label(key: str) -> str:
     """A config key (e.g. "algorithm.label_dp_epsilon") as an axis says it ("privacy budget
     ε"); anything else unchanged."""
@@ -163,18 +199,74 @@ def _check_path(path: str) -> str:
     return path
 
 
-def _title(ax, title: str) -> None:
-    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)
+def _figure(figsize, **kwargs):
+    """A figure and its axes, laid out by constrained layout: the title, tick labels,
+    colour bars and legends (inside or beside the axes) all stay inside the figure."""
+    return _pyplot().subplots(figsize=figsize, layout="constrained", **kwargs)
+
+
+def _title(fig, title: str, fontsize: float = 10) -> None:
+    """The figure's title, centred on the figure and wrapped to its width (a title centred on
+    a narrow axes with a legend beside it would run off the figure's left edge)."""
+    # DejaVu Sans averages about 0.55 em a character: 0.62 em leaves a margin.
+    width = max(20, int(fig.get_figwidth() * 72 / (0.62 * fontsize)) - 2)
+    lines = textwrap.wrap(str(title), width)
+    # Lines of even length (no lone last word): the narrowest wrap with as few lines.
+    narrower = width
+    while len(lines) > 1 and narrower > 20:
+        candidate = textwrap.wrap(str(title), narrower - 1)
+        if len(candidate) > len(lines):
+            break
+        narrower -= 1
+    lines = textwrap.wrap(str(title), narrower)
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
 def _finish(fig, ax, path: str, title: str, grid: str = "both", **legend) -> None:
     """The end every one-panel figure shares: title, grid, legend, then saved and closed."""
-    _title(ax, title)
+    _title(fig, title)
     ax.grid(alpha=0.3, axis=grid)
     ax.legend(**legend)
-    fig.tight_layout()
     _save(fig, path)
     _pyplot().close(fig)
+
+
+def display_label(label: str) -> str:
+    """What a figure shows for a curve or a method: a method key (e.g. "fedprox_fedpals") as
+    its display label ("FedProx+FedPALS", `fedjax_pals.method_label`, the labels of the
+    tables); anything else (already a label, "seed 0", ...) unchanged."""
+    label = str(label)
+    return method_labels().get(label, label)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def file_stem(text: str) -> str:
+    """A file name (without extension) for a figure of `text` (e.g. a table row): `=`,
+    brackets, commas and quotes dropped, a slash one `_`, every other run of characters outside
+    [A-Za-z0-9._+-] (spaces included) one `_`; stable, so the same row has the same file in
+    every sweep. "Fashion-MNIST C=3" -> "Fashion-MNIST_C3", "CIFAR-10 C=3 (dirichlet)" ->
+    "CIFAR-10_C3_dirichlet"."""
+    text = re.sub(r"[=()\[\]{},'\"/\\]+", lambda m: "" if "/" not in m.group() else "_", str(text))
+    stem = _UNSAFE.sub("_", text).strip("_.-")
+    return stem or "figure"
+
+
+def file_stems(texts: Sequence[str]) -> dict[str, str]:
+    """`file_stem` of each text, made unique by `_2`, `_3`, ... in the order given (two rows
+    differing only in dropped characters would otherwise share a file)."""
+    stems: dict[str, str] = {}
+    taken: set[str] = set()
+    for text in texts:
+        if text in stems:
+            continue
+        stem, k = file_stem(text), 1
+        while (stem if k == 1 else f"{stem}_{k}") in taken:
+            k += 1
+        stems[text] = stem if k == 1 else f"{stem}_{k}"
+        taken.add(stems[text])
+    return stems
 
 
 def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) -> None:
@@ -185,7 +277,8 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
       curves: label -> {"rounds": [r...], "target_accuracy": ..., "val_accuracy": ...}; each
         accuracy is a list over rounds, or a list over seeds of such lists (drawn as the mean
         with a +-1 std band around the test curve). A results dict of `train_and_evaluate` is
-        a valid curve.
+        a valid curve. A label that is a method key ("fedprox_fedpals") is shown as the
+        method's display label ("FedProx+FedPALS"), as in the tables.
       title: the plot's title.
     """
     path = _check_path(path)
@@ -194,7 +287,7 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = _pyplot().subplots(figsize=(8.0, 4.2))
+    fig, ax = _figure((8.0, 4.2))
     handles = []
     seeds = []
     band_alpha = 0.15 if len(curves) <= 3 else 0.07  # many bands stay readable
@@ -219,7 +312,7 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
                 ax.fill_between(
                     rounds, mean - std, mean + std, color=color, alpha=band_alpha, linewidth=0
                 )
-        handles.append(Line2D([], [], color=color, label=label))
+        handles.append(Line2D([], [], color=color, label=display_label(label)))
     handles += [
         Line2D([], [], color="gray", linestyle="-", label="target test"),
         Line2D([], [], color="gray", linestyle=":", label="target validation"),
@@ -246,6 +339,11 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
 def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: str) -> None:
     """A Table-1-shaped chart: per row, each method's mean target test accuracy +- 1 std.
 
+    One row (a single data set / split): the methods along the x axis, each at its mean
+    +- 1 std with the number written beside it ("71.3 ± 1.2", the table's cell), the legend
+    inside the axes. Several rows: one group per row along the x axis, one marker per method,
+    the legend beside the axes.
+
     Args:
       path: the image file to write.
       table_rows: the rows of `protocol.comparison_table` (also `table.json["rows"]`): each
@@ -256,9 +354,12 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     path = _check_path(path)
     if not table_rows:
         raise ValueError("table_rows is empty: give at least one row.")
+    if len(table_rows) == 1:
+        _plot_comparison_one_row(path, table_rows[0], title)
+        return
     methods = list(dict.fromkeys(method for row in table_rows for method in row["cells"]))
     width = max(6.0, 1.2 + 0.45 * len(methods) * len(table_rows))
-    fig, ax = _pyplot().subplots(figsize=(min(width, 16.0), 4.2))
+    fig, ax = _figure((min(width, 16.0), 4.2))
     spread = 0.8 / max(len(methods), 1)
     seeds = []
     for m, method in enumerate(methods):
@@ -268,9 +369,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
             x = r + (m - (len(methods) - 1) / 2) * spread
             cell = row["cells"].get(method)
             if cell is not None and cell.get("mean") is not None:
-                seeds.append(
-                    (cell.get("target_accuracy") or {}).get("n") or len(cell.get("per_seed") or [])
-                )
+                seeds.append(_cell_seeds(cell))
                 ax.errorbar(
                     x,
                     100 * cell["mean"],
@@ -278,7 +377,7 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
                     fmt=style["marker"],
                     color=color,
                     capsize=3,
-                    label=method if r == 0 else None,
+                    label=display_label(method) if r == 0 else None,
                 )
             paper = (row.get("paper") or {}).get(method)
             if paper is not None:
@@ -300,6 +399,92 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     ax.set_xticklabels([str(row["row"]) for row in table_rows], fontsize=8)
     ax.set_ylabel("target test accuracy (%)")
     _finish(fig, ax, path, title, "y", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _cell_seeds(cell: Mapping[str, Any]) -> int:
+    """The number of seeds behind a table cell's mean and std."""
+    return (cell.get("target_accuracy") or {}).get("n") or len(cell.get("per_seed") or [])
+
+
+def _plot_comparison_one_row(path: str, row: Mapping[str, Any], title: str) -> None:
+    """`plot_comparison` of a single row: methods against accuracy, numbers written out."""
+    methods = [m for m, c in row["cells"].items() if c is not None and c.get("mean") is not None]
+    paper = row.get("paper") or {}
+    methods += [m for m in paper if m not in methods]
+    fig, ax = _figure((max(5.6, 1.6 + 1.15 * len(methods)), 4.2))
+    seeds, tops, bottoms = [], [], []
+    offset = 0.18 if paper else 0.0
+    for x, method in enumerate(methods):
+        style = method_style(method)
+        cell = row["cells"].get(method)
+        if cell is not None and cell.get("mean") is not None:
+            mean, std = 100 * cell["mean"], 100 * (cell.get("std") or 0.0)
+            seeds.append(_cell_seeds(cell))
+            ax.errorbar(
+                x - offset,
+                mean,
+                yerr=std,
+                fmt=style["marker"],
+                color=style["color"],
+                markersize=8,
+                capsize=5,
+                elinewidth=1.5,
+                label=display_label(method),
+            )
+            ax.annotate(
+                f"{mean:.1f} ± {std:.1f}",
+                (x - offset, mean + std),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=style["color"],
+            )
+            tops.append(mean + std)
+            bottoms.append(mean - std)
+        if method in paper:
+            p_mean, p_std = 100 * paper[method]["mean"], 100 * (paper[method].get("std") or 0.0)
+            ax.errorbar(
+                x + offset,
+                p_mean,
+                yerr=p_std,
+                fmt=style["marker"],
+                mfc="none",
+                color=style["color"],
+                alpha=0.6,
+                markersize=8,
+                capsize=3,
+            )
+            tops.append(p_mean + p_std)
+            bottoms.append(p_mean - p_std)
+    if paper:
+        ax.plot([], [], "o", mfc="none", color="gray", label="paper (hollow)")
+    _seeds_entry(ax, seeds)
+    # Room above the highest bar for its number and for the legend, one line inside the axes.
+    low, high = min(bottoms, default=0.0), max(tops, default=100.0)
+    span = max(high - low, 2.0)
+    ax.set_ylim(max(0.0, low - 0.15 * span), high + 0.3 * span)
+    from matplotlib.ticker import MaxNLocator
+
+    class _UpTo100(MaxNLocator):  # the headroom may pass 100 %; its ticks do not
+        def tick_values(self, vmin, vmax):
+            ticks = super().tick_values(vmin, vmax)
+            return ticks[ticks <= 100.0 + 1e-9]
+
+    ax.yaxis.set_major_locator(_UpTo100(steps=[1, 2, 2.5, 5, 10]))
+    ax.set_xlim(-0.6, len(methods) - 0.4)
+    ax.set_xticks(range(len(methods)))
+    # The methods are named on the axis, in their colours; the legend says what the bars are.
+    ax.set_xticklabels([display_label(m) for m in methods], fontsize=9)
+    for tick, method in zip(ax.get_xticklabels(), methods):
+        tick.set_color(method_style(method)["color"])
+    ax.set_xlabel(str(row["row"]))
+    ax.set_ylabel("target test accuracy (%)")
+    shown = {display_label(m) for m in methods}
+    handles = [h for h, label in zip(*ax.get_legend_handles_labels()) if label not in shown]
+    legend = dict(handles=handles, fontsize=8, loc="upper center", ncol=len(handles))
+    _finish(fig, ax, path, title, "y", **legend)
 
 
 def plot_weights_vs_ess(
@@ -334,20 +519,21 @@ def plot_weights_vs_ess(
             )
     fedavg = sizes / sizes.sum() if fedavg is None else np.asarray(fedavg, dtype=float)
     order = np.argsort(-sizes, kind="stable")
-    fig, ax = _pyplot().subplots(figsize=(max(5.0, 0.5 * sizes.size + 2), 3.8))
+    fig, ax = _figure((min(18.0, max(6.5, 0.5 * sizes.size + 3.5)), 3.8))
     width = 0.8 / len(alphas_by_label)
     positions = np.arange(sizes.size)
     for index, (label, alpha) in enumerate(alphas_by_label.items()):
         offset = (index - (len(alphas_by_label) - 1) / 2) * width
-        # FedPALS' lambdas as shades of FedPALS' colour, lightest for the smallest ESS.
-        shade = 0.35 + 0.65 * (index + 1) / len(alphas_by_label)
+        # One colour per lambda from a qualitative palette (shades of one red were hard to
+        # tell apart), none of them FedAvg's blue.
         ax.bar(
             positions + offset,
             np.asarray(alpha)[order],
             width,
             label=label,
-            color=method_style("fedpals")["color"],
-            alpha=shade,
+            color=SERIES_COLORS[index % len(SERIES_COLORS)],
+            edgecolor="white",
+            linewidth=0.4,
         )
     fedavg_style = method_style("fedavg")
     ax.plot(
@@ -355,14 +541,16 @@ def plot_weights_vs_ess(
         fedavg[order],
         fedavg_style["marker"],
         color=fedavg_style["color"],
-        markersize=4,
-        label="FedAvg",
+        markeredgecolor="black",
+        markeredgewidth=0.6,
+        markersize=6,
+        label="FedAvg (n_i / N)",
     )
     ax.set_xticks(positions)
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
     ax.set_xlabel("client (sorted by size, largest first)")
     ax.set_ylabel("aggregation weight")
-    _finish(fig, ax, path, title, "y", fontsize=8)
+    _finish(fig, ax, path, title, "y", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def plot_accuracy_vs_distance(
@@ -378,7 +566,7 @@ def plot_accuracy_vs_distance(
     path = _check_path(path)
     if not points:
         raise ValueError("points is empty: give at least one method.")
-    fig, ax = _pyplot().subplots(figsize=(5.6, 3.8))
+    fig, ax = _figure((5.6, 3.8))
     seeds = []
     for method, series in points.items():
         series = sorted(series, key=lambda p: p["projection_distance"])
@@ -421,7 +609,7 @@ def plot_accuracy_vs_axis(
     xs = [p["x"] for points in series.values() for p in points if p["x"] is not None]
     if not xs:
         raise ValueError("series has no point with a numeric x.")
-    fig, ax = _pyplot().subplots(figsize=(6.4, 4.0))
+    fig, ax = _figure((6.4, 4.0))
     seeds = []
     variants: dict = {}  # a method's colour -> how many of its lines are drawn
     for label, points in series.items():
@@ -475,7 +663,7 @@ def plot_lambda_trajectories(
     path = _check_path(path)
     if not trajectories:
         raise ValueError("trajectories is empty: give at least one run.")
-    fig, ax = _pyplot().subplots(figsize=(5.6, 3.8))
+    fig, ax = _figure((5.6, 3.8))
     for index, (label, lams) in enumerate(trajectories.items()):
         lams = np.asarray(lams, dtype=float)
         if lams.ndim != 1 or lams.size == 0 or not np.all(lams > 0):
@@ -495,6 +683,7 @@ def plot_label_distributions(
     *,
     title: str = "clients' label distributions, T and the server weights",
     class_names: Sequence[str] | None = None,
+    dataset: str | None = None,
 ) -> None:
     """The label-shift picture: the clients' label distributions S_i(Y) as a heatmap (one row
     per client), the target's T(Y) as a row beneath them, and next to each client row its
@@ -506,7 +695,12 @@ def plot_label_distributions(
       target_label_dist: T, shape (K,).
       alphas: method -> alpha, each of shape (M,) (drawn in the method's colour).
       title: the figure's title.
-      class_names: the K class names (default 0 ... K-1).
+      class_names: the K class names (default: those of `dataset`, else 0 ... K-1).
+      dataset: the data set's name (e.g. "fashion_mnist"), whose class names (`CLASS_NAMES`)
+        label the classes when class_names is not given.
+
+    The heatmap draws a probability of 0 white (a class the client does not have) and every
+    probability > 0 on viridis, so that 0 and a small share stand apart.
     """
     path = _check_path(path)
     dists = np.asarray(client_label_dists, dtype=float)
@@ -527,30 +721,49 @@ def plot_label_distributions(
                 f"alpha of {method!r} has shape {np.shape(alpha)}, expected ({num_clients},) "
                 "(one weight per client)."
             )
-    names = [str(k) for k in range(num_classes)] if class_names is None else list(class_names)
+    if class_names is None:
+        names = list(dataset_class_names(dataset, num_classes))
+    else:
+        names = [str(name) for name in class_names]
     if len(names) != num_classes:
         raise ValueError(f"class_names has {len(names)} names for {num_classes} classes.")
     plt = _pyplot()
-    height = 1.4 + 0.32 * (num_clients + 2)
+    from matplotlib.colors import Normalize
+
+    height = 1.4 + 0.32 * (num_clients + 2) + (0.12 * max(map(len, names)) if names else 0)
     fig, (ax_heat, ax_alpha) = plt.subplots(
         1,
         2,
         figsize=(max(6.5, 2.8 + 0.42 * num_classes + 2.6), height),
         gridspec_kw={"width_ratios": [max(num_classes, 3), 4]},
         sharey=True,
+        layout="constrained",
     )
     # Rows: clients 0..M-1, then a blank row, then T.
     grid = np.full((num_clients + 2, num_classes), np.nan)
     grid[:num_clients] = dists
     grid[num_clients + 1] = target
+    # 0 (a class the client lacks) is below the norm's lower end and drawn white; every share
+    # > 0 is on viridis, whose low end is dark: 0 and 1/3 (or 0.01) are far apart.
+    cmap = plt.get_cmap("viridis").with_extremes(under="white", bad="white")
     image = ax_heat.imshow(
-        np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0
+        np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, norm=Normalize(1e-6, 1.0)
     )
     rows = list(range(num_clients)) + [num_clients + 1]
     ax_heat.set_yticks(rows)
     ax_heat.set_yticklabels([f"client {i}" for i in range(num_clients)] + ["target T"], fontsize=8)
     ax_heat.set_xticks(range(num_classes))
-    ax_heat.set_xticklabels(names, fontsize=8, rotation=90 if max(map(len, names)) > 3 else 0)
+    if max(map(len, names)) > 3:
+        ax_heat.set_xticklabels(
+            names, fontsize=8, rotation=45, ha="right", rotation_mode="anchor"
+        )
+    else:
+        ax_heat.set_xticklabels(names, fontsize=8)
+    # Thin white lines between the cells: neighbouring white (0) cells read as separate.
+    ax_heat.set_xticks(np.arange(num_classes + 1) - 0.5, minor=True)
+    ax_heat.set_yticks(np.arange(num_clients + 3) - 0.5, minor=True)
+    ax_heat.grid(which="minor", color="#dddddd", linewidth=0.5)
+    ax_heat.tick_params(which="minor", length=0)
     ax_heat.set_xlabel("class")
     if num_classes * (num_clients + 1) <= 160:  # small grids: the values themselves
         for r in rows:
@@ -566,7 +779,8 @@ def plot_label_distributions(
                         fontsize=6,
                         color="white" if value < 0.6 else "black",
                     )
-    fig.colorbar(image, ax=ax_heat, fraction=0.046, pad=0.02, label="P(Y = class)")
+    bar = fig.colorbar(image, ax=ax_heat, fraction=0.025, aspect=35, pad=0.01, extend="min")
+    bar.set_label("P(Y = class); white: 0", fontsize=8)
     ax_heat.set_title("label distributions S_i(Y) and T(Y)", fontsize=9)
     width = 0.8 / len(alphas)
     for index, (method, alpha) in enumerate(alphas.items()):
@@ -584,7 +798,6 @@ def plot_label_distributions(
     ax_alpha.legend(fontsize=8, loc="lower right")
     ax_alpha.set_title("aggregation weights", fontsize=9)
     ax_heat.set_ylim(num_clients + 1.5, -0.5)
-    fig.suptitle("\n".join(textwrap.wrap(title, 90)), fontsize=10)
-    fig.tight_layout()
+    _title(fig, title)
     _save(fig, path)
     plt.close(fig)

@@ -40,6 +40,7 @@ import numpy as np
 if TYPE_CHECKING:
     import ml_collections
 
+from fedjax_pals.data import dataset_label
 from fedjax_pals.registry import method_grids, method_label
 
 SELECTIONS = ("mean_over_seeds", "per_seed")
@@ -138,7 +139,78 @@ def protocol_grid() -> "ml_collections.ConfigDict":
     )
 
 
-_DATASET_ROW_LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10"}
+def ignored_method_grids(
+    methods: Mapping[str, tuple[str, Mapping[str, Any]]], named: Iterable[str]
+) -> dict[str, dict[str, tuple[tuple, Any]]]:
+    """The registered grids (`Method.grid`) a sweep leaves out, per method key it runs.
+
+    A sweep tries only the values its `config.sweep.grid` names (`fjp.protocol_grid()` names
+    every registered method's grid); a method's declared grid is not added by itself, so that
+    a sweep's runs are exactly what its config says (and a finished sweep stays finished).
+
+    Args:
+      methods: method key -> (the registered method's name, its resolved `algorithm` section:
+        the values the runs use), e.g. {"fedprox_fedpals": ("fedprox", {"prox_mu": 0.01,
+        ...})}.
+      named: the config paths the sweep varies or fixes on purpose: its grid and task axes,
+        and what the method key itself sets (e.g. "algorithm.prox_mu").
+
+    Returns:
+      method key -> {hyperparameter: (its declared values, the one value the runs use)} for
+      each declared grid key the sweep does not name; methods without one are left out.
+    """
+    from fedjax_pals.registry import get_method
+
+    named = set(named)
+    ignored = {}
+    for key, (name, algorithm) in methods.items():
+        try:
+            declared = dict(get_method(name).grid)
+        except ValueError:  # not a registered method: the runs' validation names it
+            continue
+        missing = {
+            field: (tuple(values), algorithm.get(field))
+            for field, values in declared.items()
+            if f"algorithm.{field}" not in named
+        }
+        if missing:
+            ignored[key] = missing
+    return ignored
+
+
+def ignored_grid_message(method: str, missing: Mapping[str, tuple[tuple, Any]]) -> str:
+    """One line: which declared grid of `method` the sweep does not try, and how to try it."""
+    declared = ", ".join(f"{field}={values}" for field, (values, _) in missing.items())
+    used = ", ".join(f"{field}={value!r}" for field, (_, value) in missing.items())
+    add = "; ".join(
+        f"config.sweep.grid.algorithm.{field} = {values}" for field, (values, _) in missing.items()
+    )
+    return (
+        f"the sweep selects {method} without the grid its method declares ({declared}): its "
+        f"runs use {used} only. To try the declared values, add them to the sweep ({add}), or "
+        "start the grid from fjp.protocol_grid() (every registered method's grid, the learning "
+        "rates and FedPALS' lambdas)."
+    )
+
+
+# (method key, its ignored grid) already warned about in this process: a sweep is expanded
+# several times (listing, validation, each shard), the warning is given once.
+_WARNED_GRIDS: set = set()
+
+
+def warn_ignored_grids(
+    methods: Mapping[str, tuple[str, Mapping[str, Any]]], named: Iterable[str]
+) -> dict[str, dict[str, tuple[tuple, Any]]]:
+    """`ignored_method_grids`, with one warning line per method (once per process)."""
+    from absl import logging
+
+    ignored = ignored_method_grids(methods, named)
+    for method, missing in ignored.items():
+        key = (method, repr(sorted(missing.items())))
+        if key not in _WARNED_GRIDS:
+            _WARNED_GRIDS.add(key)
+            logging.warning("%s", ignored_grid_message(method, missing))
+    return ignored
 
 
 def table1_config(
@@ -168,7 +240,7 @@ def table1_config(
     config = default_config()
     config.dataset.name = dataset
     config.partition.num_clients = 10
-    label = _DATASET_ROW_LABELS.get(dataset, dataset)
+    label = dataset_label(dataset)
     if labels_per_client is not None:
         config.partition.scheme = "sparsity"
         config.partition.labels_per_client = labels_per_client
@@ -462,7 +534,15 @@ def table_markdown(table: Mapping[str, Any]) -> str:
                 for m in methods
             ]
             lines.append("| ↳ paper | " + " | ".join(paper) + " |")
-    lines += ["", "Target test macro-F1 (%), mean ± std over seeds", "", header, rule]
+    lines += [
+        "",
+        "Target test macro-F1 (%), mean ± std over seeds. Macro-F1: the unweighted mean of each "
+        "class's F1 = 2 TP / (2 TP + FP + FN), over the classes in the target's labels or "
+        "predictions (a class absent from both is left out, not counted as 0).",
+        "",
+        header,
+        rule,
+    ]
     for row in table["rows"]:
         cells = [_cell_text(row["cells"].get(m), "target_macro_f1") for m in methods]
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")

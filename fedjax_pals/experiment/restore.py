@@ -2,6 +2,7 @@
 
     run = fjp.restore_run("runs/fedpals", which="best")
     logits = run.model.apply(run.params, x)
+    run.evaluate("target")   # {"accuracy", "macro_f1", "loss"}: what results.json recorded
 
 The run's resolved config comes from its newest readable checkpoint (the identity saved with
 it; a damaged newer one is skipped, with one warning line naming its round), the task is
@@ -34,10 +35,14 @@ from fedjax_pals.experiment.checkpoints import (
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.task import Task, build_task
 from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
+from fedjax_pals.metrics import make_evaluator
 from fedjax_pals.models import Model
 from fedjax_pals.training import TrainingHistory
 
 WHICH = ("best", "last")
+# The sets `RestoredRun.evaluate` knows: the target's test set ("target", as results.json's
+# target_accuracy; "test" is the same set under training's name for it) and its validation set.
+SPLITS = ("target", "val", "test")
 
 
 class RestoredRun(NamedTuple):
@@ -49,6 +54,9 @@ class RestoredRun(NamedTuple):
     best-validation round for which="best", `history.rounds[history.best_val_index()]`);
     state: the full `ServerState` of that round; task: the rebuilt `Task` (data, partition,
     algorithm), e.g. to evaluate on its target sets.
+
+    `evaluate(split)` scores `params` on the target's test set ("target") or validation set
+    ("val") as training did.
     """
 
     model: Model
@@ -58,6 +66,33 @@ class RestoredRun(NamedTuple):
     round: int
     state: ServerState
     task: Task
+
+    def evaluate(self, split: str = "target") -> dict:
+        """{"accuracy", "macro_f1", "loss"} of `params` on one of the run's target sets.
+
+        split: "target" (the target's test set: results.json's target_accuracy and
+        target_macro_f1 at `round`; "test" is a synonym, training's name for it) or "val" (the
+        target's validation set: val_accuracy, val_macro_f1). The evaluation is training's own
+        (`fedjax_pals.metrics.make_evaluator` on the same examples, the same compiled program),
+        so the numbers are those the run recorded at `round`: accuracy and macro-F1 come from
+        the confusion counts, which agree exactly wherever the logits' argmax does. The loss
+        (not in results.json; target/loss and val/loss in metrics.jsonl) is the mean
+        cross-entropy.
+        """
+        if split not in SPLITS:
+            raise ValueError(
+                f"split must be one of {SPLITS} ('target' is the target's test set, 'val' its "
+                f"validation set), got {split!r}."
+            )
+        dataset, partition = self.task.dataset, self.task.partition
+        if split == "val":
+            examples, indices = dataset.train, partition.target_val_indices
+        else:
+            examples, indices = dataset.test, partition.target_test_indices
+        evaluate = make_evaluator(
+            self.model.apply, examples.x[indices], examples.y[indices], self.model.num_classes
+        )
+        return evaluate(self.params)
 
 
 def restore_run(

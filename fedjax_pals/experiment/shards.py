@@ -46,7 +46,7 @@ import tempfile
 from typing import Any, Mapping, Sequence
 
 from fedjax_pals.experiment import config as config_lib
-from fedjax_pals.experiment import locks
+from fedjax_pals.experiment import locks, mlflow_writer
 from fedjax_pals.experiment import sweep as sweep_lib
 from fedjax_pals.experiment.train import MAX_RUNS_PER_PROGRAM, structure_group_key
 from fedjax_pals.experiment.workdir import write_json
@@ -486,6 +486,7 @@ def run_shard(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
     reshard: bool = False,
 ) -> dict[str, Any]:
     """Runs shard `shard` ("i/N", "auto" or a Shard) of the sweep `config` in `workdir`.
@@ -496,6 +497,7 @@ def run_shard(
     finished, each resuming from its checkpoints, recording each run's status as it ends. No
     report: `collect_sweep` writes it once every shard has ended. `reshard`: replace the
     recorded split by this config's and N (only when none of its shards runs).
+    `mlflow_tracking_uri` and `mlflow_experiment` as in `run_sweep`.
 
     Returns:
       {"shard": "i/N", "runs": {name: status} of this shard's runs, "errors": {name: message},
@@ -539,6 +541,7 @@ def run_shard(
             quiet=quiet,
             overwrite=overwrite,
             mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
             on_status=record.run_ended,
         )
         record.end("finished")

@@ -24,6 +24,10 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     the two ways to give FedPALS' lambda and form ONE axis, concatenated, not
                     crossed: lam = (0.0,) with ess_fraction = (0.1, 0.25, 0.5, 0.75) is the
                     paper's grid "lambda -> 0+ and ESS 10/25/50/75 % of N" (App. B.3).
+                    Only what is named here is tried: a method's registered grid
+                    (`Method.grid`) is not added by itself (`fjp.protocol_grid()` names every
+                    registered method's, with the learning rates and lambdas), and a protocol
+                    sweep that leaves one out says so in one warning line per method.
     sweep.axes      nested like the config, tuples at the leaves: task axes. Each combination is
                     its own table row (e.g. axes.dataset.synthetic_delta, Fig. 9); nothing is
                     selected across rows.
@@ -76,11 +80,12 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_collections
 
 from fedjax_pals import registry
+from fedjax_pals.data import dataset_label
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import train as train_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import protocol as protocol_lib
-from fedjax_pals.experiment.progress import Progress
+from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent
 from fedjax_pals.experiment.workdir import RESULTS_FILE, WorkdirLockedError, write_json
 from fedjax_pals.runtime import is_main_process
 
@@ -125,13 +130,6 @@ _NOT_AXES = (
     "engine.backend",
     "engine.chunk_size",
 )
-_DATASET_LABELS = {
-    "fashion_mnist": "Fashion-MNIST",
-    "cifar10": "CIFAR-10",
-    "synthetic": "Synthetic",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class SweepRun:
     """One run of a sweep: its name, where it sits in the sweep, its config."""
@@ -323,7 +321,7 @@ def _leaf_names(paths: Sequence[str]) -> dict[str, str]:
 def _default_row(base: Mapping[str, Any]) -> str:
     resolved = config_lib.validate_config(base)
     name = resolved.dataset.name
-    label = _DATASET_LABELS.get(name, name)
+    label = dataset_label(name)
     p = resolved.partition
     if name == "synthetic":
         return label
@@ -399,6 +397,10 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     names: set[str] = set()
     digests: set[str] = set()
     sweep["row_axes"] = {}
+    # method key -> (its registered method, the algorithm values its runs use), and what the
+    # method keys set: for the warning about a declared grid the sweep leaves out.
+    declared: dict[str, tuple[str, dict]] = {}
+    method_paths: set[str] = set()
     for row_values in row_points:
         row_overrides = list(zip(axis_paths, row_values))
         labels = [f"{axis_names[p]}={_fmt(v)}" for p, v in row_overrides]
@@ -425,6 +427,9 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                     resolved = config_lib.as_dict(config_lib.validate_config(tree))
                 except (ValueError, TypeError) as error:
                     raise type(error)(f"sweep run {where}/seed_{tree['seed']}: {error}") from None
+                algorithm = resolved["algorithm"]
+                declared.setdefault(method_key, (algorithm["name"], algorithm))
+                method_paths.update(method_overrides)
                 for seed in sweep["seeds"]:
                     name = f"{where}/seed_{seed}"
                     run_tree = {**tree, "seed": seed}
@@ -447,6 +452,8 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                         )
                     )
     sweep["row_label"] = base_label
+    if sweep["protocol"]:  # a method's declared grid that the selection will not see
+        protocol_lib.warn_ignored_grids(declared, {*sweep["grid"], *sweep["axes"], *method_paths})
     return runs, sweep
 
 
@@ -480,25 +487,32 @@ def execute_runs(
     overwrite: bool = False,
     names: Sequence[str] | None = None,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
+    skipped: int = 0,
 ) -> list[dict | BaseException]:
     """Runs `configs[i]` in `workdirs[i]`; the one place a sweep executes its runs.
 
     Through `train_and_evaluate_many`: runs that share their structure go through the
     engine's runs axis together (one compiled program), each run quiet; one progress bar
-    over the runs. A failed run does not stop the
-    others: its exception is returned in its place (and its traceback written to
-    `<workdir>/error.txt`). KeyboardInterrupt stops the sweep.
+    over the runs and one line per run as it ends (`[k/N] <name>: target acc ...`). A failed
+    run does not stop the others: its exception is returned in its place (and its traceback
+    written to `<workdir>/error.txt`). KeyboardInterrupt stops the sweep (the runs' locks are
+    released; `progress.interruption_message` says where it stopped).
 
     Args:
       configs: run configs (ConfigDicts or nested mappings, without a `sweep` section).
       workdirs: one directory per run.
       quiet: no progress bar.
       overwrite: passed to `train_and_evaluate` (replace a run of another config).
-      names: labels of the runs for the progress bar (default: the workdirs' names).
+      names: labels of the runs for the progress bar and names of their MLflow runs
+        (default: the workdirs' names).
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
         (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
+      mlflow_experiment: the MLflow experiment of those runs.
       on_done: called with (index, outcome) as each run ends (after its error.txt is written).
+      skipped: runs of the same sweep already finished, not among `configs`: said in one line
+        at the start, and counted in the progress ([k/N] of all the sweep's runs).
 
     Returns:
       Per run, its results dict or the exception it raised.
@@ -506,7 +520,24 @@ def execute_runs(
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
     names = list(names) if names is not None else [os.path.basename(w) for w in workdirs]
-    with Progress(len(configs), desc="sweep", unit="run", quiet=quiet) as bar:
+    total = skipped + len(configs)
+    ACTIVITY.reset()
+    ACTIVITY.sweep_started(total, skipped)
+    # Keyed as the runs are (Workdir.path): absolute, ~ expanded.
+    ACTIVITY.name_runs({os.path.abspath(os.path.expanduser(w)): n for w, n in zip(workdirs, names)})
+    with Progress(
+        total,
+        desc="sweep",
+        unit="run",
+        initial=skipped,
+        quiet=quiet or not is_main_process(),
+        line_every=None,  # a line per run instead
+    ) as bar:
+        if skipped:
+            bar.write(
+                f"sweep: skipping {skipped} finished run{'s' * (skipped != 1)} of {total}"
+                + ("; nothing to train" if not configs else "")
+            )
 
         def report(index: int, outcome) -> None:
             workdir, name = workdirs[index], names[index]
@@ -515,14 +546,22 @@ def execute_runs(
                     os.makedirs(workdir, exist_ok=True)
                     with open(os.path.join(workdir, "error.txt"), "w") as f:
                         f.write("".join(traceback.format_exception(outcome)))
-                bar.write(f"{name}: {type(outcome).__name__}: {outcome}")
                 bar.update(1)
+                bar.write(
+                    f"[{bar.n}/{total}] {name}: {_failure_status(outcome)}: "
+                    f"{type(outcome).__name__}: {outcome}"
+                )
             else:
                 stale = os.path.join(workdir, "error.txt")
                 if is_main_process() and os.path.exists(stale):
                     os.remove(stale)  # an earlier attempt's failure, now resolved
-                bar.update(
-                    1, run=name, test_acc=outcome.get("target_accuracy_at_best_val", float("nan"))
+                ACTIVITY.sweep_run_finished()
+                bar.update(1)
+                accuracy = outcome.get("target_accuracy_at_best_val", float("nan"))
+                bar.write(
+                    f"[{bar.n}/{total}] {name}: target acc {percent(accuracy)} at best val "
+                    f"(round {outcome.get('best_val_round')})"
+                    + (f", sweep ETA {bar.eta()}" if bar.n < total else "")
                 )
             if on_done is not None:
                 on_done(index, outcome)
@@ -535,6 +574,8 @@ def execute_runs(
             round_progress=not quiet,
             on_done=report,
             mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
+            run_names=names,
         )
 
 
@@ -590,6 +631,7 @@ def execute_sweep_runs(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
     on_status: Callable[[str, str, str | None], None] | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[int, Mapping[str, Any]]]:
     """Runs each of `runs` that has not finished (`previous[i]`: its results.json so far);
@@ -635,7 +677,9 @@ def execute_sweep_runs(
         overwrite=overwrite,
         names=[runs[i].name for i in todo],
         mlflow_tracking_uri=mlflow_tracking_uri,
+        mlflow_experiment=mlflow_experiment,
         on_done=record,
+        skipped=len(runs) - len(todo),
     )
     for position, outcome in enumerate(outcomes):
         record(position, outcome)
@@ -702,6 +746,7 @@ def run_sweep(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
     reshard: bool = False,
 ) -> dict[str, Any]:
     """Runs every run of the sweep `config` in `<workdir>/runs/<name>/`, then the protocol.
@@ -711,7 +756,8 @@ def run_sweep(
     before anything runs (pass overwrite=True to replace them). With `sweep.protocol`, the
     report (`protocol.py`) goes to `<workdir>/`: table.md, table.json, comparison.png, plus
     the figures named in `sweep.figures`. With `mlflow_tracking_uri` every run also logs to
-    MLflow (one MLflow run per run workdir; `mlflow_writer.py`).
+    MLflow (one MLflow run per run workdir, named by its run key, in `mlflow_experiment`;
+    `mlflow_writer.py`).
 
     A workdir whose sweep was split into shards (`fjp.run_shard`) is refused, naming the split,
     unless `reshard` (its record is then dropped: run it so only once none of its shards runs).
@@ -750,6 +796,7 @@ def run_sweep(
             quiet=quiet,
             overwrite=overwrite,
             mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
         )
         summary: dict[str, Any] = {
             "runs": {run.name: status[run.name] for run in runs},
@@ -807,7 +854,8 @@ def _figures(
 
     files: dict[str, str] = {}
     rows = list(dict.fromkeys(r.row for r in records))
-    slug = {row: _fmt(row).replace("(", "").replace(")", "").replace(",", "") for row in rows}
+    stems = plots.file_stems([_fmt(row) for row in rows])
+    slug = {row: stems[_fmt(row)] for row in rows}
     by_key = {(r.row, r.method, tuple(r.hparams), r.seed): r for r in records}
     if "curves" in sweep["figures"]:
         os.makedirs(os.path.join(workdir, "curves"), exist_ok=True)

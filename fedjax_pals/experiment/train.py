@@ -27,16 +27,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from fedjax_pals import registry
 from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
-from fedjax_pals.experiment.progress import Progress
+from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
 from fedjax_pals.experiment.task import build_task, task_summary
 from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
-from fedjax_pals.experiment.writers import MetricWriter
+from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
 from fedjax_pals.runtime import is_main_process
 from fedjax_pals.training import (
     TrainingHistory,
@@ -70,20 +71,81 @@ def _has_sweep(config: Any) -> bool:
     return isinstance(config, dict) and bool(config.get("sweep"))
 
 
-# TensorBoard charts (Custom Scalars) whose curves share one plot.
+# TensorBoard charts (Custom Scalars) whose curves share one plot: tag regexes, matched at a
+# tag's start (so "$" ends each: "target/accuracy" alone would draw accuracy_at_best_val too).
 CHARTS = {
-    "accuracy (target, validation)": ["target/accuracy", "val/accuracy"],
-    "macro-F1 (target, validation)": ["target/macro_f1", "val/macro_f1"],
-    "loss (train, target, validation)": ["train/loss", "target/loss", "val/loss"],
+    "accuracy (target, validation)": ["target/accuracy$", "val/accuracy$"],
+    "macro-F1 (target, validation)": ["target/macro_f1$", "val/macro_f1$"],
+    "loss (train, target, validation)": ["train/loss$", "target/loss$", "val/loss$"],
+    "alpha per client (server weights)": [r"server/alpha/client_\d+$"],
 }
+# TensorBoard's HParams dashboard: its metric columns (the headline first; each its last value)
+# and the hyperparameters it shows by default (it orders them by name): the method key, the
+# seed, FedPALS' lambda (either way of giving it) and the learning rate.
+HPARAMS_METRICS = {
+    "target/accuracy_at_best_val": "target test accuracy at the best-validation round (so far)",
+    "target/accuracy": "target test accuracy, last evaluation",
+    "val/accuracy": "target validation accuracy, last evaluation",
+    "target/macro_f1": "target test macro-F1, last evaluation",
+}
+HPARAMS_SHOWN = (
+    "method",
+    "seed",
+    "algorithm.lam",
+    "algorithm.ess_fraction",
+    "training.learning_rate",
+)
+# Written when they change (`MetricWriter`'s changed_only): constant for most runs, they would
+# be flat lines (the ESS, lambda, d(T,S) and alpha's histogram, unless adaptive lambda, T's
+# re-estimation or a part of the clients per round change them). Alpha per client is written
+# every round: the "alpha per client" chart draws it as lines.
+CHANGED_ONLY = r"server/(alpha|ess|lambda|projection_distance|target_estimate.*)"
 # Per-client (per-class) scalars of alpha (of T's estimate) for at most this many clients.
 PER_CLIENT_SCALARS = 20
+
+
+def method_key(resolved: Any) -> str:
+    """The method key of a resolved config as a sweep names it (`fedprox_fedpals`, not its
+    algorithm.name `fedprox`): the most specific registered key whose config keys it has."""
+    flat = flatten_hparams(as_dict(resolved) if not isinstance(resolved, dict) else resolved)
+    keys = registry.method_keys()
+    optimizer = flat.get("server.optimizer")
+    if optimizer not in (None, "sgd"):
+        keys = (optimizer, *(f"{optimizer}_{key}" for key in keys))
+    best, most = flat.get("algorithm.name"), -1
+    for key in keys:
+        try:
+            overrides = registry.method_overrides(key)
+        except ValueError:
+            continue
+        if len(overrides) > most and all(flat.get(p) == v for p, v in overrides.items()):
+            best, most = key, len(overrides)
+    return best
 
 
 def _indexed(prefix: str, values) -> dict:
     """{f"{prefix}_{i}": v}, i zero-padded so that the scalars sort in index order."""
     width = len(str(len(values) - 1))
     return {f"{prefix}_{i:0{width}d}": v for i, v in enumerate(values)}
+
+
+class _TrackedCheckpointer:
+    """The run's checkpointer, its saves uncut by a signal and recorded in `ACTIVITY` (the round
+    an interrupted command resumes from)."""
+
+    def __init__(self, checkpointer, key: str):
+        self._checkpointer, self._key = checkpointer, key
+
+    def save(self, state, history) -> None:
+        with uninterrupted():
+            self._checkpointer.save(state, history)
+            ACTIVITY.run_saved(self._key, history.rounds[-1] if history.rounds else None)
+
+    def restore(self, template):
+        return self._checkpointer.restore(template)
+
+    def __getattr__(self, name: str):
+        return getattr(self._checkpointer, name)
 
 
 class _PreparedRun:
@@ -95,7 +157,15 @@ class _PreparedRun:
     """
 
     def __init__(
-        self, config: Any, workdir, *, overwrite: bool, quiet: bool, mlflow_tracking_uri=None
+        self,
+        config: Any,
+        workdir,
+        *,
+        overwrite: bool,
+        quiet: bool,
+        mlflow_tracking_uri=None,
+        mlflow_experiment=None,
+        run_name=None,
     ):
         if _has_sweep(config):
             raise ConfigError(
@@ -116,9 +186,12 @@ class _PreparedRun:
         self.stack = stack = contextlib.ExitStack()
         try:
             self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, digest, lock=main))
+            # What an interrupted command says of this run (`progress.interruption_message`).
+            self.key = wd.path
+            ACTIVITY.run_prepared(self.key, os.fspath(workdir), resolved.training.rounds)
             if not overwrite:
                 # Every process reads (and so raises) alike: their orbax barriers line up.
-                wd.check_reusable()
+                ACTIVITY.run_saved(self.key, wd.check_reusable())
                 if wd.fallback_note and main:
                     logging.warning("%s", wd.fallback_note)
             self.task = task = build_task(resolved)
@@ -132,10 +205,12 @@ class _PreparedRun:
             checkpointer = wd.checkpointer()
             stack.callback(checkpointer.close)
             start_round = checkpointer.check_identity() or 0
+            ACTIVITY.run_starts(self.key, start_round)
             summary = task_summary(task)
             self.backend = resolve_backend(resolved.engine.backend, task.model)
             rounds = resolved.training.rounds
-            self.title = f"{resolved.algorithm.name} on {task.partition.description}"
+            label = registry.method_label(method_key(resolved))
+            self.title = f"{label} on {task.partition.description}"
             segments, engine_warning = engine_segments(
                 _read_results(wd.file(RESULTS_FILE)) if start_round else None,
                 start_round,
@@ -156,7 +231,10 @@ class _PreparedRun:
                     enabled=main,
                     resume_step=start_round,
                     mlflow_tracking_uri=mlflow_tracking_uri,
+                    mlflow_experiment=mlflow_experiment,
+                    mlflow_run_name=run_name,
                     record=wd.record,
+                    changed_only=CHANGED_ONLY,
                 )
             )
             self.progress = progress = stack.enter_context(
@@ -168,7 +246,11 @@ class _PreparedRun:
                     first_step_compiles=True,
                 )
             )
-            writer.write_hparams(self.plain)
+            writer.write_hparams(
+                {"method": method_key(self.plain), **self.plain},
+                HPARAMS_METRICS,
+                shown=HPARAMS_SHOWN,
+            )
             writer.write_layout(CHARTS)
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
@@ -197,12 +279,14 @@ class _PreparedRun:
                 seed=resolved.seed,
                 eval_every=resolved.training.eval_every,
                 clients_per_round=task.clients_per_round,
-                checkpointer=checkpointer,
+                checkpointer=_TrackedCheckpointer(checkpointer, self.key),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
                 update_state=self.reestimation,
             )
         except BaseException:
+            if hasattr(self, "key"):  # ended (with an error): not where an interrupt stops
+                ACTIVITY.run_ended(self.key)
             stack.close()
             raise
 
@@ -219,13 +303,15 @@ class _PreparedRun:
         }
 
     def _on_round(self, done: int, loss: float) -> None:
-        self.writer.write_scalars(done, {"train/loss": loss, **self._weight_scalars(done)})
+        with uninterrupted():  # a round's metrics are written whole
+            self.writer.write_scalars(done, {"train/loss": loss, **self._weight_scalars(done)})
+        ACTIVITY.run_round(self.key, done)
         self.progress.update(1, loss=loss)
 
     def _weight_scalars(self, done: int) -> dict:
         """The server's weights alpha of round `done` over all clients (0 for those not taking
-        part): a histogram, per-client scalars for up to `PER_CLIENT_SCALARS` clients, and
-        their effective sample size."""
+        part): a histogram (written when they change), per-client scalars for up to
+        `PER_CLIENT_SCALARS` clients, and their effective sample size."""
         weights = getattr(self.run, "last_weights", None)
         if weights is None or not self.main:
             return {}
@@ -270,6 +356,17 @@ class _PreparedRun:
         return estimate, float(np.abs(estimate - truth).sum())
 
     def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
+        with uninterrupted():  # the evaluation's metrics and results.json are written whole
+            self._write_evaluation(done, metrics, history)
+        self.progress.update(
+            0,
+            **{
+                "target acc": percent(metrics["test"]["accuracy"]),
+                "val acc": percent(metrics["val"]["accuracy"]),
+            },
+        )
+
+    def _write_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         self.writer.write_scalars(
             done,
             {
@@ -279,18 +376,21 @@ class _PreparedRun:
                 "val/accuracy": metrics["val"]["accuracy"],
                 "val/macro_f1": metrics["val"]["macro_f1"],
                 "val/loss": metrics["val"]["loss"],
+                # The headline, as results.json has it at this evaluation.
+                "target/accuracy_at_best_val": history.target_accuracy[history.best_val_index()],
                 **(self._server_scalars() if self.main else {}),
             },
         )
         self.writer.flush()
         if self.main:
             write_json(self.workdir.file(RESULTS_FILE), self.results_of(history))
-        self.progress.update(0, acc=metrics["test"]["accuracy"], val=metrics["val"]["accuracy"])
 
     def finish(self, outcome) -> dict | BaseException:
         """Final results (results.json, curves.png) or the run's exception; closes its resources."""
         try:
             if isinstance(outcome, BaseException):
+                if isinstance(outcome, Exception):  # ended; an interrupted run is still "in" it
+                    ACTIVITY.run_ended(self.key)
                 return outcome
             state, history = outcome
             results = self.results_of(history)
@@ -308,9 +408,18 @@ class _PreparedRun:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
                     self.workdir.file("curves.png"),
-                    {self.config.algorithm.name: results},
+                    {method_key(self.config): results},
                     self.title,
                 )
+            if self.main:  # the run's files into its MLflow run (nothing without MLflow)
+                files = [self.workdir.file(name) for name in (RESULTS_FILE, "curves.png", HPARAMS_FILE)]
+                try:
+                    self.writer.write_artifacts(files)
+                except mlflow_writer.MlflowError as error:
+                    # The run is trained and its files written: a store that takes metrics but
+                    # not files (a server without artifact serving) costs only the copies.
+                    logging.warning("%s: MLflow artifacts not logged: %s", self.workdir.path, error)
+            ACTIVITY.run_ended(self.key)
             return results
         finally:
             self.stack.close()
@@ -323,6 +432,7 @@ def train_and_evaluate(
     overwrite: bool = False,
     quiet: bool = False,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
 ) -> dict:
     """Trains and evaluates the run described by `config` in `workdir`; returns its results.
 
@@ -336,7 +446,10 @@ def train_and_evaluate(
         after the new config is validated and its data loaded).
       quiet: no progress bar and no log lines.
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
-        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
+        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir, named by the
+        workdir's name; results.json, curves.png and hparams.json its artifacts). None: no
+        MLflow.
+      mlflow_experiment: the MLflow experiment of that run.
 
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
@@ -353,6 +466,7 @@ def train_and_evaluate(
       DatasetUnavailableError, TaskError: data that cannot be had, or cannot make this run.
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
+    ACTIVITY.reset()
     with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
         prepared = _PreparedRun(
             config,
@@ -360,6 +474,7 @@ def train_and_evaluate(
             overwrite=overwrite,
             quiet=quiet,
             mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_experiment=mlflow_experiment,
         )
         engine = prepared.config.engine
         try:
@@ -378,10 +493,13 @@ def _train_group(
 ) -> list:
     """run_trainings of the prepared runs; with `progress`, one bar over the group's rounds."""
     runs = [p.run for p in prepared]
+    ACTIVITY.run_training(p.key for p in prepared)
     if not progress:
         return run_trainings(runs, backend=backend, chunk_size=chunk_size)
     first = runs[0]
-    names = ", ".join(os.path.basename(str(p.workdir.path)) for p in prepared[:3])
+    names = ", ".join(  # a sweep's run names (fedpals/seed_0), else the workdirs' own
+        ACTIVITY.names.get(p.key, os.path.basename(str(p.workdir.path))) for p in prepared[:3]
+    )
     more = f" +{len(runs) - 3}" if len(runs) > 3 else ""
     with Progress(
         first.rounds,
@@ -416,6 +534,8 @@ def train_and_evaluate_many(
     max_runs_per_program: int = MAX_RUNS_PER_PROGRAM,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
     mlflow_tracking_uri: str | None = None,
+    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
+    run_names: Sequence[str] | None = None,
 ) -> list[dict | BaseException]:
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
 
@@ -426,11 +546,14 @@ def train_and_evaluate_many(
     checkpoints are those it gets alone. A failed run does not stop the others:
     its exception is returned in its place. `on_done(index, outcome)` is called
     as each run ends. `quiet` silences each run's own output; `round_progress`
-    shows one bar over the rounds of each group trained together; `mlflow_tracking_uri` as
-    in `train_and_evaluate`.
+    shows one bar over the rounds of each group trained together; `mlflow_tracking_uri` and
+    `mlflow_experiment` as in `train_and_evaluate`; `run_names` name the MLflow runs (a
+    sweep's run keys, e.g. fedpals/seed_0; default: the workdirs' names).
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
+    if run_names is not None and len(run_names) != len(configs):
+        raise ValueError(f"{len(configs)} configs but {len(run_names)} run names.")
     if (
         isinstance(max_runs_per_program, bool)
         or not isinstance(max_runs_per_program, int)
@@ -460,44 +583,53 @@ def train_and_evaluate_many(
         for start in range(0, len(indices), max_runs_per_program):
             chunk = indices[start : start + max_runs_per_program]
             prepared = {}
-            for index in chunk:
-                try:
-                    prepared[index] = _PreparedRun(
-                        configs[index],
-                        workdirs[index],
-                        overwrite=overwrite,
-                        quiet=quiet,
-                        mlflow_tracking_uri=mlflow_tracking_uri,
+            try:
+                for index in chunk:
+                    try:
+                        prepared[index] = _PreparedRun(
+                            configs[index],
+                            workdirs[index],
+                            overwrite=overwrite,
+                            quiet=quiet,
+                            mlflow_tracking_uri=mlflow_tracking_uri,
+                            mlflow_experiment=mlflow_experiment,
+                            run_name=run_names[index] if run_names is not None else None,
+                        )
+                    except Exception as error:  # noqa: BLE001
+                        done(index, error)
+                # `_structure_of` is a cheap pre-grouping by config; `training_group_key` decides.
+                lockstep: dict = {}
+                for index, run in prepared.items():
+                    engine = run.config.engine
+                    key = training_group_key(
+                        run.run, backend=engine.backend, chunk_size=engine.chunk_size
                     )
-                except Exception as error:  # noqa: BLE001
-                    done(index, error)
-            # `_structure_of` is a cheap pre-grouping by config; `training_group_key` decides.
-            lockstep: dict = {}
-            for index, run in prepared.items():
-                engine = run.config.engine
-                key = training_group_key(
-                    run.run, backend=engine.backend, chunk_size=engine.chunk_size
-                )
-                lockstep.setdefault(key, []).append(index)
-            for members in lockstep.values():
-                engine = prepared[members[0]].config.engine
-                try:
-                    results = _train_group(
-                        [prepared[i] for i in members],
-                        engine.backend,
-                        engine.chunk_size,
-                        progress=round_progress,
-                    )
-                except BaseException as error:
-                    for i in members:
-                        prepared[i].finish(error)
-                    if not isinstance(error, Exception):
-                        raise
-                    for i in members:
-                        done(i, error)
-                    continue
-                for i, outcome in zip(members, results):
-                    done(i, prepared[i].finish(outcome))
+                    lockstep.setdefault(key, []).append(index)
+                for members in lockstep.values():
+                    engine = prepared[members[0]].config.engine
+                    try:
+                        results = _train_group(
+                            [prepared[i] for i in members],
+                            engine.backend,
+                            engine.chunk_size,
+                            progress=round_progress,
+                        )
+                    except BaseException as error:
+                        for i in members:
+                            prepared[i].finish(error)
+                        if not isinstance(error, Exception):
+                            raise
+                        for i in members:
+                            done(i, error)
+                        continue
+                    for i, outcome in zip(members, results):
+                        done(i, prepared[i].finish(outcome))
+            except BaseException:
+                # Interrupted (or a bug): every run of the chunk lets go of its lock and writer,
+                # as a killed process would; what they wrote stays and they resume from it.
+                for run in prepared.values():
+                    run.stack.close()
+                raise
     return outcomes
 
 
