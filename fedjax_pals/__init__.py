@@ -98,7 +98,7 @@ from fedjax_pals.experiment.checkpoints import (  # noqa: E402
     CheckpointMismatchError,
     Checkpointer,
 )
-from fedjax_pals.experiment.workdir import WorkdirError, WorkdirLockedError  # noqa: E402
+from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError  # noqa: E402
 from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
 
 # The submodules, as attributes (fjp.engine.round_engine, fjp.experiment.plots, ...).

@@ -37,21 +37,16 @@ import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.data import FederatedPartition
+# A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
+# is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
+# with the optimisers (importable from here as before).
+from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
 
 if TYPE_CHECKING:  # the methods (fedjax_pals.algorithms) import the registry, not the reverse
     from fedjax_pals.algorithms import FederatedAlgorithm, Weighting
 
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
-# A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
-# is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it (Reddi et al.'s
-# name for that method). server_optimizers.py defines them; "sgd" is the plain average.
-SERVER_OPTIMIZER_LABELS = {
-    "fedavgm": "FedAvgM",
-    "fedadam": "FedAdam",
-    "fedyogi": "FedYogi",
-    "fedadagrad": "FedAdagrad",
-}
 
 
 # -- hyperparameters --------------------------------------------------------------------------
@@ -231,7 +226,7 @@ class Method:
                 f"{sorted(known) or 'none'}."
             )
         algorithm = self.build(self.hyperparameters(**values), context or MethodContext())
-        from fedjax_pals.algorithms.base import FederatedAlgorithm  # it imports the registry
+        from fedjax_pals.algorithms.base import FederatedAlgorithm  # its package imports us
 
         if not isinstance(algorithm, FederatedAlgorithm):
             # Caught here, not at the first `_replace` or inside the compiled round.

@@ -32,23 +32,33 @@ per run: vmapped over the runs axis, saved in checkpoints with the rest of the s
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_pals import _validation
-from fedjax_pals.algorithms import (
-    ClientOutputs,
-    FederatedAlgorithm,
-    ServerState,
-    ServerUpdate,
-    weighted_average_update,
-)
+
+if TYPE_CHECKING:  # registry.py imports this module, and fedjax_pals.algorithms the registry
+    from fedjax_pals.algorithms.base import (
+        ClientOutputs,
+        FederatedAlgorithm,
+        ServerState,
+        ServerUpdate,
+    )
 
 # `sgd` at learning rate 1 is the plain weighted average (today's server update).
 SERVER_OPTIMIZERS = ("sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+# The label of each server optimiser but `sgd`, the registry's prefix of a method key:
+# "fedadam_fedpals" is FedPALS with FedAdam's server step ("FedAdam+FedPALS"), a bare "fedadam"
+# FedAvg with it (Reddi et al.'s name for that method).
+SERVER_OPTIMIZER_LABELS = {
+    "fedavgm": "FedAvgM",
+    "fedadam": "FedAdam",
+    "fedyogi": "FedYogi",
+    "fedadagrad": "FedAdagrad",
+}
 ADAPTIVE = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
 # Reddi et al.'s defaults (Sec. 5 / App. D): b1 = 0.9, b2 = 0.99, tau tuned (1e-3 typical);
 # FedAvgM with momentum 0.9.
@@ -168,13 +178,8 @@ def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
     return update
 
 
-SERVER_OPTIMIZER_NAMES = {
-    "sgd": "sgd",
-    "fedavgm": "FedAvgM",
-    "fedadam": "FedAdam",
-    "fedyogi": "FedYogi",
-    "fedadagrad": "FedAdagrad",
-}
+# The name of each server optimiser in an algorithm's name ("FedAdam(eta=0.1,...)+fedpals").
+SERVER_OPTIMIZER_NAMES = {"sgd": "sgd", **SERVER_OPTIMIZER_LABELS}
 
 
 def with_server_optimizer(
@@ -187,6 +192,10 @@ def with_server_optimizer(
     DP and T-estimating FedPALS); SCAFFOLD and AFL have server updates of their own and are
     refused.
     """
+    # Not at the top: importing algorithms.base runs fedjax_pals.algorithms, whose methods
+    # import the registry, which imports this module.
+    from fedjax_pals.algorithms.base import weighted_average_update
+
     if algorithm.server_update is not weighted_average_update():
         raise ValueError(
             f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "

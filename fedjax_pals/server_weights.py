@@ -19,19 +19,33 @@ they are concrete; traced calls skip the checks.
 
 from __future__ import annotations
 
+import functools
 
 import chex
 import jax
 import jax.numpy as jnp
+import jaxopt
+from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _linalg, _validation
 
-# The solve (see _solve_fedpals): semismooth Newton on eq. 8's K-dimensional dual picks
-# the face, and a primal active-set method of exact face steps (_active_set) finishes it
-# to float32 rounding (BUILD_NOTES.md). fedpals_weights still checks max_iter and tol, but
-# they no longer change the result.
+# fedpals_weights' solvers. "active_set" (the default, _solve_fedpals): semismooth Newton on
+# eq. 8's K-dimensional dual picks the face, and a primal active-set method of exact face
+# steps (_active_set) finishes it to float32 rounding (BUILD_NOTES.md). "projected_gradient"
+# (_solve_fedpals_projected_gradient): the design card's solver, jaxopt's projected gradient
+# onto the simplex, slower; max_iter and tol are its settings (the active-set method checks
+# them but needs neither).
+SOLVERS = ("active_set", "projected_gradient")
+DEFAULT_SOLVER = "active_set"
+# The projected gradient's budget per phase (accelerated, then plain) and its tolerance on
+# ||alpha_(k+1) - alpha_k||_2. In float32 that step jitters at rounding level (1e-8 to 1e-6 in
+# the problems measured) and seldom gets under 1e-9, so by default both phases nearly always
+# run their max_iter steps (or stop on an exact fixed point): with the
+# card's former 1e-7, both stopped 0.035 off a lam = 0 minimiser (M = 20 > K = 5, where S S^T
+# is singular and the steps near the minimiser are tiny; objective 2.3e-7 too high, 1.9 eps
+# scale^2; BUILD_NOTES.md, issue 29). The active-set method uses neither.
 DEFAULT_MAX_ITER = 5000
-DEFAULT_TOL = 1e-7
+DEFAULT_TOL = 1e-9
 # _active_set: at most this many clients join the dual phase's face (it is normally right,
 # or off by a few), and at most this many full steps in a row refine a face's minimiser.
 _MAX_ADDITIONS = 64
@@ -557,12 +571,62 @@ def _solve_fedpals(
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
 
+def _lipschitz_bound(dists: jax.Array, sizes: jax.Array, lam: jax.Array) -> jax.Array:
+    # The Hessian of eq. 8 is 2 (S S^T + lam diag(1/n)); ||S S^T||_2 = ||S^T S||_2, a K x K
+    # eigenproblem, so no M x M matrix is formed.
+    gram_norm = jnp.linalg.eigvalsh(dists.T @ dists)[-1]
+    return 2.0 * (gram_norm + lam * jnp.max(1.0 / sizes))
+
+
+@functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
+def _solve_fedpals_projected_gradient(
+    dists: jax.Array,
+    target: jax.Array,
+    sizes: jax.Array,
+    lam: jax.Array,
+    max_iter: int,
+    tol: float,
+) -> jax.Array:
+    """Eq. 8 by `jaxopt.ProjectedGradient` (the design card's solver): fixed step 1/L,
+    Euclidean projection onto the simplex, from FedAvg; accelerated (FISTA), then plain."""
+    finite_lam = jnp.where(jnp.isinf(lam), 0.0, lam)
+    # The objective divided by L makes a fixed step of 1 equal to 1/L, so a traced L (vmap
+    # over lam) still gives jaxopt a static step.
+    lipschitz = _lipschitz_bound(dists, sizes, finite_lam)
+
+    def scaled_objective(alpha):
+        return fedpals_objective(alpha, dists, target, sizes, finite_lam) / lipschitz
+
+    def run(alpha, accelerated):
+        return jaxopt.ProjectedGradient(
+            fun=scaled_objective,
+            projection=projection_simplex,
+            stepsize=1.0,
+            maxiter=max_iter,
+            tol=tol,
+            acceleration=accelerated,
+            implicit_diff=False,
+        ).run(alpha).params
+
+    fedavg = sizes / jnp.sum(sizes)
+    # FedAvg is exact for lam = inf (Proposition 2) and for T equal to the clients' aggregate
+    # (a fixed point, up to rounding). Accelerated alone, jaxopt can stop at a vertex that is
+    # not optimal: its stopping test ||alpha_(k+1) - alpha_k|| is 0 when momentum overshoots a
+    # face and the projection lands twice on the same vertex (4 of 144 small random problems
+    # at lam <= 1e-3 N, objective up to 2.4e-4 too high; BUILD_NOTES.md). Without momentum
+    # that test is the gradient mapping, 0 only at the minimiser: plain projected gradient
+    # finishes from where the accelerated run stopped.
+    alpha = run(run(fedavg, True), False)
+    return jnp.where(jnp.isinf(lam), fedavg, alpha)
+
+
 def fedpals_weights(
     client_label_dists: chex.ArrayLike,
     target_label_dist: chex.ArrayLike,
     client_sizes: chex.ArrayLike,
     lam: chex.ArrayLike,
     *,
+    solver: str = DEFAULT_SOLVER,
     max_iter: int = DEFAULT_MAX_ITER,
     tol: float = DEFAULT_TOL,
 ) -> jax.Array:
@@ -585,14 +649,32 @@ def fedpals_weights(
     At M = 10,000, K = 10 this takes 0.01-0.3 s on a 2-core CPU, at M = 100,000 0.1-2 s
     (lam = 0 is the slowest: the active set drops a client per step; BUILD_NOTES.md).
 
+    solver="projected_gradient" solves the same eq. 8 with the design card's solver instead,
+    `jaxopt.ProjectedGradient` with `jaxopt.projection.projection_simplex`:
+
+        alpha <- Proj_simplex(y - grad f(y) / L),  L = 2 (||S^T S||_2 + lam max_i 1 / n_i),
+
+    from FedAvg, first accelerated (FISTA: the step is taken from an extrapolation y of the
+    last two iterates), then plain (y = alpha, whose stopping test, the gradient mapping, is 0
+    only at the minimiser), each for at most max_iter steps and until ||alpha_(k+1) -
+    alpha_k||_2 <= tol; O(M K + M log M) a step (the projection sorts). On the tests'
+    problems (M <= 60) it reaches the default's minimiser to float32 rounding: the objective
+    to eps * scale^2 (scale = ||T|| + ||alpha^T S|| + sqrt(lam sum_i alpha_i^2 / n_i)), alpha
+    to what rounding allows a gradient method, which grows with the square of the face's
+    condition number (tests/test_server_weights.py). It is 3-700x slower (0.003-17 s at
+    M = 10-10,000), and at lam = 0 with M >> K, where eq. 8 is not strongly convex, the
+    default budget can fall short: at M = 1,000 it left the objective 5.7e-7 above the
+    active set's (6 eps * scale^2); max_iter=20000 brought that to 0.2 (BUILD_NOTES.md).
+
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.
       target_label_dist: T, shape (K,).
       client_sizes: n, shape (M,), all > 0.
       lam: the trade-off lam >= 0. `jnp.inf` returns FedAvg (Proposition 2).
-      max_iter, tol: the settings of the projected-gradient phase that earlier versions
-        ran where the face steps ended off the optimum (an integer >= 1, a finite
-        number > 0). Still checked, no longer used: the active-set method needs neither.
+      solver: "active_set" (the default) or "projected_gradient" (above).
+      max_iter, tol: the projected gradient's iteration budget and stopping tolerance (an
+        integer >= 1, a finite number > 0). Checked for either solver; the active-set
+        method, which stops on the KKT conditions, uses neither.
 
     Returns:
       alpha, shape (M,), on the simplex.
@@ -600,13 +682,15 @@ def fedpals_weights(
     At lam = 0 with T inside Conv(S) and M > K the minimiser is not unique; this
     returns the one the active-set method reaches from alpha^(1e-6 N) by minimum-norm
     steps (in the metric sum_i d_i^2 / n_i), close to but not exactly the largest-ESS one
-    (the lam -> 0+ limit, App. B.2). Use a small positive lam for that one.
+    (the lam -> 0+ limit, App. B.2); the projected gradient returns the one it reaches from
+    FedAvg. Use a small positive lam for the largest-ESS one.
 
     Raises:
-      ValueError / TypeError: bad problem data, lam < 0 or NaN, or max_iter / tol
-        not an integer >= 1 / a finite number > 0 (checked even under jit: they
-        are static).
+      ValueError / TypeError: bad problem data, lam < 0 or NaN, an unknown solver, or
+        max_iter / tol not an integer >= 1 / a finite number > 0 (checked even under
+        jit: they are static).
     """
+    solver = _validation.check_choice("solver", solver, SOLVERS)
     max_iter = _validation.check_positive_int("max_iter", max_iter)
     tol = _validation.check_positive_float("tol", tol)
     if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, lam):
@@ -618,7 +702,10 @@ def fedpals_weights(
     chex.assert_rank(dists, 2)
     chex.assert_shape(target, (dists.shape[1],))
     chex.assert_shape(sizes, (dists.shape[0],))
-    del max_iter, tol  # checked above for compatibility; nothing uses them any more
+    if solver == "projected_gradient":
+        return _solve_fedpals_projected_gradient(
+            dists, target, sizes, _float_array(lam), max_iter=max_iter, tol=tol
+        )
     return _solve_fedpals(dists, target, sizes, _float_array(lam))
 
 

@@ -108,3 +108,14 @@ def test_afl_reports_the_averaged_or_the_last_iterate():
     assert not tree_close(fjp.algorithms.afl(0.5).eval_params(states[2]), states[2].params, atol=1e-6)
     with pytest.raises(ValueError, match="average_iterates must be a bool"):
         fjp.algorithms.afl(0.5, average_iterates=1)
+
+
+@pytest.mark.parametrize("step", [0, 0.0, -0.1, float("nan")])
+def test_afl_refuses_a_step_size_the_config_refuses(step):
+    # The config's rule for algorithm.afl_step, in its words: a step of 0 never moves lam.
+    with pytest.raises(ValueError, match=r"afl_step must be a finite number > 0"):
+        fjp.algorithms.AflHyperparameters(afl_step=step)
+    with pytest.raises(ValueError, match=r"^step_size must be a finite number > 0, got"):
+        fjp.algorithms.afl(step)
+    with pytest.raises(ValueError, match=r"^step_size must be a finite number > 0, got"):
+        fjp.algorithms.afl_server_update(step)

@@ -210,9 +210,21 @@ def test_the_example_fednova_update_normalises_by_local_steps(registries_restore
     assert int(new.round) == 0  # the engine, not a server update, counts the rounds
 
 
+def test_a_misspelt_method_is_refused_suggesting_the_registered_one():
+    # Not a fallback to another method (FedAvg): a typo in a config would run the wrong one.
+    with pytest.raises(ValueError, match=r"unknown method 'fedprx' \(did you mean 'fedprox'\?\)"):
+        fjp.get_method("fedprx")
+    for name in ("fedprox", "fedavg", "afl"):
+        assert fjp.get_method(name).name == name
+    with pytest.raises(ValueError, match=r"unknown method 'no_such_method'; the registered"):
+        fjp.get_method("no_such_method")
+
+
 def test_server_optimiser_keys_and_labels_cover_every_server_optimiser():
     from fedjax_pals import server_optimizers
 
+    # Defined with the optimisers; the registry's name is the same dict.
+    assert registry.SERVER_OPTIMIZER_LABELS is server_optimizers.SERVER_OPTIMIZER_LABELS
     assert set(registry.SERVER_OPTIMIZER_LABELS) == set(server_optimizers.SERVER_OPTIMIZERS) - {"sgd"}
     for optimizer, label in registry.SERVER_OPTIMIZER_LABELS.items():
         assert registry.method_overrides(f"{optimizer}_fedpals") == {

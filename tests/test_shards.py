@@ -1,5 +1,6 @@
 """Sharded sweeps: the split, the plan and shard records, collect, the command line's bad input."""
 
+import glob
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
+from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import shards as shards_lib
 from fedjax_pals.experiment import sweep as sweep_lib
@@ -107,6 +109,58 @@ def test_a_group_larger_than_one_program_is_cut_into_program_sized_blocks():
     )
     assignment = fjp.assign_shards(runs, 2, max_runs_per_program=10)
     assert assignment == (0,) * 10 + (1,) * 10
+
+
+# The per-run state that structure_group_key removed before the label-DP keys joined
+# config.PER_RUN_STATE_KEYS.
+_STATE_KEYS_BEFORE_DP = (
+    "seed",
+    "algorithm.lam",
+    "algorithm.ess_fraction",
+    "algorithm.target_perturbation",
+)
+SWEEP_CONFIGS = sorted(
+    name
+    for name in (os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
+    if "sweep" in _load_config(name)
+)
+
+
+def _key_before_dp(resolved):
+    plain = config_lib.as_dict(resolved)
+    plain.pop("seed", None)
+    for key in ("lam", "ess_fraction", "target_perturbation"):
+        plain.get("algorithm", {}).pop(key, None)
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+def _partition(indices, key):
+    groups = {}
+    for i in indices:
+        groups.setdefault(key(i), []).append(i)
+    return sorted(groups.values())
+
+
+@pytest.mark.parametrize("name", SWEEP_CONFIGS)
+def test_each_sweep_config_groups_as_before_but_for_runs_differing_only_in_the_added_keys(name):
+    runs, _ = sweep_lib._runs(_load_config(name))
+    added = [k for k in config_lib.PER_RUN_STATE_KEYS if k not in _STATE_KEYS_BEFORE_DP]
+    assert "algorithm.label_dp_epsilon" in added
+    flat = [config_lib.flatten(config_lib.as_dict(run.resolved)) for run in runs]
+    new = [structure_group_key(run.resolved) for run in runs]
+    old = [_key_before_dp(run.resolved) for run in runs]
+    everything = range(len(runs))
+    # A group of before lies in one group of now ...
+    for members in _partition(everything, old.__getitem__):
+        assert len({new[i] for i in members}) == 1
+    # ... and a group of now is the groups of before that differ only in the added keys.
+    for members in _partition(everything, new.__getitem__):
+        assert _partition(members, old.__getitem__) == _partition(
+            members, lambda i: json.dumps([flat[i][k] for k in added])
+        )
+    private = any(f["algorithm.label_dp_epsilon"] is not None for f in flat)
+    before, now = len(set(old)), len(set(new))
+    assert now < before if private else now == before, (before, now)
 
 
 def test_the_split_is_the_same_in_fresh_processes_with_other_hash_seeds(table1_runs):

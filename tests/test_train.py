@@ -350,6 +350,73 @@ def test_synthetic_runs_differing_only_in_lambda_or_seed_share_one_runs_axis():
     assert len({fjp.training.training_group_key(run) for run in runs}) == 1
 
 
+def _dp_config(epsilon, seed=0, **algorithm):
+    return {
+        "seed": seed,
+        "dataset": {"name": "synthetic"},
+        "algorithm": {"name": "fedpals", "label_dp_epsilon": epsilon, **algorithm},
+        "training": {"rounds": 2},
+    }
+
+
+def test_the_config_grouping_is_the_engines_for_the_per_run_state_keys():
+    # structure_group_key (config.PER_RUN_STATE_KEYS) groups these runs exactly as the engine
+    # does (training_group_key): the label-DP release's epsilon, mechanism and delta are values
+    # in the state like the seed and lambda; whether a release is made at all is structure.
+    configs = [
+        _dp_config(None),
+        _dp_config(None, seed=1, lam=2.0),
+        _dp_config(1.0),
+        _dp_config(0.1),
+        _dp_config(0.01, seed=1),
+        _dp_config(1.0, lam=2.0),
+        _dp_config(1.0, label_dp_mechanism="gaussian", label_dp_delta=1e-5),
+        _dp_config(0.1, label_dp_mechanism="gaussian", label_dp_delta=1e-3),
+    ]
+    by_config, by_engine = {}, {}
+    for i, config in enumerate(configs):
+        resolved = fjp.validate_config(config)
+        task = fjp.build_task(resolved)
+        run = fjp.training.TrainingRun(
+            task.algorithm,
+            task.model,
+            task.dataset,
+            task.partition,
+            task.training,
+            rounds=2,
+            seed=resolved.seed,
+            clients_per_round=task.clients_per_round,
+        )
+        by_config.setdefault(train_lib.structure_group_key(resolved), []).append(i)
+        by_engine.setdefault(fjp.training.training_group_key(run), []).append(i)
+    assert list(by_config.values()) == list(by_engine.values()) == [[0, 1], [2, 3, 4, 5, 6, 7]]
+
+
+def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monkeypatch):
+    # 3 epsilons x 1 seed (and the exact S, another program: its state holds no release).
+    configs = [_dp_config(epsilon) for epsilon in (1.0, 0.1, 0.01, None)]
+    calls = []  # (runs, the round engine) of each program the runs went through
+    real = train_lib.run_trainings
+
+    def counting(runs, **kw):
+        engines = [fjp.engine.round_engine(r.algorithm, r.model, r.training, **kw) for r in runs]
+        calls.append((len(runs), engines))
+        return real(runs, **kw)
+
+    monkeypatch.setattr(train_lib, "run_trainings", counting)
+    outcomes = fjp.train_and_evaluate_many(
+        configs, [str(tmp_path / f"run{i}") for i in range(len(configs))]
+    )
+    assert all(isinstance(outcome, dict) for outcome in outcomes), outcomes
+    assert sorted(runs for runs, _ in calls) == [1, 3]
+    dp_engines = next(engines for runs, engines in calls if runs == 3)
+    (exact_engine,) = next(engines for runs, engines in calls if runs == 1)
+    assert all(engine is dp_engines[0] for engine in dp_engines)  # one compiled round
+    assert dp_engines[0] is not exact_engine
+    # The epsilons' releases differ (the state differs), so do their weights.
+    assert len({json.dumps(o["alpha"]) for o in outcomes[:3]}) == 3
+
+
 @pytest.mark.parametrize(
     "algorithm",
     [
@@ -420,3 +487,18 @@ def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_
     assert trained == [3, 4, 5, 6]
     assert resumed["target_accuracy"] == expected["target_accuracy"]
     assert progress.ACTIVITY.last_start == 2  # what experiments.run's last line says
+
+
+@pytest.mark.parametrize("max_runs", [1, 3, 16])
+def test_program_blocks_are_the_fewest_of_at_most_max_runs_with_sizes_within_one(max_runs):
+    from fedjax_pals.experiment.train import program_blocks
+
+    assert program_blocks(list(range(60)), 16) == [list(range(s, s + 15)) for s in (0, 15, 30, 45)]
+    for n in range(0, 70):
+        members = [3 * i + 1 for i in range(n)]
+        blocks = program_blocks(members, max_runs)
+        assert [i for block in blocks for i in block] == members
+        assert len(blocks) == -(-n // max_runs)  # the fewest
+        sizes = [len(block) for block in blocks]
+        assert all(0 < size <= max_runs for size in sizes)
+        assert not sizes or max(sizes) - min(sizes) <= 1

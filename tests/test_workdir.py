@@ -1,5 +1,6 @@
 """Checkpoints (orbax, with the run's identity inside) and workdirs (one config, one writer)."""
 
+import ast
 import glob
 import os
 import shutil
@@ -420,3 +421,63 @@ def test_only_the_process_holding_the_lock_records(tmp_path):
     assert not os.path.exists(other.file(workdir_lib.RECORD_FILE))
     with pytest.raises(ValueError, match="by name"):
         other.record("../results.json")
+
+
+# -- imports -----------------------------------------------------------------------------------
+
+
+def _module_imports(package_dir):
+    """{module: the fedjax_pals modules it imports}, at the top or inside functions (not under
+    `if TYPE_CHECKING:`), each import naming the module it names (not its parent packages)."""
+    root = os.path.dirname(package_dir)
+    modules = {}
+    for dirpath, _, files in os.walk(package_dir):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                module = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                modules[module.removesuffix(".__init__")] = path
+
+    def known(name):  # the module `name` is, or the package holding the object it names
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(open(path).read(), path)
+        skipped = {
+            id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test) for b in node.body for n in ast.walk(b)
+        }
+        graph[module] = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[module] |= {known(n) for n in names if n.startswith("fedjax_pals")} - {module}
+    return graph
+
+
+def test_no_module_of_the_package_imports_itself_back():
+    # WorkdirLockedError lives in errors.py so that locks.py no longer imports workdir.py,
+    # which imports locks.py: every fedjax_pals module now imports only modules that do not
+    # import it back, lazily or not.
+    assert fjp.WorkdirLockedError is workdir_lib.WorkdirLockedError
+    assert fjp.WorkdirLockedError.__module__ == "fedjax_pals.experiment.errors"
+    graph = _module_imports(os.path.dirname(fjp.__file__))
+    assert "fedjax_pals.experiment.errors" in graph["fedjax_pals.experiment.locks"]
+
+    def reaches(start, goal, seen):
+        return any(
+            nxt == goal or (nxt not in seen and not seen.add(nxt) and reaches(nxt, goal, seen))
+            for nxt in graph[start]
+        )
+
+    cycles = sorted(m for m in graph if reaches(m, m, set()))
+    assert not cycles, f"modules importing themselves back: {cycles}"

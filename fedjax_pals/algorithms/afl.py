@@ -41,6 +41,12 @@ from fedjax_pals.algorithms.base import (
 from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
+def _check_step(step_size: float) -> float:
+    # The config's rule for algorithm.afl_step (`AflHyperparameters`): a step of 0 never moves
+    # lam, which is FedAvg with an averaged iterate, not AFL.
+    return _validation.check_number("step_size", step_size, low=0.0, low_open=True)
+
+
 def _afl_weights(label_dists, sizes, state, participants):
     lam = _state_entry(state, "lam", "afl weighting", "afl(step_size)")[participants]
     total = jnp.sum(lam)
@@ -79,7 +85,7 @@ def afl_server_update(step_size: float) -> ServerUpdate:
     Averaged iterate: avg_t = avg_{t-1} + (w_t - avg_{t-1}) / t, so
     avg_T = (1/T) sum_{t=1}^T w_t, the model the paper reports (`eval_params`).
     """
-    return _afl_server_update(_validation.check_nonnegative("step_size", step_size))
+    return _afl_server_update(_check_step(step_size))
 
 
 @functools.cache
@@ -128,7 +134,7 @@ def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:
     litian96/fair_flearn report; average_iterates=False evaluates the last
     iterate w_T instead (as the FedDG benchmark does). Training is the same.
     """
-    step_size = _validation.check_nonnegative("step_size", step_size)
+    step_size = _check_step(step_size)
     average = _validation.check_flag("average_iterates", average_iterates)
     return FederatedAlgorithm(
         name="afl" if average else "afl(last iterate)",

@@ -7,10 +7,16 @@ sample size, re-solved whenever the participants change. T and lam are per-run d
 
 `make_algorithm` builds any registered method by name, with FedPALS' weights for a client-side
 method (`<name>_fedpals`, e.g. FedProx+FedPALS).
+
+The weights' solver: None or "active_set" (the default, exact), or "projected_gradient" (the
+design card's jaxopt solver; `server_weights.fedpals_weights`): `fedpals(..., weights_solver=)`,
+`fedpals_weighting(..., solver=)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import chex
@@ -56,29 +62,81 @@ def _fedpals_weights(label_dists, sizes, state, participants):
     return server_weights.fedpals_weights(label_dists, data.target_label_dist, sizes, data.lam)
 
 
-def fedpals_weighting(target_label_dist: chex.ArrayLike, lam: float) -> Weighting:
-    """alpha^lam of eq. 8 over the participants, re-solved whenever they change."""
+@functools.cache
+def _fedpals_weights_with(solver: str):
+    """The weights function that solves eq. 8 with `solver` (one per solver: the engine keys
+    its compiled rounds on the function's identity)."""
+
+    def weights(label_dists, sizes, state, participants):
+        data = state.weighting_state
+        return server_weights.fedpals_weights(
+            label_dists, data.target_label_dist, sizes, data.lam, solver=solver
+        )
+
+    return weights
+
+
+def _check_solver(name: str, solver: str | None) -> str | None:
+    """None, or one of `server_weights.SOLVERS`; the default solver is None, so that a run that
+    names it shares the default's compiled round."""
+    solver = _validation.check_choice(name, solver, server_weights.SOLVERS, optional=True)
+    return None if solver == server_weights.DEFAULT_SOLVER else solver
+
+
+def fedpals_weighting(
+    target_label_dist: chex.ArrayLike, lam: float, *, solver: str | None = None
+) -> Weighting:
+    """alpha^lam of eq. 8 over the participants, re-solved whenever they change.
+
+    solver: how `server_weights.fedpals_weights` solves eq. 8: None or "active_set" (the
+    default, exact) or "projected_gradient" (the design card's jaxopt solver, slower).
+    """
     # Checked here: inside the jitted round the values are traced and unchecked.
     _validation.check_distribution("target_label_dist", target_label_dist)
     _validation.check_lam(lam)
+    solver = _check_solver("solver", solver)
     data = FedPalsState(jnp.asarray(target_label_dist, jnp.float32), jnp.asarray(lam, jnp.float32))
-    return Weighting("fedpals", lambda: data, _fedpals_weights)
+    weights = _fedpals_weights if solver is None else _fedpals_weights_with(solver)
+    return Weighting("fedpals", lambda: data, weights)
 
 
-def fedpals(target_label_dist: chex.ArrayLike, lam: float) -> FederatedAlgorithm:
-    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1)."""
-    return combine(plain_sgd(), fedpals_weighting(target_label_dist, lam), "fedpals")
+def fedpals(
+    target_label_dist: chex.ArrayLike, lam: float, *, weights_solver: str | None = None
+) -> FederatedAlgorithm:
+    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1).
+
+    weights_solver: None or "active_set" (the default) or "projected_gradient" (see
+    `fedpals_weighting`).
+    """
+    weighting = fedpals_weighting(
+        target_label_dist, lam, solver=_check_solver("weights_solver", weights_solver)
+    )
+    return combine(plain_sgd(), weighting, "fedpals")
 
 
-def _build(hp, context: registry.MethodContext) -> FederatedAlgorithm:
+@dataclasses.dataclass(frozen=True)
+class FedPalsHyperparameters(registry.Hyperparameters):
+    # Declared with its check rather than registry.hyperparameter, whose choices exclude None:
+    # None, the default solver, leaves the key out of a run's identity (config_identity), so
+    # the digests of the runs recorded before it stay valid; "active_set" resolves to None.
+    weights_solver: str | None = dataclasses.field(
+        default=None,
+        metadata={
+            "check": _check_solver,
+            "doc": "FedPALS' weights solver: None (active_set) | active_set | projected_gradient",
+        },
+    )
+
+
+def _build(hp: FedPalsHyperparameters, context: registry.MethodContext) -> FederatedAlgorithm:
     partition = _need(context.partition, "the partition (its target T)", "fedpals")
     lam = _need(context.lam, "FedPALS' trade-off lam", "fedpals")
-    return fedpals(partition.target_label_dist, lam)
+    return fedpals(partition.target_label_dist, lam, weights_solver=hp.weights_solver)
 
 
 registry.register_method(
     registry.Method(
-        "fedpals", "FedPALS", _build, reads_target=True,
+        "fedpals", "FedPALS", _build, FedPalsHyperparameters, reads_target=True,
         description="local SGD, target-aware weights alpha^lam (eq. 8)",
     ),
     replace=True,

@@ -3,7 +3,8 @@
 * `client_update`: a client's round as start / step / finish, `LocalTraining`.
 * `plan`: the data on the devices and a round's per-participant plan.
 * `backends`: how the client updates are mapped (vmap_scan, vmap_chunked,
-  vmap_steps, host_loop).
+  vmap_steps, host_loop): each a `TracedBackend` or a `HostBackend`, by name
+  in a registry (`register_backend`).
 * `mesh`: the clients placement axis over devices and processes.
 * `round`: `RoundEngine` (plan, map, weighted reduction, server update; one
   run or a runs axis) and the `round_engine` cache.
@@ -12,8 +13,13 @@
 
 from fedjax_pals.engine.backends import (
     BACKENDS,
+    BoundHostBackend,
+    HostBackend,
+    TracedBackend,
+    backend_names,
     default_backend,
     make_backend,
+    register_backend,
     resolve_backend,
 )
 from fedjax_pals.engine.client_update import (
@@ -33,14 +39,18 @@ from fedjax_pals.engine.structure import structure_key
 
 __all__ = [
     "BACKENDS",
+    "BoundHostBackend",
     "ClientResult",
     "ClientUpdate",
     "CompilationCounter",
     "DeviceData",
+    "HostBackend",
     "LocalCarry",
     "LocalTraining",
     "RoundEngine",
     "RoundPlan",
+    "TracedBackend",
+    "backend_names",
     "cached_engines",
     "client_mesh",
     "client_schedule",
@@ -52,6 +62,7 @@ __all__ = [
     "make_client_update",
     "make_local_step",
     "make_plan",
+    "register_backend",
     "replicate",
     "resolve_backend",
     "round_engine",

@@ -14,6 +14,10 @@ in what lives in the state (seed and so init and data order, T, lambda,
 partitions of equal shape) share one compiled program: traced backends vmap
 the whole round over the runs axis; host-driven backends deal the (run,
 client) pairs to their lanes.
+
+The engine has one code path per kind of backend (backends/base.py), chosen
+once when it is built: `_TracedRounds` for a `TracedBackend`, `_HostRounds`
+for a `HostBackend`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ import numpy as np
 
 from fedjax_pals.algorithms import ClientOutputs, FederatedAlgorithm, ServerState
 from fedjax_pals.engine import mesh as mesh_lib
-from fedjax_pals.engine.backends import make_backend, resolve_backend
+from fedjax_pals.engine.backends import (
+    HostBackend,
+    TracedBackend,
+    backend_kind,
+    make_backend,
+    resolve_backend,
+)
 from fedjax_pals.engine.client_update import LocalTraining, make_client_update
 from fedjax_pals.engine.compilation import CompilationCounter
 from fedjax_pals.engine.plan import RUNS_AXES, DeviceData, make_plan, pad_plan
@@ -63,6 +73,115 @@ class _PhaseClock:
         out = jax.block_until_ready(fn(*args))
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
         return out
+
+
+class _TracedRounds:
+    """A `TracedBackend`'s rounds: plan, `backend.map_clients`, aggregation, as one program."""
+
+    def __init__(self, engine: "RoundEngine"):
+        self.engine = engine
+        replicated = mesh_lib.replicated(engine.mesh)
+        runs = jax.vmap(self._round, in_axes=(RUNS_AXES, 0, 0, 0))
+        self._jit_round = jax.jit(runs, out_shardings=replicated)
+        # One run's round without a runs axis: vmapped over a runs axis of 1, FedPALS'
+        # solve runs far slower (see `_HostRounds._aggregate_runs`).
+        self._jit_single_round = jax.jit(self._round, out_shardings=replicated)
+
+    def _round(self, data: DeviceData, state: ServerState, participants, key):
+        engine = self.engine
+        plan = make_plan(engine.training, data, state, participants, key)
+        m = participants.shape[0]
+        map_clients = engine.backend.map_clients
+        if engine.mesh.size > 1 and m < engine.min_clients_per_device * engine.mesh.size:
+            # Too few clients to split (MIN_CLIENTS_PER_DEVICE): every device computes the
+            # whole round on its replica.
+            outputs = map_clients(engine.update, data, state, plan)
+            return engine._aggregate(state, plan, outputs)
+        clients = mesh_lib.clients_sharding(engine.mesh)
+        padded = jax.lax.with_sharding_constraint(pad_plan(plan, engine._multiple), clients)
+        outputs = map_clients(engine.update, data, state, padded)
+        outputs = jax.lax.with_sharding_constraint(outputs, clients)
+        return engine._aggregate(state, plan, outputs)
+
+    def run_rounds(self, data, states, participants, keys, clock):
+        return clock("round", self._jit_round, data, states, participants, keys)
+
+    def run_round(self, data, state, participants, key, timings):
+        # One dispatch: what a small model's round can afford.
+        engine = self.engine
+        data = engine.place_data(data)
+        state, participants, key = engine._inputs(state, participants, key)
+        state, metrics = _PhaseClock(timings)(
+            "round", self._jit_single_round, data, state, participants, key
+        )
+        return state, mesh_lib.local_view(metrics)
+
+
+class _HostRounds:
+    """A `HostBackend`'s rounds: jitted plans, the bound backend's clients from the host,
+    jitted aggregation of its results, which it then takes back (`recycle`)."""
+
+    def __init__(self, engine: "RoundEngine"):
+        self.engine = engine
+        mesh = engine.mesh
+        replicated = mesh_lib.replicated(mesh)
+        self.bound = engine.backend.bind(engine.update, mesh)
+        self._jit_plan = jax.jit(
+            jax.vmap(self._padded_plan, in_axes=(RUNS_AXES, 0, 0, 0)),
+            out_shardings=engine.backend.plan_sharding(mesh),
+        )
+        self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=replicated)
+        # Results held by one device (one process's lane buffers): aggregate there, once.
+        self._jit_aggregate_here = jax.jit(self._aggregate_runs)
+
+    def _padded_plan(self, data: DeviceData, state: ServerState, participants, key):
+        plan = make_plan(self.engine.training, data, state, participants, key)
+        return pad_plan(plan, self.engine._multiple)
+
+    def _aggregate_runs(self, states, plans, participants, results):
+        """Each run's weights, reduction and update, one run after another (`lax.map`).
+
+        Not vmapped: a batched FedPALS solve cost 115-160 ms per round against 4 ms
+        unbatched (20 participants, this CPU), and the reduction is cheap either way.
+        """
+        outputs = self.bound.outputs(results, *participants.shape)
+
+        def one(args):
+            state, plan, participants, outputs = args
+            return self.engine._aggregate(
+                state, plan._replace(participants=participants), outputs
+            )
+
+        args = (states, plans, participants, outputs)
+        if participants.shape[0] == 1:  # the solo round: no loop at all
+            return _add_runs_axis(one(_drop_runs_axis(args)))
+        return jax.lax.map(one, args)
+
+    def run_rounds(self, data, states, participants, keys, clock):
+        plans = clock("plan", self._jit_plan, data, states, participants, keys)
+        results = clock("train", self.bound, data, states, plans)
+        aggregate = self._jit_aggregate
+        device = self.bound.aggregation_device(results)
+        if device is not None:
+            [(states, plans)] = mesh_lib.device_views((states, plans), [device])
+            aggregate = self._jit_aggregate_here
+        states, metrics = clock("aggregate", aggregate, states, plans, participants, results)
+        self.bound.recycle(results)  # read by nothing after the aggregation
+        return states, metrics
+
+    def run_round(self, data, state, participants, key, timings):
+        engine = self.engine
+        states = engine._jit_add_runs(mesh_lib.replicate(state, engine.mesh))
+        participants = np.asarray(participants, np.int32)[None]
+        keys = np.asarray(key)[None]
+        states, metrics = engine.run_rounds(
+            data, states, participants, keys, timings=timings, _runs_axis=False
+        )
+        return engine._jit_drop_runs(states), engine._jit_drop_runs(metrics)
+
+
+# Each kind of backend's code path (backends/base.py).
+_KIND_ROUNDS = {TracedBackend: _TracedRounds, HostBackend: _HostRounds}
 
 
 class RoundEngine:
@@ -102,33 +221,17 @@ class RoundEngine:
         self.counter = CompilationCounter()
         self._multiple = self.backend.client_multiple(self.mesh.size)
         self._placed: tuple = ()
-        replicated = mesh_lib.replicated(self.mesh)
-        runs = jax.vmap(self._round, in_axes=(RUNS_AXES, 0, 0, 0))
-        if self.backend.traceable:
-            self._jit_round = jax.jit(runs, out_shardings=replicated)
-            self._jit_single_round = jax.jit(self._single_round, out_shardings=replicated)
-        else:
-            self._bound = self.backend.bind(self.update, self.mesh)
-            plan_sharding = (
-                mesh_lib.clients_sharding(self.mesh, leading=1)
-                if self.backend.shards_plan
-                else replicated
-            )
-            self._jit_plan = jax.jit(
-                jax.vmap(self._padded_plan, in_axes=(RUNS_AXES, 0, 0, 0)),
-                out_shardings=plan_sharding,
-            )
-            self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=replicated)
-            # One process's lane buffers arrive on one device: aggregate there, once.
-            self._jit_aggregate_here = jax.jit(self._aggregate_runs)
         self._jit_add_runs = jax.jit(_add_runs_axis)
         self._jit_drop_runs = jax.jit(_drop_runs_axis)
+        # The backend's kind picks the code path, once: `_TracedRounds` or `_HostRounds`.
+        self._rounds = _KIND_ROUNDS[backend_kind(self.backend)](self)
 
-    # -- the pieces of one run's round (traced) -----------------------------------
+    @property
+    def _bound(self):
+        """The bound host backend (host-driven backends only)."""
+        return self._rounds.bound
 
-    def _padded_plan(self, data: DeviceData, state: ServerState, participants, key):
-        plan = make_plan(self.training, data, state, participants, key)
-        return pad_plan(plan, self._multiple)
+    # -- shared by both kinds (traced) ----------------------------------------------
 
     def _aggregate(self, state: ServerState, plan, outputs: ClientOutputs):
         """alpha over the (unpadded) participants, weighted reduction, server update."""
@@ -149,43 +252,6 @@ class RoundEngine:
             "num_steps": outputs.num_steps,
         }
         return new_state, metrics
-
-    def _round(self, data: DeviceData, state: ServerState, participants, key):
-        plan = make_plan(self.training, data, state, participants, key)
-        m = participants.shape[0]
-        if self.mesh.size > 1 and m < self.min_clients_per_device * self.mesh.size:
-            # Too few clients to split (MIN_CLIENTS_PER_DEVICE): every device computes the
-            # whole round on its replica.
-            outputs = self.backend.map_clients(self.update, data, state, plan)
-            return self._aggregate(state, plan, outputs)
-        clients = mesh_lib.clients_sharding(self.mesh)
-        padded = jax.lax.with_sharding_constraint(pad_plan(plan, self._multiple), clients)
-        outputs = self.backend.map_clients(self.update, data, state, padded)
-        outputs = jax.lax.with_sharding_constraint(outputs, clients)
-        return self._aggregate(state, plan, outputs)
-
-    def _single_round(self, data: DeviceData, state: ServerState, participants, key):
-        """One run's round as one program, without a runs axis: vmapped over a runs axis of 1,
-        FedPALS' solve runs far slower (see `_aggregate_runs`)."""
-        return self._round(data, state, participants, key)
-
-    def _aggregate_runs(self, states, plans, participants, outputs: ClientOutputs):
-        """Each run's weights, reduction and update, one run after another (`lax.map`).
-
-        Not vmapped: a batched FedPALS solve cost 115-160 ms per round against 4 ms
-        unbatched (20 participants, this CPU), and the reduction is cheap either way.
-        """
-        if self.backend.lane_buffers:  # the lanes' own clients' buffers
-            outputs = self.backend.join_lanes(outputs, *participants.shape)
-
-        def one(args):
-            state, plan, participants, outputs = args
-            return self._aggregate(state, plan._replace(participants=participants), outputs)
-
-        args = (states, plans, participants, outputs)
-        if participants.shape[0] == 1:  # the solo round: no loop at all
-            return _add_runs_axis(one(_drop_runs_axis(args)))
-        return jax.lax.map(one, args)
 
     # -- public -----------------------------------------------------------------
 
@@ -230,22 +296,7 @@ class RoundEngine:
         with self.counter.track():
             data = self.place_data(data, runs_axis=_runs_axis)
             states, participants, keys = self._inputs(states, participants, keys)
-            if self.backend.traceable:
-                states, metrics = clock("round", self._jit_round, data, states, participants, keys)
-            else:
-                plans = clock("plan", self._jit_plan, data, states, participants, keys)
-                outputs = clock("train", self._bound, data, states, plans)
-                aggregate = self._jit_aggregate
-                held_by = jax.tree_util.tree_leaves(outputs)[0].sharding.device_set
-                if self.backend.lane_buffers and len(held_by) == 1:
-                    # The lanes' buffers met on one device (one process): aggregate there.
-                    [(states, plans)] = mesh_lib.device_views((states, plans), list(held_by))
-                    aggregate = self._jit_aggregate_here
-                states, metrics = clock(
-                    "aggregate", aggregate, states, plans, participants, outputs
-                )
-                if self.backend.lane_buffers:  # read by nothing after the aggregation
-                    self._bound.recycle(outputs)
+            states, metrics = self._rounds.run_rounds(data, states, participants, keys, clock)
             return states, mesh_lib.local_view(metrics)
 
     def run_round(
@@ -254,20 +305,7 @@ class RoundEngine:
         """One round of one run on `data` for the given participants (`timings`: as
         `run_rounds`)."""
         with self.counter.track():
-            if self.backend.traceable:  # one dispatch: what a small model's round can afford
-                data = self.place_data(data)
-                state, participants, key = self._inputs(state, participants, key)
-                state, metrics = _PhaseClock(timings)(
-                    "round", self._jit_single_round, data, state, participants, key
-                )
-                return state, mesh_lib.local_view(metrics)
-            states = self._jit_add_runs(mesh_lib.replicate(state, self.mesh))
-            participants = np.asarray(participants, np.int32)[None]
-            keys = np.asarray(key)[None]
-            states, metrics = self.run_rounds(
-                data, states, participants, keys, timings=timings, _runs_axis=False
-            )
-            return self._jit_drop_runs(states), self._jit_drop_runs(metrics)
+            return self._rounds.run_round(data, state, participants, key, timings)
 
     def _inputs(self, state, participants, keys):
         """The round's inputs on the mesh; host values go as they are in one process (jit

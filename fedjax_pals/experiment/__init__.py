@@ -42,7 +42,8 @@ from fedjax_pals.experiment.checkpoints import (
     Checkpointer,
 )
 from fedjax_pals.experiment.task import Task, TaskError, build_task
-from fedjax_pals.experiment.workdir import Workdir, WorkdirError, WorkdirLockedError
+from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError
+from fedjax_pals.experiment.workdir import Workdir
 from fedjax_pals.experiment.train import train_and_evaluate
 
 # fmt: off

@@ -36,8 +36,11 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 their defaults and allowed values by the method (registry.py,
                                 algorithms/<method>.py): prox_mu (FedProx), server_lr (SCAFFOLD),
                                 afl_step (AFL), fedrs_alpha / fedrs_soft (FedRS), feddisco_a /
-                                feddisco_b / feddisco_metric (FedDisco), fedlc_tau (FedLC); a key
-                                of another method than the run's resolves to None
+                                feddisco_b / feddisco_metric (FedDisco), fedlc_tau (FedLC),
+                                weights_solver (FedPALS: None, the exact active set, or
+                                projected_gradient, the design card's jaxopt solver; one with
+                                default None is optional); a key of another method than the
+                                run's resolves to None
     algorithm.lam_schedule      fixed (the paper) | hypergradient: FedPALS' lambda starts at lam /
                                 ess_fraction (> 0; an ESS fraction out of reach starts at the
                                 lower end, 1e-6 N) and follows the target validation loss's
@@ -139,6 +142,26 @@ PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
 SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
 # Keys that are not part of a run's identity (see the module docstring).
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
+# Keys of a resolved config that are per-run state: the engine holds what they set as data in
+# each run's state (lambda, solved on the host from lam or ess_fraction; the seed's draws; the
+# perturbed T; the label-DP release, noised on the host with the mechanism, epsilon and delta),
+# not in its compiled program. Runs whose configs differ only in them share one compiled
+# program and train together on the engine's runs axis (`train.structure_group_key`, the
+# grouping of sweeps, shards and `train_and_evaluate_many`; `training.training_group_key`
+# decides). They stay in the run's identity.
+PER_RUN_STATE_KEYS = (
+    "seed",
+    "algorithm.lam",
+    "algorithm.ess_fraction",
+    "algorithm.target_perturbation",
+    "algorithm.label_dp_epsilon",
+    "algorithm.label_dp_mechanism",
+    "algorithm.label_dp_delta",
+)
+# Of PER_RUN_STATE_KEYS, those whose being set at all (not None) changes the program: a label-DP
+# release (label_dp_epsilon set) wraps the weighting (`with_server_label_dists`), whose state
+# holds the release; runs without one have no such state. Their value is per-run state.
+PER_RUN_STATE_PRESENCE_KEYS = ("algorithm.label_dp_epsilon",)
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 MAX_ROUNDS = 1_000_000
 
@@ -366,9 +389,9 @@ def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
 
 
 def _backend_names() -> tuple[str, ...]:
-    from fedjax_pals.engine import BACKENDS
+    from fedjax_pals.engine import backend_names  # registered ones too (`register_backend`)
 
-    return tuple(BACKENDS)
+    return backend_names()
 
 
 # -- validation and resolution ----------------------------------------------------------------
@@ -555,11 +578,12 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     # The registered methods' hyperparameters: each checked by its own declaration, and None
     # (unused) unless it belongs to this run's method.
     hyperparameters = {}
-    for key, (_, check, users) in registry.hyperparameter_fields().items():
+    for key, (default, check, users) in registry.hyperparameter_fields().items():
         value = a[key]
         if value is not None:
             value = _config_check(check, f"algorithm.{key}", value)
-        if algorithm in users and value is None:
+        # A hyperparameter declared with default None is optional (FedPALS' weights_solver).
+        if algorithm in users and value is None and default is not None:
             raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
         hyperparameters[key] = value if algorithm in users else None
     uses_target = uses_fedpals or method.reads_target  # the server weights read T and the S_i

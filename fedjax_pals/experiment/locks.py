@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 
-from fedjax_pals.experiment.workdir import WorkdirLockedError
+from fedjax_pals.experiment.errors import WorkdirLockedError
 
 
 def holder_text() -> str:

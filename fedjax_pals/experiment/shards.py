@@ -48,7 +48,11 @@ from typing import Any, Mapping, Sequence
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import locks, mlflow_writer
 from fedjax_pals.experiment import sweep as sweep_lib
-from fedjax_pals.experiment.train import MAX_RUNS_PER_PROGRAM, structure_group_key
+from fedjax_pals.experiment.train import (
+    MAX_RUNS_PER_PROGRAM,
+    program_blocks,
+    structure_group_key,
+)
 from fedjax_pals.experiment.workdir import write_json
 from fedjax_pals.runtime import is_main_process
 
@@ -239,8 +243,9 @@ def assign_shards(
 ) -> tuple[int, ...]:
     """Each run's shard (in [0, count)): a pure function of the runs and `count`.
 
-    Runs of one structure group (`structure_group_key`) form blocks of up to
-    `max_runs_per_program` runs in sweep order (the engine trains a block as one program);
+    Runs of one structure group (`structure_group_key`) form equal blocks of up to
+    `max_runs_per_program` runs in sweep order (`train.program_blocks`: the engine trains a
+    block as one program);
     blocks go to shards by LPT on their estimated cost (`run_cost`). While the largest shard
     exceeds BALANCE x the mean and some block has more than one run, the costliest such block
     is halved and the split redone, so groups stay whole wherever that costs no balance.
@@ -251,11 +256,7 @@ def assign_shards(
     for i, run in enumerate(runs):
         groups.setdefault(structure_group_key(run.resolved), []).append(i)
     block = max_runs_per_program if count < len(runs) else 1  # else one run a shard at most
-    atoms = [
-        members[start : start + block]
-        for members in groups.values()
-        for start in range(0, len(members), block)
-    ]
+    atoms = [atom for members in groups.values() for atom in program_blocks(members, block)]
     if not atoms:
         return ()
     mean = sum(costs) / count

@@ -31,7 +31,14 @@ from fedjax_pals import registry
 from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
-from fedjax_pals.experiment.config import ConfigError, as_dict, config_digest, validate_config
+from fedjax_pals.experiment.config import (
+    PER_RUN_STATE_KEYS,
+    PER_RUN_STATE_PRESENCE_KEYS,
+    ConfigError,
+    as_dict,
+    config_digest,
+    validate_config,
+)
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
@@ -524,6 +531,23 @@ def _train_group(
 MAX_RUNS_PER_PROGRAM = 16
 
 
+def program_blocks(members: Sequence[int], max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[list[int]]:
+    """One structure group's runs (`members`, in order) cut into the fewest blocks of at most
+    `max_runs`, of sizes that differ by at most one: 60 runs are 4 x 15, not 16, 16, 16 and
+    12. A block is one compiled program whose runs axis is its size, so equal blocks share
+    it (the DP sweep's 60-run groups: one program instead of two)."""
+    if not members:
+        return []
+    count = -(-len(members) // max_runs)
+    size, larger = divmod(len(members), count)  # `larger` blocks of size + 1 come first
+    blocks, start = [], 0
+    for block in range(count):
+        end = start + size + (block < larger)
+        blocks.append(list(members[start:end]))
+        start = end
+    return blocks
+
+
 def train_and_evaluate_many(
     configs: Sequence[Any],
     workdirs: Sequence[str | os.PathLike],
@@ -539,12 +563,12 @@ def train_and_evaluate_many(
 ) -> list[dict | BaseException]:
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
 
-    Runs whose configs differ only in what the engine keeps in the state (seed,
-    lambda or ESS fraction, target perturbation) and whose tasks share the data
-    set are trained together on the engine's runs axis, `max_runs_per_program`
-    at a time, in one compiled program; each run's numbers, files and
-    checkpoints are those it gets alone. A failed run does not stop the others:
-    its exception is returned in its place. `on_done(index, outcome)` is called
+    Runs whose configs differ only in what the engine keeps in the state
+    (`config.PER_RUN_STATE_KEYS`: seed, lambda or ESS fraction, target perturbation, the
+    label-DP release) and whose tasks share the data set are trained together on the
+    engine's runs axis, `max_runs_per_program` at a time, in one compiled program; each
+    run's numbers, files and checkpoints are those it gets alone. A failed run does not stop
+    the others: its exception is returned in its place. `on_done(index, outcome)` is called
     as each run ends. `quiet` silences each run's own output; `round_progress`
     shows one bar over the rounds of each group trained together; `mlflow_tracking_uri` and
     `mlflow_experiment` as in `train_and_evaluate`; `run_names` name the MLflow runs (a
@@ -580,8 +604,7 @@ def train_and_evaluate_many(
             continue
         groups.setdefault(key, []).append(index)
     for indices in groups.values():
-        for start in range(0, len(indices), max_runs_per_program):
-            chunk = indices[start : start + max_runs_per_program]
+        for chunk in program_blocks(indices, max_runs_per_program):
             prepared = {}
             try:
                 for index in chunk:
@@ -597,7 +620,8 @@ def train_and_evaluate_many(
                         )
                     except Exception as error:  # noqa: BLE001
                         done(index, error)
-                # `_structure_of` is a cheap pre-grouping by config; `training_group_key` decides.
+                # `structure_group_key` is a cheap pre-grouping by config; `training_group_key`
+                # decides.
                 lockstep: dict = {}
                 for index, run in prepared.items():
                     engine = run.config.engine
@@ -634,11 +658,18 @@ def train_and_evaluate_many(
 
 
 def structure_group_key(resolved: ml_collections.ConfigDict) -> str:
-    """The config with what the engine holds in the state removed: equal for runs that can share
-    one compiled program (a cheap grouping by config alone; `training_group_key` decides). The
-    shard assignment (`shards.assign_shards`) keeps such runs together."""
+    """The config without its per-run state (`config.PER_RUN_STATE_KEYS`; of the
+    `PER_RUN_STATE_PRESENCE_KEYS` only whether they are set is kept): equal for runs that can
+    share one compiled program (a cheap grouping by config alone; `training_group_key` decides).
+    The shard assignment (`shards.assign_shards`) keeps such runs together."""
     plain = as_dict(resolved)
-    plain.pop("seed", None)
-    for key in ("lam", "ess_fraction", "target_perturbation"):
-        plain.get("algorithm", {}).pop(key, None)
+    for key in PER_RUN_STATE_KEYS:
+        *path, name = key.split(".")
+        section = plain
+        for part in path:
+            section = section.get(part) or {}
+        if name in section:
+            value = section.pop(name)
+            if key in PER_RUN_STATE_PRESENCE_KEYS:
+                section[name] = value is not None
     return json.dumps(plain, sort_keys=True, default=str)

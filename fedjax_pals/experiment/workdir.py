@@ -35,9 +35,10 @@ from typing import Any
 from absl import logging
 
 from fedjax_pals.experiment.checkpoints import Checkpointer, identity_differences
-from fedjax_pals.experiment import diskspace
+from fedjax_pals.experiment import diskspace, locks
 from fedjax_pals.experiment.config import as_dict
-from fedjax_pals.experiment.errors import WorkdirError
+# Defined in errors.py (locks raises WorkdirLockedError too); importable from here as before.
+from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError
 
 LOCK_FILE = ".lock"
 RECORD_FILE = ".run-files"
@@ -55,10 +56,6 @@ RUN_FILES = (*OWN_FILES, "metrics.jsonl", "metrics.csv", "hparams.json", "checkp
 # The record's first line; then one JSON string a line, each a name in the workdir.
 RECORD_HEADER = "# fedjax_pals: what the run created in this workdir (--overwrite deletes these)"
 OVERWRITE_REMEDY = "pass --overwrite (overwrite=True) to replace it, or choose another --workdir"
-
-
-class WorkdirLockedError(WorkdirError):
-    """Another launch is writing the workdir."""
 
 
 def _recordable(name: Any) -> bool:
@@ -195,8 +192,6 @@ class Workdir:
         return self
 
     def _acquire_lock(self) -> None:
-        from fedjax_pals.experiment import locks  # locks imports this module
-
         what = f"the workdir {self.path}"
         self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
 

@@ -13,18 +13,57 @@ Each backend is a small unit computing the same numbers
   convolutional models.
 
 "auto" picks the backend measured fastest on the platform (BUILD_NOTES.md).
+
+A backend is one file (a class implementing `TracedBackend` or `HostBackend`,
+base.py) plus one `register_backend(name, factory)` entry; the engine has one
+code path per kind and never looks at a backend's name.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 
+from fedjax_pals.engine.backends.base import (
+    BoundHostBackend,
+    HostBackend,
+    TracedBackend,
+    backend_kind,
+)
 from fedjax_pals.engine.backends.host_loop import HostLoop
 from fedjax_pals.engine.backends.vmap_steps import VmapSteps
 from fedjax_pals.engine.backends.vmapped import VmapChunked, VmapScan
 from fedjax_pals.models import Model
 
-BACKENDS = ("vmap_scan", "vmap_chunked", "vmap_steps", "host_loop")
+# name -> factory(chunk_size=..., steps_per_call=...) -> a TracedBackend or HostBackend.
+_REGISTRY: dict[str, Callable[..., TracedBackend | HostBackend]] = {}
+
+
+def register_backend(name: str, factory: Callable[..., TracedBackend | HostBackend]) -> None:
+    """Makes `name` a backend: `factory(chunk_size=..., steps_per_call=...)` (the engine's
+    options, as keywords; take what you use, `**_` the rest) returns its object."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(
+            f"a backend's name must be a non-empty string other than 'auto', got {name!r}."
+        )
+    if name in _REGISTRY:
+        raise ValueError(f"backend {name!r} is already registered.")
+    _REGISTRY[name] = factory
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every registered backend's name (the built-in ones first: `BACKENDS`)."""
+    return tuple(_REGISTRY)
+
+
+register_backend("vmap_scan", lambda **_: VmapScan())
+register_backend("vmap_chunked", lambda chunk_size=64, **_: VmapChunked(chunk_size=chunk_size))
+register_backend("vmap_steps", lambda **_: VmapSteps())
+register_backend("host_loop", lambda steps_per_call=1, **_: HostLoop(steps_per_call=steps_per_call))
+
+# The built-in backends (what config validation and the tests enumerate).
+BACKENDS = backend_names()
 
 
 def default_backend(model: Model, platform: str | None = None) -> str:
@@ -39,19 +78,19 @@ def resolve_backend(backend: str, model: Model, mesh: jax.sharding.Mesh | None =
     if backend == "auto":
         platform = None if mesh is None else mesh.devices.flat[0].platform
         return default_backend(model, platform)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose 'auto' or one of {BACKENDS}.")
+    if backend not in _REGISTRY:
+        raise ValueError(
+            f"unknown backend {backend!r}; choose 'auto' or one of {backend_names()}."
+        )
     return backend
 
 
-def make_backend(name: str, *, chunk_size: int = 64, steps_per_call: int = 1):
-    """The backend object of a resolved name."""
-    if name == "vmap_scan":
-        return VmapScan()
-    if name == "vmap_chunked":
-        return VmapChunked(chunk_size=chunk_size)
-    if name == "vmap_steps":
-        return VmapSteps()
-    if name == "host_loop":
-        return HostLoop(steps_per_call=steps_per_call)
-    raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}.")
+def make_backend(
+    name: str, *, chunk_size: int = 64, steps_per_call: int = 1
+) -> TracedBackend | HostBackend:
+    """The backend object of a resolved name (a `TypeError` if it implements neither kind)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown backend {name!r}; choose one of {backend_names()}.")
+    backend = _REGISTRY[name](chunk_size=chunk_size, steps_per_call=steps_per_call)
+    backend_kind(backend)
+    return backend

@@ -46,19 +46,21 @@ import numpy as np
 
 from fedjax_pals.algorithms import ClientOutputs
 from fedjax_pals.engine import mesh as mesh_lib
+from fedjax_pals.engine.backends.base import BoundHostBackend, HostBackend
 from fedjax_pals.engine.client_update import ClientUpdate
 from fedjax_pals.engine.plan import DeviceData, RoundPlan, client_slice, gather_batch
 
 
 @dataclasses.dataclass(frozen=True)
-class HostLoop:
-    """Clients one at a time per lane; `steps_per_call` local steps per jitted call."""
+class HostLoop(HostBackend):
+    """Clients one at a time per lane; `steps_per_call` local steps per jitted call.
+
+    Every lane reads the whole (replicated) plan; the round's results are the lanes'
+    buffers (`join_lanes`), recycled into the next round.
+    """
 
     steps_per_call: int = 1
     name: str = "host_loop"
-    traceable: bool = False
-    shards_plan: bool = False  # every lane reads the whole (replicated) plan
-    lane_buffers: bool = True  # outputs are per-device buffers, see `gather_lanes`
 
     def __post_init__(self):
         k = self.steps_per_call
@@ -121,7 +123,7 @@ def _blocks(active_steps: np.ndarray, k: int) -> list[np.ndarray]:
     return blocks
 
 
-class _BoundHostLoop:
+class _BoundHostLoop(BoundHostBackend):
     def __init__(self, update: ClientUpdate, mesh, steps_per_call: int):
         self.mesh = mesh
         self.k = steps_per_call
@@ -184,6 +186,15 @@ class _BoundHostLoop:
         with self._spare_lock:
             self._spare.clear()
 
+    def outputs(self, buffers, runs: int, m: int) -> ClientOutputs:
+        """The round's (runs, m, ...) outputs from the lanes' buffers (in the aggregation)."""
+        return HostLoop.join_lanes(buffers, runs, m)
+
+    def aggregation_device(self, buffers) -> jax.Device | None:
+        """The one device holding the lanes' buffers (one process): aggregate there, once."""
+        held_by = jax.tree_util.tree_leaves(buffers)[0].sharding.device_set
+        return next(iter(held_by)) if len(held_by) == 1 else None
+
     def recycle(self, buffers) -> None:
         """Takes back the lanes' buffers among `buffers` (what `__call__` returned, once
         nothing will read them again but computations already dispatched): the next round
@@ -233,8 +244,8 @@ class _BoundHostLoop:
     def __call__(self, data: DeviceData, states, plans: RoundPlan):
         """The lanes' buffers (`finish`'s results): a list of (1, slots, ...) trees on the first
         lane's device in one process, one tree of (devices, slots, ...) arrays across
-        processes; `HostLoop.join_lanes` gives the round's `ClientOutputs`. Hand them back
-        with `recycle` when the aggregation is dispatched."""
+        processes; `outputs` (`HostLoop.join_lanes`) gives the round's `ClientOutputs`. Hand
+        them back with `recycle` when the aggregation is dispatched."""
         active = np.asarray(jnp.any(mesh_lib.local_view(plans.mask), axis=-1))  # (R, m, S)
         runs, m = active.shape[:2]
         items = [(r, j) for r in range(runs) for j in range(m)]
@@ -267,7 +278,7 @@ class _BoundHostLoop:
             # over the mesh, every host device would gather and reduce its own replica of
             # the outputs (8 host devices, 1,000 LeNet clients: 5 GB peak, 1.5-1.9 s). The
             # other lanes' buffers are copied there, so they are kept now; the first lane's
-            # comes back through `recycle`. The aggregation stacks them (`join_lanes`).
+            # comes back through `recycle`. The aggregation stacks them (`outputs`).
             first = self.lanes[0]
             for device, buffer in zip(self.lanes[1:], local[1:]):
                 self._keep(device, shapes, buffer)

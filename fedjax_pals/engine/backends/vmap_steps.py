@@ -2,7 +2,8 @@
 
 Avoids `lax.scan`'s slow conv backward on CPU (jax issue 12868) while keeping
 the clients vmapped; the clients axis is sharded over the mesh like the
-traced backends'.
+traced backends'. A `HostBackend`: its results are the round's
+`ClientOutputs` as they are, nothing to recycle.
 """
 
 from __future__ import annotations
@@ -13,26 +14,27 @@ import jax
 import numpy as np
 
 from fedjax_pals.algorithms import ClientOutputs
+from fedjax_pals.engine.backends.base import BoundHostBackend, HostBackend
 from fedjax_pals.engine.client_update import ClientUpdate
 from fedjax_pals.engine.plan import DeviceData, RoundPlan, gather_batch
 from fedjax_pals.engine import mesh as mesh_lib
 
 
 @dataclasses.dataclass(frozen=True)
-class VmapSteps:
+class VmapSteps(HostBackend):
     name: str = "vmap_steps"
-    traceable: bool = False
-    shards_plan: bool = True  # the plan's clients axis is split over the mesh
-    lane_buffers: bool = False
 
     def client_multiple(self, num_devices: int) -> int:
         return num_devices
+
+    def plan_sharding(self, mesh: jax.sharding.Mesh) -> jax.sharding.Sharding:
+        return mesh_lib.clients_sharding(mesh, leading=1)  # the plan's clients axis is split
 
     def bind(self, update: ClientUpdate, mesh: jax.sharding.Mesh) -> "_BoundVmapSteps":
         return _BoundVmapSteps(update, mesh)
 
 
-class _BoundVmapSteps:
+class _BoundVmapSteps(BoundHostBackend):
     """Runs (R runs x m clients) with one jitted call per local step."""
 
     def __init__(self, update: ClientUpdate, mesh):

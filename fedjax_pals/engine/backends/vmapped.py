@@ -1,7 +1,7 @@
 """Backends traced into the round's single jitted program: vmap over clients.
 
-`map_clients(update, data, state, plan) -> ClientOutputs` is pure; the round
-engine wraps it with the plan, the sharding of the clients axis over the mesh
+`TracedBackend`s: `map_clients(update, data, state, plan) -> ClientOutputs`
+is pure; the round engine wraps it with the plan, the sharding of the clients axis over the mesh
 and the aggregation, and jits the whole round (vmapped over runs when several
 runs go together). One launch per round: the accelerator default.
 """
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pals.algorithms import ClientOutputs, ServerState
+from fedjax_pals.engine.backends.base import TracedBackend
 from fedjax_pals.engine.client_update import ClientUpdate
 from fedjax_pals.engine.plan import DeviceData, RoundPlan, gather_batch
 
@@ -40,7 +41,7 @@ def _vmapped_client_round(update, data, state):
 
 
 @dataclasses.dataclass(frozen=True)
-class VmapScan:
+class VmapScan(TracedBackend):
     """vmap over the clients, `lax.scan` over their steps: one program per round.
 
     Memory holds every participant's params and activations at once; use
@@ -48,7 +49,6 @@ class VmapScan:
     """
 
     name: str = "vmap_scan"
-    traceable: bool = True
 
     def client_multiple(self, num_devices: int) -> int:
         return num_devices
@@ -63,7 +63,7 @@ class VmapScan:
 
 
 @dataclasses.dataclass(frozen=True)
-class VmapChunked:
+class VmapChunked(TracedBackend):
     """As `VmapScan`, but the clients go through `lax.map` in chunks of `chunk_size`.
 
     Bounds memory for thousands of clients: only a chunk's params and
@@ -72,7 +72,6 @@ class VmapChunked:
 
     chunk_size: int = 64
     name: str = "vmap_chunked"
-    traceable: bool = True
 
     def __post_init__(self):
         size = self.chunk_size
