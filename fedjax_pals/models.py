@@ -209,8 +209,9 @@ def register_model(
     """Registers a model under `name` (config.model = name).
 
     build(input_shape, num_classes) -> Model; `model_from_flax` makes one from any
-    flax.linen Module. Return the same Model object for equal arguments (cache the builder,
-    e.g. with functools.cache): the round engine's compilation cache is keyed on it.
+    flax.linen Module. No caching needed: the round engine is shared by structure
+    (`engine.structure_key`), so models built alike by an uncached builder train in one
+    compiled program.
     needs_images: the model takes (H, W, C) inputs (refused for feature-vector data sets).
     """
     if not isinstance(name, str) or not name.isidentifier() or name == "auto":

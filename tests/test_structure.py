@@ -50,3 +50,38 @@ def test_an_uncached_baseline_reuses_its_engine_and_the_cache_is_bounded():
     for i in range(round_lib._ENGINE_CACHE_SIZE + 5):
         fjp.engine.round_engine(algorithm(1.0 + i), model, training, backend="vmap_scan")
     assert fjp.engine.cached_engines() == round_lib._ENGINE_CACHE_SIZE
+
+
+def test_an_uncached_model_builder_and_server_update_share_one_engine():
+    # README's and examples/extending's builders are not cached: that must cost no compile.
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        num_classes: int
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(self.num_classes)(nn.relu(nn.Dense(8)(x.reshape((x.shape[0], -1)))))
+
+    def build(width=3):
+        return fjp.model_from_flax("uncached_mlp", MLP(width), (6,), width)
+
+    def server_update(lr):
+        average = fjp.weighted_average_update()
+
+        def update(state, participants, outputs, weights):
+            return average(state, participants, outputs, lr * weights)
+
+        return update
+
+    def algorithm(lr):
+        return fjp.fedavg()._replace(server_update=server_update(lr))
+
+    def engine(lr, width=3):
+        training = fjp.LocalTraining(batch_size=2)
+        return fjp.engine.round_engine(algorithm(lr), build(width), training, backend="vmap_scan")
+
+    first = engine(0.5)
+    assert build() is not build()
+    assert engine(0.5) is first
+    assert engine(0.25) is not first and engine(0.5, width=4) is not first

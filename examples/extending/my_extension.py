@@ -17,7 +17,6 @@ Name them in a config file that imports this module (my_config.py, my_sweep.py).
 """
 
 import dataclasses
-import functools
 
 import flax.linen as nn
 import jax
@@ -35,7 +34,6 @@ class FedNovaHyperparameters(fjp.Hyperparameters):
     nova_server_lr: float = fjp.hyperparameter(1.0, low=0.0, low_open=True, doc="server step")
 
 
-@functools.cache  # equal hyperparameters -> the same function: the round compiles once
 def fednova_server_update(server_lr: float):
     average = fjp.weighted_average_update()
 
@@ -83,7 +81,6 @@ class MLP(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
-@functools.cache  # the same Model object for equal arguments: one compiled round
 def my_mlp(input_shape, num_classes):
     return fjp.model_from_flax("my_mlp", MLP(num_classes), input_shape, num_classes)
 
