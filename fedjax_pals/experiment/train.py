@@ -140,13 +140,15 @@ class _TrackedCheckpointer:
     """The run's checkpointer, its saves uncut by a signal and recorded in `ACTIVITY` (the round
     an interrupted command resumes from)."""
 
-    def __init__(self, checkpointer, key: str):
-        self._checkpointer, self._key = checkpointer, key
+    def __init__(self, checkpointer, key: str, after_save: Callable[[], None] | None = None):
+        self._checkpointer, self._key, self._after_save = checkpointer, key, after_save
 
     def save(self, state, history) -> None:
         with uninterrupted():
             self._checkpointer.save(state, history)
             ACTIVITY.run_saved(self._key, history.rounds[-1] if history.rounds else None)
+        if self._after_save is not None:
+            self._after_save()
 
     def restore(self, template):
         return self._checkpointer.restore(template)
@@ -286,7 +288,7 @@ class _PreparedRun:
                 seed=resolved.seed,
                 eval_every=resolved.training.eval_every,
                 clients_per_round=task.clients_per_round,
-                checkpointer=_TrackedCheckpointer(checkpointer, self.key),
+                checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
                 update_state=self.reestimation,
@@ -365,13 +367,17 @@ class _PreparedRun:
     def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         with uninterrupted():  # the evaluation's metrics and results.json are written whole
             self._write_evaluation(done, metrics, history)
-        self.progress.update(
-            0,
-            **{
-                "target acc": percent(metrics["test"]["accuracy"]),
-                "val acc": percent(metrics["val"]["accuracy"]),
-            },
-        )
+        # Shown once the round's checkpoint is saved (`_show_evaluation`): a Ctrl-C after the
+        # line resumes from the round it names.
+        self._evaluated = {
+            "target acc": percent(metrics["test"]["accuracy"]),
+            "val acc": percent(metrics["val"]["accuracy"]),
+        }
+
+    def _show_evaluation(self) -> None:
+        evaluated, self._evaluated = getattr(self, "_evaluated", None), None
+        if evaluated is not None:
+            self.progress.update(0, **evaluated)
 
     def _write_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         self.writer.write_scalars(
