@@ -58,7 +58,7 @@ from fedjax_pals.algorithms import (  # noqa: E402
     combine, fedavg, feddisco, fedlc, fedpals, fedpals_weighting, fedprox, fedrs, fedshift,
     init_server_state, make_algorithm, oracle, scaffold, weighted_average_update,
 )
-from fedjax_pals.registry import (  # noqa: E402
+from fedjax_pals.algorithms.registry import (  # noqa: E402
     Hyperparameters,
     Method,
     MethodContext,
@@ -110,7 +110,7 @@ from fedjax_pals import (  # noqa: E402,F401
     metrics,
     models,
     privacy,
-    registry,
+    hyperparameters,
     server_optimizers,
     server_weights,
     training,

@@ -31,6 +31,7 @@ per run: vmapped over the runs axis, saved in checkpoints with the rest of the s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,7 +41,7 @@ import optax
 
 from fedjax_pals import _validation
 
-if TYPE_CHECKING:  # registry.py imports this module, and fedjax_pals.algorithms the registry
+if TYPE_CHECKING:  # algorithms/base.py imports this module
     from fedjax_pals.algorithms.base import (
         ClientOutputs,
         FederatedAlgorithm,
@@ -142,6 +143,38 @@ def _check_decay(name: str, value: float) -> float:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class WeightedAverageUpdate:
+    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta): the plain server update.
+
+    With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i, the
+    aggregation of FedAvg (eq. 4) and FedPALS (eq. 8). A value, not a closure: equal learning
+    rates give equal updates (one compiled round), and `with_server_optimizer` recognises it
+    by type.
+    """
+
+    server_learning_rate: float = 1.0
+
+    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
+        step = jax.tree_util.tree_map(
+            lambda delta: self.server_learning_rate
+            * jnp.tensordot(weights.astype(delta.dtype), delta, axes=1),
+            outputs.deltas,
+        )
+        params = optax.apply_updates(state.params, step)
+        client_states = jax.tree_util.tree_map(
+            lambda all_states, new: all_states.at[participants].set(new),
+            state.client_states,
+            outputs.client_states,
+        )
+        return state._replace(params=params, client_states=client_states)
+
+
+def weighted_average_update(server_learning_rate: float = 1.0) -> WeightedAverageUpdate:
+    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta) (`WeightedAverageUpdate`)."""
+    return WeightedAverageUpdate(server_learning_rate)
+
+
 def _weighted_mean_delta(deltas, weights):
     """sum_i alpha_i (theta_i - theta), as `weighted_average_update` reduces it."""
     return jax.tree_util.tree_map(
@@ -187,16 +220,12 @@ def with_server_optimizer(
 ) -> FederatedAlgorithm:
     """`algorithm` with its plain weighted average replaced by `optimizer` on the server.
 
-    Applies to every algorithm whose server update is `weighted_average_update()` (FedAvg,
+    Applies to every algorithm whose server update is `WeightedAverageUpdate()` (FedAvg,
     FedPALS, the client-side methods with either weighting, FedDisco, FedLC, the Oracle, the
     DP and T-estimating FedPALS); SCAFFOLD and AFL have server updates of their own and are
     refused.
     """
-    # Not at the top: importing algorithms.base runs fedjax_pals.algorithms, whose methods
-    # import the registry, which imports this module.
-    from fedjax_pals.algorithms.base import weighted_average_update
-
-    if algorithm.server_update is not weighted_average_update():
+    if algorithm.server_update != WeightedAverageUpdate():
         raise ValueError(
             f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "
             "has a server update of its own (SCAFFOLD's control variates, AFL's lambda)."

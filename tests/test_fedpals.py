@@ -63,7 +63,7 @@ def test_fedpals_with_the_projected_gradient_solver_weighs_by_it():
 def test_make_algorithm_builds_stable_pieces_and_validates():
     _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
     for name in fjp.registered_methods():
-        own = fjp.registry.hyperparameter_checks(fjp.get_method(name).hyperparameters)
+        own = fjp.hyperparameters.hyperparameter_checks(fjp.get_method(name).hyperparameters)
         kwargs = dict(partition=partition, lam=0.1)
         kwargs.update({k: v for k, v in dict(prox_mu=0.01, afl_step=0.1).items() if k in own})
         first = fjp.make_algorithm(name, **kwargs)

@@ -232,7 +232,7 @@ def test_a_protocol_sweep_without_a_methods_declared_grid_warns_once_per_method_
     # The declared grid is not tried: only the sweep's own grid spans the runs.
     assert not any("prox_mu" in name for name in names)
     fedprox, combined = _grid_warnings(caplog)
-    declared = fjp.registry.get_method("fedprox").grid["prox_mu"]
+    declared = fjp.get_method("fedprox").grid["prox_mu"]
     assert fedprox.startswith("the sweep selects fedprox without") and "fedprox_fedpals" in combined
     for line in (fedprox, combined):
         assert f"prox_mu={declared}" in line and "runs use prox_mu=0.01 only" in line
@@ -268,5 +268,5 @@ def test_ignored_method_grids_names_each_left_out_key_with_the_value_the_runs_us
         "mine": ("not_registered", {}),
     }
     named = {"algorithm.server_lr", "training.learning_rate"}
-    declared = fjp.registry.get_method("fedprox").grid["prox_mu"]
+    declared = fjp.get_method("fedprox").grid["prox_mu"]
     assert protocol.ignored_method_grids(methods, named) == {"fedprox": {"prox_mu": (declared, 0.1)}}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import registry
+from fedjax_pals.algorithms import registry
 from fedjax_pals.data import datasets as datasets_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -511,8 +511,8 @@ def test_a_method_builder_returning_no_algorithm_is_refused_naming_it(no_trainin
     _register_blobs("fit_blobs")
     message = _refused(_fit_config("fit_blobs", method="halfbuilt"), tmp_path)
     assert message.endswith(
-        "method 'halfbuilt': its build(hyperparameters, context) returned function, not a "
-        "fedjax_pals.FederatedAlgorithm (e.g. fjp.fedavg()._replace(server_update=...))."
+        "method 'halfbuilt': its build(hyperparameters, context) returned "
+        "WeightedAverageUpdate, not a fedjax_pals.FederatedAlgorithm (e.g. fjp.fedavg()._replace(server_update=...))."
     )
 
 

@@ -16,7 +16,7 @@ from fedjax_pals.algorithms import ClientOutputs, weighted_average_update
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import sweep as sweep_lib
 from fedjax_pals.experiment.checkpoints import Checkpointer
-from fedjax_pals.registry import method_label
+from fedjax_pals.algorithms.registry import method_label
 
 ETA, B1, B2, TAU, MOMENTUM = 0.1, 0.9, 0.99, 1e-3, 0.9
 # Pseudo-gradient scale per round: large, then small (Yogi's sign(v - Delta^2) takes both

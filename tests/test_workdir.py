@@ -428,7 +428,9 @@ def test_only_the_process_holding_the_lock_records(tmp_path):
 
 def _module_imports(package_dir):
     """{module: the fedjax_pals modules it imports}, at the top or inside functions (not under
-    `if TYPE_CHECKING:`), each import naming the module it names (not its parent packages)."""
+    `if TYPE_CHECKING:`): the module an import names, and the packages above it that do not
+    hold the importer (importing fedjax_pals.algorithms.base from outside runs
+    fedjax_pals/algorithms/__init__.py first, and everything it imports)."""
     root = os.path.dirname(package_dir)
     modules = {}
     for dirpath, _, files in os.walk(package_dir):
@@ -460,7 +462,11 @@ def _module_imports(package_dir):
                 names = [f"{node.module}.{a.name}" for a in node.names]
             else:
                 continue
-            graph[module] |= {known(n) for n in names if n.startswith("fedjax_pals")} - {module}
+            for target in {known(n) for n in names if n.startswith("fedjax_pals")}:
+                while target and not (module + ".").startswith(target + "."):
+                    graph[module].add(target)
+                    target = target.rpartition(".")[0]
+            graph[module].discard(module)
     return graph
 
 

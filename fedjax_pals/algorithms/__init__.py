@@ -2,7 +2,7 @@
 
 `base` holds the pieces every method is made of (`ClientMethod`, `Weighting`, server updates,
 `FederatedAlgorithm`, `combine`); each method module defines its pieces, the notes on where it
-differs from its reference implementation, and its registration in `fedjax_pals.registry`
+differs from its reference implementation, and its registration in `fedjax_pals.algorithms.registry`
 (hyperparameters, grid, label, builder), in the order of the imports below. A user's method is
 one module of theirs written the same way (README, "Extending fedjax_pals").
 """

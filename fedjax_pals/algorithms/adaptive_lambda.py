@@ -58,7 +58,7 @@ from fedjax_pals.algorithms.base import (
     FederatedAlgorithm, ServerState, _global_params, plain_sgd, weighted_average_update,
 )
 from fedjax_pals.algorithms.fedpals import fedpals_state, fedpals_weighting, replace_fedpals_state
-from fedjax_pals.registry import Variant, register_variant
+from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, fedpals_lam_derivative
 
 DEFAULT_HYPER_LEARNING_RATE = 0.5

@@ -38,7 +38,7 @@ from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, Params, ServerState, ServerUpdate, Weighting,
     _global_params, _state_entry, fedavg_weighting, plain_sgd, weighted_average_update,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
 def _check_step(step_size: float) -> float:

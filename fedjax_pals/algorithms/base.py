@@ -14,7 +14,7 @@ control variates), and the algorithm's own server-side state.
 
 A method is one module of this package (`fedavg`, `fedpals`, `fedprox`, ...): its pieces, the
 notes on where it differs from its reference implementation, and its registration
-(`fedjax_pals.registry`). The FedPALS paper (Sec. 5) names the baselines but not their
+(`fedjax_pals.algorithms.registry`). The FedPALS paper (Sec. 5) names the baselines but not their
 updates; each module implements the update of the paper it cites. Every method trains locally
 with the same plain minibatch SGD (no momentum, no weight decay, no clipping), E local epochs
 per round, as the FedPALS paper trains all methods alike (Sec. 5); references that use another
@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pals import server_weights
+from fedjax_pals.server_optimizers import WeightedAverageUpdate, weighted_average_update
 
 Params = chex.ArrayTree
 PyTree = Any
@@ -156,31 +157,6 @@ class ClientOutputs(NamedTuple):
 
 
 ServerUpdate = Callable[[ServerState, jax.Array, ClientOutputs, jax.Array], ServerState]
-
-
-@functools.cache
-def weighted_average_update(server_learning_rate: float = 1.0) -> ServerUpdate:
-    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta).
-
-    With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i,
-    the aggregation of FedAvg (eq. 4) and FedPALS (eq. 8).
-    """
-
-    def update(state, participants, outputs, weights):
-        step = jax.tree_util.tree_map(
-            lambda delta: server_learning_rate
-            * jnp.tensordot(weights.astype(delta.dtype), delta, axes=1),
-            outputs.deltas,
-        )
-        params = optax.apply_updates(state.params, step)
-        client_states = jax.tree_util.tree_map(
-            lambda all_states, new: all_states.at[participants].set(new),
-            state.client_states,
-            outputs.client_states,
-        )
-        return state._replace(params=params, client_states=client_states)
-
-    return update
 
 
 class FederatedAlgorithm(NamedTuple):

@@ -7,7 +7,7 @@ every other method is assembled from (`base.combine`).
 from __future__ import annotations
 
 from fedjax_pals.algorithms.base import FederatedAlgorithm, combine, fedavg_weighting, plain_sgd
-from fedjax_pals.registry import Method, MethodContext, register_method
+from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
 
 
 def fedavg() -> FederatedAlgorithm:

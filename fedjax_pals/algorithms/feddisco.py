@@ -28,7 +28,7 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, combine, plain_sgd,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 DISCREPANCY_METRICS = ("kl", "l2")
 # FedDisco's defaults in the reference code (args.py: --disco_a 0.5, --disco_b 0.1,

@@ -22,7 +22,7 @@ from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _suffix, combine,
     plain_sgd,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 # FedLC: the count of a class the client does not hold is floored at this value before the
 # power -1/4, as in the public implementations (FL-bench `src/client/fedlc.py`, fluke

@@ -23,7 +23,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from fedjax_pals import _validation, registry, server_weights
+from fedjax_pals import _validation, server_weights
+from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting, _need, combine, plain_sgd
 from fedjax_pals.data import FederatedPartition
 

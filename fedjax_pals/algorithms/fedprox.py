@@ -25,7 +25,7 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     ClientMethod, FederatedAlgorithm, PyTree, Weighting, _suffix, combine, plain_sgd,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
 def _tree_sq_norm(tree: PyTree) -> jax.Array:

@@ -32,7 +32,7 @@ from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _suffix, combine,
     plain_sgd,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
 def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:

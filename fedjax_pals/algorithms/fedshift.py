@@ -25,7 +25,7 @@ from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, _state_entry,
     _suffix, combine, plain_sgd,
 )
-from fedjax_pals.registry import Method, MethodContext, register_method
+from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
 
 
 def smoothed_label_dists(client_label_counts: chex.ArrayLike, smoothing: float = 1.0) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 from fedjax_pals.algorithms.base import FederatedAlgorithm
 from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.data import FederatedPartition, resample_to_label_dist
-from fedjax_pals.registry import Method, MethodContext, register_method
+from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
 
 
 def oracle_partition(

@@ -35,7 +35,7 @@ from fedjax_pals.algorithms.base import (
     Weighting, _global_params, _state_entry, fedavg_weighting, plain_sgd,
     weighted_average_update,
 )
-from fedjax_pals.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
 def _scaffold_correct_grads(grads, info: ClientInfo, state: ServerState):

@@ -42,7 +42,7 @@ from absl import logging
 from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals import _validation
 from fedjax_pals.privacy import project_to_simplex
-from fedjax_pals.registry import Variant, register_variant
+from fedjax_pals.algorithms.registry import Variant, register_variant
 
 METHODS = ("em", "bbse", "bbse_soft")
 EM_DEFAULT_MAX_ITER = 10_000

@@ -107,7 +107,7 @@ from fedjax_pals.data import datasets as datasets_lib, registered_datasets
 # The method registry, with the methods that ship with the package registered.
 from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods)
 from fedjax_pals.algorithms import target_estimation
-from fedjax_pals import registry
+from fedjax_pals.algorithms import registry
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 
 LABEL_DP_MECHANISMS = ("laplace", "gaussian")

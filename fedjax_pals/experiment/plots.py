@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fedjax_pals.registry import method_labels
+from fedjax_pals.algorithms.registry import method_labels
 
 
 # Method -> (colour, marker), shared by every figure. FedPALS and its combinations are reds and

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import ml_collections
 
 from fedjax_pals.data import dataset_label
-from fedjax_pals.registry import method_grids, method_label
+from fedjax_pals.algorithms.registry import method_grids, method_label
 
 SELECTIONS = ("mean_over_seeds", "per_seed")
 
@@ -159,7 +159,7 @@ def ignored_method_grids(
       method key -> {hyperparameter: (its declared values, the one value the runs use)} for
       each declared grid key the sweep does not name; methods without one are left out.
     """
-    from fedjax_pals.registry import get_method
+    from fedjax_pals.algorithms.registry import get_method
 
     named = set(named)
     ignored = {}

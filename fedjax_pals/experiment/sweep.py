@@ -79,7 +79,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
-from fedjax_pals import registry
+from fedjax_pals.algorithms import registry
 from fedjax_pals.data import dataset_label
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import train as train_lib

@@ -24,7 +24,7 @@ import numpy as np
 from fedjax_pals.algorithms import (
     FederatedAlgorithm, adaptive_fedpals, init_server_state, make_algorithm, with_server_label_dists,
 )
-from fedjax_pals import registry
+from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.data import (
     Dataset,

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from fedjax_pals import registry
+from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer

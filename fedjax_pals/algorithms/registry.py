@@ -31,117 +31,24 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from fedjax_pals import _validation
+from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
+from fedjax_pals.hyperparameters import (
+    Hyperparameters, NoHyperparameters, check_declared, hyperparameter, hyperparameter_checks,
+    hyperparameter_defaults,
+)
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
 # with the optimisers (importable from here as before).
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
 
-if TYPE_CHECKING:  # the methods (fedjax_pals.algorithms) import the registry, not the reverse
-    from fedjax_pals.algorithms import FederatedAlgorithm, Weighting
 
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
-
-
-# -- hyperparameters --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Check:
-    kind: str  # real | integer | bool | choice
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple = ()
-
-    def __call__(self, name: str, value: Any) -> Any:
-        if self.kind == "real":
-            return _validation.check_number(
-                name,
-                value,
-                low=self.low,
-                high=self.high,
-                low_open=self.low_open,
-                high_open=self.high_open,
-            )
-        if self.kind == "integer":
-            return _validation.check_integer(
-                name, value, int(self.low if self.low is not None else -(2**63)),
-                None if self.high is None else int(self.high),
-            )
-        if self.kind == "bool":
-            return _validation.check_bool(name, value)
-        return _validation.check_choice(name, value, self.choices)
-
-
-_KINDS = ("real", "integer", "bool", "choice")
-
-
-def hyperparameter(
-    default: Any,
-    *,
-    kind: str = "real",
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    choices: tuple = (),
-    doc: str = "",
-) -> Any:
-    """A field of a `Hyperparameters` dataclass: its default and its allowed values.
-
-    kind: "real" (a finite number in [low, high], either end open with low_open / high_open),
-    "integer" (in [low, high]), "bool", or "choice" (one of `choices`).
-    """
-    if kind not in _KINDS:
-        raise ValueError(f"hyperparameter kind must be one of {list(_KINDS)}, got {kind!r}.")
-    if kind == "choice" and not choices:
-        raise ValueError("a 'choice' hyperparameter needs its choices.")
-    check = _Check(kind, low, high, low_open, high_open, tuple(choices))
-    check("the default", default)
-    return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
-
-
-@dataclasses.dataclass(frozen=True)
-class Hyperparameters:
-    """Base of a method's hyperparameters: a frozen dataclass that validates itself.
-
-    Subclass it with `@dataclasses.dataclass(frozen=True)` and fields declared with
-    `hyperparameter(...)`; the field names are the config keys `algorithm.<field>`, so make
-    them specific to the method (`prox_mu`, not `mu`). Constructing it with a bad value
-    raises ValueError naming the field.
-    """
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            check = field.metadata.get("check")
-            if check is None:
-                raise TypeError(
-                    f"{type(self).__name__}.{field.name} must be declared with "
-                    "fedjax_pals.hyperparameter(default, ...)."
-                )
-            object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
-
-
-def hyperparameter_checks(cls: type[Hyperparameters]) -> dict[str, Callable[[str, Any], Any]]:
-    """{field name: check(name, value) -> value} of a `Hyperparameters` dataclass."""
-    return {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
-
-
-def hyperparameter_defaults(cls: type[Hyperparameters]) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(cls)}
-
-
-@dataclasses.dataclass(frozen=True)
-class NoHyperparameters(Hyperparameters):
-    """A method without hyperparameters of its own (FedAvg)."""
 
 
 # -- methods ----------------------------------------------------------------------------------
@@ -201,7 +108,7 @@ class Method:
                 f"method {self.name!r}: hyperparameters must be a Hyperparameters dataclass, "
                 f"got {self.hyperparameters!r}."
             )
-        _check_declared(self.name, self.hyperparameters)
+        check_declared(f"method {self.name!r}", self.hyperparameters)
         fields = hyperparameter_checks(self.hyperparameters)
         for key, values in dict(self.grid).items():
             if key not in fields:
@@ -226,8 +133,6 @@ class Method:
                 f"{sorted(known) or 'none'}."
             )
         algorithm = self.build(self.hyperparameters(**values), context or MethodContext())
-        from fedjax_pals.algorithms.base import FederatedAlgorithm  # its package imports us
-
         if not isinstance(algorithm, FederatedAlgorithm):
             # Caught here, not at the first `_replace` or inside the compiled round.
             raise ValueError(
@@ -242,25 +147,6 @@ class Method:
         if self.client_side and weighting is not None and weighting.name != "fedavg":
             return f"{self.name}_{weighting.name}"
         return self.name
-
-
-def _check_declared(method: str, cls: type[Hyperparameters]) -> None:
-    """Every field of a method's hyperparameters is a `hyperparameter(...)`: the registry reads
-    each field's check and default, so a plain field would fail later as KeyError: 'check'."""
-    if "__dataclass_fields__" not in vars(cls):
-        # Without the decorator the class's fields are its base's: its own are silently lost.
-        raise TypeError(
-            f"method {method!r}: its hyperparameters {cls.__name__} is not a dataclass; "
-            "decorate it with @dataclasses.dataclass(frozen=True)."
-        )
-    for field in dataclasses.fields(cls):
-        if "check" not in field.metadata:
-            raise TypeError(
-                f"method {method!r}: hyperparameter {field.name!r} of {cls.__name__} is a plain "
-                f"dataclass field; declare it with fjp.hyperparameter(default, ...), e.g. "
-                f"`{field.name}: float = fjp.hyperparameter(1.0, low=0.0)` (its allowed values "
-                "make it a config key)."
-            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""Declared hyperparameters: config keys that validate themselves.
+
+A method's (`algorithms/registry.py`: `Method`), a feature's (`Feature`) or a partition scheme's
+hyperparameters are a frozen dataclass, a subclass of `Hyperparameters`, whose fields are
+declared with `hyperparameter(default, ...)`: the field name is the config key (under
+`algorithm.` or `partition.`), the declaration its default and its allowed values, so that the
+config validator checks every key without knowing whose it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from fedjax_pals import _validation
+
+
+# -- declarations --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Check:
+    kind: str  # real | integer | bool | choice
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple = ()
+    optional: bool = False  # None allowed: "not set"
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if self.optional and value is None:
+            return None
+        if self.kind == "real":
+            return _validation.check_number(
+                name,
+                value,
+                low=self.low,
+                high=self.high,
+                low_open=self.low_open,
+                high_open=self.high_open,
+            )
+        if self.kind == "integer":
+            return _validation.check_integer(
+                name, value, int(self.low if self.low is not None else -(2**63)),
+                None if self.high is None else int(self.high),
+            )
+        if self.kind == "bool":
+            return _validation.check_bool(name, value)
+        return _validation.check_choice(name, value, self.choices)
+
+
+_KINDS = ("real", "integer", "bool", "choice")
+
+
+def hyperparameter(
+    default: Any,
+    *,
+    kind: str = "real",
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    choices: tuple = (),
+    optional: bool = False,
+    doc: str = "",
+) -> Any:
+    """A field of a `Hyperparameters` dataclass: its default and its allowed values.
+
+    kind: "real" (a finite number in [low, high], either end open with low_open / high_open),
+    "integer" (in [low, high]), "bool", or "choice" (one of `choices`). optional: None is
+    allowed too (the key is not set).
+    """
+    if kind not in _KINDS:
+        raise ValueError(f"hyperparameter kind must be one of {list(_KINDS)}, got {kind!r}.")
+    if kind == "choice" and not choices:
+        raise ValueError("a 'choice' hyperparameter needs its choices.")
+    check = _Check(kind, low, high, low_open, high_open, tuple(choices), optional)
+    check("the default", default)
+    return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyperparameters:
+    """Base of declared hyperparameters: a frozen dataclass that validates itself.
+
+    Subclass it with `@dataclasses.dataclass(frozen=True)` and fields declared with
+    `hyperparameter(...)`; the field names are config keys (`algorithm.<field>` of a method or
+    a feature), so make them specific to their owner (`prox_mu`, not `mu`). Constructing it with a bad value
+    raises ValueError naming the field.
+    """
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check = field.metadata.get("check")
+            if check is None:
+                raise TypeError(
+                    f"{type(self).__name__}.{field.name} must be declared with "
+                    "fedjax_pals.hyperparameter(default, ...)."
+                )
+            object.__setattr__(self, field.name, check(field.name, getattr(self, field.name)))
+
+
+def hyperparameter_checks(cls: type[Hyperparameters]) -> dict[str, Callable[[str, Any], Any]]:
+    """{field name: check(name, value) -> value} of a `Hyperparameters` dataclass."""
+    return {f.name: f.metadata["check"] for f in dataclasses.fields(cls)}
+
+
+def hyperparameter_defaults(cls: type[Hyperparameters]) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class NoHyperparameters(Hyperparameters):
+    """No hyperparameters of its own (FedAvg)."""
+
+
+def check_declared(owner: str, cls: type[Hyperparameters]) -> None:
+    """Every field of `owner`'s hyperparameters is a `hyperparameter(...)`: the registry reads
+    each field's check and default, so a plain field would fail later as KeyError: 'check'."""
+    if "__dataclass_fields__" not in vars(cls):
+        # Without the decorator the class's fields are its base's: its own are silently lost.
+        raise TypeError(
+            f"{owner}: its hyperparameters {cls.__name__} is not a dataclass; "
+            "decorate it with @dataclasses.dataclass(frozen=True)."
+        )
+    for field in dataclasses.fields(cls):
+        if "check" not in field.metadata:
+            raise TypeError(
+                f"{owner}: hyperparameter {field.name!r} of {cls.__name__} is a plain "
+                f"dataclass field; declare it with fjp.hyperparameter(default, ...), e.g. "
+                f"`{field.name}: float = fjp.hyperparameter(1.0, low=0.0)` (its allowed values "
+                "make it a config key)."
+            )
+
+
