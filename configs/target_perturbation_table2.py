@@ -5,7 +5,7 @@ max(eps, 0)), eps ~ N(0, I), delta in {1e-3, 1e-2, 0.5} (and delta = 0, the unpe
       --workdir=runs/table2
 
 Only the server's T is perturbed (FedPALS' weights and the ESS search); the target's validation
-and test sets follow the true T (`fjp.experiment.perturbation.perturb_label_dist`). The paper runs it on PACS (3 seeds;
+and test sets follow the true T (`fjp.algorithms.target_perturbation.perturb_label_dist`). The paper runs it on PACS (3 seeds;
 88.8 / 85.2 / 81.4 % for the three deltas), which cannot be had here; this config uses
 Fashion-MNIST C = 3, 3 seeds, 150 rounds, FedPALS' lambda and learning rate selected on the
 target validation set (`fjp.protocol_grid`). One table row per delta.

@@ -59,13 +59,17 @@ from fedjax_pals.algorithms import (  # noqa: E402
     init_server_state, make_algorithm, oracle, scaffold, weighted_average_update,
 )
 from fedjax_pals.algorithms.registry import (  # noqa: E402
+    Feature,
     Hyperparameters,
     Method,
     MethodContext,
+    Monitor,
+    RunFacts,
     get_method,
     hyperparameter,
     method_label,
     register_method,
+    register_feature,
     registered_methods,
 )
 
@@ -117,7 +121,6 @@ from fedjax_pals import (  # noqa: E402,F401
 )
 from fedjax_pals.experiment import (  # noqa: E402,F401
     checkpoints,
-    perturbation,
     plots,
     progress,
     protocol,
@@ -144,6 +147,7 @@ __all__ = [
     "weighted_average_update", "afl", "combine", "fedprox", "fedrs", "fedshift", "oracle",
     "scaffold", "feddisco", "fedlc", "Hyperparameters", "Method", "MethodContext", "get_method",
     "hyperparameter", "make_algorithm", "method_label", "register_method", "registered_methods",
+    "Feature", "Monitor", "RunFacts", "register_feature",
     # training
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",
     "configure_runtime", "is_main_process",

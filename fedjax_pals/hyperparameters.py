@@ -27,6 +27,7 @@ class _Check:
     high_open: bool = False
     choices: tuple = ()
     optional: bool = False  # None allowed: "not set"
+    why: str = ""  # appended to the allowed values in a message
 
     def __call__(self, name: str, value: Any) -> Any:
         if self.optional and value is None:
@@ -39,15 +40,16 @@ class _Check:
                 high=self.high,
                 low_open=self.low_open,
                 high_open=self.high_open,
+                why=self.why,
             )
         if self.kind == "integer":
             return _validation.check_integer(
                 name, value, int(self.low if self.low is not None else -(2**63)),
-                None if self.high is None else int(self.high),
+                None if self.high is None else int(self.high), self.why,
             )
         if self.kind == "bool":
             return _validation.check_bool(name, value)
-        return _validation.check_choice(name, value, self.choices)
+        return _validation.check_choice(name, value, self.choices, optional=self.optional)
 
 
 _KINDS = ("real", "integer", "bool", "choice")
@@ -63,19 +65,21 @@ def hyperparameter(
     high_open: bool = False,
     choices: tuple = (),
     optional: bool = False,
+    why: str = "",
     doc: str = "",
 ) -> Any:
     """A field of a `Hyperparameters` dataclass: its default and its allowed values.
 
     kind: "real" (a finite number in [low, high], either end open with low_open / high_open),
     "integer" (in [low, high]), "bool", or "choice" (one of `choices`). optional: None is
-    allowed too (the key is not set).
+    allowed too (the key is not set). why: a reason appended to the allowed values in the
+    message of a bad value.
     """
     if kind not in _KINDS:
         raise ValueError(f"hyperparameter kind must be one of {list(_KINDS)}, got {kind!r}.")
     if kind == "choice" and not choices:
         raise ValueError("a 'choice' hyperparameter needs its choices.")
-    check = _Check(kind, low, high, low_open, high_open, tuple(choices), optional)
+    check = _Check(kind, low, high, low_open, high_open, tuple(choices), optional, why)
     check("the default", default)
     return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
 

@@ -35,7 +35,7 @@ Privacy accounting (stated once, used everywhere below).
 
 The same machinery applies to the target's T(Y) (its histogram through the same
 mechanism). The paper's own perturbation of T (App. B.6, Table 2) is
-`fjp.experiment.perturbation.perturb_label_dist`, a non-private positive-noise model; it is not duplicated here.
+`fjp.algorithms.target_perturbation.perturb_label_dist`, a non-private positive-noise model; it is not duplicated here.
 """
 
 from __future__ import annotations

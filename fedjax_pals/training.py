@@ -25,7 +25,6 @@ import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
-from fedjax_pals.algorithms.target_estimation import TargetReestimation
 from fedjax_pals.data import Dataset, FederatedPartition
 from fedjax_pals.engine import (
     DeviceData,
@@ -540,55 +539,3 @@ def run_training(
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
-
-
-def train_with_estimated_target(
-    algorithm: FederatedAlgorithm,
-    model: Model,
-    dataset: Dataset,
-    partition: FederatedPartition,
-    training: LocalTraining,
-    *,
-    rounds: int,
-    every: int,
-    method: str = "bbse",
-    seed: int = 0,
-    source_size: int = 5000,
-    clients_per_round: int | None = None,
-    backend: str = "auto",
-) -> tuple[ServerState, list[tuple[int, np.ndarray]]]:
-    """FedPALS with T(Y) unknown: `run_training` with T re-estimated every `every` rounds
-    (`TargetReestimation`).
-
-    Starts from the T in `algorithm`'s weighting state (e.g. `fedpals(T_0, lam)` with T_0 the
-    clients' aggregate sum_i n_i S_i / N, the natural guess without target labels).
-    Everything else (local training, participants, round keys, evaluation) is
-    `run_training`'s.
-
-    Returns:
-      (the final ServerState, [(round, T^) for each estimate]).
-    """
-    rounds = _validation.check_positive_int("rounds", rounds)
-    reestimation = TargetReestimation(
-        algorithm,
-        model,
-        dataset,
-        partition,
-        every=every,
-        method=method,
-        seed=seed,
-        source_size=source_size,
-    )
-    state, _ = run_training(
-        algorithm,
-        model,
-        dataset,
-        partition,
-        training,
-        rounds=rounds,
-        seed=seed,
-        clients_per_round=clients_per_round,
-        backend=backend,
-        update_state=reestimation,
-    )
-    return state, reestimation.estimates

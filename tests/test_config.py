@@ -100,7 +100,7 @@ BAD_INPUTS = [
         r"labels_per_client must be an integer in \[1, 10\].*K=10",
     ),
     # lambda and ESS
-    ({"algorithm.lam": -1.0}, r"config\.algorithm\.lam must be a finite number >= 0, got -1"),
+    ({"algorithm.lam": -1.0}, r"config\.algorithm\.lam must be a finite number >= 0 .*, got -1"),
     (
         {"algorithm.lam": float("inf")},
         r"config\.algorithm\.lam must be a finite number >= 0.*FedAvg",

@@ -71,7 +71,7 @@ def test_make_algorithm_builds_stable_pieces_and_validates():
         # Equal hyperparameters -> the same functions, so the engine reuses its compiled round.
         assert first.client is again.client or first.client == again.client
         assert first.weighting.weights is again.weighting.weights
-        assert first.server_update is again.server_update
+        assert first.server_update == again.server_update  # a value (WeightedAverageUpdate)
     model, training = fjp.logistic_regression((2,), 3), TRAINING
     assert fjp.engine.round_engine(fjp.algorithms.scaffold(1.0), model, training) is fjp.engine.round_engine(
         fjp.make_algorithm("scaffold", server_lr=1.0), model, training

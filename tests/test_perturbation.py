@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedjax_pals.experiment.perturbation import _PERTURBATION_STREAM, perturb_label_dist
+from fedjax_pals.algorithms.target_perturbation import _PERTURBATION_STREAM, perturb_label_dist
 
 T = np.array([0.5, 0.5, 0.0, 0.0, 0.0])
 

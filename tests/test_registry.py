@@ -1,10 +1,13 @@
 """The method registry: one name per method, hyperparameters that validate themselves, and a
 user's own method, model and data set run by the launchers without editing the package."""
 
+import ast
 import dataclasses
 import functools
+import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,7 +135,9 @@ def test_the_digests_of_recorded_runs_are_unchanged_by_the_registry():
     assert fjp.config_digest({**disco, "dataset": {"name": "synthetic"}}) == "d8d0f240c02e08ef"
 
 
-def test_a_user_module_registers_a_method_model_and_data_set_that_the_launchers_run(tmp_path):
+def test_a_user_module_registers_a_method_feature_model_and_data_set_that_the_launchers_run(
+    tmp_path,
+):
     # Copied outside the package, as a user's own project.
     project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project)
@@ -151,6 +156,14 @@ def test_a_user_module_registers_a_method_model_and_data_set_that_the_launchers_
     cells = table["rows"][0]["cells"]
     assert set(cells) == {"fednova", "fedpals", "fedavg"}
     assert cells["fednova"]["selected"] in ([["nova_server_lr", 1.0]], [["nova_server_lr", 0.5]])
+    # The user's feature: FedPALS' runs span its key, FedNova's and FedAvg's resolve it to None.
+    smoothed = json.loads(
+        (tmp_path / "sweep" / "runs" / "fedpals" / "lam=0,target_smoothing=0.1" / "seed_0"
+         / "results.json").read_text()
+    )
+    assert smoothed["config"]["algorithm"]["target_smoothing"] == 0.1
+    truth = np.asarray(smoothed["partition"]["target_label_dist"])
+    np.testing.assert_allclose(smoothed["smoothed_target"], 0.9 * truth + 0.1 / 4, atol=1e-12)
     result = json.loads(
         (tmp_path / "sweep" / "runs" / "fednova" / "nova_server_lr=0.5" / "seed_0" / "results.json").read_text()
     )
@@ -487,7 +500,7 @@ def test_a_server_update_returning_another_state_is_refused_before_training_nami
     def build(hp, context):
         return fjp.fedavg()._replace(server_update=_bad_server_update(kind))
 
-    fjp.register_method(fjp.Method("badupdate", "BadUpdate", build))
+    fjp.register_method(fjp.Method("badupdate", "BadUpdate", build, owns_server_update=True))
     _register_blobs("fit_blobs")
     message = _refused(_fit_config("fit_blobs", method="badupdate"), tmp_path)
     assert message == f"method 'badupdate': {expected}"
@@ -534,6 +547,7 @@ def test_a_data_set_registered_again_is_loaded_again(registries_restored):
 
 _WIDE_EXTENSION = """
 import functools
+import inspect
 import flax.linen as nn, numpy as np
 import fedjax_pals as fjp
 
@@ -586,3 +600,38 @@ def test_a_model_that_does_not_fit_the_data_is_one_error_line_of_the_run_command
     )
     assert "Traceback" not in run.stderr
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+def _code_string_literals(module) -> set[str]:
+    """The string literals of `module`'s code (f-string parts included), docstrings left out."""
+    tree = ast.parse(inspect.getsource(module))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and id(node) not in docstrings
+    }
+
+
+def test_config_and_task_name_no_registered_method_and_no_feature():
+    # Both loop over the registry: a method or feature is known by its declaration (its keys,
+    # its hooks, owns_server_update, lends_weighting), never by name in config.py or task.py.
+    from fedjax_pals.experiment import config as config_lib, task as task_lib
+
+    names = set(registry.method_keys()) | {f.name for f in registry.registered_features()}
+    assert {"fedpals", "fedavg", "scaffold", "afl", "fedpals_adaptive", "label_dp"} <= names
+    for module in (config_lib, task_lib):
+        literals = _code_string_literals(module)
+        named = sorted(
+            name for name in names
+            if any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text) for text in literals)
+        )
+        assert not named, f"{module.__name__} names {named}"

@@ -112,7 +112,7 @@ def test_a_group_larger_than_one_program_is_cut_into_program_sized_blocks():
 
 
 # The per-run state that structure_group_key removed before the label-DP keys joined
-# config.PER_RUN_STATE_KEYS.
+# config.per_run_state_keys().
 _STATE_KEYS_BEFORE_DP = (
     "seed",
     "algorithm.lam",
@@ -144,7 +144,7 @@ def _partition(indices, key):
 @pytest.mark.parametrize("name", SWEEP_CONFIGS)
 def test_each_sweep_config_groups_as_before_but_for_runs_differing_only_in_the_added_keys(name):
     runs, _ = sweep_lib._runs(_load_config(name))
-    added = [k for k in config_lib.PER_RUN_STATE_KEYS if k not in _STATE_KEYS_BEFORE_DP]
+    added = [k for k in config_lib.per_run_state_keys() if k not in _STATE_KEYS_BEFORE_DP]
     assert "algorithm.label_dp_epsilon" in added
     flat = [config_lib.flatten(config_lib.as_dict(run.resolved)) for run in runs]
     new = [structure_group_key(run.resolved) for run in runs]

@@ -192,9 +192,14 @@ def test_fedpals_with_a_re_estimated_target():
     start = sizes @ partition.client_label_dists / sizes.sum()  # no target labels: the aggregate
     algorithm = fjp.fedpals(start, 0.0)
     engine = fjp.engine.round_engine(algorithm, model, training)
-    state, estimates = fjp.training.train_with_estimated_target(
-        algorithm, model, dataset, partition, training, rounds=40, every=10, seed=0
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=10, seed=0
     )
+    state, _ = fjp.training.run_training(
+        algorithm, model, dataset, partition, training, rounds=40, seed=0,
+        update_state=reestimation.update_state,
+    )
+    estimates = reestimation.estimates
     assert [r for r, _ in estimates] == [10, 20, 30]
     truth = partition.target_label_dist
     # The synthetic classes are well separated: after 30 rounds the model is ~99 % accurate on
@@ -252,7 +257,7 @@ def test_a_round_whose_model_does_not_identify_t_keeps_the_current_t():
         training,
         rounds=5,
         seed=0,
-        update_state=reestimation,
+        update_state=reestimation.update_state,
     )
     assert reestimation.skipped == [(2, "confusion matrix is singular: rank 2")]
     assert [r for r, _ in reestimation.estimates] == [4]

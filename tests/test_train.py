@@ -285,7 +285,7 @@ def test_a_perturbed_target_reaches_the_weights_but_not_the_evaluation():
     )
     truth = exact.partition.target_label_dist
     np.testing.assert_array_equal(exact.target_label_dist, truth)
-    expected = fjp.experiment.perturbation.perturb_label_dist(truth, 0.5, 0)
+    expected = fjp.algorithms.target_perturbation.perturb_label_dist(truth, 0.5, 0)
     np.testing.assert_allclose(noisy.target_label_dist, expected)
     state = fjp.init_server_state(noisy.algorithm, noisy.model.init(jax.random.PRNGKey(0)), 2)
     np.testing.assert_allclose(state.weighting_state.target_label_dist, expected, rtol=1e-6)
@@ -360,7 +360,7 @@ def _dp_config(epsilon, seed=0, **algorithm):
 
 
 def test_the_config_grouping_is_the_engines_for_the_per_run_state_keys():
-    # structure_group_key (config.PER_RUN_STATE_KEYS) groups these runs exactly as the engine
+    # structure_group_key (config.per_run_state_keys()) groups these runs exactly as the engine
     # does (training_group_key): the label-DP release's epsilon, mechanism and delta are values
     # in the state like the seed and lambda; whether a release is made at all is structure.
     configs = [

@@ -11,7 +11,10 @@ Importing this module registers:
 
   with its own hyperparameter `nova_server_lr` (eta) and a grid for the selection protocol;
 * the model "my_mlp": a flax.linen MLP;
-* the data set "blobs": four Gaussian classes in 8 dimensions, made from NumPy arrays.
+* the data set "blobs": four Gaussian classes in 8 dimensions, made from NumPy arrays;
+* the feature "smoothed_target": the server's weights use T_eps = (1 - eps) T + eps / K, a
+  hedge against a T that is slightly off, for every run whose weights read T (FedPALS), with
+  its own config key `algorithm.target_smoothing` (eps) and a line in results.json.
 
 Name them in a config file that imports this module (my_config.py, my_sweep.py).
 """
@@ -63,6 +66,8 @@ fjp.register_method(
         build=build_fednova,
         hyperparameters=FedNovaHyperparameters,
         grid={"nova_server_lr": (1.0, 0.5)},
+        # Its server update is its own: a config cannot put a server optimiser in its place.
+        owns_server_update=True,
         description="normalised averaging (Wang et al., 2020)",
     ),
     replace=True,
@@ -86,6 +91,49 @@ def my_mlp(input_shape, num_classes):
 
 
 fjp.register_model("my_mlp", my_mlp, replace=True)
+
+# -- the feature -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SmoothedTarget(fjp.Hyperparameters):
+    # None: off (the key is left out of the run's identity, so other runs keep their digests).
+    target_smoothing: float | None = fjp.hyperparameter(None, low=0.0, high=1.0, optional=True)
+
+
+def resolve_smoothing(values, facts: fjp.RunFacts):
+    # Only the runs whose server weights read T use it; the others resolve it to None.
+    return {"target_smoothing": values["target_smoothing"] if facts.reads_target else None}
+
+
+def smooth_target(hp: SmoothedTarget, context: fjp.MethodContext) -> fjp.MethodContext:
+    target = np.asarray(context.partition.target_label_dist, np.float64)
+    smoothed = (1.0 - hp.target_smoothing) * target + hp.target_smoothing / target.size
+    return context.replace(
+        partition=dataclasses.replace(context.partition, target_label_dist=smoothed)
+    )
+
+
+class SmoothedTargetReport(fjp.Monitor):
+    def __init__(self, task):
+        self.target = task.target_label_dist  # the T the server's weights used
+
+    def results(self, state):
+        return {"smoothed_target": np.asarray(self.target).tolist()}
+
+
+fjp.register_feature(
+    fjp.Feature(
+        name="smoothed_target",
+        label="smoothed T",
+        hyperparameters=SmoothedTarget,
+        resolve=resolve_smoothing,
+        prepare=smooth_target,
+        monitor=lambda hp, task: SmoothedTargetReport(task),
+        per_run_state=("target_smoothing",),  # data in the state: one compiled program
+    ),
+    replace=True,
+)
 
 # -- the data set ------------------------------------------------------------------------------
 

@@ -16,8 +16,11 @@ def get_config():
             row="blobs Dir(0.3)",
             seeds=(0, 1),
             methods=("fednova", "fedpals", "fedavg"),
-            # Each method spans the grid keys it uses: nova_server_lr only FedNova's.
-            grid=dict(algorithm=dict(nova_server_lr=(1.0, 0.5), lam=(0.0,))),
+            # Each method spans the grid keys it uses: nova_server_lr only FedNova's,
+            # target_smoothing (the feature's) only FedPALS'.
+            grid=dict(
+                algorithm=dict(nova_server_lr=(1.0, 0.5), lam=(0.0,), target_smoothing=(0.0, 0.1))
+            ),
             selection="mean_over_seeds",
         )
     )

@@ -39,6 +39,9 @@ from fedjax_pals.algorithms.fedlc import (
     FEDLC_DEFAULT_TAU, FEDLC_MIN_COUNT, FedLCHyperparameters, fedlc, fedlc_calibrated_logits,
     fedlc_client,
 )
+# The features, in the order of their hooks: T_p, the DP release, adaptive lambda, T unknown,
+# and last lambda (searched by ESS on what the others set).
+from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
 from fedjax_pals.algorithms.private_marginals import with_server_label_dists
 from fedjax_pals.algorithms.adaptive_lambda import (
     DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, adaptive_fedpals, lam_report,
@@ -48,6 +51,7 @@ from fedjax_pals.algorithms.target_estimation import (
     EstimateNotIdentified, TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
     estimate_target_label_dist, model_probabilities, with_target_label_dist,
 )
+from fedjax_pals.algorithms import fedpals_lambda  # noqa: F401  (registers its feature)
 
 __all__ = [
     # base
@@ -71,5 +75,5 @@ __all__ = [
     "adaptive_fedpals", "lam_report", "validation_hypergradient", "EstimateNotIdentified",
     "TargetReestimation",
     "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
-    "model_probabilities", "with_target_label_dist",
+    "model_probabilities", "with_target_label_dist", "perturb_label_dist",
 ]

@@ -38,12 +38,15 @@ The validation examples, the clients' label distributions and sizes, the optimis
 and the trajectory of lambda are per-run data in `ServerState.algorithm_state`, so runs of
 different seeds share one compiled round and the run resumes exactly from a checkpoint.
 
-Registered as the variant `fedpals_adaptive`: FedPALS with `algorithm.lam_schedule =
-"hypergradient"` (`fedjax_pals.experiment.task` builds it with `adaptive_fedpals`).
+The feature `adaptive_lambda` (`algorithm.lam_schedule = "hypergradient"`, FedPALS only):
+the run's FedPALS becomes `adaptive_fedpals` (its weighting kept: a DP release or another
+solver carries over), starting at the config's lambda (an ESS fraction out of reach starts
+at the lower end of lambda_for_ess's range); registered as the variant `fedpals_adaptive`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -58,7 +61,9 @@ from fedjax_pals.algorithms.base import (
     FederatedAlgorithm, ServerState, _global_params, plain_sgd, weighted_average_update,
 )
 from fedjax_pals.algorithms.fedpals import fedpals_state, fedpals_weighting, replace_fedpals_state
+from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.registry import Variant, register_variant
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 from fedjax_pals.server_weights import LOG10_LAM_RANGE, fedpals_lam_derivative
 
 DEFAULT_HYPER_LEARNING_RATE = 0.5
@@ -280,6 +285,84 @@ def lam_report(state: ServerState) -> dict[str, list[float]]:
         "hyper_val_loss_per_round": np.asarray(data["val_loss_history"])[:done].tolist(),
     }
 
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveLambda(Hyperparameters):
+    lam_schedule: str | None = hyperparameter(
+        "fixed", kind="choice", choices=("fixed", "hypergradient"), optional=True,
+        doc="fixed (the paper) | hypergradient: lambda follows the validation hypergradient",
+    )
+    lam_hyper_lr: float | None = hyperparameter(
+        DEFAULT_HYPER_LEARNING_RATE, low=0.0, low_open=True, optional=True,
+        doc="the hypergradient's Adam step on log lambda",
+    )
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    # "fixed" is the paper's FedPALS: None keeps the identity of the runs recorded before.
+    adaptive = values["lam_schedule"] == "hypergradient"
+    name = facts.method.name
+    if adaptive and name != "fedpals":
+        raise ValueError(
+            "config.algorithm.lam_schedule='hypergradient' adapts FedPALS' lambda; it applies to "
+            f"algorithm.name='fedpals' only, got {name!r}."
+        )
+    lam, ess = facts.section["lam"], facts.section["ess_fraction"]
+    if adaptive and ess is None and not (lam or 0.0) > 0:
+        raise ValueError(
+            "config.algorithm.lam_schedule='hypergradient' adapts lambda in log-space from a "
+            "starting lambda > 0; set algorithm.ess_fraction (e.g. 0.5) or algorithm.lam > 0."
+        )
+    if adaptive and values["lam_hyper_lr"] is None:
+        raise ValueError(f"config.algorithm.lam_hyper_lr is None, but {name} needs it.")
+    return {
+        "lam_schedule": "hypergradient" if adaptive else None,
+        "lam_hyper_lr": values["lam_hyper_lr"] if adaptive else None,
+    }
+
+
+def _prepare(hp: AdaptiveLambda, context: registry.MethodContext) -> registry.MethodContext:
+    # A fixed lambda would be out of reach (or 0); the hypergradient only needs a start > 0.
+    return context.replace(lam_floor=True)
+
+
+def _wrap(
+    algorithm: FederatedAlgorithm, hp: AdaptiveLambda, context: registry.MethodContext
+) -> FederatedAlgorithm:
+    inputs, labels = context.target_validation
+    adaptive = adaptive_fedpals(
+        context.partition.target_label_dist,
+        context.weight_label_dists,
+        context.partition.client_sizes,
+        context.lam,
+        context.model.apply,
+        inputs,
+        labels,
+        rounds=context.rounds,
+        hyper_learning_rate=hp.lam_hyper_lr,
+    )
+    return adaptive._replace(weighting=algorithm.weighting)
+
+
+class _LambdaTrajectory(registry.Monitor):
+    """Reports lambda per round (`lam_report`) and the lambda in use."""
+
+    def scalars(self, state: Any) -> dict:
+        lam = np.asarray(lam_report(jax.device_get(state))["lam_per_round"], np.float64)
+        return {"server/lambda": float(lam[-1])} if lam.size else {}
+
+    def results(self, state: Any) -> dict:
+        return lam_report(jax.device_get(state))
+
+
+registry.register_feature(
+    registry.Feature(
+        "adaptive_lambda", "adaptive λ", AdaptiveLambda, _resolve, prepare=_prepare,
+        wrap=_wrap, monitor=lambda hp, task: _LambdaTrajectory(), owns_server_update=True,
+        description="lambda follows the target validation loss's hypergradient",
+    ),
+    replace=True,
+)
 
 register_variant(
     Variant("fedpals_adaptive", "FedPALS (adaptive λ)", "fedpals",

@@ -159,5 +159,6 @@ def _build(hp: AflHyperparameters, context: MethodContext) -> FederatedAlgorithm
 
 register_method(
     Method("afl", "AFL", _build, AflHyperparameters, grid={"afl_step": (0.1, 0.01, 0.001, 1.0)},
+           owns_server_update=True,
            description="min-max over client mixtures (Mohri et al., 2019)"), replace=True
 )

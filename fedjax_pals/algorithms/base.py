@@ -20,12 +20,12 @@ with the same plain minibatch SGD (no momentum, no weight decay, no clipping), E
 per round, as the FedPALS paper trains all methods alike (Sec. 5); references that use another
 local optimiser are noted in their module.
 
-Compilation caching. `engine.round_engine` keys its compiled rounds on the identity of (client
-method, weighting function, server update, model, training, strategy). Every builder is
-therefore `functools.cache`d on its (hashable, normalised) hyperparameters, so equal
-hyperparameters give the *same* function objects, and anything that varies between runs
+Compilation sharing. `engine.round_engine` keys its compiled rounds on the structure of
+(client method, weighting function, server update, model, training, strategy): a function's
+code and the values it closes over (`engine.structure_key`), so equal hyperparameters share
+one program whether or not a builder is cached. Anything that varies between runs
 (FedShift's aggregate label distribution, FedPALS' target) lives in the `ServerState`
-(`algorithm_state` / `weighting_state`), never in a cached closure.
+(`algorithm_state` / `weighting_state`), never in a closure.
 """
 
 from __future__ import annotations

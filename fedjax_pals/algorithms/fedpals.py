@@ -138,6 +138,7 @@ def _build(hp: FedPalsHyperparameters, context: registry.MethodContext) -> Feder
 registry.register_method(
     registry.Method(
         "fedpals", "FedPALS", _build, FedPalsHyperparameters, reads_target=True,
+        lends_weighting=True,
         description="local SGD, target-aware weights alpha^lam (eq. 8)",
     ),
     replace=True,

@@ -5,10 +5,17 @@ histograms, and the privacy accounting) each client releases a noisy S_i(Y) once
 training; the server solves its weights (FedPALS' eq. 8, FedDisco's discrepancies) on the
 release, while the clients' local training keeps their exact counts. `with_server_label_dists`
 is that wrapper around any weighting.
+
+The feature `label_dp` (`algorithm.label_dp_epsilon` set, for every run whose server weights
+read S and T): the release is drawn once from the seed's own random stream, before the method
+is built (so the ESS search sees it too), and the built algorithm's weighting is wrapped.
+The release is per-run data: runs differing only in epsilon, mechanism or delta share one
+compiled round.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -17,7 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_pals import _validation
-from fedjax_pals.algorithms.base import ServerState, Weighting
+from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.base import FederatedAlgorithm, ServerState, Weighting
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
+from fedjax_pals.privacy import MECHANISMS, private_label_dists
 
 
 class ServerLabelDistsState(NamedTuple):
@@ -56,3 +66,74 @@ def with_server_label_dists(weighting: Weighting, server_label_dists: chex.Array
         return ServerLabelDistsState(inner.init(), data_dists)
 
     return Weighting(inner.name, init, _server_dists_weights_fn(inner.weights))
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelDP(Hyperparameters):
+    label_dp_epsilon: float | None = hyperparameter(
+        None, low=0.0, low_open=True, optional=True,
+        why=" (None: the server sees the exact label distributions)",
+        doc="None (exact S_i) or the epsilon of the clients' DP release of S_i",
+    )
+    label_dp_mechanism: str | None = hyperparameter(
+        "laplace", kind="choice", choices=MECHANISMS, optional=True,
+        doc="laplace (epsilon-DP) | gaussian ((epsilon, delta)-DP)",
+    )
+    label_dp_delta: float | None = hyperparameter(
+        1e-5, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        doc="the Gaussian mechanism's delta",
+    )
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    epsilon, mechanism, delta = (
+        values["label_dp_epsilon"], values["label_dp_mechanism"], values["label_dp_delta"]
+    )
+    private = facts.reads_target and epsilon is not None
+    for key, value, needed in (
+        ("label_dp_mechanism", mechanism, private),
+        ("label_dp_delta", delta, private and mechanism == "gaussian"),
+    ):
+        if needed and value is None:
+            raise ValueError(f"config.algorithm.{key} is None, but {facts.method.name} needs it.")
+    return {
+        "label_dp_epsilon": epsilon if private else None,
+        "label_dp_mechanism": mechanism if private else None,
+        "label_dp_delta": delta if private and mechanism == "gaussian" else None,
+    }
+
+
+# A random stream of its own for the DP noise of the label marginals.
+_LABEL_DP_STREAM = 0xD1FF
+
+
+def _prepare(hp: LabelDP, context: registry.MethodContext) -> registry.MethodContext:
+    # The clients release S_i(Y) through a DP mechanism once; the server's weights and the
+    # ESS search use the release (post-processing), local training the exact counts.
+    release = private_label_dists(
+        context.partition.client_label_counts,
+        hp.label_dp_epsilon,
+        hp.label_dp_mechanism,
+        jax.random.fold_in(jax.random.PRNGKey(context.seed), _LABEL_DP_STREAM),
+        delta=hp.label_dp_delta,
+    )
+    return context.replace(server_label_dists=release)
+
+
+def _wrap(
+    algorithm: FederatedAlgorithm, hp: LabelDP, context: registry.MethodContext
+) -> FederatedAlgorithm:
+    return algorithm._replace(
+        weighting=with_server_label_dists(algorithm.weighting, context.server_label_dists)
+    )
+
+
+registry.register_feature(
+    registry.Feature(
+        "label_dp", "label DP", LabelDP, _resolve, prepare=_prepare, wrap=_wrap,
+        per_run_state=("label_dp_epsilon", "label_dp_mechanism", "label_dp_delta"),
+        per_run_presence=("label_dp_epsilon",),
+        description="the server's weights see a DP release of the S_i (privacy.py)",
+    ),
+    replace=True,
+)

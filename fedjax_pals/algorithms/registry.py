@@ -1,4 +1,4 @@
-"""The method registry: a federated method is registered once, under one name used everywhere.
+"""The registry of methods and features: each is registered once, under one name used everywhere.
 
 A `Method` ties together what the rest of the package needs to know about a method:
 
@@ -16,15 +16,27 @@ A `Method` ties together what the rest of the package needs to know about a meth
 * `client_side`: the method changes only local training, so it combines with FedPALS' server
   weights under the key `<name>_fedpals` ("FedProx+FedPALS");
 * `partition_transform`: how the method redraws the clients' data before training (the
-  Oracle's resampling to T, FedPALS App. B.5).
+  Oracle's resampling to T, FedPALS App. B.5);
+* `owns_server_update`: its server update is its own (SCAFFOLD, AFL), so no server optimiser
+  replaces it; `lends_weighting`: its server weights serve the client-side methods too
+  (FedPALS: `algorithm.weights='fedpals'`).
+
+A `Feature` is what a run adds to its method, switched on by its own config keys (label DP,
+Table 2's perturbed T, adaptive lambda, T re-estimated, FedPALS' lambda by ESS): its
+self-validating hyperparameters, `resolve` (which runs use it, and their consistency), and
+hooks the run calls in registration order: `prepare` (what the method is built from: the
+`MethodContext`), `wrap` (the built algorithm), `monitor` (its work between rounds and what it
+reports). The config validator, `build_task` and `train_and_evaluate` loop over the registry;
+none of them names a method or a feature.
 
 A *variant* is a registered key that means another method with some config keys set
 (`fedpals_adaptive` is FedPALS with `algorithm.lam_schedule='hypergradient'`): it has a name
 and a label, and `method_overrides(key)` gives its config keys.
 
-A user's method is one module of theirs: define the hyperparameters and the builder, call
-`register_method(Method(...))` at import time, and name the method in a config file that
-imports the module (README, "Extending fedjax_pals").
+A user's method or feature is one module of theirs: define the hyperparameters and the
+builder (the hooks), call `register_method(Method(...))` (`register_feature(Feature(...))`) at
+import time, and name it in a config file that imports the module (README, "Extending
+fedjax_pals"; examples/extending/my_extension.py has one of each).
 """
 
 from __future__ import annotations
@@ -44,9 +56,11 @@ from fedjax_pals.hyperparameters import (
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
 # with the optimisers (importable from here as before).
-from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
+from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS, WeightedAverageUpdate
 
 
+# The method of the default config.
+DEFAULT_METHOD = "fedpals"
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
 
@@ -56,7 +70,7 @@ FEDPALS_SUFFIX = "_fedpals"
 
 @dataclasses.dataclass(frozen=True)
 class MethodContext:
-    """What a method's builder may read of the run.
+    """What a method's builder and a feature's hooks may read of the run (built once per run).
 
     partition: the clients the run trains (S_i, n_i, label counts) with the T the server's
       weights use (T, Table 2's perturbed T_p, or the clients' aggregate when T is estimated).
@@ -64,11 +78,33 @@ class MethodContext:
       the run does not use FedPALS' weights).
     weighting: for a client-side method, the server weighting asked for by
       algorithm.weights (None: FedAvg's n_i / N).
+    server_label_dists: the clients' S_i(Y) as the server's weights see them (a DP release),
+      or None: the exact S_i of `partition`.
+    target_validation: the target validation split (inputs, labels).
+    model: the run's `Model`; rounds, seed: the run's.
+    lam_floor: a lambda that the ESS search cannot reach (or 0) starts at the lower end of its
+      range instead of failing (a schedule that moves lambda from there).
     """
 
     partition: FederatedPartition | None = None
     lam: float | None = None
     weighting: Weighting | None = None
+    server_label_dists: np.ndarray | None = None
+    target_validation: tuple[np.ndarray, np.ndarray] | None = None
+    model: Any = None
+    rounds: int | None = None
+    seed: int = 0
+    lam_floor: bool = False
+
+    @property
+    def weight_label_dists(self) -> np.ndarray:
+        """The S the server's weights see: the release if there is one, else the exact S_i."""
+        if self.server_label_dists is not None:
+            return self.server_label_dists
+        return self.partition.client_label_dists
+
+    def replace(self, **changes: Any) -> "MethodContext":
+        return dataclasses.replace(self, **changes)
 
 
 Builder = Callable[[Any, MethodContext], "FederatedAlgorithm"]
@@ -88,6 +124,11 @@ class Method:
     reads_target: bool = False
     partition_transform: PartitionTransform | None = None
     description: str = ""
+    # Its server update is its own (SCAFFOLD's control variates, AFL's lambda): a server
+    # optimiser cannot replace it (the config refuses, `with_server_optimizer` too).
+    owns_server_update: bool = False
+    # Its server weights serve the client-side methods too: `algorithm.weights=<name>`.
+    lends_weighting: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -140,6 +181,14 @@ class Method:
                 f"{type(algorithm).__name__}, not a fedjax_pals.FederatedAlgorithm (e.g. "
                 "fjp.fedavg()._replace(server_update=...))."
             )
+        if not self.owns_server_update and not isinstance(
+            algorithm.server_update, WeightedAverageUpdate
+        ):
+            raise ValueError(
+                f"method {self.name!r}: its server update is its own (not "
+                "fjp.weighted_average_update()); declare it with Method(..., "
+                "owns_server_update=True), so that no server optimiser replaces it."
+            )
         return algorithm._replace(name=self.key(context))
 
     def key(self, context: MethodContext | None = None) -> str:
@@ -161,6 +210,7 @@ class Variant:
 
 _METHODS: dict[str, Method] = {}
 _VARIANTS: dict[str, Variant] = {}
+_FEATURES: dict[str, "Feature"] = {}
 
 
 def register_method(method: Method, *, replace: bool = False) -> Method:
@@ -190,6 +240,13 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
                     f"differently by method {other.name!r} (one config key algorithm."
                     f"{field.name}); give yours a name of its own."
                 )
+    for feature in _FEATURES.values():
+        taken = sorted(set(mine) & set(hyperparameter_checks(feature.hyperparameters)))
+        if taken:
+            raise ValueError(
+                f"method {method.name!r}: hyperparameter {taken[0]!r} is a config key of feature "
+                f"{feature.name!r} (algorithm.{taken[0]}); give yours a name of its own."
+            )
     _METHODS[method.name] = method
     return method
 
@@ -244,6 +301,12 @@ def _server_optimizer_split(key: str) -> tuple[str | None, str]:
     return None, key
 
 
+def server_optimizer_key(optimizer: str, key: str) -> str:
+    """The method key of `key` with server optimiser `optimizer` in front: "fedadam_fedpals",
+    a bare "fedadam" for FedAvg (the inverse of `_server_optimizer_split`)."""
+    return optimizer if key == "fedavg" else f"{optimizer}_{key}"
+
+
 def method_overrides(key: str) -> dict[str, Any]:
     """The config keys that a method key sets: {"algorithm.name": ..., "algorithm.weights": ...}
     plus a variant's own keys, and "server.optimizer" for a server optimiser in front."""
@@ -287,6 +350,153 @@ def method_label(key: str) -> str:
 def method_labels() -> dict[str, str]:
     """{key: label} of every registered key."""
     return {key: method_label(key) for key in method_keys()}
+
+
+# -- features ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What a feature's `resolve` may read of the run: its method, whose server weights it
+    uses (`weights`: "fedpals" for FedPALS and FedProx+FedPALS; None for a method's own
+    weights, FedAvg's n_i / N included), and its `algorithm` section with every key checked
+    by its declaration (not yet resolved)."""
+
+    method: Method
+    weights: str | None
+    section: Mapping[str, Any]
+
+    @property
+    def reads_target(self) -> bool:
+        """The server's weights read T and the S_i (FedPALS' weights, FedDisco)."""
+        return self.weights is not None or self.method.reads_target
+
+
+# resolve({field: value checked by its declaration}, RunFacts) -> {field: resolved value}:
+# None for what the run does not use; ValueError for an inconsistent setting.
+Resolve = Callable[[dict, RunFacts], dict]
+
+
+class Monitor:
+    """What a feature does while its run trains (`Feature.monitor(hp, task)` builds one).
+
+    update_state(round_index, state_of) -> a new ServerState or None: called before each
+      round (`TrainingRun(update_state=...)`), e.g. T re-estimated from the global model.
+    scalars(state) -> {name: value} logged at each evaluation (they override the run's own,
+      e.g. "server/lambda"); results(state) -> entries of results.json at the end.
+    """
+
+    update_state: Callable[[int, Callable[[], Any]], Any] | None = None
+
+    def scalars(self, state: Any) -> dict:
+        return {}
+
+    def results(self, state: Any) -> dict:
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """A registered feature: what a run adds to its method, switched on by a config key.
+
+    name, label: its registry key and its display name.
+    hyperparameters: its config keys `algorithm.<field>` with their defaults and allowed
+      values (`hyperparameter(..., optional=True)` for a key that may be unset).
+    resolve: the run's values of its keys, resolved (see `Resolve`): None where the run does
+      not use them, ValueError (naming `config.algorithm.<key>`) for an inconsistent setting.
+      The feature is on in a run where any of its resolved keys is not None.
+    prepare(hp, context) -> context: what the method is built from (T_p for T, the DP release
+      of S, lambda from an ESS fraction), in registration order.
+    wrap(algorithm, hp, context) -> algorithm: the built algorithm with the feature, in
+      registration order.
+    monitor(hp, task) -> Monitor: its work while the run trains and what it reports.
+    owns_server_update: it replaces the server update (a server optimiser cannot).
+    per_run_state: its keys whose values are per-run data (ServerState), not compiled in;
+      per_run_presence: those of them whose being set at all changes the program.
+    """
+
+    name: str
+    label: str
+    hyperparameters: type[Hyperparameters]
+    resolve: Resolve
+    prepare: Callable[[Any, MethodContext], MethodContext] | None = None
+    wrap: Callable[[FederatedAlgorithm, Any, MethodContext], FederatedAlgorithm] | None = None
+    monitor: Callable[[Any, Any], Monitor] | None = None
+    owns_server_update: bool = False
+    per_run_state: tuple[str, ...] = ()
+    per_run_presence: tuple[str, ...] = ()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a feature's name must be a Python identifier, got {self.name!r}.")
+        check_declared(f"feature {self.name!r}", self.hyperparameters)
+        fields = hyperparameter_checks(self.hyperparameters)
+        for key in (*self.per_run_state, *self.per_run_presence):
+            if key not in fields:
+                raise ValueError(
+                    f"feature {self.name!r}: {key!r} is not one of its hyperparameters "
+                    f"{sorted(fields)}."
+                )
+
+    def resolve_section(self, facts: RunFacts) -> dict:
+        """Its keys of the run's `algorithm` section (`facts.section`, checked), resolved."""
+        checked = {key: facts.section[key] for key in hyperparameter_checks(self.hyperparameters)}
+        resolved = self.resolve(checked, facts)
+        if set(resolved) != set(checked):
+            raise ValueError(
+                f"feature {self.name!r}: resolve returned the keys {sorted(resolved)}, not its "
+                f"hyperparameters {sorted(checked)}."
+            )
+        return resolved
+
+    def settings(self, section: Mapping[str, Any]) -> Hyperparameters | None:
+        """Its hyperparameters in a resolved `algorithm` section, None when it is off."""
+        values = {key: section[key] for key in hyperparameter_checks(self.hyperparameters)}
+        if all(value is None for value in values.values()):
+            return None
+        return self.hyperparameters(**values)
+
+    def switched_on_by(self, section: Mapping[str, Any]) -> str:
+        """"key=value" of its first key set in a resolved section (for messages)."""
+        for key in hyperparameter_checks(self.hyperparameters):
+            if section[key] is not None:
+                return f"{key}={section[key]!r}"
+        return self.name
+
+
+
+def register_feature(feature: Feature, *, replace: bool = False) -> Feature:
+    """Registers `feature` under `feature.name`. Its keys may not be another feature's or a
+    method's hyperparameters (one config key, one owner)."""
+    if not isinstance(feature, Feature):
+        raise TypeError(
+            f"register_feature takes a fedjax_pals.Feature, got {type(feature).__name__}."
+        )
+    if not replace and feature.name in _FEATURES:
+        raise ValueError(
+            f"a feature {feature.name!r} is already registered; pick another name, or pass "
+            "replace=True to redefine it."
+        )
+    mine = set(hyperparameter_checks(feature.hyperparameters))
+    owners = {key: f"method {users[0]!r}" for key, (_, _, users) in hyperparameter_fields().items()}
+    for other in _FEATURES.values():
+        if other.name != feature.name:
+            owners.update({key: f"feature {other.name!r}" for key in
+                           hyperparameter_checks(other.hyperparameters)})
+    taken = sorted(mine & set(owners))
+    if taken:
+        raise ValueError(
+            f"feature {feature.name!r}: config key algorithm.{taken[0]} is already declared by "
+            f"{owners[taken[0]]}; give yours a name of its own."
+        )
+    _FEATURES[feature.name] = feature
+    return feature
+
+
+def registered_features() -> tuple[Feature, ...]:
+    """The registered features, in registration order (the order of their hooks)."""
+    return tuple(_FEATURES.values())
 
 
 def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:

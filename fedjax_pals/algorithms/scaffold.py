@@ -158,6 +158,6 @@ def _build(hp: ScaffoldHyperparameters, context: MethodContext) -> FederatedAlgo
 
 register_method(
     Method("scaffold", "SCAFFOLD", _build, ScaffoldHyperparameters,
-           grid={"server_lr": (1.0, 0.5)},
+           grid={"server_lr": (1.0, 0.5)}, owns_server_update=True,
            description="control variates, option II (Karimireddy et al., 2020)"), replace=True
 )

@@ -24,13 +24,16 @@ posteriors). `model_probabilities` computes a model's softmax outputs in batches
 `estimate_target_label_dist` dispatches on the method.
 
 During training, `TargetReestimation` replaces FedPALS' T by a new estimate every few rounds
-(`fedjax_pals.training.train_with_estimated_target` runs it). Registered as the variants
-`fedpals_unknown_t_bbse`, `fedpals_unknown_t_bbse_soft` and `fedpals_unknown_t_em`: FedPALS
-with `algorithm.target_estimation` set.
+(`run_training(..., update_state=TargetReestimation(...).update_state)`). The feature
+`unknown_target` (`algorithm.target_estimation` set, for every run with FedPALS' weights)
+starts the server from the clients' aggregate sum_i n_i S_i / N, the guess without target
+labels, and re-estimates T as the run trains; registered as the variants
+`fedpals_unknown_t_bbse`, `fedpals_unknown_t_bbse_soft` and `fedpals_unknown_t_em`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -39,10 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals import _validation
-from fedjax_pals.privacy import project_to_simplex
+from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals.algorithms.registry import Variant, register_variant
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
+from fedjax_pals.privacy import project_to_simplex
+from fedjax_pals.server_weights import projection_distance
 
 METHODS = ("em", "bbse", "bbse_soft")
 EM_DEFAULT_MAX_ITER = 10_000
@@ -259,7 +265,7 @@ def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
     )
 
 
-class TargetReestimation:
+class TargetReestimation(registry.Monitor):
     """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds.
 
     Before rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives
@@ -270,7 +276,8 @@ class TargetReestimation:
     them into T^, which replaces T in the state (`with_target_label_dist`), so the next
     rounds' FedPALS weights use it without recompiling. The estimate depends only on the
     state, so a run resumed from a checkpoint makes the same estimates. `estimates` lists
-    (round index, T^) of the estimates this object made.
+    (round index, T^) of the estimates this object made. With `truth` (the true T, for the
+    record only) it reports the estimate's L1 error (`scalars`, `results`).
 
     A round whose model does not identify T (BBSE with a singular confusion matrix: early in
     training the model may not yet predict some class at all) changes nothing: the state
@@ -289,8 +296,10 @@ class TargetReestimation:
         method: str = "bbse",
         seed: int = 0,
         source_size: int = 5000,
+        truth: Any = None,
     ):
         _method(method)
+        self.truth = None if truth is None else np.asarray(truth, np.float64)
         self.every = _validation.check_positive_int("every", every)
         source_size = _validation.check_positive_int("source_size", source_size)
         self.algorithm, self.model, self.method = algorithm, model, method
@@ -302,6 +311,7 @@ class TargetReestimation:
         self.source_y = np.asarray(dataset.train.y[source_idx])
         self.target_x = dataset.train.x[partition.target_val_indices]
         self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
+        self.source_label_dists = partition.client_label_dists
         self.estimates: list[tuple[int, np.ndarray]] = []
         self.skipped: list[tuple[int, str]] = []
 
@@ -321,7 +331,7 @@ class TargetReestimation:
         """The T that `state`'s FedPALS weights use now (the latest estimate, or the start)."""
         return np.asarray(fedpals_state(state.weighting_state).target_label_dist)
 
-    def __call__(self, round_index: int, state_of: Callable[[], Any]) -> Any:
+    def update_state(self, round_index: int, state_of: Callable[[], Any]) -> Any:
         if round_index == 0 or round_index % self.every:
             return None
         try:
@@ -334,7 +344,100 @@ class TargetReestimation:
         return with_target_label_dist(state_of(), estimate)
 
 
+    def _estimate_and_error(self, state: Any) -> tuple[np.ndarray, float]:
+        estimate = np.asarray(self.current(jax.device_get(state)), np.float64)
+        return estimate, float(np.abs(estimate - self.truth).sum())
+
+    def scalars(self, state: Any) -> dict:
+        """The estimate in use, its L1 error and d(T^, S), at an evaluation."""
+        estimate, error = self._estimate_and_error(state)
+        scalars = {
+            "server/target_estimate_l1_error": error,
+            "server/projection_distance": float(
+                projection_distance(self.source_label_dists, estimate)
+            ),
+        }
+        if estimate.size <= _PER_CLASS_SCALARS:
+            width = len(str(estimate.size - 1))
+            scalars.update(
+                {f"server/target_estimate/class_{k:0{width}d}": v for k, v in enumerate(estimate)}
+            )
+        return scalars
+
+    def results(self, state: Any) -> dict:
+        """The server's last estimate of T, its L1 error, the rounds that kept T (this process)."""
+        estimate, error = self._estimate_and_error(state)
+        return {
+            "target_estimate": estimate.tolist(),
+            "target_estimate_l1_error": error,
+            "target_estimation_skipped_rounds": [r for r, _ in self.skipped],
+        }
+
+
 _SOURCE_SAMPLE_STREAM = 0x5EED
+# Per-class scalars of T^ for at most this many classes.
+_PER_CLASS_SCALARS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class UnknownTarget(Hyperparameters):
+    target_estimation: str | None = hyperparameter(
+        None, kind="choice", choices=METHODS, optional=True,
+        doc="None (T known) | bbse | bbse_soft | em: T re-estimated as the run trains",
+    )
+    target_estimation_every: int | None = hyperparameter(
+        5, kind="integer", low=1, high=1_000_000, optional=True,
+        doc="re-estimate before every this many rounds",
+    )
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    estimator, every = values["target_estimation"], values["target_estimation_every"]
+    estimates = facts.weights == "fedpals" and estimator is not None
+    if estimates and facts.section["ess_fraction"] is not None:
+        raise ValueError(
+            "config.algorithm.target_estimation is set, but ess_fraction needs a known T to "
+            "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
+        )
+    if estimates and every is None:
+        raise ValueError(
+            f"config.algorithm.target_estimation_every is None, but {facts.method.name} needs it."
+        )
+    return {
+        "target_estimation": estimator if estimates else None,
+        "target_estimation_every": every if estimates else None,
+    }
+
+
+def _prepare(hp: UnknownTarget, context: registry.MethodContext) -> registry.MethodContext:
+    # T unknown: the server starts from the clients' aggregate, the guess without target
+    # labels, and the run re-estimates T as it trains (`TargetReestimation`).
+    partition = context.partition
+    sizes = np.asarray(partition.client_sizes, np.float64)
+    start = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
+    return context.replace(partition=dataclasses.replace(partition, target_label_dist=start))
+
+
+def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
+    return TargetReestimation(
+        task.algorithm,
+        task.model,
+        task.dataset,
+        task.partition,
+        every=hp.target_estimation_every,
+        method=hp.target_estimation,
+        seed=task.config.seed,
+        truth=task.partition.target_label_dist,
+    )
+
+
+registry.register_feature(
+    registry.Feature(
+        "unknown_target", "T re-estimated", UnknownTarget, _resolve, prepare=_prepare,
+        monitor=_monitor, description="T(Y) unknown: re-estimated from the global model",
+    ),
+    replace=True,
+)
 
 for _method_name, _label in (("bbse", "BBSE"), ("bbse_soft", "soft BBSE"), ("em", "EM")):
     register_variant(

@@ -11,7 +11,6 @@ from fedjax_pals.experiment.plots import (
     plot_curves,
     plot_weights_vs_ess,
 )
-from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.experiment.protocol import (
     PAPER_METHODS,
     PAPER_TABLE_1,
@@ -50,7 +49,7 @@ from fedjax_pals.experiment.train import train_and_evaluate
 __all__ = [
     "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress",
     "plot_accuracy_vs_distance", "plot_comparison", "plot_curves", "plot_weights_vs_ess",
-    "perturb_label_dist", "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point",
+    "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point",
     "merge_tables", "protocol_grid", "protocol_table", "select_method", "table_markdown",
     "write_protocol_report", "SweepRun", "execute_runs", "expand_sweep", "run_sweep",
     "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",

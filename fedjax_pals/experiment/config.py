@@ -105,26 +105,22 @@ from fedjax_pals import _validation, models
 from fedjax_pals.data import datasets as datasets_lib, registered_datasets
 
 # The method registry, with the methods that ship with the package registered.
-from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods)
-from fedjax_pals.algorithms import target_estimation
+from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods and features)
 from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.base import fedavg_weighting
+from fedjax_pals.hyperparameters import hyperparameter_checks, hyperparameter_defaults
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 
-LABEL_DP_MECHANISMS = ("laplace", "gaussian")
-# The methods' hyperparameters (registry.py) that were config keys before the registry: in a
-# run's identity even when None (unused), so that the digests of recorded runs stay valid.
-# Every other method hyperparameter is, like OPTIONAL_IDENTITY_KEYS, left out when None.
-ALWAYS_IDENTITY_HYPERPARAMETERS = ("prox_mu", "server_lr", "afl_step", "fedrs_alpha", "fedrs_soft")
+# The method and feature hyperparameters that were config keys before the registry: in a run's
+# identity even when None (unused), so that the digests of recorded runs stay valid. Every
+# other registered hyperparameter is, like OPTIONAL_IDENTITY_KEYS, left out when None.
+ALWAYS_IDENTITY_HYPERPARAMETERS = (
+    "prox_mu", "server_lr", "afl_step", "fedrs_alpha", "fedrs_soft", "lam", "ess_fraction",
+    "target_perturbation",
+)
 # Keys added after runs had been recorded: left out of a run's identity when they are None
 # (unused), so that the digests of the runs recorded before them stay valid.
 OPTIONAL_IDENTITY_KEYS = (
-    "algorithm.label_dp_epsilon",
-    "algorithm.label_dp_mechanism",
-    "algorithm.label_dp_delta",
-    "algorithm.lam_schedule",
-    "algorithm.lam_hyper_lr",
-    "algorithm.target_estimation",
-    "algorithm.target_estimation_every",
     "server.optimizer",
     "server.learning_rate",
     "server.momentum",
@@ -135,33 +131,35 @@ OPTIONAL_IDENTITY_KEYS = (
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
 OPTIONAL_IDENTITY_SECTIONS = ("server",)
-LAM_SCHEDULES = ("fixed", "hypergradient")
-WEIGHTINGS = ("fedavg", "fedpals")
+# FedAvg's weights n_i / N: algorithm.weights of a client-side method without FedPALS'.
+_FEDAVG_WEIGHTS = fedavg_weighting().name
 PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
 # The schemes that take labels_per_client (C).
 SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
 # Keys that are not part of a run's identity (see the module docstring).
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
-# Keys of a resolved config that are per-run state: the engine holds what they set as data in
-# each run's state (lambda, solved on the host from lam or ess_fraction; the seed's draws; the
-# perturbed T; the label-DP release, noised on the host with the mechanism, epsilon and delta),
-# not in its compiled program. Runs whose configs differ only in them share one compiled
-# program and train together on the engine's runs axis (`train.structure_group_key`, the
-# grouping of sweeps, shards and `train_and_evaluate_many`; `training.training_group_key`
-# decides). They stay in the run's identity.
-PER_RUN_STATE_KEYS = (
-    "seed",
-    "algorithm.lam",
-    "algorithm.ess_fraction",
-    "algorithm.target_perturbation",
-    "algorithm.label_dp_epsilon",
-    "algorithm.label_dp_mechanism",
-    "algorithm.label_dp_delta",
-)
-# Of PER_RUN_STATE_KEYS, those whose being set at all (not None) changes the program: a label-DP
-# release (label_dp_epsilon set) wraps the weighting (`with_server_label_dists`), whose state
-# holds the release; runs without one have no such state. Their value is per-run state.
-PER_RUN_STATE_PRESENCE_KEYS = ("algorithm.label_dp_epsilon",)
+
+
+def per_run_state_keys() -> tuple[str, ...]:
+    """Keys of a resolved config that are per-run state: the engine holds what they set as data
+    in each run's state (the seed's draws; each feature's `per_run_state`: lambda, solved on
+    the host from lam or ess_fraction; the perturbed T; the label-DP release), not in its
+    compiled program. Runs whose configs differ only in them share one compiled program and
+    train together on the engine's runs axis (`train.structure_group_key`, the grouping of
+    sweeps, shards and `train_and_evaluate_many`; `training.training_group_key` decides).
+    They stay in the run's identity."""
+    features = registry.registered_features()
+    return ("seed",) + tuple(f"algorithm.{k}" for f in features for k in f.per_run_state)
+
+
+def per_run_state_presence_keys() -> tuple[str, ...]:
+    """Of `per_run_state_keys`, those whose being set at all (not None) changes the program:
+    a label-DP release wraps the weighting, whose state holds the release; runs without one
+    have no such state. Their value is per-run state."""
+    features = registry.registered_features()
+    return tuple(f"algorithm.{k}" for f in features for k in f.per_run_presence)
+
+
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 MAX_ROUNDS = 1_000_000
 
@@ -220,22 +218,19 @@ def default_config() -> ml_collections.ConfigDict:
         dict(scheme="sparsity", num_clients=10, labels_per_client=3, dirichlet_beta=0.1)
     )
     config.model = "auto"
+    # The registered features' and methods' hyperparameters at their defaults (registry.py);
+    # a None default is a placeholder of the type its values have (for command-line overrides).
+    keys = {key: (default, check) for key, (default, check, _) in _algorithm_keys().items()}
+    types = {"real": float, "integer": int, "bool": bool, "choice": str}
     config.algorithm = ml_collections.ConfigDict(
         dict(
-            name="fedpals",
+            name=registry.DEFAULT_METHOD,
             weights=placeholder(str),
-            lam=placeholder(float),
-            ess_fraction=placeholder(float),
-            target_perturbation=0.0,
-            label_dp_epsilon=placeholder(float),
-            label_dp_mechanism="laplace",
-            label_dp_delta=1e-5,
-            lam_schedule="fixed",
-            lam_hyper_lr=0.5,
-            target_estimation=placeholder(str),
-            target_estimation_every=5,
-            # The registered methods' hyperparameters, at their defaults (registry.py).
-            **{key: spec[0] for key, spec in registry.hyperparameter_fields().items()},
+            **{
+                key: default if default is not None or getattr(check, "kind", None) not in types
+                else placeholder(types[check.kind])
+                for key, (default, check) in keys.items()
+            },
         )
     )
     config.training = ml_collections.ConfigDict(
@@ -528,143 +523,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r["model"] = model
 
     # -- algorithm
-    a = c["algorithm"]
-    a = _method_key_overrides(a)
-    methods = registry.registered_methods()
-    algorithm = _choice("algorithm.name", a["name"], methods)
-    method = registry.get_method(algorithm)
-    client_side = registry.client_side_methods()
-    weights = _choice("algorithm.weights", a["weights"], WEIGHTINGS, optional=True)
-    if algorithm == "fedpals" and weights == "fedavg":
-        raise ConfigError(
-            "config.algorithm.weights='fedavg' contradicts algorithm.name='fedpals' (FedPALS "
-            "weights); use algorithm.name='fedavg' for FedAvg."
-        )
-    if weights == "fedpals" and algorithm not in client_side + ("fedpals",):
-        raise ConfigError(
-            f"config.algorithm.weights='fedpals' applies only to {list(client_side)} "
-            f"(client-side methods); {algorithm!r} has its own server weights. Use "
-            "algorithm.name='fedpals' for FedPALS."
-        )
-    if method.client_side:
-        weights = weights or "fedavg"
-    else:
-        weights = None
-    uses_fedpals = algorithm == "fedpals" or weights == "fedpals"
-    lam, ess = a["lam"], a["ess_fraction"]
-    if lam is not None:
-        if isinstance(lam, (float, np.floating)) and math.isinf(lam) and lam > 0:
-            raise ConfigError(
-                "config.algorithm.lam must be a finite number >= 0, got inf (lam -> infinity "
-                "is FedAvg: use algorithm.name='fedavg')."
-            )
-        lam = _real("algorithm.lam", lam, low=0.0)
-    if ess is not None:
-        ess = _real(
-            "algorithm.ess_fraction",
-            ess,
-            low=0.0,
-            high=1.0,
-            low_open=True,
-            high_open=True,
-            why=" (ESS = N is FedAvg: use algorithm.name='fedavg')",
-        )
-    if lam is not None and ess is not None:
-        raise ConfigError(
-            f"config.algorithm.lam={lam:g} and config.algorithm.ess_fraction={ess:g} are both "
-            "set; give one of them (lam directly, or ess_fraction to choose lam by ESS), not both."
-        )
-    perturbation = _maybe(_real, "algorithm.target_perturbation", a["target_perturbation"], low=0.0)
-    # The registered methods' hyperparameters: each checked by its own declaration, and None
-    # (unused) unless it belongs to this run's method.
-    hyperparameters = {}
-    for key, (default, check, users) in registry.hyperparameter_fields().items():
-        value = a[key]
-        if value is not None:
-            value = _config_check(check, f"algorithm.{key}", value)
-        # A hyperparameter declared with default None is optional (FedPALS' weights_solver).
-        if algorithm in users and value is None and default is not None:
-            raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
-        hyperparameters[key] = value if algorithm in users else None
-    uses_target = uses_fedpals or method.reads_target  # the server weights read T and the S_i
-    dp_epsilon = _maybe(
-        _real,
-        "algorithm.label_dp_epsilon",
-        a["label_dp_epsilon"],
-        low=0.0,
-        low_open=True,
-        why=" (None: the server sees the exact label distributions)",
-    )
-    dp_mechanism = _choice(
-        "algorithm.label_dp_mechanism", a["label_dp_mechanism"], LABEL_DP_MECHANISMS, optional=True
-    )
-    dp_delta = _maybe(
-        _real,
-        "algorithm.label_dp_delta",
-        a["label_dp_delta"],
-        low=0.0,
-        high=1.0,
-        low_open=True,
-        high_open=True,
-    )
-    private = uses_target and dp_epsilon is not None
-    schedule = _choice("algorithm.lam_schedule", a["lam_schedule"], LAM_SCHEDULES, optional=True)
-    adaptive = schedule == "hypergradient"
-    if adaptive and algorithm != "fedpals":
-        raise ConfigError(
-            f"config.algorithm.lam_schedule='hypergradient' adapts FedPALS' lambda; it applies to "
-            f"algorithm.name='fedpals' only, got {algorithm!r}."
-        )
-    hyper_lr = _maybe(_real, "algorithm.lam_hyper_lr", a["lam_hyper_lr"], low=0.0, low_open=True)
-    estimator = _choice(
-        "algorithm.target_estimation",
-        a["target_estimation"],
-        target_estimation.METHODS,
-        optional=True,
-    )
-    estimates = uses_fedpals and estimator is not None
-    # Methods that do not read T (FedAvg, ...) resolve it to None, as label_dp_epsilon.
-    if estimates and ess is not None:
-        raise ConfigError(
-            "config.algorithm.target_estimation is set, but ess_fraction needs a known T to "
-            "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
-        )
-    every = a["target_estimation_every"]
-    every = (
-        None if every is None else _int("algorithm.target_estimation_every", every, 1, MAX_ROUNDS)
-    )
-    if adaptive and ess is None and not (lam or 0.0) > 0:
-        raise ConfigError(
-            "config.algorithm.lam_schedule='hypergradient' adapts lambda in log-space from a "
-            "starting lambda > 0; set algorithm.ess_fraction (e.g. 0.5) or algorithm.lam > 0."
-        )
-    for key, value, needed in (
-        ("label_dp_mechanism", dp_mechanism, private),
-        ("label_dp_delta", dp_delta, private and dp_mechanism == "gaussian"),
-        ("target_perturbation", perturbation, uses_target),
-        ("lam_hyper_lr", hyper_lr, adaptive),
-        ("target_estimation_every", every, estimates),
-    ):
-        if needed and value is None:
-            raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
-    if uses_fedpals and lam is None and ess is None:
-        lam = 0.0  # alpha^0: the projection of T onto Conv(S) (eq. 7)
-    r["algorithm"] = dict(
-        name=algorithm,
-        weights=weights,
-        lam=lam if uses_fedpals else None,
-        ess_fraction=ess if uses_fedpals else None,
-        target_perturbation=perturbation if uses_target else None,
-        **hyperparameters,
-        label_dp_epsilon=dp_epsilon if private else None,
-        label_dp_mechanism=dp_mechanism if private else None,
-        label_dp_delta=dp_delta if private and dp_mechanism == "gaussian" else None,
-        # "fixed" is the paper's FedPALS: None keeps the identity of runs recorded before.
-        lam_schedule="hypergradient" if adaptive else None,
-        lam_hyper_lr=hyper_lr if adaptive else None,
-        target_estimation=estimator if estimates else None,
-        target_estimation_every=every if estimates else None,
-    )
+    r["algorithm"], owner = _algorithm_section(_method_key_overrides(c["algorithm"]))
 
     # -- training
     t = c["training"]
@@ -703,7 +562,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         ),
     )
 
-    r["server"] = _server_section(c["server"], algorithm, adaptive)
+    r["server"] = _server_section(c["server"], owner)
 
     # -- engine
     e = c["engine"]
@@ -719,6 +578,72 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     return resolved
 
 
+def _algorithm_keys() -> dict:
+    """{key under algorithm.: (default, check, owners)} of the registered features and methods."""
+    fields = {
+        key: (default, check, (feature.name,))
+        for feature in registry.registered_features()
+        for key, default in hyperparameter_defaults(feature.hyperparameters).items()
+        for check in (hyperparameter_checks(feature.hyperparameters)[key],)
+    }
+    return {**fields, **registry.hyperparameter_fields()}
+
+
+def _weights(a: dict, method: registry.Method) -> str | None:
+    """algorithm.weights resolved: FedAvg's ("fedavg") or a lending method's weights for a
+    client-side method, None for a method with weights of its own."""
+    lenders = {m: registry.get_method(m) for m in registry.registered_methods()}
+    lenders = {name: m for name, m in lenders.items() if m.lends_weighting}
+    fedavg = registry.method_label(_FEDAVG_WEIGHTS)
+    weights = _choice("algorithm.weights", a["weights"], (_FEDAVG_WEIGHTS,) + tuple(lenders), optional=True)
+    if method.lends_weighting and weights not in (None, method.name):
+        raise ConfigError(
+            f"config.algorithm.weights={weights!r} contradicts algorithm.name={method.name!r} "
+            f"({method.label} weights); use algorithm.name={weights!r} for {fedavg}."
+        )
+    if weights in lenders and not (method.client_side or method.name == weights):
+        raise ConfigError(
+            f"config.algorithm.weights={weights!r} applies only to "
+            f"{list(registry.client_side_methods())} (client-side methods); {method.name!r} has "
+            f"its own server weights. Use algorithm.name={weights!r} for {lenders[weights].label}."
+        )
+    return (weights or _FEDAVG_WEIGHTS) if method.client_side else None
+
+
+def _algorithm_section(a: dict) -> tuple[dict, str | None]:
+    """The resolved `algorithm` section, and what owns the run's server update (for the
+    server optimiser's check: "algorithm.name='scaffold'", "lam_schedule='hypergradient'")
+    or None. The method's and the features' keys are checked by their own declarations
+    (registry.py) and resolved by their owners: None where the run does not use them."""
+    algorithm = _choice("algorithm.name", a["name"], registry.registered_methods())
+    method = registry.get_method(algorithm)
+    weights = _weights(a, method)
+    lending = method.name if method.lends_weighting else weights
+    section = {
+        key: None if a[key] is None else _config_check(check, f"algorithm.{key}", a[key])
+        for key, (_, check, _) in _algorithm_keys().items()
+    }
+    facts = registry.RunFacts(method, None if lending == _FEDAVG_WEIGHTS else lending, section)
+    resolved = dict(name=algorithm, weights=weights)
+    # The registered methods' hyperparameters: None (unused) unless the run's method's.
+    for key, (default, _, users) in registry.hyperparameter_fields().items():
+        # A hyperparameter declared with default None is optional (FedPALS' weights_solver).
+        if algorithm in users and section[key] is None and default is not None:
+            raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
+        resolved[key] = section[key] if algorithm in users else None
+    owner = f"algorithm.name={algorithm!r}" if method.owns_server_update else None
+    for feature in registry.registered_features():
+        try:
+            resolved.update(feature.resolve_section(facts))
+        except ConfigError:
+            raise
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if feature.owns_server_update and feature.settings(resolved) is not None:
+            owner = owner or feature.switched_on_by(resolved)
+    return resolved, owner
+
+
 # The server optimisers' keys (the others resolve to None).
 _SERVER_KEYS = {
     "sgd": ("learning_rate",),
@@ -727,11 +652,7 @@ _SERVER_KEYS = {
     "fedyogi": ("learning_rate", "b1", "b2", "tau"),
     "fedadagrad": ("learning_rate", "b1", "tau"),
 }
-# Methods with a server update of their own, which a server optimiser cannot replace.
-_OWN_SERVER_UPDATE = ("scaffold", "afl")
-
-
-def _server_section(s: dict, algorithm: str, adaptive: bool) -> dict:
+def _server_section(s: dict, owner: str | None) -> dict:
     """The resolved `server` section: all None for the plain weighted average (sgd, eta = 1)."""
     # None: a resolved config's plain weighted average (validation is idempotent).
     optimizer = _choice("server.optimizer", s["optimizer"], SERVER_OPTIMIZERS, optional=True)
@@ -757,11 +678,10 @@ def _server_section(s: dict, algorithm: str, adaptive: bool) -> dict:
     resolved = dict(optimizer=optimizer, **{k: v if k in used else None for k, v in values.items()})
     if optimizer == "sgd" and values["learning_rate"] == 1.0:
         return {key: None for key in resolved}  # today's server update: not part of the identity
-    if algorithm in _OWN_SERVER_UPDATE or adaptive:
-        what = "lam_schedule='hypergradient'" if adaptive else f"algorithm.name={algorithm!r}"
+    if owner is not None:
         raise ConfigError(
             f"config.server.optimizer={optimizer!r} (learning_rate={values['learning_rate']:g}) "
-            f"replaces the plain weighted average, but {what} has a server update of its own; "
+            f"replaces the plain weighted average, but {owner} has a server update of its own; "
             "use server.optimizer='sgd' with learning_rate=1."
         )
     return resolved
@@ -795,7 +715,7 @@ def config_identity(config: Any) -> dict:
             identity[section].pop(leaf)
     algorithm = identity.get("algorithm")
     if isinstance(algorithm, dict):
-        for key in registry.hyperparameter_fields():
+        for key in _algorithm_keys():
             if key not in ALWAYS_IDENTITY_HYPERPARAMETERS and algorithm.get(key, 0) is None:
                 algorithm.pop(key)
     for section in OPTIONAL_IDENTITY_SECTIONS:

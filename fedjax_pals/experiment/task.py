@@ -21,10 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_pals.algorithms import (
-    FederatedAlgorithm, adaptive_fedpals, init_server_state, make_algorithm, with_server_label_dists,
-)
-from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_algorithm, registry
 from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.data import (
     Dataset,
@@ -40,11 +37,9 @@ from fedjax_pals.data import (
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import validate_config
-from fedjax_pals.experiment.perturbation import perturb_label_dist
 from fedjax_pals.models import Model, make_model
-from fedjax_pals.privacy import private_label_dists
 from fedjax_pals.server_optimizers import server_optimizer_for
-from fedjax_pals.server_weights import LOG10_LAM_RANGE, effective_sample_size, lambda_for_ess
+from fedjax_pals.server_weights import effective_sample_size
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
 MIN_TARGET_TEST_EXAMPLES = 100
@@ -71,6 +66,8 @@ class Task:
     # The clients' S_i(Y) as the server's weights see them: the DP release when
     # algorithm.label_dp_epsilon is set (privacy.py), else None (the exact S_i).
     server_label_dists: np.ndarray | None = None
+    # The run's features that are on, with their hyperparameters: (Feature, its settings).
+    features: tuple = ()
 
 
 @functools.lru_cache(maxsize=2)
@@ -244,81 +241,48 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     a = config.algorithm
     dataset, partition = load_data(config)
     _check_target_sets(partition)
-    target = np.asarray(partition.target_label_dist, np.float64)
-    if a.target_perturbation:  # None (unused) or 0: T itself
-        # Table 2: the server knows only T_p; the target's own sets still follow T.
-        target = perturb_label_dist(target, a.target_perturbation, config.seed)
-    if a.target_estimation is not None:
-        # T unknown: the server starts from the clients' aggregate, the guess without target
-        # labels, and train_and_evaluate re-estimates T as it trains (`TargetReestimation`).
-        sizes = np.asarray(partition.client_sizes, np.float64)
-        target = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
-
-    server_dists = None  # the S_i the server's weights see: exact, or the DP release
-    if a.label_dp_epsilon is not None:
-        # The clients release S_i(Y) through a DP mechanism once; the server's weights and the
-        # ESS search use the release (post-processing), local training the exact counts.
-        server_dists = private_label_dists(
-            partition.client_label_counts,
-            a.label_dp_epsilon,
-            a.label_dp_mechanism,
-            jax.random.fold_in(jax.random.PRNGKey(config.seed), _LABEL_DP_STREAM),
-            delta=a.label_dp_delta,
-        )
-    weight_dists = partition.client_label_dists if server_dists is None else server_dists
-    lam = a.lam
-    adaptive = a.lam_schedule == "hypergradient"
-    if a.ess_fraction is not None:
-        try:
-            lam = float(
-                lambda_for_ess(weight_dists, target, partition.client_sizes, a.ess_fraction)
-            )
-        except ValueError as error:
-            if not (adaptive and "out of range" in str(error)):
-                raise
-            lam = 0.0  # below the reachable range: the lower end, see below
-        if adaptive and lam == 0.0:
-            # A fixed lambda would be out of reach (or 0); the hypergradient only needs a start
-            # > 0 and moves from there: the lower end of lambda_for_ess's range, which stands
-            # for lambda -> 0+.
-            lam = float(np.sum(partition.client_sizes)) * 10.0 ** LOG10_LAM_RANGE[0]
+    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
+    _check_model_fits(config.model, model, config.dataset.name, dataset)
     method = registry.get_method(a.name)
     training_partition = partition
     if method.partition_transform is not None:
         # e.g. the Oracle: FedAvg on clients resampled to the target label distribution.
         training_partition = method.partition_transform(partition, dataset.train.y, config.seed)
-    weights_partition = dataclasses.replace(training_partition, target_label_dist=target)
+    val = partition.target_val_indices
+    context = registry.MethodContext(
+        # The T the server's weights use: T itself until a feature says otherwise.
+        partition=dataclasses.replace(
+            training_partition,
+            target_label_dist=np.asarray(partition.target_label_dist, np.float64),
+        ),
+        target_validation=(dataset.train.x[val], dataset.train.y[val]),
+        model=model,
+        rounds=config.training.rounds,
+        seed=config.seed,
+    )
+    features = tuple(
+        (feature, hp)
+        for feature in registry.registered_features()
+        if (hp := feature.settings(a)) is not None
+    )
+    for feature, hp in features:
+        if feature.prepare is not None:
+            context = feature.prepare(hp, context)
     algorithm = make_algorithm(
         a.name,
-        partition=weights_partition,
-        lam=lam,
+        partition=context.partition,
+        lam=context.lam,
         weights=a.weights,
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
-    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
-    _check_model_fits(config.model, model, config.dataset.name, dataset)
-    if adaptive:
-        val = partition.target_val_indices
-        algorithm = adaptive_fedpals(
-            target,
-            weight_dists,
-            partition.client_sizes,
-            lam,
-            model.apply,
-            dataset.train.x[val],
-            dataset.train.y[val],
-            rounds=config.training.rounds,
-            hyper_learning_rate=a.lam_hyper_lr,
-        )
-    if server_dists is not None:
-        algorithm = algorithm._replace(
-            weighting=with_server_label_dists(algorithm.weighting, server_dists)
-        )
+    for feature, hp in features:
+        if feature.wrap is not None:
+            algorithm = feature.wrap(algorithm, hp, context)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
         key, optimizer = algorithm.name, config.server.optimizer  # the method key, e.g. fedpals
         algorithm = server_optimizer_for(algorithm, **config.server.to_dict())
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
-        algorithm = algorithm._replace(name=optimizer if key == "fedavg" else f"{optimizer}_{key}")
+        algorithm = algorithm._replace(name=registry.server_optimizer_key(optimizer, key))
     t = config.training
     params, _ = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
     problem = round_shape_mismatch(
@@ -340,15 +304,12 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         algorithm=algorithm,
         model=model,
         training=training,
-        lam=lam,
-        target_label_dist=target,
+        lam=context.lam,
+        target_label_dist=context.partition.target_label_dist,
         clients_per_round=t.clients_per_round,
-        server_label_dists=server_dists,
+        server_label_dists=context.server_label_dists,
+        features=features,
     )
-
-
-# A random stream of its own for the DP noise of the label marginals.
-_LABEL_DP_STREAM = 0xD1FF
 
 
 def task_summary(task: Task) -> dict:

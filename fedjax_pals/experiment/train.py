@@ -28,15 +28,14 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals.algorithms import registry
-from fedjax_pals.algorithms import TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
-    PER_RUN_STATE_KEYS,
-    PER_RUN_STATE_PRESENCE_KEYS,
     ConfigError,
     as_dict,
     config_digest,
+    per_run_state_keys,
+    per_run_state_presence_keys,
     validate_config,
 )
 from fedjax_pals.experiment.engine_record import engine_segments
@@ -134,6 +133,21 @@ def _indexed(prefix: str, values) -> dict:
     """{f"{prefix}_{i}": v}, i zero-padded so that the scalars sort in index order."""
     width = len(str(len(values) - 1))
     return {f"{prefix}_{i:0{width}d}": v for i, v in enumerate(values)}
+
+
+def _chained(updates: list) -> Callable | None:
+    """One `TrainingRun` state update from the features' (None when there are none)."""
+    if not updates:
+        return None
+
+    def update(round_index, state_of):
+        new = None
+        for one in updates:
+            replaced = one(round_index, state_of if new is None else (lambda s=new: s))
+            new = new if replaced is None else replaced
+        return new
+
+    return update
 
 
 class _TrackedCheckpointer:
@@ -267,17 +281,10 @@ class _PreparedRun:
                 f"d(T,S)={summary['projection_distance']:.4g}, {rounds} rounds, backend "
                 f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
             )
-            self.reestimation = None
-            if resolved.algorithm.target_estimation is not None:
-                self.reestimation = TargetReestimation(
-                    task.algorithm,
-                    task.model,
-                    task.dataset,
-                    task.partition,
-                    every=resolved.algorithm.target_estimation_every,
-                    method=resolved.algorithm.target_estimation,
-                    seed=resolved.seed,
-                )
+            # The run's features at work while it trains, and what they report.
+            self.monitors = [
+                feature.monitor(hp, task) for feature, hp in task.features if feature.monitor
+            ]
             self.run = TrainingRun(
                 task.algorithm,
                 task.model,
@@ -291,7 +298,9 @@ class _PreparedRun:
                 checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
-                update_state=self.reestimation,
+                update_state=_chained(
+                [m.update_state for m in self.monitors if m.update_state is not None]
+            ),
             )
         except BaseException:
             if hasattr(self, "key"):  # ended (with an error): not where an interrupt stops
@@ -334,35 +343,16 @@ class _PreparedRun:
         return scalars
 
     def _server_scalars(self) -> dict:
-        """At an evaluation: the lambda in use, d(T, S), and T's estimate and its error."""
-        state = self.run.state
+        """At an evaluation: the lambda in use, d(T, S), and what the run's features report
+        (adaptive lambda's current lambda, T's estimate and its error, ...)."""
         scalars = {}
-        data = state.algorithm_state
-        if isinstance(data, dict) and "lam_history" in data:  # the hypergradient schedule
-            lam = np.asarray(jax.device_get(data["lam_history"]), np.float64)
-            done = lam[np.isfinite(lam)]
-            if done.size:
-                scalars["server/lambda"] = float(done[-1])
-        elif self.task.lam is not None:
+        if self.task.lam is not None:
             scalars["server/lambda"] = float(self.task.lam)
-        distance = self.header["projection_distance"]
-        if self.reestimation is not None:
-            from fedjax_pals.server_weights import projection_distance
-
-            estimate, error = self._target_estimate(jax.device_get(state))
-            distance = float(projection_distance(self.task.partition.client_label_dists, estimate))
-            scalars["server/target_estimate_l1_error"] = error
-            if estimate.size <= PER_CLIENT_SCALARS:
-                scalars.update(_indexed("server/target_estimate/class", estimate))
-        if distance is not None:
-            scalars["server/projection_distance"] = float(distance)
+        if self.header["projection_distance"] is not None:
+            scalars["server/projection_distance"] = float(self.header["projection_distance"])
+        for monitor in self.monitors:
+            scalars.update(monitor.scalars(self.run.state))
         return scalars
-
-    def _target_estimate(self, state) -> tuple[np.ndarray, float]:
-        """The server's estimate of T (T unknown) and its L1 distance to the true T."""
-        estimate = np.asarray(self.reestimation.current(state), np.float64)
-        truth = np.asarray(self.task.partition.target_label_dist, np.float64)
-        return estimate, float(np.abs(estimate - truth).sum())
 
     def _on_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         with uninterrupted():  # the evaluation's metrics and results.json are written whole
@@ -407,16 +397,8 @@ class _PreparedRun:
                 return outcome
             state, history = outcome
             results = self.results_of(history)
-            if isinstance(state.algorithm_state, dict) and "lam_history" in state.algorithm_state:
-                results.update(lam_report(jax.device_get(state)))  # adaptive lambda
-            if self.reestimation is not None:  # T unknown: the server's last estimate of it
-                estimate, error = self._target_estimate(state)
-                results["target_estimate"] = estimate.tolist()
-                results["target_estimate_l1_error"] = error
-                # Rounds where the model did not identify T (kept), in this process.
-                results["target_estimation_skipped_rounds"] = [
-                    r for r, _ in self.reestimation.skipped
-                ]
+            for monitor in self.monitors:
+                results.update(monitor.results(state))
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
@@ -570,7 +552,7 @@ def train_and_evaluate_many(
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
 
     Runs whose configs differ only in what the engine keeps in the state
-    (`config.PER_RUN_STATE_KEYS`: seed, lambda or ESS fraction, target perturbation, the
+    (`config.per_run_state_keys()`: seed, lambda or ESS fraction, target perturbation, the
     label-DP release) and whose tasks share the data set are trained together on the
     engine's runs axis, `max_runs_per_program` at a time, in one compiled program; each
     run's numbers, files and checkpoints are those it gets alone. A failed run does not stop
@@ -664,18 +646,18 @@ def train_and_evaluate_many(
 
 
 def structure_group_key(resolved: ml_collections.ConfigDict) -> str:
-    """The config without its per-run state (`config.PER_RUN_STATE_KEYS`; of the
-    `PER_RUN_STATE_PRESENCE_KEYS` only whether they are set is kept): equal for runs that can
+    """The config without its per-run state (`config.per_run_state_keys()`; of the
+    `per_run_state_presence_keys()` only whether they are set is kept): equal for runs that can
     share one compiled program (a cheap grouping by config alone; `training_group_key` decides).
     The shard assignment (`shards.assign_shards`) keeps such runs together."""
     plain = as_dict(resolved)
-    for key in PER_RUN_STATE_KEYS:
+    for key in per_run_state_keys():
         *path, name = key.split(".")
         section = plain
         for part in path:
             section = section.get(part) or {}
         if name in section:
             value = section.pop(name)
-            if key in PER_RUN_STATE_PRESENCE_KEYS:
+            if key in per_run_state_presence_keys():
                 section[name] = value is not None
     return json.dumps(plain, sort_keys=True, default=str)

@@ -1,4 +1,4 @@
-"""Noise in the server's estimate of the target label distribution (the paper's App. B.6, Table 2).
+"""Noise in the server's copy of the target label distribution (the paper's App. B.6, Table 2).
 
     T_p = (T + delta * max(eps, 0)) / sum_k (T + delta * max(eps, 0))_k,   eps ~ N(0, I_K)
 
@@ -6,16 +6,22 @@ Only the server's copy of T is perturbed (what FedPALS' weights and the ESS sear
 target's validation and test sets still follow the true T, so the experiment measures what an
 error in the shared label marginal costs. Positive noise only: T_p gains mass on classes where
 eps_k > 0, including classes absent from T.
+
+The feature `perturbed_target` (`algorithm.target_perturbation` = delta, for every run whose
+server weights read T) hands the method T_p for T; the seed's own random stream draws eps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any
 
 import numpy as np
 
 from fedjax_pals import _validation
+from fedjax_pals.algorithms import registry
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 
 # A stream of its own, so that the perturbation never shares random numbers with the partition,
 # the initialisation or the training of the same seed.
@@ -51,3 +57,41 @@ def perturb_label_dist(
     eps = rng.standard_normal(target.shape[0])
     perturbed = target + float(delta) * np.maximum(eps, 0.0)
     return perturbed / perturbed.sum()
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetPerturbation(Hyperparameters):
+    target_perturbation: float | None = hyperparameter(
+        0.0, low=0.0, optional=True, doc="Table 2: the server sees T_p = perturb(T, delta)"
+    )
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    delta = values["target_perturbation"]
+    if facts.reads_target and delta is None:
+        raise ValueError(
+            f"config.algorithm.target_perturbation is None, but {facts.method.name} needs it."
+        )
+    return {"target_perturbation": delta if facts.reads_target else None}
+
+
+def _prepare(hp: TargetPerturbation, context: registry.MethodContext) -> registry.MethodContext:
+    if not hp.target_perturbation:  # 0: T itself
+        return context
+    # The server knows only T_p; the target's own sets still follow T.
+    target = perturb_label_dist(
+        context.partition.target_label_dist, hp.target_perturbation, context.seed
+    )
+    return context.replace(
+        partition=dataclasses.replace(context.partition, target_label_dist=target)
+    )
+
+
+registry.register_feature(
+    registry.Feature(
+        "perturbed_target", "perturbed T", TargetPerturbation, _resolve, prepare=_prepare,
+        per_run_state=("target_perturbation",),
+        description="the server sees a noisy T (App. B.6, Table 2)",
+    ),
+    replace=True,
+)

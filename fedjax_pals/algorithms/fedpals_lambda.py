@@ -1,0 +1,84 @@
+"""FedPALS' trade-off lambda (eq. 8): given directly, or chosen by an effective sample size.
+
+`algorithm.lam` sets lambda; `algorithm.ess_fraction` instead picks the lambda whose weights
+have ESS = fraction * N (App. B.3, `server_weights.lambda_for_ess`), searched on the host on
+the S the server's weights see (a DP release included), before the method is built. Neither
+set: lam = 0, the projection of T onto Conv(S) (eq. 7). Both are per-run data: runs differing
+only in them share one compiled round.
+
+A feature of every run with FedPALS' weights (FedPALS, and a client-side method with
+algorithm.weights='fedpals'); registered after the other built-in features, so that its
+lambda is searched on their T_p or release (`MethodContext.lam_floor`: a schedule that moves
+lambda may start an ESS fraction out of reach at the lower end of the range).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedjax_pals.algorithms import registry
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
+from fedjax_pals.server_weights import LOG10_LAM_RANGE, lambda_for_ess
+
+
+@dataclasses.dataclass(frozen=True)
+class FedPalsLambda(Hyperparameters):
+    lam: float | None = hyperparameter(
+        None, low=0.0, optional=True,
+        why=" (lam -> infinity is FedAvg: use algorithm.name='fedavg')",
+        doc="FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))",
+    )
+    ess_fraction: float | None = hyperparameter(
+        None, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        why=" (ESS = N is FedAvg: use algorithm.name='fedavg')",
+        doc="or: the lambda whose weights have ESS = fraction * N (App. B.3)",
+    )
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    if facts.weights != "fedpals":
+        return {"lam": None, "ess_fraction": None}
+    lam, ess = values["lam"], values["ess_fraction"]
+    if lam is not None and ess is not None:
+        raise ValueError(
+            f"config.algorithm.lam={lam:g} and config.algorithm.ess_fraction={ess:g} are both "
+            "set; give one of them (lam directly, or ess_fraction to choose lam by ESS), not both."
+        )
+    if lam is None and ess is None:
+        lam = 0.0  # alpha^0: the projection of T onto Conv(S) (eq. 7)
+    return {"lam": lam, "ess_fraction": ess}
+
+
+def _prepare(hp: FedPalsLambda, context: registry.MethodContext) -> registry.MethodContext:
+    if hp.ess_fraction is None:
+        return context.replace(lam=hp.lam)
+    partition = context.partition
+    try:
+        lam = float(
+            lambda_for_ess(
+                context.weight_label_dists,
+                partition.target_label_dist,
+                partition.client_sizes,
+                hp.ess_fraction,
+            )
+        )
+    except ValueError as error:
+        if not (context.lam_floor and "out of range" in str(error)):
+            raise
+        lam = 0.0
+    if context.lam_floor and lam == 0.0:
+        # The lower end of lambda_for_ess's range, which stands for lambda -> 0+.
+        lam = float(np.sum(partition.client_sizes)) * 10.0 ** LOG10_LAM_RANGE[0]
+    return context.replace(lam=lam)
+
+
+registry.register_feature(
+    registry.Feature(
+        "fedpals_lambda", "FedPALS' lambda", FedPalsLambda, _resolve, prepare=_prepare,
+        per_run_state=("lam", "ess_fraction"),
+        description="lambda of eq. 8, given or chosen by ESS (App. B.3)",
+    ),
+    replace=True,
+)
