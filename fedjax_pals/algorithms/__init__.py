@@ -18,7 +18,6 @@ from fedjax_pals.algorithms.fedpals import (
     fedpals,
     fedpals_state,
     fedpals_weighting,
-    make_algorithm,
     replace_fedpals_state,
 )
 from fedjax_pals.algorithms.fedprox import FedProxHyperparameters, fedprox, fedprox_client
@@ -52,6 +51,7 @@ from fedjax_pals.algorithms.target_estimation import (
     estimate_target_label_dist, model_probabilities, with_target_label_dist,
 )
 from fedjax_pals.algorithms import fedpals_lambda  # noqa: F401  (registers its feature)
+from fedjax_pals.algorithms.registry import make_algorithm
 
 __all__ = [
     # base

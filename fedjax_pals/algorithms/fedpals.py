@@ -5,9 +5,6 @@ T(Y) onto the convex hull of the participants' S_i(Y), traded off by lam against
 sample size, re-solved whenever the participants change. T and lam are per-run data in
 `ServerState.weighting_state`, so runs differing only in them share one compiled round.
 
-`make_algorithm` builds any registered method by name, with FedPALS' weights for a client-side
-method (`<name>_fedpals`, e.g. FedProx+FedPALS).
-
 The weights' solver: None or "active_set" (the default, exact), or "projected_gradient" (the
 design card's jaxopt solver; `server_weights.fedpals_weights`): `fedpals(..., weights_solver=)`,
 `fedpals_weighting(..., solver=)`.
@@ -26,7 +23,6 @@ import jax.numpy as jnp
 from fedjax_pals import _validation, server_weights
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting, _need, combine, plain_sgd
-from fedjax_pals.data import FederatedPartition
 
 
 class FedPalsState(NamedTuple):
@@ -143,53 +139,3 @@ registry.register_method(
     ),
     replace=True,
 )
-
-
-def make_algorithm(
-    name: str,
-    *,
-    partition: FederatedPartition | None = None,
-    lam: float | None = None,
-    weights: str | None = None,
-    **hyperparameters: Any,
-) -> FederatedAlgorithm:
-    """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
-
-    Args:
-      name: a registered method, e.g. "fedprox", or "<client-side method>_fedpals".
-      partition: the training partition (with the server's T); the methods whose weights read
-        T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
-      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
-      weights: the weighting of a client-side method: None or "fedavg" (FedAvg) or "fedpals".
-      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu.
-
-    Raises:
-      ValueError: an unknown name, weighting or hyperparameter, or a missing or bad argument.
-    """
-    overrides = registry.method_overrides(name)
-    if set(overrides) - {"algorithm.name", "algorithm.weights"}:
-        raise ValueError(
-            f"{name!r} is a variant set by the config ({overrides}); build it with build_task."
-        )
-    method = registry.get_method(overrides["algorithm.name"])
-    if overrides["algorithm.weights"] is not None:
-        if weights not in (None, "fedpals"):
-            raise ValueError(f"{name!r} uses FedPALS' weights; weights={weights!r} contradicts it.")
-        weights = "fedpals"
-    if weights not in (None, "fedavg", "fedpals"):
-        raise ValueError(f"unknown weights {weights!r}; choose one of ('fedavg', 'fedpals').")
-    if weights == "fedpals" and not method.client_side:
-        raise ValueError(
-            f"{method.name} has its own server weights; weights='fedpals' applies only to "
-            f"{registry.client_side_methods()} (or use name='fedpals')."
-        )
-    if partition is not None and not isinstance(partition, FederatedPartition):
-        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
-    weighting = None
-    if weights == "fedpals":
-        if partition is None or lam is None:
-            raise ValueError(f"{method.name} with weights='fedpals' needs partition=... and lam=....")
-        weighting = fedpals_weighting(
-            partition.target_label_dist, _validation.check_nonnegative("lam", lam)
-        )
-    return method.make(registry.MethodContext(partition, lam, weighting), **hyperparameters)

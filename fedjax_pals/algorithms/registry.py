@@ -198,6 +198,58 @@ class Method:
         return self.name
 
 
+def make_algorithm(
+    name: str,
+    *,
+    partition: FederatedPartition | None = None,
+    lam: float | None = None,
+    weights: str | None = None,
+    **hyperparameters: Any,
+) -> FederatedAlgorithm:
+    """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
+
+    Args:
+      name: a registered method, e.g. "fedprox", or "<client-side method>_fedpals".
+      partition: the training partition (with the server's T); the methods whose weights read
+        T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
+      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
+      weights: the weighting of a client-side method: None or "fedavg" (FedAvg), or a method
+        whose weights serve client-side methods (`lends_weighting`: "fedpals"), built with
+        its default hyperparameters from the same partition and lam.
+      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu.
+
+    Raises:
+      ValueError: an unknown name, weighting or hyperparameter, or a missing or bad argument.
+    """
+    overrides = method_overrides(name)
+    if set(overrides) - {"algorithm.name", "algorithm.weights"}:
+        raise ValueError(
+            f"{name!r} is a variant set by the config ({overrides}); build it with build_task."
+        )
+    method = get_method(overrides["algorithm.name"])
+    if overrides["algorithm.weights"] is not None:
+        if weights not in (None, overrides["algorithm.weights"]):
+            raise ValueError(f"{name!r} uses {overrides['algorithm.weights']}' weights; "
+                             f"weights={weights!r} contradicts it.")
+        weights = overrides["algorithm.weights"]
+    lenders = tuple(m for m, spec in _METHODS.items() if spec.lends_weighting)
+    if weights not in (None, "fedavg") + lenders:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {('fedavg',) + lenders}.")
+    if weights in lenders and not method.client_side:
+        raise ValueError(
+            f"{method.name} has its own server weights; weights={weights!r} applies only to "
+            f"{client_side_methods()} (or use name={weights!r})."
+        )
+    if partition is not None and not isinstance(partition, FederatedPartition):
+        raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
+    weighting = None
+    if weights in lenders:
+        if partition is None or lam is None:
+            raise ValueError(f"{method.name} with weights={weights!r} needs partition=... and lam=....")
+        weighting = get_method(weights).make(MethodContext(partition, lam)).weighting
+    return method.make(MethodContext(partition, lam, weighting), **hyperparameters)
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A key that means a registered method with some config keys set."""
