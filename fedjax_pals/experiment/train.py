@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals import registry
-from fedjax_pals.algorithms import TargetReestimation, lam_report
+from fedjax_pals.algorithms import AdaptiveLambdaState, TargetReestimation, lam_report
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
@@ -338,8 +338,8 @@ class _PreparedRun:
         state = self.run.state
         scalars = {}
         data = state.algorithm_state
-        if isinstance(data, dict) and "lam_history" in data:  # the hypergradient schedule
-            lam = np.asarray(jax.device_get(data["lam_history"]), np.float64)
+        if isinstance(data, AdaptiveLambdaState):  # the hypergradient schedule
+            lam = np.asarray(jax.device_get(data.lam_history), np.float64)
             done = lam[np.isfinite(lam)]
             if done.size:
                 scalars["server/lambda"] = float(done[-1])
@@ -407,7 +407,7 @@ class _PreparedRun:
                 return outcome
             state, history = outcome
             results = self.results_of(history)
-            if isinstance(state.algorithm_state, dict) and "lam_history" in state.algorithm_state:
+            if isinstance(state.algorithm_state, AdaptiveLambdaState):
                 results.update(lam_report(jax.device_get(state)))  # adaptive lambda
             if self.reestimation is not None:  # T unknown: the server's last estimate of it
                 estimate, error = self._target_estimate(state)
