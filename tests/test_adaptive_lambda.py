@@ -167,13 +167,13 @@ def test_validation_sets_of_any_size_give_states_of_one_shape_and_padding_is_ign
     ]
     assert fjp.training.training_group_key(runs[0]) == fjp.training.training_group_key(runs[1])
     assert all(not isinstance(outcome, Exception) for outcome in fjp.training.run_trainings(runs))
-    weights = runs[0].state.algorithm_state["val_weights"]
+    weights = runs[0].state.algorithm_state.val_weights
     np.testing.assert_array_equal(weights, [1, 1, 1, 1, 1, 0, 0, 0])
     # The weighted loss of the padded set is the mean over its real examples.
     params = model.init(jax.random.PRNGKey(0))
     data = runs[0].state.algorithm_state
     padded = adaptive_lambda._mean_cross_entropy(
-        model.apply, params, data["val_inputs"], data["val_labels"], data["val_weights"]
+        model.apply, params, data.val_inputs, data.val_labels, data.val_weights
     )
     real = adaptive_lambda._mean_cross_entropy(
         model.apply, params, dataset.train.x[val[:5]], dataset.train.y[val[:5]]

@@ -14,12 +14,12 @@ from method_testing import (
 def test_afl_lambda_stays_on_the_simplex_and_moves_towards_the_larger_loss():
     data, _, model = synthetic()
     states, metrics = run(fjp.algorithms.afl(0.5), data, model, TRAINING, rounds=2)
-    lam0 = np.asarray(states[0].algorithm_state["lam"])
+    lam0 = np.asarray(states[0].algorithm_state.lam)
     np.testing.assert_allclose(lam0, [0.5, 0.5])
     for state, m in zip(states[1:], metrics):
-        lam = np.asarray(state.algorithm_state["lam"])
+        lam = np.asarray(state.algorithm_state.lam)
         assert np.all(lam >= 0) and lam.sum() == pytest.approx(1.0, abs=1e-6)
-    lam1, loss = np.asarray(states[1].algorithm_state["lam"]), np.asarray(
+    lam1, loss = np.asarray(states[1].algorithm_state.lam), np.asarray(
         metrics[0]["initial_loss"]
     )
     worse = int(np.argmax(loss))
@@ -50,8 +50,8 @@ def test_afl_with_partial_participation_moves_only_the_participants_lambda():
         backend="host_loop",
     )
     for r, who in enumerate(schedule):
-        before = np.asarray(states[r].algorithm_state["lam"])
-        after = np.asarray(states[r + 1].algorithm_state["lam"])
+        before = np.asarray(states[r].algorithm_state.lam)
+        after = np.asarray(states[r + 1].algorithm_state.lam)
         others = np.setdiff1d(np.arange(4), who)
         np.testing.assert_array_equal(after[others], before[others])
         assert after.sum() == pytest.approx(1.0, abs=1e-6) and np.all(after >= 0)
@@ -82,7 +82,7 @@ def test_afl_lambda_step_is_the_projected_ascent_step(seed):
     params = {"w": jnp.zeros(2)}
     state = fjp.init_server_state(fjp.algorithms.afl(gamma), params, m)
     state = state._replace(
-        algorithm_state={**state.algorithm_state, "lam": jnp.asarray(lam, jnp.float32)}
+        algorithm_state=state.algorithm_state._replace(lam=jnp.asarray(lam, jnp.float32))
     )
     outputs = fjp.ClientOutputs(
         deltas={"w": jnp.zeros((4, 2))},
@@ -93,7 +93,7 @@ def test_afl_lambda_step_is_the_projected_ascent_step(seed):
     )
     weights = jnp.asarray(lam[who] / lam[who].sum(), jnp.float32)
     new = fjp.algorithms.afl_server_update(gamma)(state, jnp.asarray(who), outputs, weights)
-    got = np.asarray(new.algorithm_state["lam"])
+    got = np.asarray(new.algorithm_state.lam)
     want = lam.copy()
     want[who] = _project_simplex64(lam[who] + gamma * losses, lam[who].sum())
     np.testing.assert_allclose(got, want, atol=1e-6)

@@ -112,9 +112,9 @@ def test_make_algorithm_builds_feddisco_and_fedlc():
     assert disco.weighting.weights is _feddisco_weights_fn("l2")
     state = fjp.init_server_state(disco, {"w": jnp.zeros(1)}, partition.num_clients)
     np.testing.assert_allclose(
-        state.weighting_state["global_label_dist"], partition.target_label_dist
+        state.weighting_state.global_label_dist, partition.target_label_dist
     )
-    assert float(state.weighting_state["a"]) == pytest.approx(0.3)
+    assert float(state.weighting_state.a) == pytest.approx(0.3)
     lc = fjp.make_algorithm(
         "fedlc", fedlc_tau=0.5, weights="fedpals", partition=partition, lam=0.0
     )

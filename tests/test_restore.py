@@ -349,3 +349,65 @@ def test_when_every_checkpoint_is_damaged_restore_run_says_so_without_advising_d
         "damaged (round 20: "
     )
     _no_delete_advice(str(info.value))
+
+
+# -- checkpoints of the dict states, from before the states were NamedTuples -----------------
+
+# The keys of each method's state when it was a dict (main at 7ec8e82), as its checkpoints
+# hold them: written out, so that renaming or reordering a field fails here.
+DICT_KEYS = {
+    "ScaffoldState": ("c",),
+    "AflState": ("lam", "avg_params"),
+    "FedShiftState": ("aggregate_label_dist",),
+    "FedDiscoState": ("global_label_dist", "a", "b"),
+    "AdaptiveLambdaState": (
+        "client_label_dists", "client_sizes", "val_inputs", "val_labels", "val_weights",
+        "opt_state", "log_lam_bounds", "lam_history", "hypergradient_history", "val_loss_history",
+    ),
+}
+
+
+def _typed_algorithm(name):
+    A, target = fjp.algorithms, [0.3, 0.3, 0.4]
+    return {
+        "ScaffoldState": lambda: A.scaffold(),
+        "AflState": lambda: A.afl(0.1),
+        "FedShiftState": lambda: A.fedshift(target),
+        "FedDiscoState": lambda: A.feddisco(target),
+        "AdaptiveLambdaState": lambda: A.adaptive_fedpals(
+            target, [[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], [10, 20], 1.0, None, np.ones((5, 4)),
+            np.zeros(5, np.int32), rounds=3, hyper_val_size=8,
+        ),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", list(DICT_KEYS))
+def test_a_checkpoint_of_the_dict_state_restores_into_the_typed_state(name, tmp_path):
+    cls = getattr(fjp.algorithms, name)
+    params = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+    template = fjp.init_server_state(_typed_algorithm(name), params, 2)
+    rng = np.random.default_rng(0)  # distinct values in every leaf: a swapped field shows
+    saved = jax.tree_util.tree_map(
+        lambda leaf: np.asarray(rng.integers(1, 99, np.shape(leaf)), np.asarray(leaf).dtype)
+        if np.issubdtype(np.asarray(leaf).dtype, np.integer)
+        else np.asarray(rng.normal(size=np.shape(leaf)), np.asarray(leaf).dtype),
+        template,
+    )._replace(round=np.int32(3))
+    is_typed = lambda node: isinstance(node, cls)
+    old = jax.tree_util.tree_map(  # the state as the code before the NamedTuples saved it
+        lambda node: dict(zip(DICT_KEYS[name], node)) if is_typed(node) else node,
+        saved,
+        is_leaf=is_typed,
+    )
+    old_state = old.weighting_state if name == "FedDiscoState" else old.algorithm_state
+    assert isinstance(old_state, dict) and tuple(old_state) == DICT_KEYS[name]
+    history = fjp.TrainingHistory(
+        rounds=[3], target_accuracy=[0.0], target_macro_f1=[0.0], val_accuracy=[0.5],
+        val_macro_f1=[0.0], train_loss=[1.0] * 3,
+    )
+    checkpointer = fjp.experiment.checkpoints.Checkpointer(tmp_path / "ck")
+    checkpointer.save(old, history)
+    restored, _ = checkpointer.restore(template)
+    checkpointer.close()
+    assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(saved)
+    assert _leaves_equal(restored, saved)

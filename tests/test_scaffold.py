@@ -25,7 +25,7 @@ def test_scaffold_first_round_equals_fedavg():
         ci = jax.tree_util.tree_map(lambda leaf: leaf[i], state.client_states)
         assert tree_close(ci, grad(x0, tuple(partition.client_example_indices(i))), atol=1e-4)
     mean_ci = jax.tree_util.tree_map(lambda leaf: jnp.mean(leaf, axis=0), state.client_states)
-    assert tree_close(state.algorithm_state["c"], mean_ci, atol=1e-6)
+    assert tree_close(state.algorithm_state.c, mean_ci, atol=1e-6)
 
 
 def _client_loss(model, train_x, train_y):
@@ -56,7 +56,7 @@ def test_scaffold_control_variates_follow_option_two():
         backend="host_loop",
     )
     s0, s1, s2, s3 = states
-    c_of = lambda s: s.algorithm_state["c"]
+    c_of = lambda s: s.algorithm_state.c
     ci_of = lambda s, i: jax.tree_util.tree_map(lambda leaf: leaf[i], s.client_states)
     zeros = jax.tree_util.tree_map(jnp.zeros_like, s0.params)
 
@@ -109,7 +109,7 @@ def test_scaffold_client_state_and_correction_are_option_two():
     f32 = lambda t: jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float32), t)
     client = fjp.algorithms.scaffold_client()
     state = fjp.init_server_state(fjp.algorithms.scaffold(), f32(x), 2)
-    state = state._replace(algorithm_state={"c": f32(c)})
+    state = state._replace(algorithm_state=fjp.algorithms.ScaffoldState(f32(c)))
     info = fjp.ClientInfo(jnp.ones(K) / K, jnp.int32(8), f32(ci))
     lr, steps = 0.05, 3
     got = client.update_client_state(info, state, f32(y), jnp.int32(steps), lr)

@@ -211,7 +211,7 @@ def test_fedpals_with_a_re_estimated_target():
     assert np.max(np.abs(start - truth)) > 0.1
     np.testing.assert_allclose(state.weighting_state.target_label_dist, estimates[-1][1], atol=1e-7)
     assert engine.compilations == 1  # new estimates are state, not a new program
-    # Wrapped weightings (the DP release of S) hold T under "inner".
+    # Wrapped weightings (the DP release of S) hold T in the wrapped weighting's state.
     wrapped = algorithm._replace(
         weighting=fjp.algorithms.with_server_label_dists(
             algorithm.weighting, partition.client_label_dists
@@ -220,7 +220,7 @@ def test_fedpals_with_a_re_estimated_target():
     initial = fjp.init_server_state(wrapped, model.init(jax.random.PRNGKey(0)), 2)
     moved = target_estimation.with_target_label_dist(initial, [0.2, 0.3, 0.5])
     np.testing.assert_allclose(moved.weighting_state.inner.target_label_dist, [0.2, 0.3, 0.5])
-    with pytest.raises(ValueError, match="holds no FedPALS state"):
+    with pytest.raises(ValueError, match="holds no FedPalsState"):
         target_estimation.with_target_label_dist(
             fjp.init_server_state(fjp.fedavg(), {"w": jnp.zeros(1)}, 2), [0.5, 0.5]
         )

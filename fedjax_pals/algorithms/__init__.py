@@ -9,8 +9,8 @@ one module of theirs written the same way (README, "Extending fedjax_pals").
 
 from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm, Params, PyTree, ServerState,
-    ServerUpdate, Weighting, combine, fedavg_weighting, init_server_state, plain_sgd,
-    weighted_average_update, with_client_method,
+    ServerUpdate, Weighting, combine, fedavg_weighting, find_state, init_server_state, plain_sgd,
+    replace_state, weighted_average_update, with_client_method,
 )
 from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.algorithms.fedpals import (
@@ -22,17 +22,21 @@ from fedjax_pals.algorithms.fedpals import (
 )
 from fedjax_pals.algorithms.fedprox import FedProxHyperparameters, fedprox, fedprox_client
 from fedjax_pals.algorithms.scaffold import (
-    ScaffoldHyperparameters, scaffold, scaffold_client, scaffold_server_update, uniform_weighting,
+    ScaffoldHyperparameters, ScaffoldState, scaffold, scaffold_client, scaffold_server_update,
+    uniform_weighting,
 )
-from fedjax_pals.algorithms.afl import AflHyperparameters, afl, afl_server_update, afl_weighting
+from fedjax_pals.algorithms.afl import (
+    AflHyperparameters, AflState, afl, afl_server_update, afl_weighting,
+)
 from fedjax_pals.algorithms.fedrs import FedRSHyperparameters, fedrs, fedrs_client
 from fedjax_pals.algorithms.fedshift import (
-    fedshift, fedshift_aggregate_label_dist, fedshift_client, smoothed_label_dists,
+    FedShiftState, fedshift, fedshift_aggregate_label_dist, fedshift_client, smoothed_label_dists,
 )
 from fedjax_pals.algorithms.oracle import oracle, oracle_partition
 from fedjax_pals.algorithms.feddisco import (
     DISCREPANCY_METRICS, FEDDISCO_DEFAULT_A, FEDDISCO_DEFAULT_B, FEDDISCO_DEFAULT_METRIC,
-    FedDiscoHyperparameters, feddisco, feddisco_discrepancy, feddisco_weighting, feddisco_weights,
+    FedDiscoHyperparameters, FedDiscoState, feddisco, feddisco_discrepancy, feddisco_weighting,
+    feddisco_weights,
 )
 from fedjax_pals.algorithms.fedlc import (
     FEDLC_DEFAULT_TAU, FEDLC_MIN_COUNT, FedLCHyperparameters, fedlc, fedlc_calibrated_logits,
@@ -41,10 +45,10 @@ from fedjax_pals.algorithms.fedlc import (
 # The features, in the order of their hooks: T_p, the DP release, adaptive lambda, T unknown,
 # and last lambda (searched by ESS on what the others set).
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
-from fedjax_pals.algorithms.private_marginals import with_server_label_dists
+from fedjax_pals.algorithms.private_marginals import ServerLabelDistsState, with_server_label_dists
 from fedjax_pals.algorithms.adaptive_lambda import (
-    DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, adaptive_fedpals, lam_report,
-    validation_hypergradient,
+    DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, AdaptiveLambdaState, adaptive_fedpals,
+    lam_report, validation_hypergradient,
 )
 from fedjax_pals.algorithms.target_estimation import (
     EstimateNotIdentified, TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
@@ -58,22 +62,24 @@ __all__ = [
     "ClientInfo", "ClientMethod", "ClientOutputs", "FederatedAlgorithm", "Params", "PyTree",
     "ServerState", "ServerUpdate", "Weighting", "combine", "fedavg_weighting",
     "init_server_state", "plain_sgd", "weighted_average_update", "with_client_method",
+    "find_state", "replace_state",
     # the methods
     "fedavg", "fedpals", "fedpals_weighting", "make_algorithm", "FedPalsState", "fedpals_state",
     "replace_fedpals_state",
     "FedProxHyperparameters", "fedprox", "fedprox_client",
-    "ScaffoldHyperparameters", "scaffold", "scaffold_client", "scaffold_server_update",
-    "uniform_weighting", "AflHyperparameters", "afl", "afl_server_update", "afl_weighting",
-    "FedRSHyperparameters", "fedrs", "fedrs_client", "fedshift",
+    "ScaffoldHyperparameters", "ScaffoldState", "scaffold", "scaffold_client",
+    "scaffold_server_update", "uniform_weighting", "AflHyperparameters", "AflState", "afl",
+    "afl_server_update", "afl_weighting",
+    "FedRSHyperparameters", "fedrs", "fedrs_client", "FedShiftState", "fedshift",
     "fedshift_aggregate_label_dist", "fedshift_client", "smoothed_label_dists", "oracle",
     "oracle_partition", "DISCREPANCY_METRICS", "FEDDISCO_DEFAULT_A", "FEDDISCO_DEFAULT_B",
-    "FEDDISCO_DEFAULT_METRIC", "FedDiscoHyperparameters", "feddisco", "feddisco_discrepancy",
-    "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU", "FEDLC_MIN_COUNT",
-    "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
+    "FEDDISCO_DEFAULT_METRIC", "FedDiscoHyperparameters", "FedDiscoState", "feddisco",
+    "feddisco_discrepancy", "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU",
+    "FEDLC_MIN_COUNT", "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
     # beyond the paper: DP label marginals, adaptive lambda, unknown T
-    "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE", "DEFAULT_HYPER_VAL_SIZE",
-    "adaptive_fedpals", "lam_report", "validation_hypergradient", "EstimateNotIdentified",
-    "TargetReestimation",
+    "ServerLabelDistsState", "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE",
+    "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
+    "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation",
     "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
     "model_probabilities", "with_target_label_dist", "perturb_label_dist",
 ]

@@ -35,8 +35,9 @@ later rounds through theta_{t+1}, the usual bias of one-step hypergradients (Bay
 trade for learning rates). The starting lambda is the config's (e.g. ESS 50 % of N).
 
 The validation examples, the clients' label distributions and sizes, the optimiser state
-and the trajectory of lambda are per-run data in `ServerState.algorithm_state`, so runs of
-different seeds share one compiled round and the run resumes exactly from a checkpoint.
+and the trajectory of lambda are per-run data in `ServerState.algorithm_state` (an
+`AdaptiveLambdaState`), so runs of different seeds share one compiled round and the run resumes
+exactly from a checkpoint.
 
 The feature `adaptive_lambda` (`algorithm.lam_schedule = "hypergradient"`, FedPALS only):
 the run's FedPALS becomes `adaptive_fedpals` (its weighting kept: a DP release or another
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -58,7 +59,8 @@ import optax
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
-    FederatedAlgorithm, ServerState, _global_params, plain_sgd, weighted_average_update,
+    FederatedAlgorithm, ServerState, _global_params, find_state, plain_sgd, replace_state,
+    weighted_average_update,
 )
 from fedjax_pals.algorithms.fedpals import fedpals_state, fedpals_weighting, replace_fedpals_state
 from fedjax_pals.algorithms import registry
@@ -71,6 +73,29 @@ DEFAULT_HYPER_LEARNING_RATE = 0.5
 # smaller one is padded with zero-weight slots): one shape for every run, so the runs of a
 # sweep, whose target validation sets differ in size, stack on the engine's runs axis.
 DEFAULT_HYPER_VAL_SIZE = 2048
+
+
+class AdaptiveLambdaState(NamedTuple):
+    """The adaptive schedule's per-run data (`ServerState.algorithm_state`).
+
+    client_label_dists (M, K) and client_sizes (M,): S and n as the server sees them;
+    val_inputs, val_labels, val_weights: the hypergradient's validation examples (weight 0 for
+    padding); opt_state: Adam's state on log lambda; log_lam_bounds (2,): the clip on log
+    lambda; lam_history, hypergradient_history, val_loss_history (rounds,): per round, the
+    lambda used, dL_val / d log lambda and the aggregate's validation loss (NaN until trained).
+    """
+
+    client_label_dists: jax.Array
+    client_sizes: jax.Array
+    val_inputs: jax.Array
+    val_labels: jax.Array
+    val_weights: jax.Array
+    opt_state: optax.OptState
+    log_lam_bounds: jax.Array
+    lam_history: jax.Array
+    hypergradient_history: jax.Array
+    val_loss_history: jax.Array
+    _built_by = "adaptive_fedpals(...)"
 
 
 def _mean_cross_entropy(apply_fn, params, inputs, labels, weights=None):
@@ -114,13 +139,13 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
     def update(state: ServerState, participants, outputs, weights):
         new_state = weighted_average_update()(state, participants, outputs, weights)
         optimizer = optax.adam(hyper_learning_rate)
-        data = state.algorithm_state
+        data = find_state(state.algorithm_state, AdaptiveLambdaState)
         fedpals = fedpals_state(state.weighting_state)
         lam = fedpals.lam
         derivative = fedpals_lam_derivative(
-            data["client_label_dists"][participants],
+            data.client_label_dists[participants],
             fedpals.target_label_dist,
-            data["client_sizes"][participants],
+            data.client_sizes[participants],
             lam,
             alpha=weights,
         )
@@ -130,24 +155,25 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
             outputs.deltas,
             derivative,
             lam,
-            data["val_inputs"],
-            data["val_labels"],
-            data["val_weights"],
+            data.val_inputs,
+            data.val_labels,
+            data.val_weights,
         )
         # A non-finite hypergradient (a diverged round) must not poison lambda.
         grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
-        step, opt_state = optimizer.update(grad, data["opt_state"])
-        low, high = data["log_lam_bounds"][0], data["log_lam_bounds"][1]
+        step, opt_state = optimizer.update(grad, data.opt_state)
+        low, high = data.log_lam_bounds[0], data.log_lam_bounds[1]
         log_lam = jnp.clip(jnp.log(lam) + step, low, high)
         new_lam = jnp.exp(log_lam).astype(lam.dtype)
         done = state.round  # the round just trained, 0-based (the engine advances the count)
-        algorithm_state = {
-            **data,
-            "opt_state": opt_state,
-            "lam_history": data["lam_history"].at[done].set(lam),
-            "hypergradient_history": data["hypergradient_history"].at[done].set(grad),
-            "val_loss_history": data["val_loss_history"].at[done].set(loss),
-        }
+        algorithm_state = replace_state(
+            state.algorithm_state,
+            AdaptiveLambdaState,
+            opt_state=opt_state,
+            lam_history=data.lam_history.at[done].set(lam),
+            hypergradient_history=data.hypergradient_history.at[done].set(grad),
+            val_loss_history=data.val_loss_history.at[done].set(loss),
+        )
         return new_state._replace(
             algorithm_state=algorithm_state,
             weighting_state=replace_fedpals_state(new_state.weighting_state, lam=new_lam),
@@ -206,7 +232,7 @@ def adaptive_fedpals(
         subset of a larger set, zero-weight padding of a smaller one (one shape for all runs).
 
     The server state records per round the lambda used, the hypergradient and the validation
-    loss of the aggregate (`algorithm_state["lam_history"]`, ...; `lam_report`).
+    loss of the aggregate (`AdaptiveLambdaState.lam_history`, ...; `lam_report`).
     """
     lam = _validation.check_lam(initial_lam)
     if not lam > 0 or not math.isfinite(lam):
@@ -239,20 +265,20 @@ def adaptive_fedpals(
     weighting = fedpals_weighting(target_label_dist, lam)
     optimizer = optax.adam(hyper_learning_rate)
     log_lam0 = jnp.log(jnp.asarray(lam, jnp.float32))
-    data = {
-        "client_label_dists": jnp.asarray(dists, jnp.float32),
-        "client_sizes": jnp.asarray(sizes, jnp.float32),
-        "val_inputs": jnp.asarray(val_inputs),
-        "val_labels": jnp.asarray(val_labels),
-        "val_weights": jnp.asarray(val_weights),
-        "opt_state": optimizer.init(log_lam0),
+    data = AdaptiveLambdaState(
+        client_label_dists=jnp.asarray(dists, jnp.float32),
+        client_sizes=jnp.asarray(sizes, jnp.float32),
+        val_inputs=jnp.asarray(val_inputs),
+        val_labels=jnp.asarray(val_labels),
+        val_weights=jnp.asarray(val_weights),
+        opt_state=optimizer.init(log_lam0),
         # lambda_for_ess's search range, [1e-6 N, 1e12 N], in log lambda.
-        "log_lam_bounds": jnp.log(float(np.sum(sizes)))
+        log_lam_bounds=jnp.log(float(np.sum(sizes)))
         + jnp.asarray(LOG10_LAM_RANGE, jnp.float32) * math.log(10.0),
-        "lam_history": jnp.full((rounds,), jnp.nan, jnp.float32),
-        "hypergradient_history": jnp.full((rounds,), jnp.nan, jnp.float32),
-        "val_loss_history": jnp.full((rounds,), jnp.nan, jnp.float32),
-    }
+        lam_history=jnp.full((rounds,), jnp.nan, jnp.float32),
+        hypergradient_history=jnp.full((rounds,), jnp.nan, jnp.float32),
+        val_loss_history=jnp.full((rounds,), jnp.nan, jnp.float32),
+    )
 
     def init(params, num_clients):
         if num_clients != dists.shape[0]:
@@ -276,13 +302,13 @@ def lam_report(state: ServerState) -> dict[str, list[float]]:
     """The trajectory recorded by `adaptive_fedpals`: per trained round, the lambda it used,
     the hypergradient dL_val / d log lambda and the aggregate's validation loss (rounds not
     yet trained are left out)."""
-    data = state.algorithm_state
-    lam = np.asarray(data["lam_history"], np.float64)
+    data = find_state(state.algorithm_state, AdaptiveLambdaState)
+    lam = np.asarray(data.lam_history, np.float64)
     done = int(np.sum(np.isfinite(lam)))
     return {
         "lam_per_round": lam[:done].tolist(),
-        "hypergradient_per_round": np.asarray(data["hypergradient_history"])[:done].tolist(),
-        "hyper_val_loss_per_round": np.asarray(data["val_loss_history"])[:done].tolist(),
+        "hypergradient_per_round": np.asarray(data.hypergradient_history)[:done].tolist(),
+        "hyper_val_loss_per_round": np.asarray(data.val_loss_history)[:done].tolist(),
     }
 
 

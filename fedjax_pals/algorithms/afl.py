@@ -17,8 +17,7 @@ rate by ~M. The paper does not say which AFL produced its Fashion-MNIST / CIFAR-
 averaged iterate (1/T) sum_t w_t lags the last one by about half the run, which costs accuracy
 in short runs (`afl(..., average_iterates=False)` evaluates the last iterate instead).
 
-State layout: `ServerState.algorithm_state` = {"lam": (M,) mixture weights on the simplex,
-"avg_params": running average of the iterates w_1..w_t}.
+State layout: `ServerState.algorithm_state` = `AflState(lam, avg_params)`.
 
 Grid of the selection protocol: the step size gamma_lambda in 0.1, 0.01, 0.001, 1 (Mohri et
 al., 2019 leave it free).
@@ -28,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,9 +36,19 @@ from jaxopt.projection import projection_simplex
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, Params, ServerState, ServerUpdate, Weighting,
-    _global_params, _state_entry, fedavg_weighting, plain_sgd, weighted_average_update,
+    _global_params, fedavg_weighting, find_state, plain_sgd, replace_state,
+    weighted_average_update,
 )
 from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+
+
+class AflState(NamedTuple):
+    """AFL's server state (`ServerState.algorithm_state`): lam, the (M,) mixture weights on
+    the simplex; avg_params, the running average of the iterates w_1..w_t."""
+
+    lam: jax.Array
+    avg_params: Params
+    _built_by = "afl(step_size)"
 
 
 def _check_step(step_size: float) -> float:
@@ -48,7 +58,7 @@ def _check_step(step_size: float) -> float:
 
 
 def _afl_weights(label_dists, sizes, state, participants):
-    lam = _state_entry(state, "lam", "afl weighting", "afl(step_size)")[participants]
+    lam = find_state(state.algorithm_state, AflState).lam[participants]
     total = jnp.sum(lam)
     m = lam.shape[0]
     return jnp.where(total > 0, lam / jnp.where(total > 0, total, 1.0), 1.0 / m)
@@ -94,8 +104,7 @@ def _afl_server_update(step_size: float) -> ServerUpdate:
 
     def update(state: ServerState, participants, outputs: ClientOutputs, weights):
         new_state = average(state, participants, outputs, weights)
-        lam = _state_entry(state, "lam", "afl_server_update", "afl(step_size)")
-        avg = _state_entry(state, "avg_params", "afl_server_update", "afl(step_size)")
+        lam, avg = find_state(state.algorithm_state, AflState)
         block = lam[participants]
         mass = jnp.sum(block)
         safe_mass = jnp.where(mass > 0, mass, 1.0)
@@ -108,18 +117,18 @@ def _afl_server_update(step_size: float) -> ServerUpdate:
             lambda a, w: a + (w - a) / t.astype(a.dtype), avg, new_state.params
         )
         return new_state._replace(
-            algorithm_state={**state.algorithm_state, "lam": lam, "avg_params": avg}
+            algorithm_state=replace_state(state.algorithm_state, AflState, lam=lam, avg_params=avg)
         )
 
     return update
 
 
 def _afl_init(params, num_clients):
-    return {"lam": jnp.full((num_clients,), 1.0 / num_clients, jnp.float32), "avg_params": params}
+    return AflState(jnp.full((num_clients,), 1.0 / num_clients, jnp.float32), params)
 
 
 def _afl_eval_params(state: ServerState) -> Params:
-    return state.algorithm_state["avg_params"]
+    return find_state(state.algorithm_state, AflState).avg_params
 
 
 def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:

@@ -10,7 +10,8 @@ method (plain SGD) and the server update and differ only in their weights
 
 All state that lives across rounds is in `ServerState`: the global params,
 every client's persistent state stacked on a leading client axis (SCAFFOLD's
-control variates), and the algorithm's own server-side state.
+control variates), and the algorithm's own server-side state. Each piece's state is a
+NamedTuple of its own (`ScaffoldState`, `FedPalsState`, ...), found by its type (`find_state`).
 
 A method is one module of this package (`fedavg`, `fedpals`, `fedprox`, ...): its pieces, the
 notes on where it differs from its reference implementation, and its registration
@@ -31,7 +32,7 @@ one program whether or not a builder is cached. Anything that varies between run
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import chex
 import jax
@@ -43,13 +44,14 @@ from fedjax_pals.server_optimizers import WeightedAverageUpdate, weighted_averag
 
 Params = chex.ArrayTree
 PyTree = Any
+StateT = TypeVar("StateT")
 
 
 class ServerState(NamedTuple):
     params: Params
     client_states: PyTree  # leading axis: all M clients; () when stateless
-    algorithm_state: PyTree  # server-side extras (e.g. SCAFFOLD's c); () when none
-    weighting_state: PyTree  # the weighting's data (FedPALS: T and lam); () when none
+    algorithm_state: PyTree  # the method's server-side NamedTuple (ScaffoldState); () when none
+    weighting_state: PyTree  # the weighting's NamedTuple (FedPalsState: T, lam); () when none
     round: jax.Array  # int32, rounds completed
     # The server optimiser's state (server_optimizers.py: FedAdam's m and v, FedAvgM's
     # momentum); () for the plain weighted average. Last and defaulted: existing callers and
@@ -248,15 +250,43 @@ def _suffix(name: str, weighting: Weighting | None) -> str:
     return name if weighting is None or weighting.name == "fedavg" else f"{name}+{weighting.name}"
 
 
-def _state_entry(state: ServerState, key: str, who: str, builder: str):
-    """algorithm_state[key], with a clear error when the method is mis-assembled."""
-    data = state.algorithm_state
-    if not isinstance(data, dict) or key not in data:
+def _instance_of(cls: type) -> Callable[[Any], bool]:
+    return lambda node: isinstance(node, cls)
+
+
+def find_state(tree: PyTree, cls: type[StateT]) -> StateT:
+    """The one instance of the NamedTuple type `cls` in `tree`, found by its type.
+
+    `tree` is a state (`ServerState.algorithm_state`, `.weighting_state`, or the whole
+    `ServerState`) of nested NamedTuples (or any pytree): a wrapper's state holds the one it
+    wraps (`ServerLabelDistsState.inner`), and the one of type `cls` is found at any depth.
+    ValueError, naming the type and what builds it (the class attribute `_built_by`, e.g.
+    "scaffold()"), when `tree` holds none (the algorithm was assembled without the piece that
+    keeps it) or several.
+    """
+    found = [
+        node
+        for node in jax.tree_util.tree_leaves(tree, is_leaf=_instance_of(cls))
+        if isinstance(node, cls)
+    ]
+    if len(found) != 1:
+        fields = ", ".join(getattr(cls, "_fields", ()))
+        built_by = getattr(cls, "_built_by", "the method that keeps it")
         raise ValueError(
-            f"{who} reads ServerState.algorithm_state[{key!r}], which this algorithm does not "
-            f"provide; build it with {builder}."
+            f"the algorithm's state holds {len(found) or 'no'} {cls.__name__}({fields}) where "
+            f"one is expected: build the algorithm with {built_by}."
         )
-    return data[key]
+    return found[0]
+
+
+def replace_state(tree: PyTree, cls: type, **changes: Any) -> PyTree:
+    """`tree` with fields of its one `cls` (`find_state`) replaced: `_replace(**changes)`."""
+    find_state(tree, cls)  # raises unless there is exactly one
+    return jax.tree_util.tree_map(
+        lambda node: node._replace(**changes) if isinstance(node, cls) else node,
+        tree,
+        is_leaf=_instance_of(cls),
+    )
 
 
 def _need(value, what: str, name: str):

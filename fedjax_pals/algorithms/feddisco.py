@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
-    ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, combine, plain_sgd,
+    ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, combine, find_state,
+    plain_sgd,
 )
 from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
@@ -36,6 +37,16 @@ DISCREPANCY_METRICS = ("kl", "l2")
 FEDDISCO_DEFAULT_A = 0.5
 FEDDISCO_DEFAULT_B = 0.1
 FEDDISCO_DEFAULT_METRIC = "kl"
+
+
+class FedDiscoState(NamedTuple):
+    """FedDisco's per-run data (`ServerState.weighting_state`): global_label_dist, the (K,)
+    G(Y) the discrepancies are measured against; a and b, float32 scalars."""
+
+    global_label_dist: jax.Array
+    a: jax.Array
+    b: jax.Array
+    _built_by = "feddisco(...) or combine(client_method, feddisco_weighting(...))"
 
 
 def _metric(metric: Any) -> str:
@@ -146,16 +157,8 @@ def _disco_weights(dists, sizes, target, a, b, metric: str) -> jax.Array:
 @functools.cache
 def _feddisco_weights_fn(metric: str):
     def weights(label_dists, sizes, state: ServerState, participants):
-        data = state.weighting_state
-        if not isinstance(data, dict) or "global_label_dist" not in data:
-            raise ValueError(
-                "the FedDisco weighting reads ServerState.weighting_state['global_label_dist'], "
-                "which this state does not hold; build the algorithm with feddisco(...) or "
-                "combine(client_method, feddisco_weighting(...))."
-            )
-        return _disco_weights(
-            label_dists, sizes, data["global_label_dist"], data["a"], data["b"], metric
-        )
+        data = find_state(state.weighting_state, FedDiscoState)
+        return _disco_weights(label_dists, sizes, data.global_label_dist, data.a, data.b, metric)
 
     return weights
 
@@ -176,15 +179,15 @@ def feddisco_weighting(
       b: the offset (reference default 0.1).
       metric: "kl" (reference default) or "l2".
 
-    G, a and b are per-run data in `ServerState.weighting_state`; the metric selects the
-    (cached) weights function.
+    G, a and b are per-run data in `ServerState.weighting_state` (a `FedDiscoState`); the
+    metric selects the (cached) weights function.
     """
     dist = _validation.check_distribution("global_label_dist", global_label_dist)
-    data = {
-        "global_label_dist": jnp.asarray(dist, jnp.float32),
-        "a": jnp.asarray(_validation.check_nonnegative("a", a), jnp.float32),
-        "b": jnp.asarray(_validation.check_real("b", b), jnp.float32),
-    }
+    data = FedDiscoState(
+        jnp.asarray(dist, jnp.float32),
+        jnp.asarray(_validation.check_nonnegative("a", a), jnp.float32),
+        jnp.asarray(_validation.check_real("b", b), jnp.float32),
+    )
     return Weighting("feddisco", lambda: data, _feddisco_weights_fn(_metric(metric)))
 
 

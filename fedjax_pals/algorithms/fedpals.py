@@ -22,7 +22,9 @@ import jax.numpy as jnp
 
 from fedjax_pals import _validation, server_weights
 from fedjax_pals.algorithms import registry
-from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting, _need, combine, plain_sgd
+from fedjax_pals.algorithms.base import (
+    FederatedAlgorithm, Weighting, _need, combine, find_state, plain_sgd, replace_state,
+)
 
 
 class FedPalsState(NamedTuple):
@@ -30,32 +32,22 @@ class FedPalsState(NamedTuple):
 
     target_label_dist: jax.Array  # (K,) T(Y)
     lam: jax.Array  # float32 scalar, eq. 8's lambda
+    _built_by = "fedpals(...) or a fedpals_weighting"
 
 
 def fedpals_state(weighting_state: Any) -> FedPalsState:
-    """The `FedPalsState` in `weighting_state`, through wrappers that hold theirs in `.inner`
-    (`with_server_label_dists`)."""
-    while not isinstance(weighting_state, FedPalsState):
-        if not hasattr(weighting_state, "inner"):
-            raise ValueError(
-                "the algorithm's weighting holds no FedPALS state (T and lam): build it with "
-                "fedpals(...) or a fedpals_weighting."
-            )
-        weighting_state = weighting_state.inner
-    return weighting_state
+    """The `FedPalsState` in `weighting_state`, also inside a wrapper's state
+    (`with_server_label_dists`): `find_state(weighting_state, FedPalsState)`."""
+    return find_state(weighting_state, FedPalsState)
 
 
 def replace_fedpals_state(weighting_state: Any, **changes: Any) -> Any:
     """`weighting_state` with fields of its `FedPalsState` (see `fedpals_state`) replaced."""
-    if isinstance(weighting_state, FedPalsState):
-        return weighting_state._replace(**changes)
-    if not hasattr(weighting_state, "inner"):
-        fedpals_state(weighting_state)  # raises: no FedPALS state anywhere
-    return weighting_state._replace(inner=replace_fedpals_state(weighting_state.inner, **changes))
+    return replace_state(weighting_state, FedPalsState, **changes)
 
 
 def _fedpals_weights(label_dists, sizes, state, participants):
-    data = state.weighting_state
+    data = fedpals_state(state.weighting_state)
     return server_weights.fedpals_weights(label_dists, data.target_label_dist, sizes, data.lam)
 
 
@@ -65,7 +57,7 @@ def _fedpals_weights_with(solver: str):
     its compiled rounds on the function's identity)."""
 
     def weights(label_dists, sizes, state, participants):
-        data = state.weighting_state
+        data = fedpals_state(state.weighting_state)
         return server_weights.fedpals_weights(
             label_dists, data.target_label_dist, sizes, data.lam, solver=solver
         )

@@ -9,23 +9,33 @@ participation takes a step shrunk by the participants' share; ours normalises ov
 participants (FedAvg's weights). The two coincide under full participation. The paper trains
 with SGD momentum 0.9, weight decay 1e-4 and a decayed learning rate.
 
-State layout: `ServerState.algorithm_state` = {"aggregate_label_dist": (K,) P(Y)}.
+State layout: `ServerState.algorithm_state` = `FedShiftState(aggregate_label_dist)`.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
-    ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, _state_entry,
-    _suffix, combine, plain_sgd,
+    ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, _suffix,
+    combine, find_state, plain_sgd,
 )
 from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
+
+
+class FedShiftState(NamedTuple):
+    """FedShift's per-run data (`ServerState.algorithm_state`): aggregate_label_dist, the (K,)
+    global P(Y) the clients' logits are shifted against."""
+
+    aggregate_label_dist: jax.Array
+    _built_by = "fedshift(aggregate_label_dist)"
 
 
 def smoothed_label_dists(client_label_counts: chex.ArrayLike, smoothing: float = 1.0) -> np.ndarray:
@@ -70,7 +80,7 @@ def fedshift_client(smoothing: float = 1.0) -> ClientMethod:
 
     P_i(k) = (c_ik + s) / (n_i + K s) the client's Laplace-smoothed label
     distribution (c_ik = p_ik n_i from its ClientInfo, s = `smoothing` > 0) and
-    P the aggregate read from `state.algorithm_state["aggregate_label_dist"]`
+    P the aggregate read from the state's `FedShiftState`
     (see `fedshift`). Evaluation uses the unshifted logits.
     """
     return _fedshift_client(_validation.check_positive("smoothing", smoothing))
@@ -79,12 +89,7 @@ def fedshift_client(smoothing: float = 1.0) -> ClientMethod:
 @functools.cache
 def _fedshift_client(smoothing: float) -> ClientMethod:
     def adjust_logits(logits, info: ClientInfo, state: ServerState):
-        aggregate = _state_entry(
-            state,
-            "aggregate_label_dist",
-            "fedshift_client",
-            "fedshift(aggregate_label_dist)",
-        )
+        aggregate = find_state(state.algorithm_state, FedShiftState).aggregate_label_dist
         num_classes = logits.shape[-1]
         n = info.num_examples.astype(logits.dtype)
         counts = info.label_dist.astype(logits.dtype) * n
@@ -102,7 +107,7 @@ def fedshift(
     `aggregate_label_dist` is the global P(Y) over all clients, strictly
     positive: compute it with `fedshift_aggregate_label_dist(
     partition.client_label_counts, smoothing)`. It is per-run data, so it goes
-    into `ServerState.algorithm_state["aggregate_label_dist"]`, and runs on
+    into `ServerState.algorithm_state` (a `FedShiftState`), and runs on
     different partitions share one compiled round.
     """
     dist = _validation.check_distribution("aggregate_label_dist", aggregate_label_dist)
@@ -115,7 +120,7 @@ def fedshift(
         fedshift_client(smoothing),
         weighting,
         _suffix("fedshift", weighting),
-        algorithm_state={"aggregate_label_dist": jnp.asarray(dist, jnp.float32)},
+        algorithm_state=FedShiftState(jnp.asarray(dist, jnp.float32)),
     )
 
 

@@ -13,9 +13,9 @@ clients have one size, so the first does too. NIID-Bench starts c = c_i at a cop
 initialised network (c - c_i = 0, as with our zeros) and trains with SGD momentum; option II
 assumes plain SGD.
 
-State layout: `ServerState.algorithm_state` = {"c": server control variate, params-shaped};
-the client control variates c_i are `ServerState.client_states` (params-shaped, leading client
-axis).
+State layout: `ServerState.algorithm_state` = `ScaffoldState(c)`, the server control variate
+(params-shaped); the client control variates c_i are `ServerState.client_states` (params-shaped,
+leading client axis).
 
 Grid of the selection protocol: the server learning rate eta_g in 1, 0.5 (Karimireddy et al.,
 2020, use eta_g = 1).
@@ -25,21 +25,34 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
-    ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate,
-    Weighting, _global_params, _state_entry, fedavg_weighting, plain_sgd,
-    weighted_average_update,
+    ClientInfo, ClientMethod, ClientOutputs, FederatedAlgorithm, Params, ServerState,
+    ServerUpdate, Weighting, _global_params, fedavg_weighting, find_state, plain_sgd,
+    replace_state, weighted_average_update,
 )
 from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
 
 
+class ScaffoldState(NamedTuple):
+    """SCAFFOLD's server state (`ServerState.algorithm_state`): c, the server control variate
+    (params-shaped)."""
+
+    c: Params
+    _built_by = "scaffold()"
+
+
+def _server_c(state: ServerState) -> Params:
+    return find_state(state.algorithm_state, ScaffoldState).c
+
+
 def _scaffold_correct_grads(grads, info: ClientInfo, state: ServerState):
-    c = _state_entry(state, "c", "scaffold_client", "scaffold()")
+    c = _server_c(state)
     return jax.tree_util.tree_map(lambda g, ci, cg: g - ci + cg, grads, info.state, c)
 
 
@@ -50,7 +63,7 @@ def _zeros_like_params(params):
 def _scaffold_update_client_state(
     info: ClientInfo, state: ServerState, local_params, num_steps, learning_rate
 ):
-    c = _state_entry(state, "c", "scaffold_client", "scaffold()")
+    c = _server_c(state)
     k = num_steps.astype(jnp.float32)
     scale = 1.0 / (jnp.maximum(k, 1.0) * learning_rate)
 
@@ -71,7 +84,7 @@ def scaffold_client() -> ClientMethod:
         c_i+ = c_i - c + (x - y_i) / (K eta_l),
 
     x the broadcast params, c the server control variate
-    (`algorithm_state["c"]`), c_i the client's (its persistent state, zeros at
+    (`ScaffoldState.c`), c_i the client's (its persistent state, zeros at
     the start). Option II assumes plain SGD (no momentum) locally.
     """
     return ClientMethod(
@@ -113,20 +126,22 @@ def _scaffold_server_update(server_learning_rate: float) -> ServerUpdate:
     def update(state: ServerState, participants, outputs: ClientOutputs, weights):
         new_state = average(state, participants, outputs, weights)  # x and the c_i
         num_clients = jax.tree_util.tree_leaves(state.client_states)[0].shape[0]
-        c = _state_entry(state, "c", "scaffold_server_update", "scaffold()")
+        c = _server_c(state)
         c = jax.tree_util.tree_map(
             lambda cg, new, old: cg + jnp.sum(new - old[participants], axis=0) / num_clients,
             c,
             outputs.client_states,
             state.client_states,
         )
-        return new_state._replace(algorithm_state={**state.algorithm_state, "c": c})
+        return new_state._replace(
+            algorithm_state=replace_state(state.algorithm_state, ScaffoldState, c=c)
+        )
 
     return update
 
 
 def _scaffold_init(params, num_clients):
-    return {"c": _zeros_like_params(params)}
+    return ScaffoldState(_zeros_like_params(params))
 
 
 def scaffold(server_lr: float = 1.0) -> FederatedAlgorithm:
