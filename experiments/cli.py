@@ -7,8 +7,8 @@ so they run while absl parses; `run(main)` replaces `app.run(main)` to turn absl
 "FATAL Flags parsing error" and usage dump into that one line.
 
 The mains with a config file (run, sweep, demo, ...) go through `experiments.flags.run`, which
-adds the config checks on top of these; the benchmarks (benchmark, scaling, solve_time,
-flower_benchmark) call `run` here, so that their `--help` lists their own flags only.
+adds the config checks on top of these; the benchmarks (experiments/benchmarks/: round, scaling,
+solve_time, flower) call `run` here, so that their `--help` lists their own flags only.
 """
 
 from __future__ import annotations

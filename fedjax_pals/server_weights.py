@@ -463,10 +463,10 @@ def _active_set(
     dual phase's face is normally right or off by a few).
 
     At lam = 0 the dual phase's face (of alpha^(1e-6 N)) can hold several times the clients
-    of the face the method ends on (420 vs 122 at M = 10,000 in experiments/solve_time.py),
-    one drop per step; a step right after a drop uses the Gram factorisation (`fast`), and a
-    fast step that is full or refused is followed by an exact one, so the method ends on
-    exact steps.
+    of the face the method ends on (420 vs 122 at M = 10,000 in
+    experiments/benchmarks/solve_time.py), one drop per step; a step right after a drop uses the
+    Gram factorisation (`fast`), and a fast step that is full or refused is followed by an exact
+    one, so the method ends on exact steps.
     """
     num_clients = alpha.shape[0]
     index = jnp.arange(num_clients)

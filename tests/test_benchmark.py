@@ -1,4 +1,4 @@
-"""Tests of experiments.benchmark_harness: cases, ratios, the baseline loop, the row schema and
+"""Tests of experiments.benchmarks.harness: cases, ratios, the baseline loop, the row schema and
 the child-process runner. No timing assertions: only what is computed from timings."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from experiments import benchmark_harness as bench
+from experiments.benchmarks import harness as bench
 
 BACKENDS = bench.available_backends()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +24,7 @@ TINY = bench.BenchmarkSettings(
     examples_per_client=64, batch_size=32, rounds=1, min_timed_seconds=0.0, check_clients=2
 )
 
-# Keys every measured ("ok") row carries; the JSON of experiments/benchmark.py.
+# Keys every measured ("ok") row carries; the JSON of experiments/benchmarks/round.py.
 OK_ROW_KEYS = {
     "model",
     "num_clients",
@@ -244,7 +244,7 @@ def test_resolve_workload_sets_model_m_and_steps_and_given_flags_win():
 
 def _benchmark_main(*args):
     return subprocess.run(
-        [sys.executable, "-m", "experiments.benchmark", *args],
+        [sys.executable, "-m", "experiments.benchmarks.round", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -668,11 +668,11 @@ def test_flower_benchmark_imports_without_defining_flags_when_flower_is_installe
     pytest.importorskip("flwr")
     from absl import flags
 
-    from experiments import flower_benchmark
+    from experiments.benchmarks import flower
 
     assert "actors" not in flags.FLAGS  # defined only by its entry point
-    setup = flower_benchmark.FlowerSetup("lenet", 10, 10, 2, 1, TINY)
-    assert hash(setup) == hash(flower_benchmark.FlowerSetup("lenet", 10, 10, 2, 1, TINY))
+    setup = flower.FlowerSetup("lenet", 10, 10, 2, 1, TINY)
+    assert hash(setup) == hash(flower.FlowerSetup("lenet", 10, 10, 2, 1, TINY))
 
 
 # -- progress, partial results, stopping (fake workers: no processes) ----------------------------
@@ -812,7 +812,8 @@ def test_a_benchmark_stopped_by_sigterm_says_so_in_one_line_and_keeps_the_finish
     output = tmp_path / "bench.json"
     code = """
 import os, signal, sys
-from experiments import benchmark, benchmark_harness as bench, cli
+from experiments import cli
+from experiments.benchmarks import harness as bench, round as benchmark
 
 def stopped_after_one_case(cases, settings, *, log, on_update):
     log(f"case 1/{len(cases)}")

@@ -181,18 +181,18 @@ def test_a_new_grid_axis_on_the_command_line_is_a_sweep_axis():
 
 @pytest.mark.parametrize(
     "module, args, expected",
-    [
-        ("experiments.scaling", ["--num_clients="], "--num_clients needs at least one"),
-        ("experiments.scaling", ["--participants_curve=20000"], "exceeds --participants_curve_"),
-        ("experiments.scaling", ["--rounds=x"], "--rounds=x"),
-        ("experiments.scaling", ["--bogus=1"], "Unknown command line flag 'bogus'"),
-        ("experiments.scaling", ["extra"], "unexpected arguments ['extra']"),
-        ("experiments.solve_time", ["--lam_over_n=x"], "'x' is not a number"),
-        ("experiments.solve_time", ["--num_clients="], "--num_clients needs at least one"),
-        ("experiments.benchmark", ["--output="], "--output needs a file path"),
-        ("experiments.flower_benchmark", ["--actors=0"], "0 is not >= 1"),
-        ("experiments.torch_step", ["--bogus"], "unrecognized arguments: --bogus"),
-        ("experiments.torch_step", ["--output="], "--output needs a file path"),
+    [  # modules of experiments.benchmarks
+        ("scaling", ["--num_clients="], "--num_clients needs at least one"),
+        ("scaling", ["--participants_curve=20000"], "exceeds --participants_curve_"),
+        ("scaling", ["--rounds=x"], "--rounds=x"),
+        ("scaling", ["--bogus=1"], "Unknown command line flag 'bogus'"),
+        ("scaling", ["extra"], "unexpected arguments ['extra']"),
+        ("solve_time", ["--lam_over_n=x"], "'x' is not a number"),
+        ("solve_time", ["--num_clients="], "--num_clients needs at least one"),
+        ("round", ["--output="], "--output needs a file path"),
+        ("flower", ["--actors=0"], "0 is not >= 1"),
+        ("torch_step", ["--bogus"], "unrecognized arguments: --bogus"),
+        ("torch_step", ["--output="], "--output needs a file path"),
     ],
 )
 def test_the_measurement_commands_refuse_a_bad_flag_in_one_line_before_measuring(
@@ -200,8 +200,8 @@ def test_the_measurement_commands_refuse_a_bad_flag_in_one_line_before_measuring
 ):
     # Every output is pointed into tmp_path: a check that let the command start would write it.
     outputs = [f"--output={tmp_path / 'out.json'}"] if not any("--output" in a for a in args) else []
-    if module in ("experiments.scaling", "experiments.solve_time"):
+    if module in ("scaling", "solve_time"):
         outputs.append(f"--plot={tmp_path / 'plot'}")
-    line = _one_error_line(_main(module, *outputs, *args, timeout=60))
+    line = _one_error_line(_main(f"experiments.benchmarks.{module}", *outputs, *args, timeout=60))
     assert expected in line
     assert not list(tmp_path.iterdir())

@@ -1,9 +1,9 @@
-"""experiments.memory: the resident set and its high-water mark, resettable."""
+"""experiments.benchmarks.memory: the resident set and its high-water mark, resettable."""
 
 import numpy as np
 import pytest
 
-from experiments import memory
+from experiments.benchmarks import memory
 
 
 @pytest.mark.skipif(not memory.reset_peak_rss(), reason="needs /proc/self/clear_refs (Linux)")

@@ -162,7 +162,7 @@ def shorten(command: str, tmp: str) -> str:
             extra.append("'--config.sweep.methods=(\"fedavg\",)'")
         if "--workdir=" not in command:  # the demo's default workdir is in the repository
             extra.append(f"--workdir={os.path.join(tmp, 'runs', 'demo')}")
-    elif re.search(r"experiments\.benchmark\b", command):
+    elif re.search(r"experiments\.benchmarks\.round\b", command):
         # The full benchmark is 36 cases (minutes each at M = 1000): one small case.
         extra += [
             "--models=logistic_regression", "--num_clients=10", "--backends=auto",
@@ -267,6 +267,8 @@ def test_commands_are_parsed_and_shortened_as_intended(tmp_path):
     assert "--shard=3/8 --list" in shorten(
         "python -m experiments.sweep --config=c.py --workdir=/s --shard=3/8", "/t"
     )
+    bench = shorten("python -m experiments.benchmarks.round --output=results/b.json", "/t")
+    assert "--output=/t/results/b.json" in bench and "--num_clients=10" in bench
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{b.line}" for b in BLOCKS])

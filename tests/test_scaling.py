@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import scaling
+from experiments.benchmarks import scaling
 
 
 def test_label_shift_clients_have_n_examples_of_their_drawn_labels_and_scale_past_the_data():
@@ -58,8 +58,8 @@ def test_one_point_of_the_curve_runs_and_reports_time_and_memory(tmp_path):
     output = tmp_path / "scaling.json"
     subprocess.run(
         [
-            sys.executable, "-m", "experiments.scaling", "--num_clients=100", "--participants=10",
-            "--curves=M", "--rounds=1", f"--output={output}", "--plot=",
+            sys.executable, "-m", "experiments.benchmarks.scaling", "--num_clients=100",
+            "--participants=10", "--curves=M", "--rounds=1", f"--output={output}", "--plot=",
         ],
         check=True,
         capture_output=True,

@@ -1,11 +1,11 @@
-"""experiments/torch_step.py: its summary and table, and the JAX cases it times (no PyTorch:
-the project never depends on it). No timing assertions."""
+"""experiments/benchmarks/torch_step.py: its summary and table, and the JAX cases it times (no
+PyTorch: the project never depends on it). No timing assertions."""
 
 from __future__ import annotations
 
 import pytest
 
-from experiments import torch_step
+from experiments.benchmarks import torch_step
 
 
 def test_summary_takes_medians_and_ratios_to_torch_and_to_the_plain_loop():

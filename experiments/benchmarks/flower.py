@@ -1,6 +1,6 @@
 r"""The benchmark's FedAvg round in Flower's simulation engine, side by side with ours.
 
-Runs the round of `experiments.benchmark` (the same JAX model from
+Runs the round of `experiments.benchmarks.round` (the same JAX model from
 `bench.make_model`, the same synthetic data from
 `bench.synthetic_data`, batch 32, the same local steps and data order,
 from the same jitted single-client SGD step as the benchmark's plain loop via
@@ -38,9 +38,9 @@ plus its pure-Python dependencies): what a Flower user trains. Its params are no
 (another framework's initialisation and data order).
 
 Usage (from the repository root; a few minutes per M on a 2-core CPU):
-  /path/to/flower-venv/bin/python -m experiments.flower_benchmark --num_clients=10 \
+  /path/to/flower-venv/bin/python -m experiments.benchmarks.flower --num_clients=10 \
       --actors=2,1 --rounds=3 --output=results/flower_m10.json
-  /path/to/flower-venv/bin/python -m experiments.flower_benchmark --num_clients=1000 \
+  /path/to/flower-venv/bin/python -m experiments.benchmarks.flower --num_clients=1000 \
       --participation=0.1 --output=results/flower_m1000.json
 """
 
@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments import benchmark_harness as bench
+from experiments.benchmarks import harness as bench
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,6 +526,6 @@ def entry() -> None:
 
 if __name__ == "__main__":
     # Run from the importable module, so the client function pickles by reference.
-    from experiments import flower_benchmark
+    from experiments.benchmarks import flower
 
-    flower_benchmark.entry()
+    flower.entry()

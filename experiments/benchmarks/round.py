@@ -28,10 +28,10 @@ processes die with it (at once, also when it is SIGKILLed).
 A mistake in the command line is one `error:` line on stderr and exit status 2.
 
 Usage:
-  python -m experiments.benchmark
-  python -m experiments.benchmark --models=lenet --num_clients=10,100 \
+  python -m experiments.benchmarks.round
+  python -m experiments.benchmarks.round --models=lenet --num_clients=10,100 \
       --backends=host_loop,vmap_steps --devices=1,auto --output=results/bench_small.json
-  python -m experiments.benchmark --workload=fedjax_emnist --runs=1,16 --backends=auto \
+  python -m experiments.benchmarks.round --workload=fedjax_emnist --runs=1,16 --backends=auto \
       --output=results/bench_emnist.json
 """
 
@@ -45,8 +45,8 @@ import sys
 
 from absl import flags
 
-from experiments import benchmark_harness as bench
 from experiments import cli
+from experiments.benchmarks import harness as bench
 
 _BACKENDS_LIST = bench.available_backends()
 

@@ -38,7 +38,7 @@ per second of the timed rounds together). `speedup_vs_baseline` = case
 client-steps/s / baseline client-steps/s for the same (model, M) (for runs = 1:
 baseline s/round / case s/round); > 1 is faster than the loop.
 
-*Workloads* (`WORKLOADS`, experiments/benchmark.py's `--workload`): the round of a published
+*Workloads* (`WORKLOADS`, experiments/benchmarks/round.py's `--workload`): the round of a published
 benchmark on synthetic tensors of its shapes: FedJAX's EMNIST-62 CNN (28x28x1, 62 classes,
 10 clients a round, 200 examples in batches of 10: 20 steps) and pfl-research's CIFAR-10
 simple CNN (32x32x3, 10 classes, cohort 50, 50 examples in batches of 10: 5 steps); the model
@@ -76,7 +76,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 import fedjax_pals as fjp
-from experiments import memory
+from experiments.benchmarks import memory
 
 BASELINE = "baseline_loop"
 """The name of the plain-loop reference in the `backend` column."""
@@ -121,7 +121,7 @@ if sys.platform.startswith("linux"):
         pass
     if str(os.getppid()) != os.environ.get("{_PARENT_ENV_VAR}", str(os.getppid())):
         os._exit(1)
-import experiments.benchmark_harness as b
+import experiments.benchmarks.harness as b
 b.worker_main()
 """
 # Environment variables that change JAX's device count or collectives: cleared in
@@ -891,7 +891,7 @@ WORKLOADS = {
         ),
     ),
 }
-"""`--workload` presets of experiments/benchmark.py."""
+"""`--workload` presets of experiments/benchmarks/round.py."""
 
 
 def get_workload(name: str) -> Workload:

@@ -11,8 +11,8 @@ a PNG + PDF plot of solve time vs M. A mistake in the command line is one `error
 exit status 2 before anything is solved.
 
 Usage:
-  python -m experiments.solve_time --output=results/solve_time.json
-  python -m experiments.solve_time --num_clients=10,100,1000 --repeats=3
+  python -m experiments.benchmarks.solve_time --output=results/solve_time.json
+  python -m experiments.benchmarks.solve_time --num_clients=10,100,1000 --repeats=3
 """
 
 from __future__ import annotations

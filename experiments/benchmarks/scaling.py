@@ -37,9 +37,10 @@ benchmark's LeNet FedAvg round) and records each phase; `--from_json=a,b`
 merges result files and redraws.
 
 Usage:
-  python -m experiments.scaling
-  python -m experiments.scaling --runs_split=8 --devices=auto --output=results/runs_split.json
-  python -m experiments.scaling --curves=M --num_clients=100,1000 \
+  python -m experiments.benchmarks.scaling
+  python -m experiments.benchmarks.scaling --runs_split=8 --devices=auto \
+      --output=results/runs_split.json
+  python -m experiments.benchmarks.scaling --curves=M --num_clients=100,1000 \
       --output=results/scaling_small.json --plot=results/scaling_small
 """
 
@@ -56,7 +57,8 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import cli, memory
+from experiments import cli
+from experiments.benchmarks import memory
 
 _CURVES = flags.DEFINE_list(
     "curves",
@@ -425,7 +427,8 @@ def point_main(spec: dict) -> None:
 
 class _Child:
     def __init__(self, spec: dict):
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # The repository root (this file is experiments/benchmarks/scaling.py).
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {
             **os.environ,
             "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -436,7 +439,7 @@ class _Child:
             [
                 sys.executable,
                 "-m",
-                "experiments.scaling",
+                "experiments.benchmarks.scaling",
                 "--point=" + json.dumps(spec),
             ],
             stdin=subprocess.PIPE,
@@ -631,7 +634,7 @@ def runs_split(runs: int, num_clients: int, pairs: int, devices: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from experiments import benchmark_harness as bench
+    from experiments.benchmarks import harness as bench
 
     settings = bench.BenchmarkSettings()
     model = bench.make_model("lenet")

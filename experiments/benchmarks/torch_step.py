@@ -10,7 +10,7 @@ conv 5x5 1->6, ReLU, max-pool 2, conv 5x5 6->16, ReLU, max-pool 2, dense
   inside. `engine_4steps`: the same with 4 steps unrolled per call
   (`steps_per_call=4`, the default until it measured slower per step).
 * `plain_loop`: the benchmark's plain loop step (`BaselineLoop`, the ratio's
-  reference in experiments/benchmark.py), one step per call.
+  reference in experiments/benchmarks/round.py), one step per call.
 * `flax_nhwc`: the plain loop's step with flax's own `_LeNet.apply` (NHWC
   `lax.conv`), the formulation the engine used before (BUILD_NOTES.md).
 * `torch_channels_last`, `torch_nchw`: the same step in PyTorch eager, 1 thread
@@ -29,9 +29,9 @@ table.
 
 Usage:
   python3 -m venv /tmp/torchvenv && /tmp/torchvenv/bin/pip install torch==2.13.0
-  python -m experiments.torch_step --torch_python=/tmp/torchvenv/bin/python
-  python -m experiments.torch_step --jax_threads=1 --output=results/torch_step.json
-  python -m experiments.torch_step --torch_python=/tmp/torchvenv/bin/python --pin_core=1
+  python -m experiments.benchmarks.torch_step --torch_python=/tmp/torchvenv/bin/python
+  python -m experiments.benchmarks.torch_step --jax_threads=1 --output=results/torch_step.json
+  python -m experiments.benchmarks.torch_step --torch_python=/tmp/torchvenv/bin/python --pin_core=1
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _jax_cases(steps: int) -> dict:
     import numpy as np
 
     import fedjax_pals as fjp
-    from experiments.benchmark_harness import BaselineLoop
+    from experiments.benchmarks.harness import BaselineLoop
     from fedjax_pals.models import Model, _LeNet
 
     model = fjp.lenet(INPUT_SHAPE, NUM_CLASSES)
@@ -238,8 +238,10 @@ def worker(kind: str, steps: int) -> None:
 
 class _Worker:
     def __init__(self, kind: str, python: str, steps: int, env: dict, core: int | None = None):
-        cmd = [python, "-m", "experiments.torch_step", f"--worker={kind}", f"--steps={steps}"]
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = [python, "-m", "experiments.benchmarks.torch_step", f"--worker={kind}"]
+        cmd.append(f"--steps={steps}")
+        # The repository root (this file is experiments/benchmarks/torch_step.py).
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
         # Pinned before the interpreter starts: every thread the framework makes stays there.
         pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
