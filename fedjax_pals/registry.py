@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from fedjax_pals import _validation
-from fedjax_pals.data import FederatedPartition
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
 # with the optimisers (importable from here as before).
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
 
-if TYPE_CHECKING:  # the methods (fedjax_pals.algorithms) import the registry, not the reverse
+if TYPE_CHECKING:  # the methods and the data (its data sets, partitions) import the registry
     from fedjax_pals.algorithms import FederatedAlgorithm, Weighting
+    from fedjax_pals.data import FederatedPartition
 
 # The suffix of a client-side method's key with FedPALS' server weights: "fedprox_fedpals".
 FEDPALS_SUFFIX = "_fedpals"
@@ -165,7 +165,7 @@ class MethodContext:
 
 
 Builder = Callable[[Any, MethodContext], "FederatedAlgorithm"]
-PartitionTransform = Callable[[FederatedPartition, np.ndarray, int], FederatedPartition]
+PartitionTransform = Callable[["FederatedPartition", np.ndarray, int], "FederatedPartition"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,15 +193,7 @@ class Method:
                 f"a method's name must not end in {FEDPALS_SUFFIX!r} (reserved for a client-side "
                 f"method with FedPALS' weights), got {self.name!r}."
             )
-        if not (
-            isinstance(self.hyperparameters, type)
-            and issubclass(self.hyperparameters, Hyperparameters)
-        ):
-            raise TypeError(
-                f"method {self.name!r}: hyperparameters must be a Hyperparameters dataclass, "
-                f"got {self.hyperparameters!r}."
-            )
-        _check_declared(self.name, self.hyperparameters)
+        check_declared(f"method {self.name!r}", self.hyperparameters)
         fields = hyperparameter_checks(self.hyperparameters)
         for key, values in dict(self.grid).items():
             if key not in fields:
@@ -244,19 +236,24 @@ class Method:
         return self.name
 
 
-def _check_declared(method: str, cls: type[Hyperparameters]) -> None:
-    """Every field of a method's hyperparameters is a `hyperparameter(...)`: the registry reads
-    each field's check and default, so a plain field would fail later as KeyError: 'check'."""
+def check_declared(owner: str, cls: type[Hyperparameters]) -> None:
+    """`cls` is a `Hyperparameters` dataclass whose every field is a `hyperparameter(...)`: the
+    registry reads each field's check and default, so a plain field would fail later as
+    KeyError: 'check'. owner: who declares it, for the message ("method 'fedprox'")."""
+    if not (isinstance(cls, type) and issubclass(cls, Hyperparameters)):
+        raise TypeError(
+            f"{owner}: hyperparameters must be a Hyperparameters dataclass, got {cls!r}."
+        )
     if "__dataclass_fields__" not in vars(cls):
         # Without the decorator the class's fields are its base's: its own are silently lost.
         raise TypeError(
-            f"method {method!r}: its hyperparameters {cls.__name__} is not a dataclass; "
+            f"{owner}: its hyperparameters {cls.__name__} is not a dataclass; "
             "decorate it with @dataclasses.dataclass(frozen=True)."
         )
     for field in dataclasses.fields(cls):
         if "check" not in field.metadata:
             raise TypeError(
-                f"method {method!r}: hyperparameter {field.name!r} of {cls.__name__} is a plain "
+                f"{owner}: hyperparameter {field.name!r} of {cls.__name__} is a plain "
                 f"dataclass field; declare it with fjp.hyperparameter(default, ...), e.g. "
                 f"`{field.name}: float = fjp.hyperparameter(1.0, low=0.0)` (its allowed values "
                 "make it a config key)."
@@ -290,20 +287,8 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
             f"a method {method.name!r} is already registered; pick another name, or pass "
             "replace=True to redefine it."
         )
-    mine = {f.name: f for f in dataclasses.fields(method.hyperparameters)}
-    for other in _METHODS.values():
-        if other.name == method.name:
-            continue
-        for field in dataclasses.fields(other.hyperparameters):
-            if field.name in mine and (
-                field.metadata["check"] != mine[field.name].metadata["check"]
-                or field.default != mine[field.name].default
-            ):
-                raise ValueError(
-                    f"method {method.name!r}: hyperparameter {field.name!r} is declared "
-                    f"differently by method {other.name!r} (one config key algorithm."
-                    f"{field.name}); give yours a name of its own."
-                )
+    owners = {name: m.hyperparameters for name, m in _METHODS.items()}
+    check_shared_fields("method", method.name, method.hyperparameters, owners, "algorithm")
     _METHODS[method.name] = method
     return method
 
@@ -406,14 +391,47 @@ def method_labels() -> dict[str, str]:
 def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
     """{config key under algorithm.: (default, check, the methods that use it)} over all
     registered methods, in registration order."""
+    return declared_fields({name: m.hyperparameters for name, m in _METHODS.items()})
+
+
+def declared_fields(
+    owners: Mapping[str, type[Hyperparameters]],
+) -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
+    """{field: (default, check, the owners that declare it)} of the owners' hyperparameters (a
+    registry's: methods, data sets, partition schemes), in order."""
     fields: dict[str, tuple[Any, Callable, tuple[str, ...]]] = {}
-    for method in _METHODS.values():
-        for field in dataclasses.fields(method.hyperparameters):
+    for owner, cls in owners.items():
+        for field in dataclasses.fields(cls):
             default, check, users = fields.get(
                 field.name, (field.default, field.metadata["check"], ())
             )
-            fields[field.name] = (default, check, users + (method.name,))
+            fields[field.name] = (default, check, users + (owner,))
     return fields
+
+
+def check_shared_fields(
+    kind: str, name: str, cls: type[Hyperparameters], owners: Mapping[str, type], section: str,
+    reserved: tuple[str, ...] = (),
+) -> None:
+    """A field name may be declared by two `kind`s (methods, ...) only alike: the config has
+    one key `section.<field>`; and it is none of the section's own keys, `reserved`."""
+    mine = {f.name: f for f in dataclasses.fields(cls)}
+    if set(mine) & set(reserved):
+        raise ValueError(
+            f"{kind} {name!r}: {sorted(set(mine) & set(reserved))} are config keys of {section} "
+            "already; give yours a name of its own."
+        )
+    for other, other_cls in owners.items():
+        for field in dataclasses.fields(other_cls) if other != name else ():
+            if field.name in mine and (
+                field.metadata["check"] != mine[field.name].metadata["check"]
+                or field.default != mine[field.name].default
+            ):
+                raise ValueError(
+                    f"{kind} {name!r}: hyperparameter {field.name!r} is declared differently by "
+                    f"{kind} {other!r} (one config key {section}.{field.name}); give yours a name "
+                    "of its own."
+                )
 
 
 def method_grids() -> dict[str, tuple]:
