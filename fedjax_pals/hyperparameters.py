@@ -10,7 +10,7 @@ config validator checks every key without knowing whose it is.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from fedjax_pals import _validation
 
@@ -120,8 +120,11 @@ class NoHyperparameters(Hyperparameters):
 
 
 def check_declared(owner: str, cls: type[Hyperparameters]) -> None:
-    """Every field of `owner`'s hyperparameters is a `hyperparameter(...)`: the registry reads
-    each field's check and default, so a plain field would fail later as KeyError: 'check'."""
+    """`cls` is a `Hyperparameters` dataclass whose every field is a `hyperparameter(...)`: the
+    registries read each field's check and default, so a plain field would fail later as
+    KeyError: 'check'. owner: who declares it, for the message ("method 'fedprox'")."""
+    if not (isinstance(cls, type) and issubclass(cls, Hyperparameters)):
+        raise TypeError(f"{owner}: hyperparameters must be a Hyperparameters dataclass, got {cls!r}.")
     if "__dataclass_fields__" not in vars(cls):
         # Without the decorator the class's fields are its base's: its own are silently lost.
         raise TypeError(
@@ -138,3 +141,41 @@ def check_declared(owner: str, cls: type[Hyperparameters]) -> None:
             )
 
 
+def declared_fields(
+    owners: Mapping[str, type[Hyperparameters]],
+) -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
+    """{field: (default, check, the owners that declare it)} of the owners' hyperparameters (a
+    registry's: methods, data sets, partition schemes), in order."""
+    fields: dict[str, tuple[Any, Callable, tuple[str, ...]]] = {}
+    for owner, cls in owners.items():
+        for field in dataclasses.fields(cls):
+            default, check, users = fields.get(
+                field.name, (field.default, field.metadata["check"], ())
+            )
+            fields[field.name] = (default, check, users + (owner,))
+    return fields
+
+
+def check_shared_fields(
+    kind: str, name: str, cls: type[Hyperparameters], owners: Mapping[str, type], section: str,
+    reserved: tuple[str, ...] = (),
+) -> None:
+    """A field name may be declared by two `kind`s (methods, ...) only alike: the config has
+    one key `section.<field>`; and it is none of the section's own keys, `reserved`."""
+    mine = {f.name: f for f in dataclasses.fields(cls)}
+    if set(mine) & set(reserved):
+        raise ValueError(
+            f"{kind} {name!r}: {sorted(set(mine) & set(reserved))} are config keys of {section} "
+            "already; give yours a name of its own."
+        )
+    for other, other_cls in owners.items():
+        for field in dataclasses.fields(other_cls) if other != name else ():
+            if field.name in mine and (
+                field.metadata["check"] != mine[field.name].metadata["check"]
+                or field.default != mine[field.name].default
+            ):
+                raise ValueError(
+                    f"{kind} {name!r}: hyperparameter {field.name!r} is declared differently by "
+                    f"{kind} {other!r} (one config key {section}.{field.name}); give yours a name "
+                    "of its own."
+                )

@@ -365,9 +365,7 @@ def test_both_sparsity_schemes_take_c_and_the_paper_reading_is_sparsity(monkeypa
     train = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
     test = fjp.LabeledSplit(np.zeros((600, 28, 28, 1), np.float32), labels(60))
     dataset = fjp.Dataset("random", train, test, 10, "test")
-    monkeypatch.setattr(
-        task_lib, "_load_image_dataset", lambda name, data_dir, download=False: dataset
-    )
+    monkeypatch.setattr(task_lib, "_load_dataset", lambda name, registered, options: dataset)
     for scheme, function in [
         ("sparsity", fjp.sparsity_partition),
         ("niid_bench_sparsity", fjp.niid_bench_sparsity_partition),

@@ -621,13 +621,17 @@ def _code_string_literals(module) -> set[str]:
     }
 
 
-def test_config_and_task_name_no_registered_method_and_no_feature():
-    # Both loop over the registry: a method or feature is known by its declaration (its keys,
-    # its hooks, owns_server_update, lends_weighting), never by name in config.py or task.py.
+def test_config_and_task_name_no_registered_method_feature_data_set_or_partition():
+    # Both loop over the registries: a method, feature, data set or partition scheme is known
+    # by its declaration (its keys, its hooks, owns_server_update, lends_weighting, its data
+    # directory check), never by name in config.py or task.py.
+    from fedjax_pals.data import registered_datasets, registered_partitions
     from fedjax_pals.experiment import config as config_lib, task as task_lib
 
     names = set(registry.method_keys()) | {f.name for f in registry.registered_features()}
-    assert {"fedpals", "fedavg", "scaffold", "afl", "fedpals_adaptive", "label_dp"} <= names
+    names |= set(registered_datasets()) | set(registered_partitions())
+    assert {"fedpals", "fedavg", "scaffold", "fedpals_adaptive", "label_dp", "fashion_mnist",
+            "synthetic", "sparsity", "dirichlet"} <= names
     for module in (config_lib, task_lib):
         literals = _code_string_literals(module)
         named = sorted(

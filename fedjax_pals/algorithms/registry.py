@@ -50,8 +50,8 @@ import numpy as np
 from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
 from fedjax_pals.hyperparameters import (
-    Hyperparameters, NoHyperparameters, check_declared, hyperparameter, hyperparameter_checks,
-    hyperparameter_defaults,
+    Hyperparameters, NoHyperparameters, check_declared, check_shared_fields, declared_fields,
+    hyperparameter, hyperparameter_checks, hyperparameter_defaults,
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
@@ -140,14 +140,6 @@ class Method:
             raise ValueError(
                 f"a method's name must not end in {FEDPALS_SUFFIX!r} (reserved for a client-side "
                 f"method with FedPALS' weights), got {self.name!r}."
-            )
-        if not (
-            isinstance(self.hyperparameters, type)
-            and issubclass(self.hyperparameters, Hyperparameters)
-        ):
-            raise TypeError(
-                f"method {self.name!r}: hyperparameters must be a Hyperparameters dataclass, "
-                f"got {self.hyperparameters!r}."
             )
         check_declared(f"method {self.name!r}", self.hyperparameters)
         fields = hyperparameter_checks(self.hyperparameters)
@@ -278,20 +270,9 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
             f"a method {method.name!r} is already registered; pick another name, or pass "
             "replace=True to redefine it."
         )
-    mine = {f.name: f for f in dataclasses.fields(method.hyperparameters)}
-    for other in _METHODS.values():
-        if other.name == method.name:
-            continue
-        for field in dataclasses.fields(other.hyperparameters):
-            if field.name in mine and (
-                field.metadata["check"] != mine[field.name].metadata["check"]
-                or field.default != mine[field.name].default
-            ):
-                raise ValueError(
-                    f"method {method.name!r}: hyperparameter {field.name!r} is declared "
-                    f"differently by method {other.name!r} (one config key algorithm."
-                    f"{field.name}); give yours a name of its own."
-                )
+    owners = {name: m.hyperparameters for name, m in _METHODS.items()}
+    check_shared_fields("method", method.name, method.hyperparameters, owners, "algorithm")
+    mine = hyperparameter_checks(method.hyperparameters)
     for feature in _FEATURES.values():
         taken = sorted(set(mine) & set(hyperparameter_checks(feature.hyperparameters)))
         if taken:
@@ -554,14 +535,7 @@ def registered_features() -> tuple[Feature, ...]:
 def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
     """{config key under algorithm.: (default, check, the methods that use it)} over all
     registered methods, in registration order."""
-    fields: dict[str, tuple[Any, Callable, tuple[str, ...]]] = {}
-    for method in _METHODS.values():
-        for field in dataclasses.fields(method.hyperparameters):
-            default, check, users = fields.get(
-                field.name, (field.default, field.metadata["check"], ())
-            )
-            fields[field.name] = (default, check, users + (method.name,))
-    return fields
+    return declared_fields({name: m.hyperparameters for name, m in _METHODS.items()})
 
 
 def method_grids() -> dict[str, tuple]:

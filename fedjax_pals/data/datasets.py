@@ -23,10 +23,13 @@ import dataclasses
 import os
 import pathlib
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from fedjax_pals import _validation
+from fedjax_pals import hyperparameters as declared
 from fedjax_pals._host import aligned_empty
 
 DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -97,15 +100,24 @@ class LabeledSplit:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
-    """A named classification data set with train and test splits."""
+    """A named classification data set with train and test splits; client_ids: None, or the
+    client id (0, ..., G-1: its writer, camera trap) of each training example, the clients of
+    the partition scheme "natural" (`natural_partition`)."""
 
     name: str
     train: LabeledSplit
     test: LabeledSplit
     num_classes: int
     source: str  # where the data came from, for logs and result files
+    client_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.client_ids is not None:
+            ids = np.array(self.client_ids)  # a private copy, then frozen
+            if ids.shape != (len(self.train),) or not np.issubdtype(ids.dtype, np.integer):
+                raise ValueError(f"client_ids must be {len(self.train)} integers, got {ids!r}")
+            ids.flags.writeable = False
+            object.__setattr__(self, "client_ids", ids)
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
         for split_name, split in (("train", self.train), ("test", self.test)):
@@ -402,9 +414,28 @@ def _dataset(name: str, splits: dict[str, LabeledSplit], source: str) -> Dataset
     return Dataset(name, splits["train"], splits["test"], num_classes=10, source=source)
 
 
+def _fashion_mnist_dirs(base: pathlib.Path) -> list[pathlib.Path]:
+    return [base, base / "fashion-mnist", base / "fashion_mnist"]
+
+
+def _check_fashion_mnist_dir(base: pathlib.Path) -> None:
+    """The data_dir check of Fashion-MNIST (a few stat calls): its idx files or a TFDS copy."""
+    if any(map(_find_idx_files, _fashion_mnist_dirs(base))) or _tfds_prepared(
+        base, "fashion_mnist"
+    ):
+        return
+    raise ValueError(
+        f"does not hold Fashion-MNIST: missing the idx file(s) {_missing_idx_files(base)} "
+        f"(looked in it and in its fashion-mnist/ and fashion_mnist/ subdirectories) and no "
+        f"prepared TFDS copy ({base}/fashion_mnist/<version>/dataset_info.json). Put the four "
+        "official idx files there, or leave data_dir unset to use "
+        f"{DEBIAN_FASHION_MNIST_DIR} (apt-get install dataset-fashion-mnist)."
+    )
+
+
 def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
     """Fashion-MNIST from an explicit directory only (see `load_fashion_mnist`)."""
-    candidates = [base, base / "fashion-mnist", base / "fashion_mnist"]
+    candidates = _fashion_mnist_dirs(base)
     for directory in candidates:
         if (found := _idx_dataset(directory)) is not None:
             return found
@@ -461,6 +492,17 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = 
     return _load_tfds("cifar10", tfds_dir)
 
 
+def _check_cifar10_dir(base: pathlib.Path) -> None:
+    """The data_dir check of CIFAR-10 (a few stat calls): a prepared TFDS copy."""
+    if not _tfds_prepared(base, "cifar10"):
+        raise ValueError(
+            f"does not hold CIFAR-10: no prepared TFDS copy {base}/cifar10/<version>/"
+            "dataset_info.json. Prepare it with TensorFlow Datasets (tfds.builder('cifar10', "
+            "data_dir=DIR).download_and_prepare(file_format='array_record')) on a machine with "
+            "internet, or set config.dataset.download=True there."
+        )
+
+
 def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
     tfds = _import_tfds(f"downloading {name} was asked for (dataset.download)")
     tfds_dir.mkdir(parents=True, exist_ok=True)
@@ -474,82 +516,133 @@ def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
         ) from e
 
 
-_LOADERS = {"fashion_mnist": load_fashion_mnist, "cifar10": load_cifar10}
+# --------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class RegisteredDataset:
-    """A user's data set (`register_dataset`): its loader and the facts a config is checked
-    against before anything is loaded."""
+    """A registered data set: its loader and the facts a config is checked against before
+    anything is loaded (see `register_dataset`)."""
 
-    load: Callable[[], Dataset]
+    name: str
+    load: Callable[..., Any]
     num_classes: int
-    num_train: int
+    num_train: int  # training examples (its own clients' with num_clients)
     images: bool
-    label: str  # how tables, figure titles and row names show it
+    label: str | None = None
+    check_data_dir: Callable[[pathlib.Path], None] | None = None
+    download: bool = False
+    hyperparameters: type[declared.Hyperparameters] = declared.NoHyperparameters
+    num_clients: int | None = None
+    num_client_ids: int | None = None
+    # The loaded data set is checked against num_train, num_clients and num_client_ids (a
+    # user's loader); the built-in file loaders check their files themselves, and the tests
+    # feed them TFDS's smaller mock data.
+    check_counts: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a data set's name must be a Python identifier, got {self.name!r}.")
+        if not callable(self.load):
+            raise TypeError(f"load must be callable () -> Dataset, got {self.load!r}.")
+        for key in ("num_classes", "num_train", "num_clients", "num_client_ids"):
+            if getattr(self, key) is not None or key in ("num_classes", "num_train"):
+                object.__setattr__(self, key, _validation.check_integer(key, getattr(self, key), 1))
+        if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
+            raise ValueError(f"label must be a non-empty string, got {self.label!r}.")
+        object.__setattr__(self, "label", self.label or self.name)
+        declared.check_declared(f"data set {self.name!r}", self.hyperparameters)
+
+    def load_options(self, section: Mapping[str, Any], seed: int) -> tuple[tuple[str, Any], ...]:
+        """The keyword arguments of `load` from the resolved config's dataset section."""
+        options = {k: section[k] for k in declared.hyperparameter_defaults(self.hyperparameters)}
+        if self.check_data_dir is not None:
+            options["data_dir"] = section["data_dir"]
+        if self.download:
+            options["download"] = bool(section["download"])
+        if self.num_clients is not None:
+            options["seed"] = seed
+        return tuple(sorted(options.items()))
 
 
 _REGISTERED: dict[str, RegisteredDataset] = {}
-_BUILTIN_LABELS = {"fashion_mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "synthetic": "Synthetic"}
 
 
 def register_dataset(
-    name: str,
-    load: Callable[[], Dataset],
-    *,
-    num_classes: int,
-    num_train: int,
-    images: bool,
-    label: str | None = None,
-    replace: bool = False,
+    name: str, load: Callable[..., Any], *, replace: bool = False, **facts: Any
 ) -> None:
     """Registers a data set under `name` (config.dataset.name = name).
 
     load() -> Dataset, e.g. `Dataset(name, LabeledSplit(x, y), LabeledSplit(x_test, y_test),
-    num_classes, source)` from NumPy arrays; it is called once per process when a run needs
-    it (cache nothing yourself). The config's partition schemes (sparsity, dirichlet) split it
-    like the built-in data sets. num_classes and num_train (training examples) let a config be
-    checked without loading; images: inputs are (H, W, C) (the 'auto' model is then LeNet,
-    else logistic regression). label: how tables, figure titles and sweep rows show it
-    (e.g. "iWildCam"; default: the name).
+    num_classes, source)` from NumPy arrays, is called once per process when a run needs it
+    (cache nothing yourself); the partition schemes split it. The facts, checked by the config
+    before anything is loaded: num_classes, num_train (training examples) and images (inputs
+    (H, W, C): the 'auto' model is LeNet) are required. label: how tables, figures and sweep
+    rows show it ("iWildCam"; default the name). check_data_dir(path): a few stat calls that
+    an explicit config.dataset.data_dir holds it (ValueError "does not hold ...: ..."); load is
+    then passed data_dir (None: the usual places), and download when `download` is True.
+    hyperparameters: a `Hyperparameters` dataclass, config keys dataset.<field> passed to load
+    by name. num_clients: its own clients, target included (the synthetic task): load(...,
+    seed) returns (Dataset, FederatedPartition), no scheme applies. num_client_ids: G, its
+    Dataset's client_ids being 0, ..., G-1 (the scheme "natural").
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"a data set's name must be a Python identifier, got {name!r}.")
-    if name in _BUILTIN_LABELS or (name in _REGISTERED and not replace):
+    if name in _REGISTERED and not replace:
         raise ValueError(f"a data set {name!r} is already registered; pick another name.")
-    if not callable(load):
-        raise TypeError(f"load must be callable () -> Dataset, got {load!r}.")
-    for what, value in (("num_classes", num_classes), ("num_train", num_train)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{what} must be an integer >= 1, got {value!r}.")
-    if label is not None and (not isinstance(label, str) or not label.strip()):
-        raise ValueError(f"label must be a non-empty string, got {label!r}.")
-    _REGISTERED[name] = RegisteredDataset(
-        load, int(num_classes), int(num_train), bool(images), label or name
+    registered = RegisteredDataset(name, load, **facts)
+    owners = {n: d.hyperparameters for n, d in _REGISTERED.items()}
+    declared.check_shared_fields(
+        "data set", name, registered.hyperparameters, owners, "dataset",
+        ("name", "data_dir", "download"),
     )
+    _REGISTERED[name] = registered
 
 
 def dataset_label(name: str) -> str:
-    """How tables, figure titles and sweep rows show the data set `name` ("Fashion-MNIST"; a
+    """How tables, figure titles and sweep rows show the data set `name` ("Fashion-MNIST", a
     registered one's `label`); an unknown name as it is."""
-    if name in _REGISTERED:
-        return _REGISTERED[name].label
-    return _BUILTIN_LABELS.get(name, name)
+    return _REGISTERED[name].label if name in _REGISTERED else name
 
 
 def registered_datasets() -> dict[str, RegisteredDataset]:
-    """The user-registered data sets (the built-in ones are not listed)."""
+    """The registered data sets, the built-in ones first (fashion_mnist, cifar10, synthetic)."""
     return dict(_REGISTERED)
 
 
+def dataset_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
+    """{config key under dataset.: (default, check, the data sets that use it)}."""
+    return declared.declared_fields({n: d.hyperparameters for n, d in _REGISTERED.items()})
+
+
+def canonical_dataset_name(name: Any, names) -> str | None:
+    """The one of `names` that `name` spells, ignoring case, "-" and "_" ("CIFAR-10")."""
+    if not isinstance(name, str):
+        return None
+    canonical = {key.replace("_", ""): key for key in names}
+    return canonical.get(name.strip().lower().replace("-", "").replace("_", ""))
+
+
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
-    """Loads a data set by name: one of ``"fashion_mnist"`` or ``"cifar10"``.
+    """Loads a data set that is read from a directory by name: ``"fashion_mnist"`` or
+    ``"cifar10"`` (or a registered one with a `check_data_dir`).
 
     Names are matched ignoring case, ``-`` and ``_`` (so "CIFAR-10" works). An
     explicit ``data_dir`` is the only place looked in (see the loaders).
     """
-    canonical = {key.replace("_", ""): key for key in _LOADERS}
-    key = canonical.get(name.strip().lower().replace("-", "").replace("_", ""))
+    readers = sorted(n for n, d in _REGISTERED.items() if d.check_data_dir is not None)
+    key = canonical_dataset_name(name, readers)
     if key is None:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {sorted(_LOADERS)}")
-    return _LOADERS[key](data_dir)
+        raise ValueError(f"unknown dataset {name!r}; valid names: {readers}")
+    return _REGISTERED[key].load(data_dir=data_dir)
+
+
+DEFAULT_DATASET = "fashion_mnist"
+register_dataset(
+    "fashion_mnist", load_fashion_mnist, num_classes=10, num_train=60_000, images=True,
+    label="Fashion-MNIST", check_data_dir=_check_fashion_mnist_dir, check_counts=False,
+)
+register_dataset(
+    "cifar10", load_cifar10, num_classes=10, num_train=50_000, images=True, label="CIFAR-10",
+    check_data_dir=_check_cifar10_dir, download=True, check_counts=False,
+)

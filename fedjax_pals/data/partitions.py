@@ -8,9 +8,11 @@ from T (used to tune lambda, early stopping, hyperparameters; never trained
 on), and the target test set is drawn from the test split with label
 distribution T. The remaining ``M = num_clients - 1`` clients train.
 
-All schemes reduce to a (num_clients, K) matrix of per-class example counts,
-and `partition_from_label_counts` draws disjoint examples matching it. Every
-function is deterministic given ``seed``.
+The label-skew schemes reduce to a (num_clients, K) matrix of per-class example
+counts, and `partition_from_label_counts` draws disjoint examples matching it;
+`natural_partition` takes the clients the data come with (client ids). Every
+function is deterministic given ``seed``. The config's schemes are registered
+at the end (`register_partition`, config.partition.scheme).
 
 Rounding a distribution p to integer counts summing to n uses the largest
 remainder (Hamilton) method: floor(p * n), then one extra example for the
@@ -27,11 +29,18 @@ test set and the remedies, rather than report accuracy on a handful of examples.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedjax_pals import _validation
+from fedjax_pals import hyperparameters as declared
+
+if TYPE_CHECKING:
+    from fedjax_pals.data.datasets import Dataset, RegisteredDataset
 
 # The smallest target test set the partition functions accept (min_target_test_size).
 # The accuracy measured on n examples has a standard error of up to 0.5 / sqrt(n): 9
@@ -177,11 +186,7 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
 
 
 def _check_seed(seed: int) -> int:
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    if seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed}")
-    return int(seed)
+    return _validation.check_integer("seed", seed, 0)
 
 
 def _check_labels(labels: Any, what: str) -> np.ndarray:
@@ -216,11 +221,7 @@ def _check_inputs(train_labels, test_labels, num_classes):
 
 
 def _check_num_clients(num_clients: int) -> int:
-    if not isinstance(num_clients, (int, np.integer)) or num_clients < 2:
-        raise ValueError(
-            f"num_clients must be an int >= 2 (it includes the target client), got {num_clients!r}"
-        )
-    return int(num_clients)
+    return _validation.check_integer("num_clients", num_clients, 2, why=" (the target included)")
 
 
 def _as_distribution(p: np.ndarray) -> np.ndarray:
@@ -415,7 +416,19 @@ def partition_from_label_counts(
         )
         # Mixed class order, so a client's first batch is not all one class.
         rows.append(rng.permutation(idx))
+    return _with_target_sets(
+        train, test, rows, counts, rng, description, target_test_size, val_size, min_test
+    )
 
+
+def _with_target_sets(
+    train, test, rows, counts, rng, description, target_test_size, val_size, min_test
+) -> FederatedPartition:
+    """The partition of the clients `rows` (indices into the train split; the last is the
+    target, whose share is its validation set) and the test split's T-distributed target test
+    set: the part every partition shares, drawing from `rng` after the rows."""
+    num_classes = counts.shape[1]
+    train_sizes, target_counts = counts[:-1].sum(axis=1), counts[-1]
     target_dist = target_counts / target_counts.sum()
     val = rows[-1]
     if val_size is not None:
@@ -475,17 +488,40 @@ def _describe(scheme: str, num_clients: int, seed: int) -> str:
     return f"{scheme}, {num_clients} clients ({num_clients - 1} train + target), seed {seed}"
 
 
-def _check_labels_per_client(labels_per_client: int, num_classes: int) -> int:
-    if (
-        isinstance(labels_per_client, (bool, np.bool_))
-        or not isinstance(labels_per_client, (int, np.integer))
-        or not 1 <= labels_per_client <= num_classes
-    ):
-        raise ValueError(
-            f"labels_per_client must be an int in [1, num_classes={num_classes}], "
-            f"got {labels_per_client!r}"
+def _scheme(draw: Callable[..., tuple[np.ndarray, str]]) -> Callable[..., FederatedPartition]:
+    """A partition function from `draw(rng, train, num_clients, num_classes, **params) ->
+    (label_counts, description)`: the checks before it and the examples drawn to its counts
+    after it (`partition_from_label_counts`) are every label-count scheme's."""
+
+    @functools.wraps(draw)
+    def partition(
+        train_labels: np.ndarray,
+        test_labels: np.ndarray,
+        *,
+        num_clients: int,
+        seed: int,
+        num_classes: int | None = None,
+        target_test_size: int | None = None,
+        val_size: int | None = None,
+        min_target_test_size: int = MIN_TARGET_TEST_SIZE,
+        **params: Any,
+    ) -> FederatedPartition:
+        seed = _check_seed(seed)
+        num_clients = _check_num_clients(num_clients)
+        train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+        rng = _rng(seed, _STREAM_LABELS)
+        counts, what = draw(rng, train, num_clients, num_classes, **params)
+        return partition_from_label_counts(
+            train, test, counts, seed=seed, description=_describe(what, num_clients, seed),
+            num_classes=num_classes, target_test_size=target_test_size, val_size=val_size,
+            min_target_test_size=min_target_test_size,
         )
-    return int(labels_per_client)
+
+    # Its signature: the partition function's, with draw's keyword arguments for **params.
+    common = [*inspect.signature(partition, follow_wrapped=False).parameters.values()][:-1]
+    own = [p for p in inspect.signature(draw).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    partition.__signature__ = inspect.Signature(common[:3] + own + common[3:])
+    return partition
 
 
 def _draw_label_sets(
@@ -494,24 +530,16 @@ def _draw_label_sets(
     """(num_clients, K) bool: client i (the last one is the target) holds C = labels_per_client
     distinct labels drawn uniformly at random. Both sparsity schemes use these draws, so for a
     seed they give every client the same labels and differ only in the counts."""
+    labels_per_client = _validation.check_integer("labels_per_client", labels_per_client, 1,
+                                                  num_classes)
     holds = np.zeros((num_clients, num_classes), dtype=bool)
     for i in range(num_clients):
         holds[i, rng.choice(num_classes, size=labels_per_client, replace=False)] = True
     return holds
 
 
-def sparsity_partition(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    *,
-    num_clients: int,
-    labels_per_client: int,
-    seed: int,
-    num_classes: int | None = None,
-    target_test_size: int | None = None,
-    val_size: int | None = None,
-    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
-) -> FederatedPartition:
+@_scheme
+def sparsity_partition(rng, train, num_clients, num_classes, *, labels_per_client):
     """Sparsity sampling as the FedPALS paper states it (Sec. 5, App. B.4): "Each client is
     assigned C random labels, with an equal number of samples for each label and no overlap
     among clients."
@@ -539,14 +567,7 @@ def sparsity_partition(
         examples than holders (c would be 0), or target sets that cannot follow T
         (`partition_from_label_counts`).
     """
-    seed = _check_seed(seed)
-    num_clients = _check_num_clients(num_clients)
-    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
-    labels_per_client = _check_labels_per_client(labels_per_client, num_classes)
-    holds = _draw_label_sets(
-        _rng(seed, _STREAM_LABELS), num_clients, num_classes, labels_per_client
-    )
-
+    holds = _draw_label_sets(rng, num_clients, num_classes, labels_per_client)
     available = np.bincount(train, minlength=num_classes)
     holders = holds.sum(axis=0)
     held = np.flatnonzero(holders > 0)
@@ -560,34 +581,11 @@ def sparsity_partition(
             "fewer clients, fewer labels per client, or another seed"
         )
     counts = holds.astype(np.int64) * per_label
-
-    return partition_from_label_counts(
-        train,
-        test,
-        counts,
-        seed=seed,
-        description=_describe(
-            f"sparsity C={labels_per_client} ({per_label} per label)", num_clients, seed
-        ),
-        num_classes=num_classes,
-        target_test_size=target_test_size,
-        val_size=val_size,
-        min_target_test_size=min_target_test_size,
-    )
+    return counts, f"sparsity C={labels_per_client} ({per_label} per label)"
 
 
-def niid_bench_sparsity_partition(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    *,
-    num_clients: int,
-    labels_per_client: int,
-    seed: int,
-    num_classes: int | None = None,
-    target_test_size: int | None = None,
-    val_size: int | None = None,
-    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
-) -> FederatedPartition:
+@_scheme
+def niid_bench_sparsity_partition(rng, train, num_clients, num_classes, *, labels_per_client):
     """NIID-Bench's "#C=k" label split (Li et al., 2022, "noniid-#label"): each label's
     examples are split evenly among the clients that hold it.
 
@@ -605,13 +603,7 @@ def niid_bench_sparsity_partition(
         fewer training examples than holders (a client would miss a label),
         or target sets that cannot follow T (`partition_from_label_counts`).
     """
-    seed = _check_seed(seed)
-    num_clients = _check_num_clients(num_clients)
-    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
-    labels_per_client = _check_labels_per_client(labels_per_client, num_classes)
-    rng = _rng(seed, _STREAM_LABELS)
     holds = _draw_label_sets(rng, num_clients, num_classes, labels_per_client)
-
     available = np.bincount(train, minlength=num_classes)
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
     for k in range(num_classes):
@@ -627,18 +619,7 @@ def niid_bench_sparsity_partition(
         base, extra = divmod(int(available[k]), holders.size)
         counts[holders, k] = base
         counts[rng.choice(holders, size=extra, replace=False), k] += 1
-
-    return partition_from_label_counts(
-        train,
-        test,
-        counts,
-        seed=seed,
-        description=_describe(f"NIID-Bench sparsity C={labels_per_client}", num_clients, seed),
-        num_classes=num_classes,
-        target_test_size=target_test_size,
-        val_size=val_size,
-        min_target_test_size=min_target_test_size,
-    )
+    return counts, f"NIID-Bench sparsity C={labels_per_client}"
 
 
 def _dirichlet(rng: np.random.Generator, beta: float, size: int, num: int) -> np.ndarray:
@@ -653,29 +634,8 @@ def _dirichlet(rng: np.random.Generator, beta: float, size: int, num: int) -> np
     return p
 
 
-def _check_beta(beta: float) -> float:
-    if not isinstance(beta, (int, float, np.integer, np.floating)) or not (
-        np.isfinite(beta) and beta > 0
-    ):
-        raise ValueError(
-            f"beta (Dirichlet concentration) must be a finite number > 0, got {beta!r}"
-        )
-    return float(beta)
-
-
-def dirichlet_partition(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    *,
-    num_clients: int,
-    beta: float,
-    seed: int,
-    examples_per_client: int | None = None,
-    num_classes: int | None = None,
-    target_test_size: int | None = None,
-    val_size: int | None = None,
-    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
-) -> FederatedPartition:
+@_scheme
+def dirichlet_partition(rng, train, num_clients, num_classes, *, beta, examples_per_client=None):
     """Dirichlet sampling as in FedPALS (App. B.4; Yurochkin et al., 2019): per client over classes.
 
     Each client i (target included) draws p_i ~ Dir_K(beta) and gets
@@ -696,10 +656,7 @@ def dirichlet_partition(
         num_clients * examples_per_client > len(train), or target sets that
         cannot follow T (`partition_from_label_counts`).
     """
-    seed = _check_seed(seed)
-    num_clients = _check_num_clients(num_clients)
-    beta = _check_beta(beta)
-    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    beta = _validation.check_number("beta", beta, low=0.0, low_open=True)
     if examples_per_client is None:
         examples_per_client = len(train) // num_clients
     if not isinstance(examples_per_client, (int, np.integer)) or examples_per_client < 1:
@@ -713,7 +670,6 @@ def dirichlet_partition(
             f"{num_clients} clients x {n} examples exceed the {len(train)} training examples"
         )
 
-    rng = _rng(seed, _STREAM_LABELS)
     p = _dirichlet(rng, beta, num_classes, num_clients)
     remaining = np.bincount(train, minlength=num_classes).astype(np.int64)
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
@@ -732,34 +688,13 @@ def dirichlet_partition(
             if q.sum() <= 0:
                 q = remaining.astype(np.float64)
             want = largest_remainder_counts(q, short)
-
-    return partition_from_label_counts(
-        train,
-        test,
-        counts,
-        seed=seed,
-        description=_describe(f"dirichlet beta={beta:g} ({n}/client)", num_clients, seed),
-        num_classes=num_classes,
-        target_test_size=target_test_size,
-        val_size=val_size,
-        min_target_test_size=min_target_test_size,
-    )
+    return counts, f"dirichlet beta={beta:g} ({n}/client)"
 
 
+@_scheme
 def niid_bench_dirichlet_partition(
-    train_labels: np.ndarray,
-    test_labels: np.ndarray,
-    *,
-    num_clients: int,
-    beta: float,
-    seed: int,
-    num_classes: int | None = None,
-    target_test_size: int | None = None,
-    val_size: int | None = None,
-    min_size: int = 10,
-    max_tries: int = 1000,
-    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
-) -> FederatedPartition:
+    rng, train, num_clients, num_classes, *, beta, min_size=10, max_tries=1000
+):
     """NIID-Bench's Dirichlet split (Li et al., 2022, "noniid-labeldir"): per class over clients.
 
     For each class k, q_k ~ Dir_M(beta) over the ``num_clients`` clients
@@ -775,10 +710,7 @@ def niid_bench_dirichlet_partition(
         ``min_size`` within ``max_tries`` attempts, or target sets that cannot
         follow T (`partition_from_label_counts`).
     """
-    seed = _check_seed(seed)
-    num_clients = _check_num_clients(num_clients)
-    beta = _check_beta(beta)
-    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    beta = _validation.check_number("beta", beta, low=0.0, low_open=True)
     if not isinstance(min_size, (int, np.integer)) or min_size < 1:
         raise ValueError(f"min_size must be a positive int, got {min_size!r}")
     if min_size * num_clients > len(train):
@@ -786,7 +718,6 @@ def niid_bench_dirichlet_partition(
             f"min_size={min_size} for {num_clients} clients needs more than the "
             f"{len(train)} training examples"
         )
-    rng = _rng(seed, _STREAM_LABELS)
     per_class = np.bincount(train, minlength=num_classes)
     fair_share = len(train) / num_clients
     for _ in range(max_tries):
@@ -807,17 +738,43 @@ def niid_bench_dirichlet_partition(
             f"no NIID-Bench Dirichlet draw gave every client >= {min_size} examples in "
             f"{max_tries} tries; increase beta or lower min_size"
         )
+    return counts, f"NIID-Bench dirichlet beta={beta:g}"
 
-    return partition_from_label_counts(
-        train,
-        test,
-        counts,
-        seed=seed,
-        description=_describe(f"NIID-Bench dirichlet beta={beta:g}", num_clients, seed),
-        num_classes=num_classes,
-        target_test_size=target_test_size,
-        val_size=val_size,
-        min_target_test_size=min_target_test_size,
+
+def natural_partition(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    client_ids: np.ndarray,
+    *,
+    target_client: int,
+    seed: int,
+    num_classes: int | None = None,
+    target_test_size: int | None = None,
+    val_size: int | None = None,
+    min_target_test_size: int = MIN_TARGET_TEST_SIZE,
+) -> FederatedPartition:
+    """The clients the data come with, one per client id of the training examples
+    (`Dataset.client_ids`, 0..G-1: writers, camera traps, speakers): id ``target_client`` is
+    the target (its examples its validation set; T, the test set as for every scheme), the
+    other G - 1 train in id order (training client i is id i below the target, i + 1 above)."""
+    seed = _check_seed(seed)
+    min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
+    train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
+    ids = _check_labels(client_ids, "client_ids")
+    num_ids = int(ids.max()) + 1 if ids.shape == train.shape else 0
+    if num_ids < 2 or np.unique(ids).size != num_ids:
+        raise ValueError(
+            f"client_ids must give each of the {len(train)} training examples one of G >= 2 ids "
+            "0, ..., G-1, each id held by an example"
+        )
+    _validation.check_integer("target_client", target_client, 0, num_ids - 1, " (a client id)")
+    order = [g for g in range(num_ids) if g != target_client] + [int(target_client)]
+    rng = _rng(seed, _STREAM_EXAMPLES)
+    rows = [rng.permutation(np.flatnonzero(ids == g)) for g in order]
+    counts = np.stack([np.bincount(train[row], minlength=num_classes) for row in rows])
+    description = _describe(f"natural, client id {target_client} the target", num_ids, seed)
+    return _with_target_sets(
+        train, test, rows, counts, rng, description, target_test_size, val_size, min_test
     )
 
 
@@ -902,3 +859,150 @@ def resample_to_label_dist(
 
 def _fmt_dist(d: np.ndarray) -> str:
     return "[" + ", ".join(f"{v:.3g}" for v in d) + "]"
+
+
+# --------------------------------------------------------------------------
+# The registry of partition schemes (config.partition.scheme)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionContext:
+    """What a scheme's build reads: the loaded data set (its labels, num_classes, client_ids),
+    partition.num_clients (target included) and the run's seed."""
+
+    dataset: Dataset
+    num_clients: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """A partition scheme, config.partition.scheme = name (`register_partition`).
+
+    build(values, context) -> FederatedPartition, e.g. from a (num_clients, K) matrix of label
+    counts (`partition_from_label_counts`); values: its `hyperparameters`, a `Hyperparameters`
+    dataclass whose fields are the config keys partition.<field> (a field two schemes share is
+    declared alike; another scheme's resolves to None). fit(values, dataset), optional, checks
+    them against the `RegisteredDataset` before anything is loaded (ValueError, its message
+    starting with the key) and may return the clients (target included) it fixes in place of
+    partition.num_clients. row: how sweep rows show it, `str.format`ted with the values.
+    """
+
+    name: str
+    build: Callable[[Any, PartitionContext], FederatedPartition]
+    hyperparameters: type[declared.Hyperparameters] = declared.NoHyperparameters
+    fit: Callable[[Any, RegisteredDataset], int | None] | None = None
+    row: str | None = None
+
+    def __post_init__(self) -> None:
+        declared.check_declared(f"partition scheme {self.name!r}", self.hyperparameters)
+
+    def values(self, section: Mapping[str, Any]) -> Any:
+        """Its hyperparameters from a (resolved) partition section."""
+        fields = declared.hyperparameter_defaults(self.hyperparameters)
+        return self.hyperparameters(**{key: section[key] for key in fields})
+
+    def label(self, section: Mapping[str, Any]) -> str:
+        values = dataclasses.asdict(self.values(section))
+        default = " ".join([self.name, *(f"{key}={{{key}}}" for key in values)])
+        return (self.row or default).format(**values)
+
+    def make(self, section: Mapping[str, Any], dataset: Dataset, seed: int) -> FederatedPartition:
+        clients = section["num_clients"]
+        made = self.build(self.values(section), PartitionContext(dataset, clients, seed))
+        if not isinstance(made, FederatedPartition) or made.num_clients != clients - 1:
+            what = f"{made.num_clients} training clients" if isinstance(
+                made, FederatedPartition) else type(made).__name__
+            raise ValueError(
+                f"partition scheme {self.name!r}: its build returned {what}, not a "
+                f"FederatedPartition of num_clients - 1 = {clients - 1} training clients."
+            )
+        return made
+
+
+_PARTITIONS: dict[str, Partition] = {}
+DEFAULT_SCHEME = "sparsity"
+
+
+def register_partition(partition: Partition, *, replace: bool = False) -> Partition:
+    """Registers a partition scheme under `partition.name` (config.partition.scheme)."""
+    if partition.name in _PARTITIONS and not replace:
+        raise ValueError(f"a partition scheme {partition.name!r} is already registered.")
+    owners = {name: p.hyperparameters for name, p in _PARTITIONS.items()}
+    declared.check_shared_fields(
+        "partition scheme", partition.name, partition.hyperparameters, owners, "partition",
+        ("scheme", "num_clients"),
+    )
+    _PARTITIONS[partition.name] = partition
+    return partition
+
+
+def registered_partitions() -> dict[str, Partition]:
+    """The registered partition schemes, in registration order."""
+    return dict(_PARTITIONS)
+
+
+def partition_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:
+    """{config key under partition.: (default, check, the schemes that use it)}."""
+    return declared.declared_fields({n: p.hyperparameters for n, p in _PARTITIONS.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelsPerClient(declared.Hyperparameters):
+    labels_per_client: int = declared.hyperparameter(3, kind="integer", low=1, doc="C, <= K")
+
+
+@dataclasses.dataclass(frozen=True)
+class DirichletBeta(declared.Hyperparameters):
+    dirichlet_beta: float = declared.hyperparameter(0.1, low=0.0, low_open=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetClient(declared.Hyperparameters):
+    target_client: int = declared.hyperparameter(0, kind="integer", low=0, doc="a client id")
+
+
+def _labels_fit(values: LabelsPerClient, dataset: RegisteredDataset) -> None:
+    k, why = dataset.num_classes, f" ({dataset.name} has K={dataset.num_classes} classes)"
+    _validation.check_integer("labels_per_client", values.labels_per_client, 1, k, why)
+
+
+def _natural_fit(values: TargetClient, dataset: RegisteredDataset) -> int:
+    ids = dataset.num_client_ids or 0
+    if ids < 2:
+        raise ValueError(
+            f"scheme='natural' makes one client per client id, but data set {dataset.name!r} is "
+            "registered without 2 or more (register_dataset(..., num_client_ids=G))."
+        )
+    _validation.check_integer("target_client", values.target_client, 0, ids - 1, " (a client id)")
+    return ids
+
+
+def _calls(function: Callable[..., FederatedPartition], **fields: str) -> Callable:
+    """The build of a partition function: the data set's labels, the context and the values
+    (parameter=field)."""
+
+    def build(values: Any, c: PartitionContext) -> FederatedPartition:
+        d = c.dataset
+        return function(
+            d.train.y, d.test.y, num_clients=c.num_clients, seed=c.seed,
+            num_classes=d.num_classes, **{p: getattr(values, f) for p, f in fields.items()},
+        )
+
+    return build
+
+
+_C = dict(labels_per_client="labels_per_client")
+for _args in (
+    ("sparsity", _calls(sparsity_partition, **_C), LabelsPerClient, _labels_fit,
+     "C={labels_per_client}"),
+    ("dirichlet", _calls(dirichlet_partition, beta="dirichlet_beta"), DirichletBeta, None,
+     "beta={dirichlet_beta:g}"),
+    ("niid_bench_sparsity", _calls(niid_bench_sparsity_partition, **_C), LabelsPerClient,
+     _labels_fit, "C={labels_per_client} (niid_bench_sparsity)"),
+    ("natural", lambda v, c: natural_partition(
+        c.dataset.train.y, c.dataset.test.y, c.dataset.client_ids, target_client=v.target_client,
+        seed=c.seed, num_classes=c.dataset.num_classes), TargetClient, _natural_fit),
+):
+    register_partition(Partition(*_args))

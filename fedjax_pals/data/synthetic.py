@@ -15,13 +15,17 @@ points.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from fedjax_pals.data.datasets import Dataset, LabeledSplit
+from fedjax_pals.data.datasets import Dataset, LabeledSplit, register_dataset
 from fedjax_pals import _validation
+from fedjax_pals import hyperparameters as declared
 from fedjax_pals.data.partitions import (
     MIN_TARGET_TEST_SIZE,
     FederatedPartition,
+    _pad,
     largest_remainder_counts,
 )
 
@@ -94,9 +98,6 @@ def synthetic_label_shift_task(
     sizes = np.array([len(b[1]) for b in blocks])
     starts = np.concatenate([[0], np.cumsum(sizes)])
     rows = [np.arange(starts[i], starts[i + 1]) for i in range(len(blocks) - 1)]
-    client_indices = np.zeros((len(rows), sizes[:-1].max()), dtype=np.int32)
-    for i, r in enumerate(rows):
-        client_indices[i, : len(r)] = r
 
     dataset = Dataset(
         name="synthetic",
@@ -108,7 +109,7 @@ def synthetic_label_shift_task(
         source=f"synthetic Gaussians (FedPALS App. B.7/C.4), delta={delta:g}, seed {seed}",
     )
     partition = FederatedPartition(
-        client_indices=client_indices,
+        client_indices=_pad(rows),
         client_sizes=sizes[:-1],
         client_label_counts=client_counts,
         target_label_dist=target,
@@ -121,3 +122,17 @@ def synthetic_label_shift_task(
         ),
     )
     return dataset, partition
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticHyperparameters(declared.Hyperparameters):  # config key dataset.synthetic_delta
+    synthetic_delta: float = declared.hyperparameter(0.5, low=0.0, high=1.0)
+
+
+# Its own clients (2 training + the target, with their 58 training examples): no scheme.
+register_dataset(
+    "synthetic",
+    lambda synthetic_delta, seed: synthetic_label_shift_task(synthetic_delta, seed=seed),
+    num_classes=3, num_train=sum(SYNTHETIC_CLIENT_SIZES), images=False, label="Synthetic",
+    hyperparameters=SyntheticHyperparameters, num_clients=3,
+)

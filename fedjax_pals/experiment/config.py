@@ -6,18 +6,22 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
 
     seed                        int >= 0: partition, initialisation, data order, client sampling
     dataset.name                fashion_mnist | cifar10 | synthetic | a registered one
-                                (fjp.register_dataset)
+                                (data/datasets.py, fjp.register_dataset)
     dataset.data_dir            None (search the usual places) or a directory holding the data set
     dataset.download            False | True: CIFAR-10 only, download and prepare it with TFDS
                                 when no prepared copy exists (needs internet; off by default, so
                                 an offline machine fails at once instead of retrying for minutes)
     dataset.synthetic_delta     synthetic task: T_delta = (1-delta)[.5,.25,.25] + delta[0,.5,.5]
+                                (a data set's own keys, declared by it; another's resolve to None)
     partition.scheme            sparsity (the paper's "C labels per client", equal counts per
                                 label) | niid_bench_sparsity (C labels, each label split evenly
-                                among its holders) | dirichlet (p_i ~ Dir_K(beta))
+                                among its holders) | dirichlet (p_i ~ Dir_K(beta)) | natural (a
+                                client per client id of the data) | a registered one
+                                (data/partitions.py, fjp.register_partition)
     partition.num_clients       clients INCLUDING the target (the paper's 10 = 9 training + target)
-    partition.labels_per_client C of the sparsity schemes, in [1, K]
-    partition.dirichlet_beta    beta of the Dirichlet scheme, > 0
+    partition.labels_per_client C of the sparsity schemes, in [1, K] (a scheme's own keys,
+    partition.dirichlet_beta    beta of the Dirichlet scheme, > 0     declared by it; another
+    partition.target_client     natural: the target's client id       scheme's resolve to None)
     model                       auto (logistic regression on synthetic, LeNet otherwise) | lenet |
                                 lenet_nobias (LeNet without the classifier's bias, FedRS'
                                 reference head) | logistic_regression | a registered one
@@ -87,7 +91,6 @@ results.json records the source).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import hashlib
 import json
@@ -102,7 +105,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from fedjax_pals import _validation, models
-from fedjax_pals.data import datasets as datasets_lib, registered_datasets
+from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
 
 # The method registry, with the methods that ship with the package registered.
 from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods and features)
@@ -133,9 +136,12 @@ OPTIONAL_IDENTITY_KEYS = (
 OPTIONAL_IDENTITY_SECTIONS = ("server",)
 # FedAvg's weights n_i / N: algorithm.weights of a client-side method without FedPALS'.
 _FEDAVG_WEIGHTS = fedavg_weighting().name
-PARTITION_SCHEMES = ("sparsity", "dirichlet", "niid_bench_sparsity")
-# The schemes that take labels_per_client (C).
-SPARSITY_SCHEMES = ("sparsity", "niid_bench_sparsity")
+# The data sets' and partition schemes' keys that were config keys before their registries: in
+# a run's identity even when None. Every other one (target_client, a user's) is left out when
+# None, so that registering one keeps the digests of recorded runs.
+ALWAYS_IDENTITY_DATA_KEYS = (
+    "dataset.synthetic_delta", "partition.labels_per_client", "partition.dirichlet_beta"
+)
 # Keys that are not part of a run's identity (see the module docstring).
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
@@ -164,40 +170,6 @@ def per_run_state_presence_keys() -> tuple[str, ...]:
 MAX_ROUNDS = 1_000_000
 
 
-@dataclasses.dataclass(frozen=True)
-class _DatasetInfo:
-    num_classes: int
-    num_train: int  # training examples: an upper bound on the number of clients
-    images: bool
-
-
-# Static facts of the data sets, so that the config can be checked without loading them.
-DATASETS = {
-    "fashion_mnist": _DatasetInfo(num_classes=10, num_train=60_000, images=True),
-    "cifar10": _DatasetInfo(num_classes=10, num_train=50_000, images=True),
-    "synthetic": _DatasetInfo(num_classes=3, num_train=58, images=False),
-}
-
-
-def _datasets() -> dict[str, _DatasetInfo]:
-    """The built-in data sets and the user-registered ones (`register_dataset`)."""
-    user = {
-        name: _DatasetInfo(d.num_classes, d.num_train, d.images)
-        for name, d in registered_datasets().items()
-    }
-    return {**DATASETS, **user}
-
-
-def num_train_examples(name: str) -> int | None:
-    """Training examples of a built-in or registered data set (None for an unknown name)."""
-    info = _datasets().get(name)
-    return None if info is None else info.num_train
-
-
-# The synthetic task (App. C.4) has two training clients and the target.
-SYNTHETIC_NUM_CLIENTS = 3
-
-
 class ConfigError(ValueError):
     """A config value that is missing, of the wrong type, out of range or inconsistent."""
 
@@ -211,11 +183,18 @@ def default_config() -> ml_collections.ConfigDict:
     placeholder = config_dict.placeholder
     config = ml_collections.ConfigDict()
     config.seed = 0
+    # The registered data sets' and schemes' keys, at their defaults (data/datasets.py, ...).
     config.dataset = ml_collections.ConfigDict(
-        dict(name="fashion_mnist", data_dir=placeholder(str), download=False, synthetic_delta=0.5)
+        dict(
+            name=datasets_lib.DEFAULT_DATASET, data_dir=placeholder(str), download=False,
+            **{key: spec[0] for key, spec in datasets_lib.dataset_fields().items()},
+        )
     )
     config.partition = ml_collections.ConfigDict(
-        dict(scheme="sparsity", num_clients=10, labels_per_client=3, dirichlet_beta=0.1)
+        dict(
+            scheme=partitions_lib.DEFAULT_SCHEME, num_clients=10,
+            **{key: spec[0] for key, spec in partitions_lib.partition_fields().items()},
+        )
     )
     config.model = "auto"
     # The registered features' and methods' hyperparameters at their defaults (registry.py);
@@ -336,15 +315,12 @@ def _choice(path: str, value: Any, choices, *, optional: bool = False) -> str | 
 
 def _dataset_name(value: Any) -> str:
     # Lenient spelling, as `load_dataset`: "CIFAR-10", "Fashion-MNIST".
-    if isinstance(value, str):
-        canonical = {name.replace("_", ""): name for name in _datasets()}
-        found = canonical.get(value.strip().lower().replace("-", "").replace("_", ""))
-        if found is not None:
-            return found
-    return _choice("dataset.name", value, tuple(_datasets()))
+    names = tuple(datasets_lib.registered_datasets())
+    found = datasets_lib.canonical_dataset_name(value, names)
+    return found or _choice("dataset.name", value, names)
 
 
-def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
+def _check_data_dir(dataset: Any, data_dir: Any, download: bool) -> str:
     """An explicit data_dir must hold the data set: checked by a few stat calls, no loading."""
     if not isinstance(data_dir, (str, os.PathLike)) or not str(data_dir):
         raise ConfigError(
@@ -354,33 +330,40 @@ def _check_data_dir(name: str, data_dir: Any, *, download: bool = False) -> str:
     if not os.path.isdir(path):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise ConfigError(
-            f"config.dataset.data_dir={path} {what}; give the directory that holds {name}, or "
-            "leave data_dir unset (None) to search the usual places."
+            f"config.dataset.data_dir={path} {what}; give the directory that holds "
+            f"{dataset.name}, or leave data_dir unset (None) to search the usual places."
         )
-    # The loaders' own file checks (`fedjax_pals.data.datasets`), without reading the files.
-    base = pathlib.Path(path)
-    if name == "fashion_mnist":
-        subdirs = (base, base / "fashion-mnist", base / "fashion_mnist")
-        found = any(datasets_lib._find_idx_files(d) for d in subdirs)
-        if found or datasets_lib._tfds_prepared(base, "fashion_mnist"):
-            return path
-        missing = datasets_lib._missing_idx_files(base)
-        raise ConfigError(
-            f"config.dataset.data_dir={path} does not hold Fashion-MNIST: missing the idx "
-            f"file(s) {missing} (looked in it and in its fashion-mnist/ and fashion_mnist/ "
-            f"subdirectories) and no prepared TFDS copy ({path}/fashion_mnist/<version>/"
-            "dataset_info.json). Put the four official idx files there, or leave data_dir unset "
-            "to use /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)."
-        )
-    if name == "cifar10" and not download and not datasets_lib._tfds_prepared(base, "cifar10"):
-        raise ConfigError(
-            f"config.dataset.data_dir={path} does not hold CIFAR-10: no prepared TFDS copy "
-            f"{path}/cifar10/<version>/dataset_info.json. Prepare it with TensorFlow Datasets "
-            "(tfds.builder('cifar10', data_dir=DIR).download_and_prepare("
-            "file_format='array_record')) on a machine with internet, or set "
-            "config.dataset.download=True there."
-        )
+    if dataset.check_data_dir is not None and not download:  # the data set's own file checks
+        try:
+            dataset.check_data_dir(pathlib.Path(path))
+        except ValueError as error:
+            raise ConfigError(f"config.dataset.data_dir={path} {error}") from None
     return path
+
+
+def _registered_keys(section: str, given: dict, fields: dict, owner: str | None) -> dict:
+    """The keys that registered data sets or schemes declare in `section`: each checked by its
+    declaration (None for the owner's, the run's, when it needs a value), None unless `owner`
+    declares it."""
+    values = {}
+    for key, (default, check, users) in fields.items():
+        value = given[key]
+        if value is not None or (owner in users and default is not None):
+            value = _config_check(check, f"{section}.{key}", value)
+        values[key] = value if owner in users else None
+    return values
+
+
+def _drop_unset_data_keys(identity: dict) -> None:
+    """The registered data set and scheme keys left out of a run's identity when None (but
+    `ALWAYS_IDENTITY_DATA_KEYS`)."""
+    for section, fields in (
+        ("dataset", datasets_lib.dataset_fields()), ("partition", partitions_lib.partition_fields())
+    ):
+        values = identity.get(section)
+        for key in fields if isinstance(values, dict) else ():
+            if f"{section}.{key}" not in ALWAYS_IDENTITY_DATA_KEYS and values.get(key, 0) is None:
+                values.pop(key)
 
 
 def _backend_names() -> tuple[str, ...]:
@@ -439,35 +422,63 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r: dict[str, Any] = {}
     r["seed"] = _int("seed", c["seed"], 0, 2**32 - 1)
 
-    # -- data set and partition
-    d, p = c["dataset"], c["partition"]
-    name = _dataset_name(d["name"])
-    info = _datasets()[name]
-    synthetic = name == "synthetic"
-    delta = _maybe(_real, "dataset.synthetic_delta", d["synthetic_delta"], low=0.0, high=1.0)
-    if synthetic and delta is None:
+    r["dataset"], r["partition"], info = _data_sections(c, check_paths)
+
+    # -- model
+    model = _choice("model", c["model"], ("auto",) + tuple(sorted(models.registered_models())))
+    if model == "auto":
+        model = "lenet" if info.images else "logistic_regression"
+    if models.model_needs_images(model) and not info.images:
         raise ConfigError(
-            "config.dataset.synthetic_delta is None, but the synthetic task needs it."
+            f"config.model={model!r} needs image inputs, but dataset {info.name!r} has 2-D "
+            "feature vectors; use 'logistic_regression' or 'auto'."
         )
-    download = _bool("dataset.download", d.get("download", False))
-    if download and name != "cifar10":
-        raise ConfigError(
-            f"config.dataset.download=True applies to cifar10 only (TFDS downloads it); "
-            f"{name} is read from local files."
-        )
-    data_dir = d["data_dir"]
-    if synthetic:
-        data_dir = None
-    elif data_dir is not None and check_paths:
-        data_dir = _check_data_dir(name, data_dir, download=download)
-    r["dataset"] = dict(
-        name=name,
-        data_dir=data_dir,
-        download=download,
-        synthetic_delta=delta if synthetic else None,
+    r["model"] = model
+
+    # -- algorithm
+    r["algorithm"], owner = _algorithm_section(_method_key_overrides(c["algorithm"]))
+
+    r["training"] = _training_section(c["training"], r["partition"]["num_clients"] - 1)
+    r["server"] = _server_section(c["server"], owner)
+
+    # -- engine
+    e = c["engine"]
+    backends = _backend_names()
+    r["engine"] = dict(
+        backend=_choice("engine.backend", e["backend"], ("auto",) + backends),
+        chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
     )
 
-    scheme = _choice("partition.scheme", p["scheme"], PARTITION_SCHEMES, optional=synthetic)
+    resolved = ml_collections.ConfigDict(r)
+    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
+        resolved[section].lock()
+    return resolved
+
+
+def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
+    """The resolved `dataset` and `partition` sections and the data set's registration
+    (data/datasets.py, data/partitions.py)."""
+    d, p = c["dataset"], c["partition"]
+    name = _dataset_name(d["name"])
+    info = datasets_lib.registered_datasets()[name]
+    own_clients = info.num_clients is not None  # its own partition: no scheme applies
+    dataset_keys = _registered_keys("dataset", d, datasets_lib.dataset_fields(), name)
+    download = _bool("dataset.download", d.get("download", False))
+    if download and not info.download:
+        them = [n for n, x in datasets_lib.registered_datasets().items() if x.download]
+        raise ConfigError(
+            f"config.dataset.download=True applies to {', '.join(them)} only (the data sets "
+            f"that download themselves); {name} is read from local files."
+        )
+    data_dir = d["data_dir"]
+    if own_clients:
+        data_dir = None
+    elif data_dir is not None and check_paths:
+        data_dir = _check_data_dir(info, data_dir, download)
+    dataset = dict(name=name, data_dir=data_dir, download=download, **dataset_keys)
+
+    schemes = partitions_lib.registered_partitions()
+    scheme = _choice("partition.scheme", p["scheme"], tuple(schemes), optional=own_clients)
     num_clients = _maybe(
         _int,
         "partition.num_clients",
@@ -476,57 +487,23 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         info.num_train,
         why=" (it counts the target client too; at most the training examples)",
     )
-    labels = p["labels_per_client"]
-    beta = p["dirichlet_beta"]
-    if labels is not None:
-        labels = _int("partition.labels_per_client", labels, 1)
-    if beta is not None:
-        beta = _real("partition.dirichlet_beta", beta, low=0.0, low_open=True)
-    if num_clients is None and not synthetic:
+    fields = partitions_lib.partition_fields()
+    keys = _registered_keys("partition", p, fields, None if own_clients else scheme)
+    if num_clients is None and not own_clients:
         raise ConfigError("config.partition.num_clients is None; give the number of clients.")
-    if synthetic:
-        # The task's clients are fixed (App. C.4): record what the run uses.
-        r["partition"] = dict(
-            scheme=None,
-            num_clients=SYNTHETIC_NUM_CLIENTS,
-            labels_per_client=None,
-            dirichlet_beta=None,
-        )
-    else:
-        if scheme in SPARSITY_SCHEMES:
-            labels = _int(
-                "partition.labels_per_client",
-                labels,
-                1,
-                info.num_classes,
-                why=f" ({name} has K={info.num_classes} classes)",
-            )
-        else:
-            beta = _real("partition.dirichlet_beta", beta, low=0.0, low_open=True)
-        r["partition"] = dict(
-            scheme=scheme,
-            num_clients=num_clients,
-            labels_per_client=labels if scheme in SPARSITY_SCHEMES else None,
-            dirichlet_beta=beta if scheme == "dirichlet" else None,
-        )
-    training_clients = r["partition"]["num_clients"] - 1
+    if own_clients:  # the synthetic task's (App. C.4): record what the run uses
+        scheme, num_clients = None, info.num_clients
+    elif schemes[scheme].fit is not None:  # its values against the data set; natural's count
+        try:
+            num_clients = schemes[scheme].fit(schemes[scheme].values(keys), info) or num_clients
+        except ValueError as error:
+            raise ConfigError(f"config.partition.{error}") from None
+    return dataset, dict(scheme=scheme, num_clients=num_clients, **keys), info
 
-    # -- model
-    model = _choice("model", c["model"], ("auto",) + tuple(sorted(models.registered_models())))
-    if model == "auto":
-        model = "lenet" if info.images else "logistic_regression"
-    if models.model_needs_images(model) and not info.images:
-        raise ConfigError(
-            f"config.model={model!r} needs image inputs, but dataset {name!r} has 2-D feature "
-            "vectors; use 'logistic_regression' or 'auto'."
-        )
-    r["model"] = model
 
-    # -- algorithm
-    r["algorithm"], owner = _algorithm_section(_method_key_overrides(c["algorithm"]))
 
-    # -- training
-    t = c["training"]
+def _training_section(t: dict, training_clients: int) -> dict:
+    """The resolved `training` section (clients_per_round: the resolved count)."""
     rounds = _int("training.rounds", t["rounds"], 1, MAX_ROUNDS)
     count, fraction = t["clients_per_round"], t["client_fraction"]
     if count is not None:
@@ -546,7 +523,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         )
     if fraction is not None:
         count = max(1, int(round(fraction * training_clients)))
-    r["training"] = dict(
+    return dict(
         rounds=rounds,
         local_epochs=_int("training.local_epochs", t["local_epochs"], 1, 10_000),
         batch_size=_int("training.batch_size", t["batch_size"], 1, 1_000_000),
@@ -562,20 +539,6 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         ),
     )
 
-    r["server"] = _server_section(c["server"], owner)
-
-    # -- engine
-    e = c["engine"]
-    backends = _backend_names()
-    r["engine"] = dict(
-        backend=_choice("engine.backend", e["backend"], ("auto",) + backends),
-        chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
-    )
-
-    resolved = ml_collections.ConfigDict(r)
-    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
-        resolved[section].lock()
-    return resolved
 
 
 def _algorithm_keys() -> dict:
@@ -713,6 +676,7 @@ def config_identity(config: Any) -> dict:
         section, _, leaf = key.partition(".")
         if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:
             identity[section].pop(leaf)
+    _drop_unset_data_keys(identity)
     algorithm = identity.get("algorithm")
     if isinstance(algorithm, dict):
         for key in _algorithm_keys():

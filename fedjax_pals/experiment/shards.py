@@ -45,6 +45,7 @@ import socket
 import tempfile
 from typing import Any, Mapping, Sequence
 
+from fedjax_pals.data import registered_datasets
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import locks, mlflow_writer
 from fedjax_pals.experiment import sweep as sweep_lib
@@ -211,7 +212,8 @@ def run_cost(resolved: Mapping[str, Any]) -> float:
     """
     training = resolved["training"]
     clients = max(int(resolved["partition"]["num_clients"] or 1), 1)
-    examples = config_lib.num_train_examples(resolved["dataset"]["name"])
+    dataset = registered_datasets().get(resolved["dataset"]["name"])
+    examples = None if dataset is None else dataset.num_train
     batches = 1 if not examples else math.ceil(examples / clients / training["batch_size"])
     participants = training.get("clients_per_round") or max(clients - 1, 1)
     steps = training["local_epochs"] * batches

@@ -80,7 +80,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_collections
 
 from fedjax_pals.algorithms import registry
-from fedjax_pals.data import dataset_label
+from fedjax_pals.data import dataset_label, registered_partitions
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import train as train_lib
 from fedjax_pals.experiment import locks
@@ -320,16 +320,10 @@ def _leaf_names(paths: Sequence[str]) -> dict[str, str]:
 
 def _default_row(base: Mapping[str, Any]) -> str:
     resolved = config_lib.validate_config(base)
-    name = resolved.dataset.name
-    label = dataset_label(name)
-    p = resolved.partition
-    if name == "synthetic":
+    label, p = dataset_label(resolved.dataset.name), resolved.partition
+    if p.scheme is None:  # a data set with its own clients (the synthetic task)
         return label
-    if p.scheme == "sparsity":
-        return f"{label} C={p.labels_per_client}"
-    if p.scheme in config_lib.SPARSITY_SCHEMES:
-        return f"{label} C={p.labels_per_client} ({p.scheme})"
-    return f"{label} beta={p.dirichlet_beta:g}"
+    return f"{label} {registered_partitions()[p.scheme].label(p)}"
 
 
 def _grid_points(grid: Mapping[str, tuple]) -> list[tuple[tuple[str, Any], ...]]:

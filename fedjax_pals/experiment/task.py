@@ -23,17 +23,7 @@ import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_algorithm, registry
 from fedjax_pals.algorithms.base import round_shape_mismatch
-from fedjax_pals.data import (
-    Dataset,
-    FederatedPartition,
-    dirichlet_partition,
-    load_cifar10,
-    load_fashion_mnist,
-    niid_bench_sparsity_partition,
-    registered_datasets,
-    sparsity_partition,
-    synthetic_label_shift_task,
-)
+from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import validate_config
@@ -70,47 +60,51 @@ class Task:
     features: tuple = ()
 
 
-@functools.lru_cache(maxsize=2)
-def _load_image_dataset(name: str, data_dir: str | None, download: bool = False) -> Dataset:
-    """Loaded once per process: the runs of a sweep share one copy (and one device copy)."""
-    if name == "fashion_mnist":
-        return load_fashion_mnist(data_dir, search_debian=data_dir is None)
-    return load_cifar10(data_dir, download=download)
-
-
-@functools.lru_cache(maxsize=64)
-def _synthetic_task(delta: float, seed: int) -> tuple[Dataset, FederatedPartition]:
-    """One object per (delta, seed) in a process: the runs of a sweep that differ only in
-    their method or lambda share it, and with it the runs axis (`TrainingRun.lockstep_key`)."""
-    return synthetic_label_shift_task(delta, seed=seed)
-
-
-# Keyed on the registration too: a data set registered again (replace=True) is loaded anew.
-@functools.lru_cache(maxsize=2)
-def _load_registered_dataset(name: str, registered: RegisteredDataset) -> Dataset:
+def _load(name: str, registered: RegisteredDataset, options: tuple) -> Any:
+    """A registered data set (with its own partition, for one with its own clients), loaded
+    and checked against its registration."""
     try:
-        dataset = registered.load()
+        loaded = registered.load(**dict(options))
     except ValueError as error:  # e.g. LabeledSplit's float labels: name the data set
         raise TaskError(f"data set {name!r}: {error}") from error
-    if not isinstance(dataset, Dataset):
+    own = registered.num_clients is not None
+    dataset, partition = loaded if own and isinstance(loaded, tuple) else (loaded, None)
+    if not isinstance(dataset, Dataset) or own and not isinstance(partition, FederatedPartition):
         raise TaskError(
-            f"the loader registered for data set {name!r} returned {type(dataset).__name__}, "
-            "not a fedjax_pals.Dataset."
+            f"the loader registered for data set {name!r} returned {type(loaded).__name__}, "
+            "not a fedjax_pals.Dataset" + (" and its FederatedPartition." if own else ".")
         )
-    _check_registered_dataset(name, registered, dataset)
-    return dataset
+    _check_registered_dataset(name, registered, dataset, partition)
+    return loaded
 
 
-def _check_registered_dataset(name: str, registered: RegisteredDataset, dataset: Dataset) -> None:
+# Loaded once per process, keyed on the registration too (a data set registered again,
+# replace=True, is loaded anew): the runs of a sweep share one copy (and one device copy).
+_load_dataset = functools.lru_cache(maxsize=2)(_load)
+# A data set with its own clients, one per seed (the synthetic task: small): the runs of a sweep
+# that differ only in their method or lambda share it, and with it the runs axis
+# (`TrainingRun.lockstep_key`).
+_load_with_clients = functools.lru_cache(maxsize=64)(_load)
+
+
+def _check_registered_dataset(
+    name: str, registered: RegisteredDataset, dataset: Dataset, partition: Any
+) -> None:
     """The loaded data set is what its registration said (the config was checked against the
     registration before loading) and its features are finite (NaN or inf features end in a
     non-finite loss that reads as a learning rate too high)."""
+    ids, own = dataset.client_ids, partition is not None  # own: the data set's own clients
     facts = (
         ("num_classes", registered.num_classes, dataset.num_classes, "classes"),
-        ("num_train", registered.num_train, len(dataset.train), "training examples"),
+        ("num_train", registered.num_train,
+         int(np.sum(partition.client_sizes)) if own else len(dataset.train), "training examples"),
+        ("num_clients", registered.num_clients, partition.num_clients + 1 if own else None,
+         "clients"),
+        ("num_client_ids", registered.num_client_ids, None if ids is None else ids.max() + 1,
+         "client ids"),
     )
     for what, declared, loaded, unit in facts:
-        if declared != loaded:
+        if declared != loaded and (registered.check_counts or what == "num_classes"):
             raise TaskError(
                 f"data set {name!r} is registered with {what}={declared}, but its loader returned "
                 f"one with {loaded} {unit}; register it with {what}={loaded} (configs are "
@@ -182,24 +176,13 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
     An explicit `dataset.data_dir` is the only place searched: a data set missing there is an
     error, never a silent fallback to another copy.
     """
-    d, p = config.dataset, config.partition
-    if d.name == "synthetic":
-        return _synthetic_task(d.synthetic_delta, config.seed)
-    if d.name in registered_datasets():
-        dataset = _load_registered_dataset(d.name, registered_datasets()[d.name])
-    else:
-        dataset = _load_image_dataset(d.name, d.data_dir, bool(d.get("download", False)))
-    common = dict(num_clients=p.num_clients, seed=config.seed, num_classes=dataset.num_classes)
-    if p.scheme in ("sparsity", "niid_bench_sparsity"):
-        scheme = sparsity_partition if p.scheme == "sparsity" else niid_bench_sparsity_partition
-        partition = scheme(
-            dataset.train.y, dataset.test.y, labels_per_client=p.labels_per_client, **common
-        )
-    else:
-        partition = dirichlet_partition(
-            dataset.train.y, dataset.test.y, beta=p.dirichlet_beta, **common
-        )
-    return dataset, partition
+    registered = registered_datasets()[config.dataset.name]
+    options = registered.load_options(config.dataset, config.seed)
+    if registered.num_clients is not None:  # its own partition (the synthetic task)
+        return _load_with_clients(config.dataset.name, registered, options)
+    dataset = _load_dataset(config.dataset.name, registered, options)
+    scheme = registered_partitions()[config.partition.scheme]
+    return dataset, scheme.make(config.partition, dataset, config.seed)
 
 
 def _check_target_sets(partition: FederatedPartition) -> None:

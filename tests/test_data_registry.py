@@ -1,0 +1,208 @@
+"""Data sets and partition schemes through their registries: a user's own scheme and data set
+(registered from outside the package) run by train_and_evaluate and the protocol's sweep, the
+natural partition of a data set that comes with client ids, and the identity of recorded runs
+kept."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
+from fedjax_pals.experiment import config as config_lib, task as task_lib
+
+K, DIM = 4, 6
+
+
+@pytest.fixture
+def registries_restored():
+    """Whatever a test registers is gone after it (the registries are process-wide)."""
+    saved = (dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS))
+    yield
+    for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
+        live.clear()
+        live.update(before)
+
+
+def _blobs(n, rng, means):
+    y = rng.integers(0, K, size=n).astype(np.int32)
+    return fjp.LabeledSplit((means[y] + rng.normal(size=(n, DIM))).astype(np.float32), y)
+
+
+def _register_writers(name="writers", num_ids=5, declared_ids=5, spread=1.0):
+    """600 training examples of 5 writers, each writing mostly two of the K classes."""
+
+    def load(writers_spread):
+        rng = np.random.default_rng(1)
+        means = rng.normal(scale=3.0 * writers_spread, size=(K, DIM))
+        ids = np.repeat(np.arange(num_ids), 600 // num_ids)
+        y = ((ids + rng.integers(0, 2, size=ids.size)) % K).astype(np.int32)
+        train = fjp.LabeledSplit((means[y] + rng.normal(size=(y.size, DIM))).astype(np.float32), y)
+        source = f"spread {writers_spread}"
+        return fjp.Dataset(name, train, _blobs(800, rng, means), K, source, client_ids=ids)
+
+    @dataclasses.dataclass(frozen=True)
+    class Spread(fjp.Hyperparameters):  # config key dataset.writers_spread
+        writers_spread: float = fjp.hyperparameter(spread, low=0.0, low_open=True)
+
+    fjp.register_dataset(name, load, num_classes=K, num_train=600, images=False,
+                         label="Writers", hyperparameters=Spread, num_client_ids=declared_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneClassTarget(fjp.Hyperparameters):  # config key partition.target_class
+    target_class: int = fjp.hyperparameter(0, kind="integer", low=0)
+
+
+def _one_class_target(values, context):
+    """The training clients share every class equally; the target holds one class."""
+    train, test = context.dataset.train.y, context.dataset.test.y
+    available = np.bincount(train, minlength=K)
+    counts = np.zeros((context.num_clients, K), np.int64)
+    counts[:-1] = available // (2 * (context.num_clients - 1))
+    counts[-1, values.target_class] = available[values.target_class] // 2
+    return fjp.partition_from_label_counts(
+        train, test, counts, seed=context.seed, description="one-class target", num_classes=K
+    )
+
+
+def _fit(values, dataset):
+    if values.target_class >= dataset.num_classes:
+        raise ValueError(f"target_class must be < {dataset.num_classes}, got {values.target_class}")
+
+
+def _register_one_class_target():
+    scheme = fjp.Partition("one_class_target", _one_class_target, OneClassTarget, _fit)
+    fjp.register_partition(scheme)
+
+
+def _config(**partition):
+    config = fjp.default_config()
+    config.dataset.name, config.model = "writers", "logistic_regression"
+    config.partition.update(partition)
+    config.training.rounds, config.training.batch_size = 2, 16
+    return config
+
+
+def test_a_user_scheme_and_data_set_resolve_validate_and_keep_recorded_digests(registries_restored):
+    _register_writers()
+    _register_one_class_target()
+    config = _config(scheme="one_class_target", num_clients=4, target_class=2)
+    resolved = fjp.validate_config(config)
+    p = resolved.partition
+    assert (p.scheme, p.num_clients, p.target_class) == ("one_class_target", 4, 2)
+    assert p.labels_per_client is None and p.dirichlet_beta is None and p.target_client is None
+    assert resolved.dataset.writers_spread == 1.0
+    identity = config_lib.config_identity(resolved)
+    assert identity["partition"]["target_class"] == 2
+    assert "target_client" not in identity["partition"]
+    with pytest.raises(fjp.ConfigError, match=r"config\.partition\.target_class must be < 4"):
+        fjp.validate_config(_config(scheme="one_class_target", target_class=7))
+    config.dataset.writers_spread = -1.0
+    with pytest.raises(fjp.ConfigError, match=r"config\.dataset\.writers_spread must be a finite"):
+        fjp.validate_config(config)
+    # Other runs: the new keys resolve to None, out of their identity; recorded digests stand.
+    default = fjp.validate_config({})
+    assert default.partition.target_class is None and default.dataset.writers_spread is None
+    assert fjp.config_digest({"algorithm": {"name": "fedpals"}}) == "1fca9d43b02ac476"
+    assert fjp.config_digest({"algorithm": {"name": "fedavg"}}) == "1fc3103cacfb13c3"
+    # The scheme draws what its builder says, and the loader got dataset.writers_spread.
+    dataset, partition = task_lib.load_data(resolved)
+    assert partition.num_clients == 3 and partition.target_label_dist[2] == 1.0
+    assert dataset.source == "spread 1.0"
+
+
+def test_a_partition_is_refused_at_registration_when_its_keys_do_not_fit(registries_restored):
+    @dataclasses.dataclass(frozen=True)
+    class Plain(fjp.Hyperparameters):
+        target_class: int = 0
+
+    with pytest.raises(TypeError, match="partition scheme 'plain': hyperparameter 'target_class'"):
+        fjp.Partition("plain", _one_class_target, Plain)
+
+    @dataclasses.dataclass(frozen=True)
+    class OtherC(fjp.Hyperparameters):
+        labels_per_client: int = fjp.hyperparameter(2, kind="integer", low=1)
+
+    with pytest.raises(ValueError, match="declared differently by partition scheme 'sparsity'"):
+        fjp.register_partition(fjp.Partition("other_c", _one_class_target, OtherC))
+
+    @dataclasses.dataclass(frozen=True)
+    class Clients(fjp.Hyperparameters):
+        num_clients: int = fjp.hyperparameter(2, kind="integer", low=2)
+
+    with pytest.raises(ValueError, match=r"\['num_clients'\] are config keys of partition"):
+        fjp.register_partition(fjp.Partition("clients", _one_class_target, Clients))
+    with pytest.raises(ValueError, match="'dirichlet' is already registered"):
+        fjp.register_partition(fjp.Partition("dirichlet", _one_class_target))
+    assert "other_c" not in fjp.data.registered_partitions()
+
+    @dataclasses.dataclass(frozen=True)
+    class Delta(fjp.Hyperparameters):  # a data set's key: one declaration too
+        synthetic_delta: float = fjp.hyperparameter(0.1)
+
+    with pytest.raises(ValueError, match="declared differently by data set 'synthetic'"):
+        fjp.register_dataset("delta", _one_class_target, num_classes=2, num_train=9,
+                             images=False, hyperparameters=Delta)
+    assert "delta" not in fjp.data.registered_datasets()
+
+
+def test_the_natural_partition_makes_one_client_per_client_id(registries_restored):
+    _register_writers()
+    resolved = fjp.validate_config(_config(scheme="natural", target_client=2, num_clients=50))
+    assert resolved.partition.num_clients == 5 and resolved.training.clients_per_round == 4
+    assert resolved.partition.target_client == 2 and resolved.partition.labels_per_client is None
+    dataset, partition = task_lib.load_data(resolved)
+    ids = dataset.client_ids
+    for i, writer in enumerate((0, 1, 3, 4)):  # id order, the target left out
+        assert sorted(partition.client_example_indices(i)) == np.flatnonzero(ids == writer).tolist()
+    assert sorted(partition.target_val_indices) == np.flatnonzero(ids == 2).tolist()
+    target_counts = np.bincount(dataset.train.y[ids == 2], minlength=K)
+    np.testing.assert_allclose(partition.target_label_dist, target_counts / target_counts.sum())
+    assert "natural, client id 2 the target, 5 clients" in partition.description
+    # The same function, as a library call; another seed draws another order, not other clients.
+    direct = fjp.natural_partition(dataset.train.y, dataset.test.y, ids, target_client=2, seed=0)
+    np.testing.assert_array_equal(direct.client_indices, partition.client_indices)
+
+    with pytest.raises(fjp.ConfigError, match=r"config\.partition\.target_client must be an "
+                       r"integer in \[0, 4\] \(a client id\), got 5"):
+        fjp.validate_config(_config(scheme="natural", target_client=5))
+    with pytest.raises(fjp.ConfigError, match=r"config\.partition\.scheme='natural' makes one "
+                       "client per client id, but data set 'fashion_mnist' is registered without"):
+        fjp.validate_config({"partition": {"scheme": "natural"}})
+
+
+def test_client_ids_other_than_registered_are_refused_before_training(registries_restored):
+    _register_writers(name="four_writers", num_ids=4, declared_ids=5)
+    config = _config(scheme="natural")
+    config.dataset.name = "four_writers"
+    with pytest.raises(fjp.TaskError, match="registered with num_client_ids=5, but its loader "
+                       "returned one with 4 client ids"):
+        fjp.build_task(config)
+    with pytest.raises(ValueError, match="one of G >= 2 ids 0, ..., G-1, each id held by an"):
+        labels = np.zeros(3, int)
+        fjp.natural_partition(labels, labels, [0, 2, 2], target_client=0, seed=0)
+    with pytest.raises(ValueError, match="client_ids must be 3 integers"):
+        split = fjp.LabeledSplit(np.zeros((3, 2)), np.zeros(3, np.int32))
+        fjp.Dataset("gap", split, split, 1, "test", client_ids=np.zeros(2, int))
+
+
+@pytest.mark.integration
+def test_the_natural_partition_and_a_user_scheme_train_and_run_the_protocol(
+    registries_restored, tmp_path
+):
+    _register_writers()
+    _register_one_class_target()
+    results = fjp.train_and_evaluate(
+        _config(scheme="natural", target_client=1), tmp_path / "natural", quiet=True
+    )
+    assert len(results["rounds"]) == 2 and results["config"]["partition"]["num_clients"] == 5
+    assert results["partition"]["num_clients"] == 4
+    config = _config(scheme="one_class_target", num_clients=4, target_class=3)
+    config.sweep = dict(seeds=(0,), methods=("fedavg", "fedpals"))
+    summary = fjp.run_sweep(config, str(tmp_path / "sweep"), quiet=True)
+    assert set(summary["runs"].values()) == {"done"}
+    (row,) = summary["table"]["rows"]
+    assert row["row"] == "Writers one_class_target target_class=3"
+    assert set(row["cells"]) == {"fedavg", "fedpals"}
