@@ -374,11 +374,12 @@ class _LambdaTrajectory(registry.Monitor):
     """Reports lambda per round (`lam_report`) and the lambda in use."""
 
     def scalars(self, state: Any) -> dict:
-        lam = np.asarray(lam_report(jax.device_get(state))["lam_per_round"], np.float64)
+        # lam_report copies its three histories to the host, not the whole state.
+        lam = np.asarray(lam_report(state)["lam_per_round"], np.float64)
         return {"server/lambda": float(lam[-1])} if lam.size else {}
 
     def results(self, state: Any) -> dict:
-        return lam_report(jax.device_get(state))
+        return lam_report(state)
 
 
 registry.register_feature(

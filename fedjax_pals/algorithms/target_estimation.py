@@ -345,7 +345,7 @@ class TargetReestimation(registry.Monitor):
 
 
     def _estimate_and_error(self, state: Any) -> tuple[np.ndarray, float]:
-        estimate = np.asarray(self.current(jax.device_get(state)), np.float64)
+        estimate = np.asarray(self.current(state), np.float64)  # T only, not the whole state
         return estimate, float(np.abs(estimate - self.truth).sum())
 
     def scalars(self, state: Any) -> dict:
