@@ -14,4 +14,81 @@ compilations (`fjp.engine.CompilationCounter`) count the same.
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# The order in which pytest-xdist hands the test files to its workers (`--dist loadfile`, as
+# scripts/test.sh runs the suite): the costliest first, so that no long file starts last while
+# the other worker runs out of work (the suite's wall time on 2 cores is that of the busier
+# worker). xdist's own order (most tests first) started tests/test_shards.py, one test of
+# 2 minutes, near the end of the integration pass. The numbers are each file's cold cost in
+# CPU seconds on the 2-core CI machine (BUILD_NOTES.md, "Test suite time (issue 29)"); a file
+# not listed runs after those listed, in collection order. Any order is correct: this only
+# balances the workers.
+_FILE_COST = {
+    "quick": {
+        "test_server_weights.py": 158,
+        "test_engine.py": 128,
+        "test_adaptive_lambda.py": 78,
+        "test_partitions.py": 71,
+        "test_benchmark.py": 62,
+        "test_training.py": 61,
+        "test_shards.py": 56,
+        "test_train.py": 55,
+        "test_cli.py": 53,
+        "test_server_optimizers.py": 51,
+        "test_feddisco.py": 42,
+        "test_registry.py": 41,
+        "test_backends.py": 40,
+        "test_restore.py": 37,
+        "test_privacy.py": 34,
+        "test_experiments.py": 33,
+        "test_launch_faults.py": 31,
+        "test_fedpals.py": 30,
+        "test_models.py": 28,
+        "test_engine_record.py": 27,
+        "test_launcher_flags.py": 27,
+        "test_workdir.py": 26,
+        "test_private_marginals.py": 24,
+        "test_fedlc.py": 22,
+        "test_target_estimation.py": 21,
+        "test_diskspace.py": 20,
+    },
+    "integration": {
+        "test_sweep.py": 325,
+        "test_mesh.py": 262,
+        "test_readme.py": 198,
+        "test_shards.py": 136,
+        "test_experiments.py": 127,
+        "test_submission.py": 122,
+        "test_train.py": 76,
+        "test_benchmark.py": 66,
+        "test_training.py": 39,
+        "test_launch_faults.py": 38,
+        "test_mlflow_writer.py": 28,
+        "test_scaling.py": 20,
+        "test_writers.py": 19,
+        "test_linalg.py": 16,
+        "test_runtime.py": 9,
+    },
+}
+
+
+def pytest_configure(config):
+    # Keep the collection order below (xdist would reorder the files by their number of tests).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the costs of the pass that runs
+def pytest_collection_modifyitems(config, items):
+    position, passes = {}, {}
+    for item in items:
+        name = item.path.name
+        position.setdefault(name, len(position))
+        kind = "integration" if item.get_closest_marker("integration") else "quick"
+        passes.setdefault(name, set()).add(kind)
+    cost = {name: sum(_FILE_COST[k].get(name, 0) for k in kinds) for name, kinds in passes.items()}
+    # Stable: a file's tests keep their order, files of equal cost their collection order.
+    items.sort(key=lambda item: (-cost[item.path.name], position[item.path.name]))
