@@ -508,13 +508,18 @@ def _tiny(config, *, methods=2):
                 section[key] = section[key][:1]
     if "fedpals_adaptive" in sweep["methods"]:
         grid["algorithm"]["lam"] = (1.0,)  # the adaptive schedule starts from a lam > 0
+    # Two points of the figure's x axis (the first axis if none is named); crossed axes
+    # (not zipped) keep one point each otherwise, so that there are two rows at most.
+    all_axes = [(s, key) for s, axes in (sweep.get("axes") or {}).items() for key in axes]
+    x_axis = sweep.get("x_axis") or (all_axes[0][1] if all_axes else None)
     for section, axes in (sweep.get("axes") or {}).items():
         for key in axes:
-            axes[key] = axes[key][:2]
+            points = 2 if sweep.get("zip_axes") or key == x_axis else 1
+            axes[key] = axes[key][:points]
             if key == "rounds":
                 axes[key] = (1,) * len(axes[key])
             if key == "num_clients":
-                axes[key] = (10, 20)
+                axes[key] = (10, 20)[:points]
     return ml_collections.ConfigDict(plain)
 
 
