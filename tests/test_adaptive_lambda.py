@@ -107,12 +107,13 @@ def _synthetic_run(seed, rounds, hyper_learning_rate=0.5, ess=0.9):
 
 
 def test_lambda_takes_adam_steps_down_the_hypergradient_and_is_recorded():
-    run, lam = _synthetic_run(seed=0, rounds=6, hyper_learning_rate=0.5)
+    # 3 rounds: the run and program of test_runs_in_lockstep_match_runs_alone's runs alone.
+    run, lam = _synthetic_run(seed=0, rounds=3, hyper_learning_rate=0.5)
     [(state, history)] = fjp.training.run_trainings([run])
     report = adaptive_lambda.lam_report(jax.device_get(state))
     lams = np.array(report["lam_per_round"])
     grads = np.array(report["hypergradient_per_round"])
-    assert lams.shape == grads.shape == (6,)
+    assert lams.shape == grads.shape == (3,)
     assert lams[0] == pytest.approx(lam, rel=1e-6)
     # Adam's first step is -lr * g / (|g| + eps): 0.5 in log lambda against g's sign.
     assert np.log(lams[1] / lams[0]) == pytest.approx(-0.5 * np.sign(grads[0]), rel=1e-4)
@@ -120,7 +121,7 @@ def test_lambda_takes_adam_steps_down_the_hypergradient_and_is_recorded():
     final = np.log(float(state.weighting_state.lam))
     assert np.all(np.isfinite(report["hyper_val_loss_per_round"]))
     assert final != pytest.approx(np.log(lams[-1]))
-    assert len(history.rounds) == 6
+    assert len(history.rounds) == 3
 
 
 def test_runs_in_lockstep_match_runs_alone():
@@ -249,8 +250,7 @@ def test_train_and_evaluate_reports_the_trajectory(tmp_path):
 def test_an_unreachable_ess_fraction_starts_the_schedule_at_the_lower_end(tmp_path):
     # ESS 5 % of N is below the smallest client's share (18 of 58): no fixed lambda reaches it;
     # the schedule starts from lambda_for_ess's lower end, 1e-6 N, standing for lambda -> 0+.
-    config = _config(ess_fraction=0.05)
-    config.training.rounds = 1
+    config = _config(ess_fraction=0.05)  # 3 rounds: the program of the test above
     results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
     assert results["lam"] == pytest.approx(58 * 1e-6, rel=1e-6)
     with pytest.raises(fjp.TaskError, match="out of range"):  # a fixed lambda still refuses it
