@@ -12,11 +12,29 @@ A cache hit still reports `/jax/core/compile/backend_compile_duration`, so the t
 compilations (`fjp.engine.CompilationCounter`) count the same.
 """
 
+import importlib.metadata
 import os
 
 import pytest
 
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# XLA:CPU's legacy IR emitters instead of its MLIR fusion emitters, in the suite's
+# fast-compile mode (XLA_FLAGS holds --xla_backend_optimization_level=0, as scripts/test.sh
+# and CI set it; FEDJAX_PALS_TEST_XLA_DEFAULT=1 leaves XLA at its defaults and this too). The
+# fusion emitters take most of the compile time of the suite's small programs: FedPALS'
+# solver compiles in 0.8 s instead of 2.5 s, a synthetic FedPALS run in 6.3 CPU s instead of
+# 10.1, with bit-identical losses (BUILD_NOTES.md, "Test suite time (issue 29)"). The flag is
+# XLA's of jaxlib 0.10 (the pinned stack); XLA aborts on a flag it does not know, so another
+# jaxlib gets the flags as they were given. Child processes inherit XLA_FLAGS.
+_FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
+_xla_flags = os.environ.get("XLA_FLAGS", "").split()
+if (
+    "--xla_backend_optimization_level=0" in _xla_flags
+    and not any(f.startswith("--xla_cpu_use_fusion_emitters") for f in _xla_flags)
+    and importlib.metadata.version("jaxlib").startswith("0.10.")
+):
+    os.environ["XLA_FLAGS"] = " ".join([*_xla_flags, _FAST_COMPILE_FLAG])
 
 # The order in which pytest-xdist hands the test files to its workers (`--dist loadfile`, as
 # scripts/test.sh runs the suite): the costliest first, so that no long file starts last while
