@@ -9,7 +9,11 @@
 #   in .cache/jax, kept between runs (its keys include the jax version and the flags);
 # * LLVM's backend at -O0 for the test programs (XLA's own graph optimisations still run):
 #   compiling takes about half as long, and the tests' arrays are tiny. The demo and the
-#   experiments run at XLA's default; set FEDJAX_PALS_TEST_XLA_DEFAULT=1 to test it too.
+#   experiments run at XLA's default; set FEDJAX_PALS_TEST_XLA_DEFAULT=1 to test it too;
+# * tests/conftest.py, with -O0: XLA:CPU's legacy emitters (its fusion emitters took most of
+#   the compile time), every program into the cache (not only those of 1 s), and the
+#   costliest test files handed to the workers first (BUILD_NOTES.md, "Test suite time
+#   (issue 29)").
 # The quick tests and the integration tests run as two pytest invocations: one process that
 # had compiled every program of the whole suite once aborted inside XLA's compiler.
 # Extra arguments go to both invocations (e.g. -x, -k name, -n 0 for one process). A selection
