@@ -9,6 +9,7 @@ from fedjax_pals.data import datasets
 from fedjax_pals.data.partitions import (
     FederatedPartition,
     dirichlet_partition,
+    hold_out_stratified,
     largest_remainder_counts,
     niid_bench_dirichlet_partition,
     niid_bench_sparsity_partition,
@@ -590,6 +591,45 @@ def test_resample_keeps_sizes_follows_label_dist_and_never_uses_validation(rng):
     for name in ("target_val_indices", "target_test_indices", "target_label_dist"):
         np.testing.assert_array_equal(getattr(oracle, name), getattr(base, name))
     assert "oracle" in oracle.description
+
+
+# ------------------------------------------------------ held-out calibration share
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.25])
+def test_hold_out_keeps_a_stratified_share_of_every_client_out_of_training(rng, fraction):
+    train, test, k = random_labels(rng)
+    base = dirichlet_partition(train, test, num_clients=6, beta=0.5, seed=0)
+    split = hold_out_stratified(base, train, fraction, seed=3)
+    held = split.held_out_indices
+    for i in range(base.num_clients):
+        before = base.client_example_indices(i)
+        after = split.client_example_indices(i)
+        mine = np.intersect1d(held, before)
+        # Client i's examples are its training rest and its held-out share, disjointly.
+        np.testing.assert_array_equal(np.sort(np.r_[after, mine]), np.sort(before))
+        assert np.intersect1d(after, held).size == 0
+        counts = base.client_label_counts[i]
+        kept = np.bincount(train[mine], minlength=k)
+        # Per class: round(fraction * c), but every class the client holds keeps an example.
+        expected = np.minimum(np.floor(fraction * counts + 0.5), np.maximum(counts - 1, 0))
+        np.testing.assert_array_equal(kept, expected)
+        np.testing.assert_array_equal(split.client_label_counts[i], counts - kept)
+        assert split.client_sizes[i] == len(after)
+    np.testing.assert_array_equal(split.client_label_counts > 0, base.client_label_counts > 0)
+    assert len(np.unique(held)) == len(held)
+    for name in ("target_val_indices", "target_test_indices", "target_label_dist"):
+        np.testing.assert_array_equal(getattr(split, name), getattr(base, name))
+    assert split.summary()["n_held_out"] == len(held)
+    assert "n_held_out" not in base.summary()  # a plain partition's record is unchanged
+    # Deterministic per seed; another seed holds out other examples.
+    again = hold_out_stratified(base, train, fraction, seed=3)
+    np.testing.assert_array_equal(again.held_out_indices, held)
+    other = hold_out_stratified(base, train, fraction, seed=4)
+    assert not np.array_equal(np.sort(other.held_out_indices), np.sort(held))
+    assert hold_out_stratified(base, train, 0.0, seed=3) is base
+    with pytest.raises(ValueError, match="fraction must be a number in"):
+        hold_out_stratified(base, train, 1.0, seed=3)
 
 
 def test_resample_with_scarce_pools_reuses_examples_but_keeps_counts(rng):

@@ -72,8 +72,9 @@ FEDPALS_SUFFIX = "_fedpals"
 class MethodContext:
     """What a method's builder and a feature's hooks may read of the run (built once per run).
 
-    partition: the clients the run trains (S_i, n_i, label counts) with the T the server's
-      weights use (T, Table 2's perturbed T_p, or the clients' aggregate when T is estimated).
+    partition: the clients the run trains (S_i, n_i, label counts; a feature may hold some of
+      their examples out) with the T the server's weights use (T, Table 2's perturbed T_p, or
+      the clients' aggregate when T is estimated).
     lam: FedPALS' lambda, resolved from algorithm.lam or algorithm.ess_fraction (None when
       the run does not use FedPALS' weights).
     weighting: for a client-side method, the server weighting asked for by
@@ -81,6 +82,7 @@ class MethodContext:
     server_label_dists: the clients' S_i(Y) as the server's weights see them (a DP release),
       or None: the exact S_i of `partition`.
     target_validation: the target validation split (inputs, labels).
+    dataset: the run's `Dataset` (its train split's labels, e.g. to hold examples out).
     model: the run's `Model`; rounds, seed: the run's.
     lam_floor: a lambda that the ESS search cannot reach (or 0) starts at the lower end of its
       range instead of failing (a schedule that moves lambda from there).
@@ -91,6 +93,7 @@ class MethodContext:
     weighting: Weighting | None = None
     server_label_dists: np.ndarray | None = None
     target_validation: tuple[np.ndarray, np.ndarray] | None = None
+    dataset: Any = None
     model: Any = None
     rounds: int | None = None
     seed: int = 0

@@ -24,6 +24,7 @@ from fedjax_pals.data.partitions import (
     partition_from_label_counts,
     register_partition,
     registered_partitions,
+    hold_out_stratified,
     resample_to_label_dist,
     sparsity_partition,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "niid_bench_dirichlet_partition",
     "niid_bench_sparsity_partition",
     "partition_from_label_counts",
+    "hold_out_stratified",
     "resample_to_label_dist",
     "sparsity_partition",
     "synthetic_label_shift_task",

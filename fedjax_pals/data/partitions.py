@@ -53,6 +53,7 @@ MIN_TARGET_TEST_SIZE = 30
 _STREAM_LABELS = 1
 _STREAM_EXAMPLES = 2
 _STREAM_RESAMPLE = 3
+_STREAM_HOLD_OUT = 4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -71,6 +72,9 @@ class FederatedPartition:
         distribution T.
       num_classes: K.
       description: how the partition was made, for logs and result files.
+      held_out_indices: (n_h,) int32 into the train split: examples the clients keep out of
+        training (`hold_out_stratified`: calibration data for estimating T), disjoint from
+        `client_indices`; empty (the default) for a partition that trains on everything.
     All arrays are read-only.
     """
 
@@ -82,6 +86,9 @@ class FederatedPartition:
     target_test_indices: np.ndarray
     num_classes: int
     description: str
+    held_out_indices: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
 
     def __post_init__(self) -> None:
         casts = {
@@ -91,6 +98,7 @@ class FederatedPartition:
             "target_label_dist": np.float64,
             "target_val_indices": np.int32,
             "target_test_indices": np.int32,
+            "held_out_indices": np.int32,
         }
         for name, dtype in casts.items():
             arr = np.array(getattr(self, name), dtype=dtype)  # private copy, then frozen
@@ -162,6 +170,8 @@ class FederatedPartition:
 
     def summary(self) -> dict[str, Any]:
         """A JSON-serialisable description of the partition."""
+        held_out = self.held_out_indices.size
+        held_out = {"n_held_out": int(held_out)} if held_out else {}  # absent: as before
         return {
             "projection_distance": self.projection_distance,
             "num_clients": self.num_clients,
@@ -173,6 +183,7 @@ class FederatedPartition:
             "n_val": int(self.target_val_indices.shape[0]),
             "n_test": int(self.target_test_indices.shape[0]),
             "description": self.description,
+            **held_out,
         }
 
 
@@ -854,6 +865,59 @@ def resample_to_label_dist(
             f"{partition.description}; clients resampled to label_dist "
             f"{_fmt_dist(dist)} (oracle), seed {seed}"
         ),
+    )
+
+
+def hold_out_stratified(
+    partition: FederatedPartition,
+    train_labels: np.ndarray,
+    fraction: float,
+    *,
+    seed: int,
+) -> FederatedPartition:
+    """The partition with a stratified share of every client's examples kept out of training.
+
+    Client i keeps round(fraction * c_ik) of its c_ik examples of class k out (at most
+    c_ik - 1, so that every class it holds stays in its training data and S_i keeps its
+    support), drawn at random (stream `_STREAM_HOLD_OUT` of `seed`); its training examples,
+    size and label counts are the rest. The held-out examples of all clients are
+    `held_out_indices` (client by client, class by class). In a federation each client keeps
+    its share; what leaves it are sums over it (the calibration's likelihood, per-class sums
+    of posteriors). The target's sets are unchanged. fraction = 0 returns `partition` itself.
+
+    Raises:
+      ValueError: fraction outside [0, 1), or labels that do not fit the partition.
+    """
+    fraction = _validation.check_number("fraction", fraction, low=0.0, high=1.0, high_open=True)
+    seed = _check_seed(seed)
+    if fraction == 0:
+        return partition
+    train = _check_labels(train_labels, "train_labels")
+    if partition.client_indices.size and partition.client_indices.max() >= len(train):
+        raise ValueError("train_labels is shorter than the partition's indices: wrong split?")
+    rng = _rng(seed, _STREAM_HOLD_OUT)
+    kept, held = [], []
+    for i in range(partition.num_clients):
+        examples = partition.client_example_indices(i)
+        labels = train[examples]
+        keep = np.ones(len(examples), bool)
+        for k in np.unique(labels):
+            where = np.flatnonzero(labels == k)
+            share = min(int(np.floor(fraction * len(where) + 0.5)), len(where) - 1)
+            chosen = rng.choice(where, size=share, replace=False)
+            keep[chosen] = False
+            held.append(examples[np.sort(chosen)])
+        kept.append(examples[keep])
+    counts = np.stack(
+        [np.bincount(train[row], minlength=partition.num_classes) for row in kept]
+    )
+    return dataclasses.replace(
+        partition,
+        client_indices=_pad(kept),
+        client_sizes=np.array([len(row) for row in kept]),
+        client_label_counts=counts,
+        description=f"{partition.description}; {fraction:g} of each client's classes held out",
+        held_out_indices=np.concatenate(held) if held else np.zeros(0, np.int32),
     )
 
 

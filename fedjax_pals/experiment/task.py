@@ -239,6 +239,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
             target_label_dist=np.asarray(partition.target_label_dist, np.float64),
         ),
         target_validation=(dataset.train.x[val], dataset.train.y[val]),
+        dataset=dataset,
         model=model,
         rounds=config.training.rounds,
         seed=config.seed,
@@ -251,6 +252,11 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     for feature, hp in features:
         if feature.prepare is not None:
             context = feature.prepare(hp, context)
+    # The clients train on what the features left them (T estimated: a held-out share); the
+    # task keeps the true T, for evaluation and the record.
+    training_partition = dataclasses.replace(
+        context.partition, target_label_dist=training_partition.target_label_dist
+    )
     algorithm = make_algorithm(
         a.name,
         partition=context.partition,
