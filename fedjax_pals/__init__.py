@@ -69,11 +69,13 @@ from fedjax_pals.algorithms.registry import (  # noqa: E402
     MethodContext,
     Monitor,
     RunFacts,
+    Variant,
     get_method,
     hyperparameter,
     method_label,
     register_method,
     register_feature,
+    register_variant,
     registered_methods,
 )
 
@@ -112,6 +114,7 @@ from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
 # The submodules, as attributes (fjp.engine.round_engine, fjp.experiment.plots, ...).
 from fedjax_pals import (  # noqa: E402,F401
     algorithms,
+    calibration,
     data,
     engine,
     experiment,
@@ -152,6 +155,7 @@ __all__ = [
     "weighted_average_update", "afl", "combine", "fedprox", "fedrs", "fedshift", "oracle",
     "scaffold", "feddisco", "fedlc", "Hyperparameters", "Method", "MethodContext", "get_method",
     "hyperparameter", "make_algorithm", "method_label", "register_method", "registered_methods",
+    "Variant", "register_variant",
     "Feature", "Monitor", "RunFacts", "register_feature",
     # training
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",

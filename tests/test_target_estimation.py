@@ -1,5 +1,9 @@
 """Estimating T(Y) from unlabeled target data: EM and BBSE recover a known T on Gaussian classes
-with exactly calibrated posteriors, within bounds derived from their asymptotic variances."""
+with exactly calibrated posteriors, within bounds derived from their asymptotic variances;
+BCTS + MLLS recovers it from miscalibrated logits where EM does not; constrained soft BBSE is
+the float64 minimiser of its QP; the re-estimation's gate and damping act as they say."""
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +12,7 @@ import pytest
 from scipy import stats
 
 import fedjax_pals as fjp
+from fedjax_pals import calibration
 from fedjax_pals.algorithms import target_estimation
 
 # Three 1-D Gaussian classes N(mu_y, 1); the source (the clients' pooled data) has prior S, the
@@ -157,7 +162,7 @@ def test_bbse_recovers_a_known_target_within_its_asymptotic_error(data, method):
 def test_estimation_arguments_are_validated(data):
     target_probs = data[0][:10]
     with pytest.raises(ValueError, match="unknown method"):
-        target_estimation.estimate_target_label_dist(target_probs, method="mlls")
+        target_estimation.estimate_target_label_dist(target_probs, method="rlls")
     with pytest.raises(ValueError, match="needs source_label_dist"):
         target_estimation.estimate_target_label_dist(target_probs)
     with pytest.raises(ValueError, match="needs source_probs and source_labels"):
@@ -273,7 +278,7 @@ def _unknown_target_config(**algorithm):
     config.training.rounds = 12
     config.training.batch_size = 8
     config.training.learning_rate = 1.0
-    config.algorithm.target_estimation = "bbse"
+    config.algorithm.target_estimation = "bbse_constrained"
     config.algorithm.target_estimation_every = 4
     for key, value in algorithm.items():
         config.algorithm[key] = value
@@ -285,6 +290,10 @@ def test_a_config_with_unknown_target_starts_from_the_aggregate_and_reports_its_
 ):
     results = fjp.train_and_evaluate(_unknown_target_config(), str(tmp_path), quiet=True)
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    # The clients train without their held-out 10 % (per class), kept to estimate T with.
+    partition = fjp.data.hold_out_stratified(partition, dataset.train.y, 0.1, seed=0)
+    assert results["partition"]["n_held_out"] == len(partition.held_out_indices) > 0
+    assert results["partition"]["client_sizes"] == partition.client_sizes.tolist()
     sizes = partition.client_sizes
     aggregate = sizes @ partition.client_label_dists / sizes.sum()
     # The weights of the initial state are those of the aggregate T: FedAvg's.
@@ -295,11 +304,35 @@ def test_a_config_with_unknown_target_starts_from_the_aggregate_and_reports_its_
         np.abs(np.array(results["target_estimate"]) - truth).sum(),
         results["target_estimate_l1_error"],
     )
+    records = results["target_estimation_records"]
+    assert [r["round"] for r in records] == [4, 8]
+    assert all(r["estimator"] == "bbse_constrained" and r["used"] for r in records)
+    np.testing.assert_allclose(records[-1]["target"], results["target_estimate"], atol=1e-7)
+    history = results["target_estimation_history"]
+    assert [h["round"] for h in history] == results["rounds"]
+    # The label-free accuracy estimate: the held-out share's recall weighted by the T in use.
+    assert all(0.0 <= h["estimated_accuracy"] <= 1.0 + 1e-6 for h in history)  # T in float32
+
+
+def test_a_known_target_run_holds_nothing_out():
+    known = fjp.build_task(_unknown_target_config(target_estimation=None))
+    assert known.partition.held_out_indices.size == 0
+    _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    np.testing.assert_array_equal(known.partition.client_indices, partition.client_indices)
+    estimated = fjp.build_task(_unknown_target_config(target_holdout=0.2))
+    assert estimated.partition.held_out_indices.size > 0
+    assert estimated.partition.client_sizes.sum() + estimated.partition.held_out_indices.size == (
+        partition.client_sizes.sum()
+    )
+    # The true T stays the task's (for evaluation and the record); the server starts elsewhere.
+    np.testing.assert_array_equal(estimated.partition.target_label_dist,
+                                  partition.target_label_dist)
+    assert np.abs(estimated.target_label_dist - partition.target_label_dist).sum() > 0.1
 
 
 def test_unknown_target_config_is_resolved_and_checked():
     resolved = fjp.validate_config(_unknown_target_config())
-    assert resolved.algorithm.target_estimation == "bbse"
+    assert resolved.algorithm.target_estimation == "bbse_constrained"
     assert resolved.algorithm.target_estimation_every == 4
     fedavg = fjp.validate_config(_unknown_target_config(name="fedavg"))
     assert fedavg.algorithm.target_estimation is None  # FedAvg never reads T
@@ -310,3 +343,165 @@ def test_unknown_target_config_is_resolved_and_checked():
         fjp.validate_config(_unknown_target_config(target_estimation="oracle"))
     with pytest.raises(fjp.ConfigError, match="target_estimation_every"):
         fjp.validate_config(_unknown_target_config(target_estimation_every=0))
+    with pytest.raises(fjp.ConfigError, match="target_holdout"):
+        fjp.validate_config(_unknown_target_config(target_holdout=0.6))
+    with pytest.raises(fjp.ConfigError, match="target_damping"):
+        fjp.validate_config(_unknown_target_config(target_damping=0.0))
+    # Off for known T, so known-T configs (and their digests) are as before.
+    assert fedavg.algorithm.target_holdout is None and fedavg.algorithm.target_damping is None
+
+
+# -- BCTS + MLLS, constrained soft BBSE, the gate's quantities --------------------------------
+
+
+def test_bcts_and_mlls_recover_t_from_miscalibrated_logits_where_em_does_not(data):
+    # The exactly calibrated posteriors' logits shown at temperature 1/3 with a per-class
+    # offset: an over-confident model trained under another prior. BCTS fitted on held-out
+    # labeled source data undoes both; MLLS on the calibrated posteriors then recovers T to
+    # within 0.02 per class (the MLE's own asymptotic std is 0.002-0.004 here; the rest is the
+    # calibration's error from 20,000 held-out points), and EM on the model's softmax (with
+    # the true source prior) misses by more than 0.05.
+    target_probs, source_probs, source_labels = data
+    offset = np.array([0.7, 0.0, -0.4])
+    target_logits = 3.0 * np.log(target_probs) + offset
+    source_logits = 3.0 * np.log(source_probs[:20_000]) + offset
+    labels = source_labels[:20_000]
+    fit = calibration.fit_bias_corrected_temperature(source_logits, labels)
+    mlls = target_estimation.estimate_target_label_dist(
+        calibration.calibrated_probabilities(fit, target_logits),
+        method="mlls",
+        source_probs=calibration.calibrated_probabilities(fit, source_logits),
+        source_labels=labels,
+    )
+    assert np.max(np.abs(mlls - TARGET)) < 0.02, mlls
+    em = target_estimation.em_label_dist(target_estimation.softmax(target_logits), SOURCE)
+    assert np.max(np.abs(em - TARGET)) > 0.05, em
+    # MLLS takes as source prior the mean calibrated posterior, not the labels' counts.
+    stats = target_estimation.source_statistics(source_probs[:500], source_labels[:500])
+    np.testing.assert_allclose(
+        target_estimation.mlls_label_dist(source_probs[:500], source_labels[:500],
+                                          target_probs[:300]),
+        target_estimation.em_label_dist(target_probs[:300], stats.mean_posterior),
+        atol=1e-12,
+    )
+
+
+def _simplex_ridge_reference(confusion, mu, rho):
+    """argmin_{t in simplex} ||C t - mu||^2 + rho ||t||^2 in float64, by its KKT conditions on
+    every support: a convex problem's minimiser is the minimiser of the affine hull of the face
+    it lies in, so the feasible face minimiser of least objective is the solution."""
+    k = confusion.shape[1]
+    q = confusion.T @ confusion + rho * np.eye(k)
+    c = confusion.T @ mu
+    best, best_value = None, np.inf
+    for size in range(1, k + 1):
+        for support in itertools.combinations(range(k), size):
+            s = list(support)
+            system = np.block([[2 * q[np.ix_(s, s)], np.ones((size, 1))],
+                               [np.ones((1, size)), np.zeros((1, 1))]])
+            solution = np.linalg.solve(system, np.r_[2 * c[s], 1.0])
+            t = np.zeros(k)
+            t[s] = solution[:size]
+            if np.all(t >= -1e-12):
+                value = np.sum((confusion @ t - mu) ** 2) + rho * t @ t
+                if value < best_value:
+                    best, best_value = t, value
+    return best, best_value
+
+
+@pytest.mark.parametrize("case", ["random", "singular", "absent_class"])
+def test_constrained_soft_bbse_is_the_minimiser_of_its_qp(case):
+    rng = np.random.default_rng(11)
+    k, n = 4, 400
+    labels = rng.integers(0, k, size=n)
+    probs = rng.dirichlet(np.ones(k), size=n) + 2.0 * np.eye(k)[labels]
+    if case == "singular":  # classes 1 and 2 look the same to the model: C is singular
+        probs[(labels == 1) | (labels == 2)] = probs[np.flatnonzero(labels == 1)[0]]
+    if case == "absent_class":
+        labels = np.where(labels == 3, 0, labels)
+    probs /= probs.sum(axis=1, keepdims=True)
+    target_probs = rng.dirichlet(np.ones(k), size=150)
+    rho = 1e-3
+    stats = target_estimation.source_statistics(probs, labels)
+    got = target_estimation.constrained_bbse_label_dist(stats, target_probs, rho=rho)
+    # The reference: C from its definition, column k the mean posterior of class k's examples.
+    present = np.flatnonzero(np.bincount(labels, minlength=k) > 0)
+    confusion = np.stack([probs[labels == j].mean(axis=0) for j in present], axis=1)
+    expected, value = _simplex_ridge_reference(confusion, target_probs.mean(axis=0), rho)
+    full = np.zeros(k)
+    full[present] = expected
+    # fedpals_weights solves in float32: the objective to float32 rounding of its scale.
+    got_value = np.sum((confusion @ got[present] - target_probs.mean(axis=0)) ** 2) + rho * (
+        got @ got
+    )
+    assert got_value <= value + 1e-6
+    np.testing.assert_allclose(got, full, atol=2e-3 if case == "singular" else 2e-4)
+    assert got.sum() == pytest.approx(1.0) and np.all(got >= 0)
+    if case == "singular":  # where BBSE gives up
+        with pytest.raises(target_estimation.EstimateNotIdentified):
+            target_estimation.bbse_label_dist(probs, labels, target_probs, soft=True)
+    if case == "absent_class":
+        assert got[3] == 0.0
+
+
+def test_readiness_is_the_confusions_smallest_singular_value_and_the_worst_recall():
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 3, size=300)
+    probs = rng.dirichlet(np.ones(3), size=300) + np.eye(3)[labels]
+    probs /= probs.sum(axis=1, keepdims=True)
+    ready = target_estimation.readiness(target_estimation.source_statistics(probs, labels))
+    confusion = np.stack([probs[labels == j].mean(axis=0) for j in range(3)], axis=1)
+    assert ready.sigma_min == pytest.approx(np.linalg.svd(confusion)[1].min(), rel=1e-10)
+    recall = [np.mean(np.argmax(probs[labels == j], axis=1) == j) for j in range(3)]
+    assert ready.min_recall == pytest.approx(min(recall))
+    assert ready.passes(None, None) and not ready.passes(ready.sigma_min + 1e-9, None)
+    assert not ready.passes(None, ready.min_recall + 1e-9)
+
+
+def _reestimation(**options):
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    partition = fjp.data.hold_out_stratified(partition, dataset.train.y, 0.1, seed=0)
+    model = fjp.logistic_regression((2,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
+    sizes = partition.client_sizes
+    start = sizes @ partition.client_label_dists / sizes.sum()
+    algorithm = fjp.fedpals(start, 0.0)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=2, seed=0,
+        truth=partition.target_label_dist, **options,
+    )
+    state, _ = fjp.training.run_training(
+        algorithm, model, dataset, partition, training, rounds=7, seed=0,
+        update_state=reestimation.update_state,
+    )
+    return reestimation, state, start
+
+
+def test_the_gate_keeps_t_until_the_model_is_ready():
+    # The synthetic classes overlap: the soft confusion matrix's smallest singular value stays
+    # well below 0.9, so a gate at 0.9 keeps the start for the whole run; without it (None)
+    # the same rounds put their estimates to use.
+    gated, state, start = _reestimation(gate_sigma_min=0.9)
+    assert [r["round"] for r in gated.records] == [2, 4, 6]
+    assert not any(r["used"] for r in gated.records)
+    assert all(r["sigma_min"] < 0.9 for r in gated.records)
+    assert [r for r, _ in gated.skipped] == [2, 4, 6]
+    np.testing.assert_allclose(state.weighting_state.target_label_dist, start, atol=1e-7)
+    open_gate, state, _ = _reestimation()
+    assert all(r["used"] for r in open_gate.records)
+    np.testing.assert_allclose(
+        state.weighting_state.target_label_dist, open_gate.records[-1]["target"], atol=1e-7
+    )
+    assert np.abs(np.asarray(open_gate.records[-1]["target"]) - start).sum() > 0.1
+
+
+def test_damping_averages_the_estimates_from_the_start():
+    damped, state, start = _reestimation(damping=0.5)
+    current = start
+    for record in damped.records:
+        expected = 0.5 * current + 0.5 * np.asarray(record["estimate"])
+        np.testing.assert_allclose(record["target"], expected, atol=1e-7)
+        current = expected
+    np.testing.assert_allclose(state.weighting_state.target_label_dist, current, atol=1e-7)
+    truth = damped.truth
+    assert damped.records[-1]["target_l1_error"] == pytest.approx(np.abs(current - truth).sum())

@@ -51,8 +51,10 @@ from fedjax_pals.algorithms.adaptive_lambda import (
     lam_report, validation_hypergradient,
 )
 from fedjax_pals.algorithms.target_estimation import (
-    EstimateNotIdentified, TargetReestimation, bbse_confusion, bbse_label_dist, em_label_dist,
-    estimate_target_label_dist, model_probabilities, with_target_label_dist,
+    EstimateNotIdentified, Readiness, SourceStatistics, TargetReestimation, bbse_confusion,
+    bbse_label_dist, constrained_bbse_label_dist, em_label_dist, estimate_target_label_dist,
+    mlls_label_dist, model_logits, model_probabilities, readiness, source_statistics,
+    with_target_label_dist,
 )
 from fedjax_pals.algorithms import fedpals_lambda  # noqa: F401  (registers its feature)
 from fedjax_pals.algorithms.registry import make_algorithm
@@ -81,5 +83,7 @@ __all__ = [
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
     "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation",
     "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
-    "model_probabilities", "with_target_label_dist", "perturb_label_dist",
+    "model_probabilities", "with_target_label_dist", "perturb_label_dist", "Readiness",
+    "SourceStatistics", "constrained_bbse_label_dist", "mlls_label_dist", "model_logits",
+    "readiness", "source_statistics",
 ]

@@ -20,22 +20,37 @@ model's outputs):
   with S(y) = 0 are not identifiable from the classifier and get T^(y) = 0.
 
 Both are consistent under label shift (BBSE needs C invertible; EM needs calibrated
-posteriors). `model_probabilities` computes a model's softmax outputs in batches;
-`estimate_target_label_dist` dispatches on the method.
+posteriors). Two refinements of them (issue 30; REPRODUCTION.md compares all five on
+Fashion-MNIST):
+
+* constrained soft BBSE: T^ = argmin_{T in simplex} ||C T - mu||^2 + rho ||T||^2 with C the
+  soft conditional confusion matrix, solved as eq. 8 of the FedPALS paper by
+  `fedpals_weights` (`constrained_bbse_label_dist`): defined for every C, so a model that
+  cannot yet separate two classes splits their mass instead of leaving T unidentified;
+* MLLS (Alexandari, Kundaje & Shrikumar, ICML 2020): EM on posteriors calibrated by
+  bias-corrected temperature scaling (`fedjax_pals.calibration`) on held-out source data, the
+  source prior taken as their mean (`mlls_label_dist`).
+
+Both read the source data only through per-class sums (`SourceStatistics`), what a server
+gets from secure aggregation. `model_logits` / `model_probabilities` compute a model's
+outputs in batches; `estimate_target_label_dist` dispatches on the method.
 
 During training, `TargetReestimation` replaces FedPALS' T by a new estimate every few rounds
 (`run_training(..., update_state=TargetReestimation(...).update_state)`). The feature
 `unknown_target` (`algorithm.target_estimation` set, for every run with FedPALS' weights)
 starts the server from the clients' aggregate sum_i n_i S_i / N, the guess without target
 labels, and re-estimates T as the run trains; registered as the variants
-`fedpals_unknown_t_bbse`, `fedpals_unknown_t_bbse_soft` and `fedpals_unknown_t_em`.
+`fedpals_unknown_t_<method>` for each method. With T estimated, each client keeps a stratified
+10 % of its examples out of training (`algorithm.target_holdout`, `hold_out_stratified`) for
+the estimator's labeled source data; `algorithm.target_gate_*` and `algorithm.target_damping`
+set when an estimate is used and how far it moves T.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,11 +61,16 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals.algorithms.registry import Variant, register_variant
+from fedjax_pals.calibration import calibrated_probabilities, fit_bias_corrected_temperature
+from fedjax_pals.data.partitions import hold_out_stratified
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 from fedjax_pals.privacy import project_to_simplex
-from fedjax_pals.server_weights import projection_distance
+from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
-METHODS = ("em", "bbse", "bbse_soft")
+METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls")
+# Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
+# squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
+DEFAULT_RHO = 1e-4
 EM_DEFAULT_MAX_ITER = 10_000
 EM_DEFAULT_TOL = 1e-10
 
@@ -194,6 +214,125 @@ def em_label_dist(
     return estimate
 
 
+class SourceStatistics(NamedTuple):
+    """Per-class sums over labeled source data: all that the server needs from the clients'
+    held-out shares (what secure aggregation of the clients' sums would give it).
+
+    posterior_sums[k] = sum over the examples of class k of p(. | x), a (K,) vector;
+    counts[k] = their number; correct[k] = how many of them argmax p(. | x) gets right.
+    """
+
+    posterior_sums: np.ndarray  # (K, K) float64
+    counts: np.ndarray  # (K,) int64
+    correct: np.ndarray  # (K,) int64
+
+    @property
+    def present(self) -> np.ndarray:
+        """(K,) bool: the classes with at least one example."""
+        return self.counts > 0
+
+    @property
+    def conditional_confusion(self) -> np.ndarray:
+        """(K, K) C[i, k] = E[p_i(x) | y = k] (soft, column-stochastic; 0 for absent k)."""
+        return (self.posterior_sums / np.maximum(self.counts, 1)[:, None]).T
+
+    @property
+    def recall(self) -> np.ndarray:
+        """(K,) per-class accuracy of the hard predictions (nan for absent classes)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.present, self.correct / self.counts, np.nan)
+
+    @property
+    def mean_posterior(self) -> np.ndarray:
+        """(K,) the mean posterior over all examples: MLLS's source prior (for calibrated
+        posteriors it estimates the data's label distribution; Alexandari et al., 2020)."""
+        return self.posterior_sums.sum(axis=0) / self.counts.sum()
+
+
+def source_statistics(source_probs: Any, source_labels: Any) -> SourceStatistics:
+    """`SourceStatistics` of labeled source data from the model's posteriors on it."""
+    probs = _probs("source_probs", source_probs)
+    n, k = probs.shape
+    labels = _labels(source_labels, n, k)
+    one_hot = np.eye(k)[labels]
+    return SourceStatistics(
+        posterior_sums=one_hot.T @ probs,
+        counts=one_hot.sum(axis=0).astype(np.int64),
+        correct=np.bincount(labels[np.argmax(probs, axis=1) == labels], minlength=k).astype(
+            np.int64
+        ),
+    )
+
+
+class Readiness(NamedTuple):
+    """How well a model tells the source's classes apart (the gate before an estimate).
+
+    sigma_min: the smallest singular value of the soft conditional confusion matrix
+      restricted to the classes present (0 when a class's posteriors are a mix of the
+      others': its share of the target cannot be told from theirs);
+    min_recall: the smallest per-class accuracy over the classes present.
+    """
+
+    sigma_min: float
+    min_recall: float
+
+    def passes(self, sigma_min: float | None, min_recall: float | None) -> bool:
+        return (sigma_min is None or self.sigma_min >= sigma_min) and (
+            min_recall is None or self.min_recall >= min_recall
+        )
+
+
+def readiness(stats: SourceStatistics) -> Readiness:
+    """The gate's quantities of `stats` (see `Readiness`)."""
+    confusion = stats.conditional_confusion[:, stats.present]
+    return Readiness(
+        sigma_min=float(np.linalg.svd(confusion, compute_uv=False).min()),
+        min_recall=float(np.nanmin(stats.recall)),
+    )
+
+
+def constrained_bbse_label_dist(
+    stats: SourceStatistics, target_probs: Any, *, rho: float = DEFAULT_RHO
+) -> np.ndarray:
+    """T^ by constrained soft BBSE: argmin_{T in simplex} ||C T - mu||^2 + rho ||T||^2.
+
+    C[:, k] = E_S[p(. | x) | y = k] (the soft conditional confusion matrix, each column a
+    distribution over the K outputs) and mu = E_T[p(. | x)]; under label shift C T = mu. This
+    is eq. 8 of the FedPALS paper with the classes as "clients" (S_k = C[:, k], n_k = 1,
+    lambda = rho) and mu as the "target", so `fedpals_weights` solves it exactly. It has a
+    solution for every C (unique for rho > 0): a model that cannot separate two classes
+    splits their mass instead of failing, unlike BBSE's C^{-1} mu (`bbse_label_dist`).
+    Classes absent from the source data get T^ = 0 (not identifiable). Regularised BBSE
+    (RLLS; Azizzadenesheli et al., ICLR 2019) shrinks in the same way.
+    """
+    target = _probs("target_probs", target_probs)
+    k = stats.counts.shape[0]
+    if target.shape[1] != k:
+        raise ValueError(f"target_probs has {target.shape[1]} classes, the source data {k}.")
+    _validation.check_nonnegative("rho", rho)
+    present = stats.present
+    columns = stats.conditional_confusion[:, present].T  # (K_present, K): the "clients"
+    weights = fedpals_weights(
+        columns, target.mean(axis=0), np.ones(present.sum()), rho
+    )
+    estimate = np.zeros(k)
+    estimate[present] = np.asarray(weights, np.float64)
+    return estimate / estimate.sum()
+
+
+def mlls_label_dist(
+    source_probs: Any, source_labels: Any, target_probs: Any, **em_options: Any
+) -> np.ndarray:
+    """T^ by maximum-likelihood label shift (EM, `em_label_dist`) on calibrated posteriors,
+    with the source prior taken as the mean calibrated posterior on the held-out source data
+    (Alexandari, Kundaje & Shrikumar, ICML 2020): the prior the posteriors are calibrated to,
+    whatever prior the model was trained under. Calibrate first
+    (`fedjax_pals.calibration.fit_bias_corrected_temperature` on held-out logits)."""
+    stats = source_statistics(source_probs, source_labels)
+    prior = np.where(stats.present, stats.mean_posterior, 0.0)
+    return em_label_dist(target_probs, prior / prior.sum(), **em_options)
+
+
 def estimate_target_label_dist(
     target_probs: Any,
     *,
@@ -203,12 +342,15 @@ def estimate_target_label_dist(
     source_label_dist: Any = None,
     max_iter: int = EM_DEFAULT_MAX_ITER,
     tol: float = EM_DEFAULT_TOL,
+    rho: float = DEFAULT_RHO,
 ) -> np.ndarray:
     """T^(Y) from a model's outputs on unlabeled target data.
 
     method "em" (Saerens et al., 2002; `em_label_dist`) needs `source_label_dist`, or
     `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
-    (Lipton et al., 2018; `bbse_label_dist`) need `source_probs` and `source_labels`.
+    (Lipton et al., 2018; `bbse_label_dist`), "bbse_constrained"
+    (`constrained_bbse_label_dist`, with `rho`) and "mlls" (`mlls_label_dist`: pass
+    calibrated posteriors) need `source_probs` and `source_labels`.
     """
     if _method(method) == "em":
         if source_label_dist is None:
@@ -220,12 +362,42 @@ def estimate_target_label_dist(
         return em_label_dist(target_probs, source_label_dist, max_iter=max_iter, tol=tol)
     if source_probs is None or source_labels is None:
         raise ValueError(f"method={method!r} needs source_probs and source_labels.")
+    if method == "mlls":
+        return mlls_label_dist(source_probs, source_labels, target_probs, max_iter=max_iter,
+                               tol=tol)
+    if method == "bbse_constrained":
+        return constrained_bbse_label_dist(
+            source_statistics(source_probs, source_labels), target_probs, rho=rho
+        )
     return bbse_label_dist(source_probs, source_labels, target_probs, soft=method == "bbse_soft")
 
 
 @functools.cache
-def _softmax_fn(apply_fn):
-    return jax.jit(lambda params, x: jax.nn.softmax(apply_fn(params, x), axis=-1))
+def _logits_fn(apply_fn):
+    return jax.jit(apply_fn)
+
+
+def model_logits(
+    apply_fn: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    inputs: Any,
+    batch_size: int = 1024,
+) -> np.ndarray:
+    """apply_fn(params, x) over `inputs` in batches, as float64 (n, K)."""
+    _validation.check_positive_int("batch_size", batch_size)
+    inputs = np.asarray(inputs)
+    step = _logits_fn(apply_fn)
+    outputs = [
+        np.asarray(step(params, jnp.asarray(inputs[start : start + batch_size])), np.float64)
+        for start in range(0, inputs.shape[0], batch_size)
+    ]
+    return np.concatenate(outputs, axis=0)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
 
 
 def model_probabilities(
@@ -235,15 +407,7 @@ def model_probabilities(
     batch_size: int = 1024,
 ) -> np.ndarray:
     """softmax(apply_fn(params, x)) over `inputs` in batches, as float64 (n, K)."""
-    _validation.check_positive_int("batch_size", batch_size)
-    inputs = np.asarray(inputs)
-    step = _softmax_fn(apply_fn)
-    outputs = [
-        np.asarray(step(params, jnp.asarray(inputs[start : start + batch_size])), np.float64)
-        for start in range(0, inputs.shape[0], batch_size)
-    ]
-    probs = np.concatenate(outputs, axis=0)
-    return probs / probs.sum(axis=1, keepdims=True)
+    return softmax(model_logits(apply_fn, params, inputs, batch_size))
 
 
 # -- re-estimating T during training ------------------------------------------------------------
@@ -268,21 +432,43 @@ def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
 class TargetReestimation(registry.Monitor):
     """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds.
 
-    Before rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives
-    probabilities on the target's *unlabeled* validation inputs and on up to `source_size`
-    labeled examples drawn once (from `seed`) from the clients' pooled data;
-    `estimate_target_label_dist` (`method`: "bbse" by default, which needs no calibration;
-    "bbse_soft"; "em" uses the pooled clients' label distribution as the source prior) turns
-    them into T^, which replaces T in the state (`with_target_label_dist`), so the next
-    rounds' FedPALS weights use it without recompiling. The estimate depends only on the
-    state, so a run resumed from a checkpoint makes the same estimates. `estimates` lists
-    (round index, T^) of the estimates this object made. With `truth` (the true T, for the
-    record only) it reports the estimate's L1 error (`scalars`, `results`).
+    Before rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives its
+    logits on the target's *unlabeled* validation inputs and on labeled source data: the
+    clients' held-out share (`partition.held_out_indices`, see `hold_out_stratified`) when
+    the partition has one, else up to `source_size` examples drawn once (from `seed`) from
+    the clients' training data (in-sample: the model has fit them). Then, by `method`:
 
-    A round whose model does not identify T (BBSE with a singular confusion matrix: early in
-    training the model may not yet predict some class at all) changes nothing: the state
-    keeps the T it has (the previous estimate, or the start), the round and the reason go to
-    `skipped` and a warning to the log, and the next re-estimation tries again.
+    * "bbse_constrained" (the default): constrained soft BBSE on the softmax
+      (`constrained_bbse_label_dist`, ridge `rho`);
+    * "mlls": bias-corrected temperature scaling fitted on the source data
+      (`fedjax_pals.calibration`), then maximum-likelihood label shift (`mlls_label_dist`);
+    * "bbse" / "bbse_soft": BBSE with hard / soft predictions (`bbse_label_dist`);
+    * "em": EM on the uncalibrated softmax, with the clients' pooled label distribution as
+      the source prior (`em_label_dist`).
+
+    From the source data the server needs only per-class sums (`SourceStatistics`; the
+    calibration's likelihood and gradient are sums too); the target computes its own mean
+    posterior (BBSE) or runs EM on its posteriors (MLLS) and sends T^.
+
+    The estimate is used when the model is ready (`readiness`: the soft confusion matrix's
+    smallest singular value >= `gate_sigma_min` and every present class's recall >=
+    `gate_min_recall`; None skips a check) and when it is identified (BBSE's confusion
+    matrix is not singular; `EstimateNotIdentified`). It then moves T by `damping`:
+    T <- (1 - damping) T + damping T^, an exponential average of the estimates that starts
+    from the server's T (the clients' aggregate: shrinkage towards it, as RLLS does);
+    damping = 1 takes T^ as it is. Otherwise the state keeps its T (the start, or the last
+    estimate), the round goes to `skipped` and a warning to the log, and the next
+    re-estimation tries again. The new T is per-run data, so the next rounds' FedPALS weights
+    use it without recompiling. Everything depends only on the state, so a run resumed from
+    a checkpoint makes the same estimates.
+
+    `records` lists one dict per re-estimation of this process (round, estimator, the
+    gate's quantities, whether it was used, T^ and the T put in use, their L1 errors to
+    `truth` when it is given, the calibration's inverse temperature). At each evaluation it
+    reports (`scalars`) the T in use, its L1 error, and the label-free estimate of the target
+    accuracy sum_k T(k) recall_k: the source data's accuracy importance-weighted by T / S, the
+    stopping criterion of a target without labels; `results` adds the records and the
+    per-evaluation history.
     """
 
     def __init__(
@@ -293,70 +479,148 @@ class TargetReestimation(registry.Monitor):
         partition: Any,
         *,
         every: int,
-        method: str = "bbse",
+        method: str = "bbse_constrained",
         seed: int = 0,
         source_size: int = 5000,
         truth: Any = None,
+        rho: float = DEFAULT_RHO,
+        gate_sigma_min: float | None = None,
+        gate_min_recall: float | None = None,
+        damping: float = 1.0,
     ):
-        _method(method)
+        self.method = _method(method)
         self.truth = None if truth is None else np.asarray(truth, np.float64)
         self.every = _validation.check_positive_int("every", every)
         source_size = _validation.check_positive_int("source_size", source_size)
-        self.algorithm, self.model, self.method = algorithm, model, method
-        num_clients = partition.num_clients
-        rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
-        pooled = np.concatenate([partition.client_example_indices(i) for i in range(num_clients)])
-        source_idx = np.sort(rng.choice(pooled, size=min(source_size, pooled.size), replace=False))
+        self.rho = _validation.check_nonnegative("rho", rho)
+        self.gate = (gate_sigma_min, gate_min_recall)
+        self.damping = _validation.check_number("damping", damping, low=0.0, high=1.0,
+                                                low_open=True)
+        self.algorithm, self.model = algorithm, model
+        self.held_out = bool(partition.held_out_indices.size)
+        if self.held_out:
+            source_idx = np.asarray(partition.held_out_indices)
+        else:  # in-sample, as BBSE was first run here
+            rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
+            pooled = np.concatenate(
+                [partition.client_example_indices(i) for i in range(partition.num_clients)]
+            )
+            source_idx = np.sort(
+                rng.choice(pooled, size=min(source_size, pooled.size), replace=False)
+            )
         self.source_x = dataset.train.x[source_idx]
         self.source_y = np.asarray(dataset.train.y[source_idx])
         self.target_x = dataset.train.x[partition.target_val_indices]
         self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
         self.source_label_dists = partition.client_label_dists
-        self.estimates: list[tuple[int, np.ndarray]] = []
+        self.records: list[dict] = []
+        self.evaluations: list[dict] = []
         self.skipped: list[tuple[int, str]] = []
 
-    def estimate(self, state: Any) -> np.ndarray:
-        """T^ from the global model of `state`."""
+    @property
+    def estimates(self) -> list[tuple[int, np.ndarray]]:
+        """(round, T^) of the estimates this process put to use (before damping)."""
+        return [(r["round"], np.asarray(r["estimate"])) for r in self.records if r["used"]]
+
+    def _l1(self, dist: np.ndarray) -> float | None:
+        return None if self.truth is None else float(np.abs(dist - self.truth).sum())
+
+    def estimate(self, state: Any) -> tuple[np.ndarray, SourceStatistics, float | None]:
+        """T^ from the global model of `state`, the source data's statistics (of the posteriors
+        the estimator read), and the calibration's inverse temperature (None without)."""
         params = self.algorithm.eval_params(state)
-        return estimate_target_label_dist(
-            model_probabilities(self.model.apply, params, self.target_x),
+        source = model_logits(self.model.apply, params, self.source_x)
+        target = model_logits(self.model.apply, params, self.target_x)
+        beta = None
+        if self.method == "mlls":
+            calibration = fit_bias_corrected_temperature(source, self.source_y)
+            source_probs = calibrated_probabilities(calibration, source)
+            target_probs = calibrated_probabilities(calibration, target)
+            beta = calibration.beta
+        else:
+            source_probs, target_probs = softmax(source), softmax(target)
+        stats = source_statistics(source_probs, self.source_y)
+        estimate = estimate_target_label_dist(
+            target_probs,
             method=self.method,
-            source_probs=model_probabilities(self.model.apply, params, self.source_x),
+            source_probs=source_probs,
             source_labels=self.source_y,
             source_label_dist=self.source_prior,
+            rho=self.rho,
         )
+        return estimate, stats, beta
 
     @staticmethod
     def current(state: Any) -> np.ndarray:
         """The T that `state`'s FedPALS weights use now (the latest estimate, or the start)."""
         return np.asarray(fedpals_state(state.weighting_state).target_label_dist)
 
+    def _skip(self, record: dict, reason: str) -> None:
+        record.update(used=False, reason=reason)
+        self.records.append(record)
+        self.skipped.append((record["round"], reason))
+        logging.warning("T not re-estimated before round %d, kept: %s", record["round"], reason)
+
     def update_state(self, round_index: int, state_of: Callable[[], Any]) -> Any:
         if round_index == 0 or round_index % self.every:
             return None
+        state = state_of()
+        record: dict = {"round": round_index, "estimator": self.method}
         try:
-            estimate = self.estimate(state_of())
+            estimate, stats, beta = self.estimate(state)
         except EstimateNotIdentified as error:
-            self.skipped.append((round_index, str(error)))
-            logging.warning("T not re-estimated before round %d, kept: %s", round_index, error)
+            self._skip(record, str(error))
             return None
-        self.estimates.append((round_index, estimate))
-        return with_target_label_dist(state_of(), estimate)
+        ready = readiness(stats)
+        record.update(
+            sigma_min=ready.sigma_min,
+            min_recall=ready.min_recall,
+            recall=[None if np.isnan(r) else float(r) for r in stats.recall],
+            calibration_beta=beta,
+            estimate=estimate.tolist(),
+            estimate_l1_error=self._l1(estimate),
+        )
+        if not ready.passes(*self.gate):
+            self._skip(
+                record,
+                f"the model is not ready: sigma_min {ready.sigma_min:.3g}, min recall "
+                f"{ready.min_recall:.3g} (gate: {self.gate[0]}, {self.gate[1]})",
+            )
+            return None
+        current = np.asarray(self.current(state), np.float64)
+        used = (1.0 - self.damping) * current + self.damping * estimate
+        used /= used.sum()
+        record.update(used=True, target=used.tolist(), target_l1_error=self._l1(used))
+        self.records.append(record)
+        return with_target_label_dist(state, used)
 
-
-    def _estimate_and_error(self, state: Any) -> tuple[np.ndarray, float]:
-        estimate = np.asarray(self.current(state), np.float64)  # T only, not the whole state
-        return estimate, float(np.abs(estimate - self.truth).sum())
+    def estimated_accuracy(self, state: Any, estimate: np.ndarray) -> float:
+        """sum_k T(k) recall_k on the source data: its accuracy importance-weighted by T / S,
+        an estimate of the target accuracy that needs no target label."""
+        params = self.algorithm.eval_params(state)
+        probs = softmax(model_logits(self.model.apply, params, self.source_x))
+        recall = np.nan_to_num(source_statistics(probs, self.source_y).recall)
+        return float(estimate @ recall)
 
     def scalars(self, state: Any) -> dict:
-        """The estimate in use, its L1 error and d(T^, S), at an evaluation."""
-        estimate, error = self._estimate_and_error(state)
+        """The estimate in use, its L1 error and d(T^, S), the label-free accuracy estimate."""
+        estimate = np.asarray(self.current(state), np.float64)  # T only, not the whole state
+        error = self._l1(estimate)
+        accuracy = self.estimated_accuracy(state, estimate)
+        self.evaluations.append(
+            {"round": int(state.round), "target_l1_error": error, "estimated_accuracy": accuracy}
+        )
         scalars = {
-            "server/target_estimate_l1_error": error,
             "server/projection_distance": float(
                 projection_distance(self.source_label_dists, estimate)
             ),
+            "target/estimated_accuracy": accuracy,
         }
+        if error is not None:
+            scalars["server/target_estimate_l1_error"] = error
+        if self.records and "sigma_min" in self.records[-1]:
+            scalars["server/target_estimation/sigma_min"] = self.records[-1]["sigma_min"]
+            scalars["server/target_estimation/min_recall"] = self.records[-1]["min_recall"]
         if estimate.size <= _PER_CLASS_SCALARS:
             width = len(str(estimate.size - 1))
             scalars.update(
@@ -365,29 +629,55 @@ class TargetReestimation(registry.Monitor):
         return scalars
 
     def results(self, state: Any) -> dict:
-        """The server's last estimate of T, its L1 error, the rounds that kept T (this process)."""
-        estimate, error = self._estimate_and_error(state)
+        """The last T in use and its L1 error; this process's re-estimations and evaluations."""
+        estimate = np.asarray(self.current(state), np.float64)
         return {
             "target_estimate": estimate.tolist(),
-            "target_estimate_l1_error": error,
+            "target_estimate_l1_error": self._l1(estimate),
             "target_estimation_skipped_rounds": [r for r, _ in self.skipped],
+            "target_estimation_records": self.records,
+            "target_estimation_history": self.evaluations,
         }
 
 
 _SOURCE_SAMPLE_STREAM = 0x5EED
 # Per-class scalars of T^ for at most this many classes.
 _PER_CLASS_SCALARS = 20
+DEFAULT_HOLD_OUT = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
 class UnknownTarget(Hyperparameters):
     target_estimation: str | None = hyperparameter(
         None, kind="choice", choices=METHODS, optional=True,
-        doc="None (T known) | bbse | bbse_soft | em: T re-estimated as the run trains",
+        doc="None (T known) | mlls | bbse_constrained | bbse | bbse_soft | em: T re-estimated "
+        "as the run trains",
     )
     target_estimation_every: int | None = hyperparameter(
         5, kind="integer", low=1, high=1_000_000, optional=True,
         doc="re-estimate before every this many rounds",
+    )
+    target_holdout: float | None = hyperparameter(
+        DEFAULT_HOLD_OUT, kind="real", low=0.0, high=0.5, optional=True,
+        doc="share of each client's examples (per class) kept out of training to calibrate "
+        "and estimate with; 0: in-sample, 5,000 of the training examples",
+    )
+    target_estimation_rho: float | None = hyperparameter(
+        DEFAULT_RHO, kind="real", low=0.0, high=1e6, optional=True,
+        doc="constrained soft BBSE's ridge rho",
+    )
+    target_gate_sigma_min: float | None = hyperparameter(
+        None, kind="real", low=0.0, high=1.0, optional=True,
+        doc="use an estimate only when the soft confusion matrix's smallest singular value "
+        "is at least this (None: not checked)",
+    )
+    target_gate_min_recall: float | None = hyperparameter(
+        None, kind="real", low=0.0, high=1.0, optional=True,
+        doc="use an estimate only when every present class's recall is at least this",
+    )
+    target_damping: float | None = hyperparameter(
+        1.0, kind="real", low=0.0, high=1.0, low_open=True, optional=True,
+        doc="T <- (1 - d) T + d T^ (1: the estimate as it is)",
     )
 
 
@@ -399,20 +689,23 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             "config.algorithm.target_estimation is set, but ess_fraction needs a known T to "
             "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
         )
-    if estimates and every is None:
-        raise ValueError(
-            f"config.algorithm.target_estimation_every is None, but {facts.method.name} needs it."
-        )
-    return {
-        "target_estimation": estimator if estimates else None,
-        "target_estimation_every": every if estimates else None,
-    }
+    for key in ("target_estimation_every", "target_holdout", "target_estimation_rho",
+                "target_damping"):
+        if estimates and values[key] is None:
+            raise ValueError(
+                f"config.algorithm.{key} is None, but {facts.method.name} with "
+                "target_estimation needs it."
+            )
+    return {key: value if estimates else None for key, value in values.items()}
 
 
 def _prepare(hp: UnknownTarget, context: registry.MethodContext) -> registry.MethodContext:
-    # T unknown: the server starts from the clients' aggregate, the guess without target
+    # The clients keep a share of their examples out of training, to calibrate and estimate
+    # with; T unknown: the server starts from the clients' aggregate, the guess without target
     # labels, and the run re-estimates T as it trains (`TargetReestimation`).
-    partition = context.partition
+    partition = hold_out_stratified(
+        context.partition, context.dataset.train.y, hp.target_holdout, seed=context.seed
+    )
     sizes = np.asarray(partition.client_sizes, np.float64)
     start = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
     return context.replace(partition=dataclasses.replace(partition, target_label_dist=start))
@@ -428,6 +721,10 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         method=hp.target_estimation,
         seed=task.config.seed,
         truth=task.partition.target_label_dist,
+        rho=hp.target_estimation_rho,
+        gate_sigma_min=hp.target_gate_sigma_min,
+        gate_min_recall=hp.target_gate_min_recall,
+        damping=hp.target_damping,
     )
 
 
@@ -435,11 +732,17 @@ registry.register_feature(
     registry.Feature(
         "unknown_target", "T re-estimated", UnknownTarget, _resolve, prepare=_prepare,
         monitor=_monitor, description="T(Y) unknown: re-estimated from the global model",
+        # Read on the host between rounds; T itself is per-run data in FedPALS' state.
+        per_run_state=("target_estimation", "target_estimation_every", "target_estimation_rho",
+                       "target_gate_sigma_min", "target_gate_min_recall", "target_damping"),
     ),
     replace=True,
 )
 
-for _method_name, _label in (("bbse", "BBSE"), ("bbse_soft", "soft BBSE"), ("em", "EM")):
+for _method_name, _label in (
+    ("bbse", "BBSE"), ("bbse_soft", "soft BBSE"), ("em", "EM"),
+    ("bbse_constrained", "constrained soft BBSE"), ("mlls", "BCTS + MLLS"),
+):
     register_variant(
         Variant(f"fedpals_unknown_t_{_method_name}", f"FedPALS (T^ by {_label})", "fedpals",
                 {"algorithm.target_estimation": _method_name}), replace=True

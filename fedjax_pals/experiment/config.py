@@ -50,14 +50,22 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 lower end, 1e-6 N) and follows the target validation loss's
                                 hypergradient (algorithms/adaptive_lambda.py)
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
-    algorithm.target_estimation None (the server knows T) | bbse | bbse_soft | em: T(Y) unknown;
-                                FedPALS starts from the clients' aggregate and re-estimates T
-                                from the global model on the unlabeled target validation inputs
-                                (algorithms/target_estimation.py); needs lam (not ess_fraction).
-                                A round whose model does not identify T (BBSE's confusion matrix
-                                singular) keeps the current T (results.json:
-                                target_estimation_skipped_rounds)
+    algorithm.target_estimation None (the server knows T) | bbse_constrained | mlls | bbse |
+                                bbse_soft | em: T(Y) unknown; FedPALS starts from the clients'
+                                aggregate and re-estimates T from the global model on the
+                                unlabeled target validation inputs and the clients' held-out
+                                share (algorithms/target_estimation.py); needs lam (not
+                                ess_fraction). A round whose estimate is not identified (BBSE's
+                                confusion matrix singular) or whose model fails the gate keeps
+                                the current T (results.json: target_estimation_records)
     algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
+    algorithm.target_holdout    share of each client's examples per class kept out of training
+                                to estimate with, in [0, 0.5] (default 0.1; 0: in-sample)
+    algorithm.target_estimation_rho  constrained soft BBSE's ridge, >= 0
+    algorithm.target_gate_sigma_min, target_gate_min_recall: use an estimate only when the soft
+                                confusion matrix's smallest singular value / every class's
+                                recall on the held-out share reaches this (None: unchecked)
+    algorithm.target_damping    T <- (1 - d) T + d T^, d in (0, 1] (1: no damping)
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)

@@ -9,8 +9,9 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle) or
                     "<client-side method>_fedpals" for that method with FedPALS' server weights
                     (fedprox_fedpals is the paper's FedProx+FedPALS), or fedpals_adaptive
-                    (FedPALS with lam_schedule='hypergradient'), or fedpals_unknown_t_bbse /
-                    _bbse_soft / _em (FedPALS with T re-estimated, algorithm.target_estimation),
+                    (FedPALS with lam_schedule='hypergradient'), or fedpals_unknown_t_<estimator>
+                    (FedPALS with T re-estimated, algorithm.target_estimation: bbse_constrained,
+                    mlls, bbse, bbse_soft, em), or a registered variant (fjp.register_variant),
                     or a server optimiser before any of these: "<optimizer>_<method>" sets
                     server.optimizer (fedadam_fedpals: FedPALS' weights, FedAdam's server
                     step), a bare "<optimizer>" is FedAvg with it (fedavgm, fedadam, fedyogi,
