@@ -86,6 +86,7 @@ CONFIG[table1_fmnist_c2_scaffold]="configs/table1_fmnist_c2.py"
 CONFIG[beyond_adaptive_lambda_c3]="configs/beyond_adaptive_lambda.py:3"
 CONFIG[beyond_adaptive_lambda_c2]="configs/beyond_adaptive_lambda.py:2"
 CONFIG[beyond_unknown_target_c3]="configs/beyond_unknown_target.py:3"
+CONFIG[beyond_unknown_target_c2]="configs/beyond_unknown_target.py:2"
 CONFIG[beyond_feddisco_fedlc_c3]="configs/beyond_feddisco_fedlc.py:3"
 CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
 # Commands of their own: the weights picture (no training) on a partition whose clients differ
@@ -93,6 +94,9 @@ CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
 declare -A RAW
 # FedRS' gap to the paper: Table 1's FedRS and FedAvg runs re-evaluated with the target's
 # restricted softmax at test time (no training; needs table1_fmnist_c3 and _c2 first).
+# The unknown-T ablation's report (stopping rules, L1 errors, figure) of both rows.
+RAW[beyond_unknown_target]="experiments.unknown_target_report \
+$ROOT/beyond_unknown_target_c3 $ROOT/beyond_unknown_target_c2"
 RAW[fedrs_restricted_eval]="experiments.restricted_eval \
 --sweeps=$ROOT/table1_fmnist_c3,$ROOT/table1_fmnist_c2 --methods=fedrs,fedavg --alphas=0.5,0.1,0"
 RAW[weights]="experiments.weights --config=configs/default.py \
@@ -101,7 +105,6 @@ RAW[weights]="experiments.weights --config=configs/default.py \
 declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
 COMPARE[beyond_adaptive_lambda]="table1_fmnist_c3,beyond_adaptive_lambda_c3,table1_fmnist_c2,beyond_adaptive_lambda_c2"
-COMPARE[beyond_unknown_target]="table1_fmnist_c3,beyond_unknown_target_c3"
 COMPARE[beyond_server_optimizers]="table1_fmnist_c3,beyond_fedadam_fedpals_c3,beyond_fedavgm_c3,\
 table1_fmnist_c2,beyond_fedadam_fedpals_c2,beyond_fedavgm_c2"
 COMPARE[beyond_feddisco_fedlc]="table1_fmnist_c3,beyond_feddisco_fedlc_c3,table1_fmnist_c2,beyond_feddisco_fedlc_c2"
@@ -112,7 +115,9 @@ FEDDISCO_FEDLC="--config.training.rounds=10 \
 ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
-ARGS[beyond_unknown_target_c3]="--config.training.rounds=10"
+# The config holds the budget (10 rounds, 8 seeds) and the ablation's rows.
+ARGS[beyond_unknown_target_c3]=""
+ARGS[beyond_unknown_target_c2]=""
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
 # "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
 # values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
@@ -127,7 +132,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
-       beyond_unknown_target_c3 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
+       beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc
        beyond_server_optimizers)

@@ -801,3 +801,63 @@ def plot_label_distributions(
     _title(fig, title)
     _save(fig, path)
     plt.close(fig)
+
+
+def plot_target_estimation(
+    path: str,
+    accuracy: Mapping[str, Any],
+    l1_error: Mapping[str, Any],
+    title: str,
+    references: Sequence[str] = (),
+) -> None:
+    """FedPALS with T estimated: target accuracy per round (left) and the L1 error of the T
+    in use, ||T^ - T||_1, per round (right), mean over seeds with a +-1 std band.
+
+    Args:
+      path: the image file to write.
+      accuracy: label -> (rounds, per-seed accuracies (seeds, rounds) in [0, 1]).
+      l1_error: label -> (rounds, per-seed L1 errors (seeds, rounds)); labels of `accuracy`
+        without an entry (the references) are drawn only on the left.
+      title: the figure's title.
+      references: labels drawn as dashed grey-toned reference curves (FedAvg, FedPALS with
+        T known), in their method colours.
+    """
+    path = _check_path(path)
+    if not accuracy:
+        raise ValueError("accuracy is empty: give at least one labelled curve.")
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (left, right) = _figure((11.0, 4.2), ncols=2)
+    seeds = []
+    for index, (label, (rounds, values)) in enumerate(accuracy.items()):
+        reference = label in references
+        color = method_style(label)["color"] if reference else SERIES_COLORS[
+            index % len(SERIES_COLORS)]
+        style = dict(color=color, linestyle="--" if reference else "-", linewidth=1.2)
+        panels = [(left, rounds, values, 100.0)]
+        if label in l1_error:
+            panels.append((right, *l1_error[label], 1.0))
+        for ax, rounds_of, series, scale in panels:
+            series = scale * np.asarray(series, dtype=float)
+            rounds_of = np.asarray(rounds_of)
+            mean = series.mean(0)
+            ax.plot(rounds_of, mean, marker="." if len(rounds_of) < 15 else None,
+                    label=display_label(label) if ax is left else None, **style)
+            if len(series) > 1:
+                std = series.std(0)
+                seeds.append(len(series))
+                ax.fill_between(rounds_of, mean - std, mean + std, color=color, alpha=0.08,
+                                linewidth=0)
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("target test accuracy (%)")
+    right.set_ylabel("L1 error of the T in use, ||T^ - T||_1")
+    right.set_ylim(bottom=0)
+    if seeds:
+        _seeds_entry(left, seeds)
+    _title(fig, title)
+    fig.legend(loc="outside right upper", fontsize=8)
+    _save(fig, path)
+    _pyplot().close(fig)

@@ -1,0 +1,182 @@
+r"""The unknown-T ablation's report: accuracy under three stopping rules, the estimate's error, the
+re-estimations that were not used, and the figure.
+
+  python -m experiments.unknown_target_report runs/beyond_unknown_target_c3 [more sweep dirs] \
+      [--workdir=DIR]
+
+Reads every run's results.json under each sweep directory (a sweep of
+configs/beyond_unknown_target.py: FedAvg, FedPALS with T known, and the FedPALS rows with T
+estimated) and writes, into each directory, unknown_target.md (the table below, per method,
+mean ± std over seeds) and unknown_target.png/.pdf (accuracy per round with FedAvg and known-T
+FedPALS as references; the L1 error of the T in use per round). Columns:
+
+* accuracy stopped by the target's validation labels (as Table 1: `target_accuracy_at_best_val`);
+* label-free, the last round (`final_target_accuracy`);
+* label-free, the round of the highest estimated target accuracy: the held-out source data's
+  per-class recall weighted by the T in use (`target/estimated_accuracy`), i.e. its accuracy
+  importance-weighted by T^ / S; ties go to the later round;
+* the L1 error of the T in use after rounds 4 and 10 (the last), and how many re-estimations
+  were not used (not identified, or the model not ready);
+* the worst seed's gap to FedAvg (the same seed's FedAvg run, stopped the same way).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+import fedjax_pals as fjp
+
+REFERENCES = ("fedavg", "fedpals")
+
+
+def _runs(sweep_dir: str) -> dict[str, dict[int, dict]]:
+    """{method key: {seed: results}} of the finished runs under `sweep_dir`."""
+    runs: dict[str, dict[int, dict]] = {}
+    for path in sorted(glob.glob(os.path.join(sweep_dir, "runs", "*", "*", "seed_*",
+                                              "results.json"))
+                       + glob.glob(os.path.join(sweep_dir, "runs", "*", "seed_*",
+                                                "results.json"))):
+        with open(path) as f:
+            results = json.load(f)
+        method = os.path.relpath(path, os.path.join(sweep_dir, "runs")).split(os.sep)[0]
+        seed = int(results["config"]["seed"])
+        if "final_target_accuracy" in results:
+            runs.setdefault(method, {})[seed] = results
+    if not runs:
+        raise SystemExit(f"no finished run (results.json) under {sweep_dir}/runs")
+    return runs
+
+
+def _label_free_round(results: dict) -> int:
+    """The index of the evaluation with the highest estimated accuracy (the later on ties)."""
+    history = results["target_estimation_history"]
+    by_round = {h["round"]: h["estimated_accuracy"] for h in history}
+    estimated = np.array([by_round.get(r, -np.inf) for r in results["rounds"]])
+    return int(len(estimated) - 1 - np.argmax(estimated[::-1]))
+
+
+def _l1_per_round(results: dict) -> dict[int, float]:
+    return {h["round"]: h["target_l1_error"] for h in results["target_estimation_history"]}
+
+
+def _stopped(results: dict) -> dict[str, float]:
+    accuracy = {
+        "validation labels": results["target_accuracy_at_best_val"],
+        "last round": results["final_target_accuracy"],
+    }
+    if "target_estimation_history" in results:
+        accuracy["estimated accuracy"] = results["target_accuracy"][_label_free_round(results)]
+    else:  # FedAvg / known T: the label-free rule has nothing to read; the last round
+        accuracy["estimated accuracy"] = results["final_target_accuracy"]
+    return accuracy
+
+
+def _cell(values) -> str:
+    values = 100 * np.asarray(values, float)
+    return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) else "-"
+
+
+def report(sweep_dir: str) -> str:
+    runs = _runs(sweep_dir)
+    any_run = next(iter(next(iter(runs.values())).values()))
+    rounds = any_run["rounds"]
+    last = rounds[-1]
+    probe = 4 if 4 in rounds else rounds[len(rounds) // 2]
+    rules = ("validation labels", "last round", "estimated accuracy")
+    lines = [
+        f"**{os.path.basename(os.path.normpath(sweep_dir))}**: target test accuracy (%), mean ± "
+        f"std over seeds, by stopping rule; L1 error of the T in use; re-estimations not used",
+        "",
+        "| method | seeds | stopped by validation labels | label-free: last round | "
+        "label-free: max estimated accuracy | L1 after round "
+        f"{probe} | L1 after round {last} | not used / re-estimations | worst seed vs "
+        "FedAvg (validation labels) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    fedavg = runs.get("fedavg", {})
+    accuracy_curves, l1_curves = {}, {}
+    order = [m for m in REFERENCES if m in runs] + [m for m in runs if m not in REFERENCES]
+    for method in order:
+        seeds = sorted(runs[method])
+        results = [runs[method][s] for s in seeds]
+        stopped = [_stopped(r) for r in results]
+        cells = [_cell([s[rule] for s in stopped]) for rule in rules]
+        estimated = "target_estimation_history" in results[0]
+        if estimated:
+            l1 = [_l1_per_round(r) for r in results]
+            l1_probe = _mean_std([e.get(probe) for e in l1])
+            l1_last = _mean_std([e.get(last) for e in l1])
+            records = [rec for r in results for rec in r["target_estimation_records"]]
+            unused = f"{sum(not rec['used'] for rec in records)} / {len(records)}"
+            l1_curves[method] = (rounds, [[e[r] for r in rounds] for e in l1])
+        else:
+            l1_probe = l1_last = unused = "-"
+        gaps = [
+            runs[method][s]["target_accuracy_at_best_val"]
+            - fedavg[s]["target_accuracy_at_best_val"]
+            for s in seeds if s in fedavg
+        ]
+        worst = f"{100 * min(gaps):+.1f} (seed {seeds[int(np.argmin(gaps))]})" if gaps and (
+            method != "fedavg") else "-"
+        lines.append(
+            f"| {fjp.method_label(method)} | {len(seeds)} | {' | '.join(cells)} | {l1_probe} | "
+            f"{l1_last} | {unused} | {worst} |"
+        )
+        accuracy_curves[method] = (rounds, [r["target_accuracy"] for r in results])
+    per_seed = ["", "Per seed (stopped by validation labels), " + ", ".join(
+        fjp.method_label(m) for m in order) + ":", ""]
+    for seed in sorted({s for m in order for s in runs[m]}):
+        per_seed.append(f"- seed {seed}: " + " / ".join(
+            f"{100 * runs[m][seed]['target_accuracy_at_best_val']:.1f}" if seed in runs[m]
+            else "-" for m in order))
+    text = "\n".join(lines + per_seed) + "\n"
+    with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
+        f.write(text)
+    fjp.experiment.plots.plot_target_estimation(
+        os.path.join(sweep_dir, "unknown_target.png"),
+        accuracy_curves,
+        l1_curves,
+        title=f"{os.path.basename(os.path.normpath(sweep_dir))}: FedPALS with T estimated, "
+        "against FedAvg and FedPALS with T known",
+        references=[m for m in REFERENCES if m in runs],
+    )
+    return text
+
+
+def _mean_std(values) -> str:
+    values = [v for v in values if v is not None]
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}" if values else "-"
+
+
+def _register_ablation() -> None:
+    """The ablation's variants (their labels) as the sweep's config registered them."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "beyond_unknown_target.py")
+    if os.path.exists(path):
+        spec = importlib.util.spec_from_file_location("beyond_unknown_target", path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def main(argv: list[str]) -> None:
+    """Each sweep directory's report; `--workdir=DIR` also writes them together to DIR."""
+    workdir = [a.split("=", 1)[1] for a in argv if a.startswith("--workdir=")]
+    sweep_dirs = [a for a in argv if not a.startswith("--")]
+    if not sweep_dirs:
+        raise SystemExit(__doc__)
+    _register_ablation()
+    texts = [report(d) for d in sweep_dirs]
+    print("\n".join(texts))
+    if workdir:
+        os.makedirs(workdir[-1], exist_ok=True)
+        with open(os.path.join(workdir[-1], "unknown_target.md"), "w") as f:
+            f.write("\n".join(texts))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,79 @@
+"""experiments.unknown_target_report: the three stopping rules, the L1 columns, the unused
+re-estimations and the worst seed against FedAvg, from a sweep directory's results.json files."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import unknown_target_report as report_lib
+
+ROUNDS = [1, 2, 3, 4, 5]
+
+
+def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used=None):
+    run = os.path.join(root, "runs", method, "lam=0,learning_rate=0.1", f"seed_{seed}")
+    os.makedirs(run)
+    results = {
+        "config": {"seed": seed},
+        "rounds": ROUNDS,
+        "target_accuracy": accuracy,
+        "final_target_accuracy": accuracy[-1],
+        "target_accuracy_at_best_val": accuracy[val_best],
+    }
+    if estimated is not None:
+        results["target_estimation_history"] = [
+            {"round": r, "estimated_accuracy": e, "target_l1_error": d}
+            for r, e, d in zip(ROUNDS, estimated, l1)
+        ]
+        results["target_estimation_records"] = [{"round": r, "used": u} for r, u in
+                                                zip(ROUNDS[:-1], used)]
+    with open(os.path.join(run, "results.json"), "w") as f:
+        json.dump(results, f)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = str(tmp_path / "sweep")
+    _write(root, "fedavg", 0, [0.5, 0.6, 0.6, 0.7, 0.7], 3)
+    _write(root, "fedavg", 1, [0.4, 0.5, 0.6, 0.6, 0.65], 4)
+    _write(root, "fedpals", 0, [0.8, 0.9, 0.9, 0.95, 0.94], 3)
+    _write(root, "fedpals", 1, [0.7, 0.8, 0.9, 0.9, 0.92], 4)
+    # Estimated accuracy peaks at round 3 for seed 0 and ties at rounds 2 and 4 for seed 1
+    # (the later wins).
+    _write(root, "unknown_t_x", 0, [0.5, 0.7, 0.9, 0.8, 0.85], 2,
+           estimated=[0.5, 0.8, 0.95, 0.9, 0.9], l1=[1.2, 0.4, 0.2, 0.1, 0.05],
+           used=[True, False, True, True])
+    _write(root, "unknown_t_x", 1, [0.4, 0.6, 0.7, 0.75, 0.55], 3,
+           estimated=[0.5, 0.9, 0.8, 0.9, 0.7], l1=[1.0, 0.6, 0.4, 0.3, 0.15],
+           used=[False, False, True, True])
+    return root
+
+
+def test_the_report_has_each_stopping_rule_and_the_estimates_errors(sweep):
+    text = report_lib.report(sweep)
+    row = next(line for line in text.splitlines() if line.startswith("| unknown_t_x"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # validation labels: seeds 0.9 and 0.75; last round: 0.85 and 0.55; estimated accuracy:
+    # round 3 (0.9) and round 4 (0.75, the later of the tie).
+    expected = [np.mean([0.9, 0.75]), np.mean([0.85, 0.55]), np.mean([0.9, 0.75])]
+    stds = [np.std([0.9, 0.75]), np.std([0.85, 0.55]), np.std([0.9, 0.75])]
+    for cell, mean, std in zip(cells[2:5], expected, stds):
+        assert cell == f"{100 * mean:.1f} ± {100 * std:.1f}"
+    assert cells[5] == f"{np.mean([0.1, 0.3]):.3f} ± {np.std([0.1, 0.3]):.3f}"  # round 4
+    assert cells[6] == f"{np.mean([0.05, 0.15]):.3f} ± {np.std([0.05, 0.15]):.3f}"  # round 5
+    assert cells[7] == "3 / 8"
+    # Worst seed against FedAvg, stopped by validation labels: seed 1, 0.75 - 0.65.
+    assert cells[8] == "+10.0 (seed 1)"
+    fedavg = next(line for line in text.splitlines() if line.startswith("| FedAvg"))
+    assert fedavg.rstrip("|").split("|")[-1].strip() == "-"
+    assert os.path.exists(os.path.join(sweep, "unknown_target.png"))
+    assert os.path.exists(os.path.join(sweep, "unknown_target.pdf"))
+    with open(os.path.join(sweep, "unknown_target.md")) as f:
+        assert f.read() == text
+
+
+def test_an_empty_sweep_directory_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="no finished run"):
+        report_lib.report(str(tmp_path))
