@@ -2,7 +2,8 @@ r"""Beyond the paper: FedPALS when the target's T(Y) is unknown, estimated durin
 
   python -m experiments.sweep --config=configs/beyond_unknown_target.py:3 \
       --workdir=runs/beyond_unknown_target_c3 --config.training.rounds=10
-  python -m experiments.unknown_target_report runs/beyond_unknown_target_c3
+  python -m experiments.unknown_target_report --sweeps=runs/beyond_unknown_target_c3 \
+      --workdir=runs/beyond_unknown_target
 
 The argument after the colon is C (3 or 2; default 3): the rows are Table 1's
 (`fjp.table1_config`: same seeds and partitions), at lam = 0 (the projection of T^ onto

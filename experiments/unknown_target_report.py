@@ -1,12 +1,12 @@
 r"""The unknown-T ablation's report: accuracy under three stopping rules, the estimate's error, the
 re-estimations that were not used, and the figure.
 
-  python -m experiments.unknown_target_report runs/beyond_unknown_target_c3 [more sweep dirs] \
-      [--workdir=DIR]
+  python -m experiments.unknown_target_report --sweeps=runs/beyond_unknown_target_c3,\
+      runs/beyond_unknown_target_c2 --workdir=runs/beyond_unknown_target
 
 Reads every run's results.json under each sweep directory (a sweep of
 configs/beyond_unknown_target.py: FedAvg, FedPALS with T known, and the FedPALS rows with T
-estimated) and writes, into each directory, unknown_target.md (the table below, per method,
+estimated) and writes, into each directory (and all tables together into --workdir), unknown_target.md (the table below, per method,
 mean ± std over seeds) and unknown_target.png/.pdf (accuracy per round with FedAvg and known-T
 FedPALS as references; the L1 error of the T in use per round). Columns:
 
@@ -25,11 +25,14 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
+import time
 
 import numpy as np
+from absl import flags
 
 import fedjax_pals as fjp
+from experiments import flags as common
+
 
 REFERENCES = ("fedavg", "fedpals")
 
@@ -163,20 +166,21 @@ def _register_ablation() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def main(argv: list[str]) -> None:
-    """Each sweep directory's report; `--workdir=DIR` also writes them together to DIR."""
-    workdir = [a.split("=", 1)[1] for a in argv if a.startswith("--workdir=")]
-    sweep_dirs = [a for a in argv if not a.startswith("--")]
-    if not sweep_dirs:
-        raise SystemExit(__doc__)
+def main(argv):
+    del argv  # a stray argument is refused by common.run
+    started = time.time()
     _register_ablation()
-    texts = [report(d) for d in sweep_dirs]
+    texts = [report(d) for d in flags.FLAGS.sweeps]
+    workdir = common.WORKDIR.value
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "unknown_target.md"), "w") as f:
+        f.write("\n".join(texts))
     print("\n".join(texts))
-    if workdir:
-        os.makedirs(workdir[-1], exist_ok=True)
-        with open(os.path.join(workdir[-1], "unknown_target.md"), "w") as f:
-            f.write("\n".join(texts))
+    common.print_written(workdir, started)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    # Defined here, not on import: tests import `report` beside other mains' flags.
+    flags.DEFINE_list("sweeps", None, "Sweep workdirs of configs/beyond_unknown_target.py.")
+    flags.mark_flags_as_required(["sweeps", "workdir"])
+    common.run(main)

@@ -96,7 +96,7 @@ declare -A RAW
 # restricted softmax at test time (no training; needs table1_fmnist_c3 and _c2 first).
 # The unknown-T ablation's report (stopping rules, L1 errors, figure) of both rows.
 RAW[beyond_unknown_target]="experiments.unknown_target_report \
-$ROOT/beyond_unknown_target_c3 $ROOT/beyond_unknown_target_c2"
+--sweeps=$ROOT/beyond_unknown_target_c3,$ROOT/beyond_unknown_target_c2"
 RAW[fedrs_restricted_eval]="experiments.restricted_eval \
 --sweeps=$ROOT/table1_fmnist_c3,$ROOT/table1_fmnist_c2 --methods=fedrs,fedavg --alphas=0.5,0.1,0"
 RAW[weights]="experiments.weights --config=configs/default.py \
