@@ -48,7 +48,10 @@ def _runs(sweep_dir: str) -> dict[str, dict[int, dict]]:
             results = json.load(f)
         method = os.path.relpath(path, os.path.join(sweep_dir, "runs")).split(os.sep)[0]
         seed = int(results["config"]["seed"])
-        if "final_target_accuracy" in results:
+        # results.json is rewritten at every evaluation: a run is finished at its last round.
+        if results.get("rounds") and results["rounds"][-1] == results["config"]["training"][
+            "rounds"
+        ]:
             runs.setdefault(method, {})[seed] = results
     if not runs:
         raise SystemExit(f"no finished run (results.json) under {sweep_dir}/runs")
@@ -72,10 +75,8 @@ def _stopped(results: dict) -> dict[str, float]:
         "validation labels": results["target_accuracy_at_best_val"],
         "last round": results["final_target_accuracy"],
     }
-    if "target_estimation_history" in results:
+    if "target_estimation_history" in results:  # FedAvg / known T have no T^ to weight by
         accuracy["estimated accuracy"] = results["target_accuracy"][_label_free_round(results)]
-    else:  # FedAvg / known T: the label-free rule has nothing to read; the last round
-        accuracy["estimated accuracy"] = results["final_target_accuracy"]
     return accuracy
 
 
@@ -108,7 +109,7 @@ def report(sweep_dir: str) -> str:
         seeds = sorted(runs[method])
         results = [runs[method][s] for s in seeds]
         stopped = [_stopped(r) for r in results]
-        cells = [_cell([s[rule] for s in stopped]) for rule in rules]
+        cells = [_cell([s[rule] for s in stopped if rule in s]) for rule in rules]
         estimated = "target_estimation_history" in results[0]
         if estimated:
             l1 = [_l1_per_round(r) for r in results]

@@ -16,7 +16,7 @@ def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used
     run = os.path.join(root, "runs", method, "lam=0,learning_rate=0.1", f"seed_{seed}")
     os.makedirs(run)
     results = {
-        "config": {"seed": seed},
+        "config": {"seed": seed, "training": {"rounds": ROUNDS[-1]}},
         "rounds": ROUNDS,
         "target_accuracy": accuracy,
         "final_target_accuracy": accuracy[-1],
@@ -67,11 +67,25 @@ def test_the_report_has_each_stopping_rule_and_the_estimates_errors(sweep):
     # Worst seed against FedAvg, stopped by validation labels: seed 1, 0.75 - 0.65.
     assert cells[8] == "+10.0 (seed 1)"
     fedavg = next(line for line in text.splitlines() if line.startswith("| FedAvg"))
-    assert fedavg.rstrip("|").split("|")[-1].strip() == "-"
+    fedavg_cells = [c.strip() for c in fedavg.strip("|").split("|")]
+    assert fedavg_cells[4] == "-" and fedavg_cells[8] == "-"  # no T^, no FedAvg to compare
     assert os.path.exists(os.path.join(sweep, "unknown_target.png"))
     assert os.path.exists(os.path.join(sweep, "unknown_target.pdf"))
     with open(os.path.join(sweep, "unknown_target.md")) as f:
         assert f.read() == text
+
+
+def test_a_run_still_training_is_left_out(sweep):
+    _write(sweep, "unknown_t_y", 0, [0.5, 0.6], 1, estimated=[0.5, 0.6], l1=[1.0, 0.5],
+           used=[True])
+    path = os.path.join(sweep, "runs", "unknown_t_y", "lam=0,learning_rate=0.1", "seed_0",
+                        "results.json")
+    with open(path) as f:
+        results = json.load(f)
+    results["rounds"] = ROUNDS[:2]  # two evaluations of five so far
+    with open(path, "w") as f:
+        json.dump(results, f)
+    assert "unknown_t_y" not in report_lib.report(sweep)
 
 
 def test_an_empty_sweep_directory_is_an_error(tmp_path):
