@@ -283,6 +283,7 @@ def _unknown_target_config(**algorithm):
     # Undamped: on this task the round-4 model predicts no class 2 yet, and only a T that
     # follows that estimate in full trains a round-8 model that does (damping has its test).
     config.algorithm.target_damping = 1.0
+    config.algorithm.target_holdout = 0.1
     for key, value in algorithm.items():
         config.algorithm[key] = value
     return config
@@ -319,6 +320,8 @@ def test_a_config_with_unknown_target_starts_from_the_aggregate_and_reports_its_
 
 def test_a_known_target_run_holds_nothing_out():
     known = fjp.build_task(_unknown_target_config(target_estimation=None))
+    in_sample = fjp.build_task(_unknown_target_config(target_holdout=0.0))  # the default
+    assert in_sample.partition.held_out_indices.size == 0
     assert known.partition.held_out_indices.size == 0
     _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
     np.testing.assert_array_equal(known.partition.client_indices, partition.client_indices)

@@ -60,12 +60,13 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 the current T (results.json: target_estimation_records)
     algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
     algorithm.target_holdout    share of each client's examples per class kept out of training
-                                to estimate with, in [0, 0.5] (default 0.1; 0: in-sample)
+                                to estimate with, in [0, 0.5] (default 0: in-sample, 5,000 of
+                                the clients' training examples)
     algorithm.target_estimation_rho  constrained soft BBSE's ridge, >= 0
     algorithm.target_gate_sigma_min, target_gate_min_recall: use an estimate only when the soft
                                 confusion matrix's smallest singular value / every class's
                                 recall on the held-out share reaches this (None: unchecked)
-    algorithm.target_damping    T <- (1 - d) T + d T^, d in (0, 1] (1: no damping)
+    algorithm.target_damping    T <- (1 - d) T + d T^, d in (0, 1] (default 1: no damping)
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)
