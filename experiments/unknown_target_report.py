@@ -85,15 +85,25 @@ def _cell(values) -> str:
     return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) else "-"
 
 
+def _row(sweep_dir: str) -> str:
+    """The sweep's row ("Fashion-MNIST C=3"), or its directory's name."""
+    try:
+        with open(os.path.join(sweep_dir, "sweep.json")) as f:
+            return json.load(f)["sweep"]["row"]
+    except (OSError, KeyError, ValueError):
+        return os.path.basename(os.path.normpath(sweep_dir))
+
+
 def report(sweep_dir: str) -> str:
     runs = _runs(sweep_dir)
+    row = _row(sweep_dir)
     any_run = next(iter(next(iter(runs.values())).values()))
     rounds = any_run["rounds"]
     last = rounds[-1]
     probe = 4 if 4 in rounds else rounds[len(rounds) // 2]
     rules = ("validation labels", "last round", "estimated accuracy")
     lines = [
-        f"**{os.path.basename(os.path.normpath(sweep_dir))}**: target test accuracy (%), mean ± "
+        f"**{row}** ({sweep_dir}): target test accuracy (%), mean ± "
         f"std over seeds, by stopping rule; L1 error of the T in use; re-estimations not used",
         "",
         "| method | seeds | stopped by validation labels | label-free: last round | "
@@ -145,8 +155,8 @@ def report(sweep_dir: str) -> str:
         os.path.join(sweep_dir, "unknown_target.png"),
         accuracy_curves,
         l1_curves,
-        title=f"{os.path.basename(os.path.normpath(sweep_dir))}: FedPALS with T estimated, "
-        "against FedAvg and FedPALS with T known",
+        title=f"{row}, {len(rounds)} rounds: FedPALS with T estimated from unlabeled target "
+        "data, against FedAvg and FedPALS with T known",
         references=[m for m in REFERENCES if m in runs],
     )
     return text

@@ -827,12 +827,17 @@ def plot_target_estimation(
         raise ValueError("accuracy is empty: give at least one labelled curve.")
     from matplotlib.ticker import MaxNLocator
 
-    fig, (left, right) = _figure((11.0, 4.2), ncols=2)
+    fig, (left, right) = _figure((11.0, 5.2), ncols=2)
     seeds = []
-    for index, (label, (rounds, values)) in enumerate(accuracy.items()):
+    # tab10 without its blue and red (FedAvg's and FedPALS' colours, the references').
+    palette = [_pyplot().get_cmap("tab10")(i) for i in (1, 2, 4, 5, 6, 7, 8, 9)]
+    estimated = 0
+    for label, (rounds, values) in accuracy.items():
         reference = label in references
-        color = method_style(label)["color"] if reference else SERIES_COLORS[
-            index % len(SERIES_COLORS)]
+        if reference:
+            color = method_style(label)["color"]
+        else:
+            color, estimated = palette[estimated % len(palette)], estimated + 1
         style = dict(color=color, linestyle="--" if reference else "-", linewidth=1.2)
         panels = [(left, rounds, values, 100.0)]
         if label in l1_error:
@@ -858,6 +863,6 @@ def plot_target_estimation(
     if seeds:
         _seeds_entry(left, seeds)
     _title(fig, title)
-    fig.legend(loc="outside right upper", fontsize=8)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8)
     _save(fig, path)
     _pyplot().close(fig)
