@@ -139,6 +139,10 @@ def calibrated_probabilities(calibration: Calibration, logits: Any) -> np.ndarra
             f"logits have {z.shape[1]} classes, the calibration {calibration.bias.shape[0]}."
         )
     scaled = np.where(calibration.present[None, :], calibration.beta * z + calibration.bias, -np.inf)
-    scaled -= scaled.max(axis=1, keepdims=True)
-    probs = np.exp(scaled)
-    return probs / probs.sum(axis=1, keepdims=True)
+    return softmax(scaled)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (a logit of -inf gets probability 0)."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)

@@ -62,7 +62,11 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals.algorithms.registry import Variant, register_variant
-from fedjax_pals.calibration import calibrated_probabilities, fit_bias_corrected_temperature
+from fedjax_pals.calibration import (
+    calibrated_probabilities,
+    fit_bias_corrected_temperature,
+    softmax,
+)
 from fedjax_pals.data.partitions import hold_out_stratified
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 from fedjax_pals.privacy import project_to_simplex
@@ -395,12 +399,6 @@ def model_logits(
     return np.concatenate(outputs, axis=0)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64."""
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
 def model_probabilities(
     apply_fn: Callable[[Any, jax.Array], jax.Array],
     params: Any,
@@ -498,8 +496,7 @@ class TargetReestimation(registry.Monitor):
         self.damping = _validation.check_number("damping", damping, low=0.0, high=1.0,
                                                 low_open=True)
         self.algorithm, self.model = algorithm, model
-        self.held_out = bool(partition.held_out_indices.size)
-        if self.held_out:
+        if partition.held_out_indices.size:
             source_idx = np.asarray(partition.held_out_indices)
         else:  # in-sample, as BBSE was first run here
             rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
@@ -516,12 +513,16 @@ class TargetReestimation(registry.Monitor):
         self.source_label_dists = partition.client_label_dists
         self.records: list[dict] = []
         self.evaluations: list[dict] = []
-        self.skipped: list[tuple[int, str]] = []
 
     @property
     def estimates(self) -> list[tuple[int, np.ndarray]]:
         """(round, T^) of the estimates this process put to use (before damping)."""
         return [(r["round"], np.asarray(r["estimate"])) for r in self.records if r["used"]]
+
+    @property
+    def skipped(self) -> list[tuple[int, str]]:
+        """(round, reason) of the re-estimations this process did not put to use."""
+        return [(r["round"], r["reason"]) for r in self.records if not r["used"]]
 
     def _l1(self, dist: np.ndarray) -> float | None:
         return None if self.truth is None else float(np.abs(dist - self.truth).sum())
@@ -559,7 +560,6 @@ class TargetReestimation(registry.Monitor):
     def _skip(self, record: dict, reason: str) -> None:
         record.update(used=False, reason=reason)
         self.records.append(record)
-        self.skipped.append((record["round"], reason))
         logging.warning("T not re-estimated before round %d, kept: %s", record["round"], reason)
 
     def update_state(self, round_index: int, state_of: Callable[[], Any]) -> Any:
