@@ -189,13 +189,20 @@ def test_model_probabilities_are_the_models_softmax():
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
 
 
-def test_fedpals_with_a_re_estimated_target():
+def _synthetic_fedpals(hold_out=0.0):
+    """The synthetic task, logistic regression, and FedPALS started from the clients'
+    aggregate (the guess without target labels), with `hold_out` of each client held out."""
     dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    partition = fjp.data.hold_out_stratified(partition, dataset.train.y, hold_out, seed=0)
     model = fjp.logistic_regression((2,), 3)
     training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
     sizes = partition.client_sizes
-    start = sizes @ partition.client_label_dists / sizes.sum()  # no target labels: the aggregate
-    algorithm = fjp.fedpals(start, 0.0)
+    start = sizes @ partition.client_label_dists / sizes.sum()
+    return dataset, partition, model, training, start, fjp.fedpals(start, 0.0)
+
+
+def test_fedpals_with_a_re_estimated_target():
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals()
     engine = fjp.engine.round_engine(algorithm, model, training)
     reestimation = fjp.algorithms.TargetReestimation(
         algorithm, model, dataset, partition, every=10, seed=0
@@ -235,12 +242,7 @@ def test_a_round_whose_model_does_not_identify_t_keeps_the_current_t():
     # Early in training a model may not predict some class at all; BBSE's confusion matrix is
     # then singular (test_bbse_refuses_a_singular_confusion_matrix). That round keeps the T
     # the state has and the run goes on (before: the exception ended the run).
-    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
-    model = fjp.logistic_regression((2,), 3)
-    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
-    sizes = partition.client_sizes
-    start = sizes @ partition.client_label_dists / sizes.sum()
-    algorithm = fjp.fedpals(start, 0.0)
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals()
     reestimation = fjp.algorithms.TargetReestimation(
         algorithm, model, dataset, partition, every=2, seed=0
     )
@@ -465,13 +467,7 @@ def test_readiness_is_the_confusions_smallest_singular_value_and_the_worst_recal
 
 
 def _reestimation(**options):
-    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
-    partition = fjp.data.hold_out_stratified(partition, dataset.train.y, 0.1, seed=0)
-    model = fjp.logistic_regression((2,), 3)
-    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
-    sizes = partition.client_sizes
-    start = sizes @ partition.client_label_dists / sizes.sum()
-    algorithm = fjp.fedpals(start, 0.0)
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals(hold_out=0.1)
     reestimation = fjp.algorithms.TargetReestimation(
         algorithm, model, dataset, partition, every=2, seed=0,
         truth=partition.target_label_dist, **options,
