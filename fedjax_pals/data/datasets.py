@@ -83,16 +83,11 @@ class LabeledSplit:
             )
         if y.size and not np.issubdtype(y.dtype, np.integer):
             raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-        x = np.asarray(x, dtype=np.float32)
-        y = np.asarray(y, dtype=np.int32)
-        if x is self.x:  # do not freeze an array the caller still owns
-            x = x.view()
-        if y is self.y:
-            y = y.view()
-        x.flags.writeable = False
-        y.flags.writeable = False
-        object.__setattr__(self, "x", x)
-        object.__setattr__(self, "y", y)
+        for name, array in (("x", np.asarray(x, np.float32)), ("y", np.asarray(y, np.int32))):
+            if array is getattr(self, name):  # do not freeze an array the caller still owns
+                array = array.view()
+            array.flags.writeable = False
+            object.__setattr__(self, name, array)
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -185,26 +180,20 @@ def _parse_idx(data: bytes, kind: str, path: pathlib.Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
+def _idx_file(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
+    """The idx file ``stem`` in ``directory``, plain or .gz; None if neither is there."""
+    return next((c for c in (directory / stem, directory / f"{stem}.gz") if c.is_file()), None)
+
+
 def _find_idx_files(directory: pathlib.Path) -> dict[tuple[str, str], pathlib.Path] | None:
     """Returns the four idx files in ``directory`` (plain or .gz), or None if any is missing."""
-    found = {}
-    for key, stem in _FMNIST_FILES.items():
-        for candidate in (directory / stem, directory / f"{stem}.gz"):
-            if candidate.is_file():
-                found[key] = candidate
-                break
-        else:
-            return None
-    return found
+    found = {key: _idx_file(directory, stem) for key, stem in _FMNIST_FILES.items()}
+    return None if None in found.values() else found
 
 
 def _missing_idx_files(directory: pathlib.Path) -> list[str]:
     """The official idx file names (plain or .gz) that ``directory`` lacks."""
-    return [
-        f"{stem}[.gz]"
-        for stem in _FMNIST_FILES.values()
-        if not ((directory / stem).is_file() or (directory / f"{stem}.gz").is_file())
-    ]
+    return [f"{stem}[.gz]" for stem in _FMNIST_FILES.values() if not _idx_file(directory, stem)]
 
 
 def _explicit_data_dir(data_dir: str | os.PathLike, dataset: str) -> pathlib.Path:
@@ -308,28 +297,24 @@ def _import_tfds(needed_for: str):
 
 def _load_tfds(name: str, tfds_dir: pathlib.Path) -> Dataset:
     tfds = _import_tfds(f"a prepared TFDS copy of {name} exists in {tfds_dir}")
+    # Never download: offline, tfds retries for minutes.
+    read = dict(split=list(_SPLITS), data_dir=os.fspath(tfds_dir), download=False, try_gcs=False)
     try:
-        sources = tfds.data_source(
-            name,
-            split=list(_SPLITS),
-            data_dir=os.fspath(tfds_dir),
-            download=False,  # never fetch: offline, tfds retries for minutes
-            try_gcs=False,
-        )
+        sources = tfds.data_source(name, **read)
     except NotImplementedError as e:
         # data_source reads only array_record/parquet; the default TFDS format
         # (tfrecord) needs TensorFlow to read.
-        splits = _load_tfds_tfrecord(tfds, name, tfds_dir, e)
-        return _dataset(name, splits, f"TFDS {name} prepared in {tfds_dir}")
+        splits = _load_tfds_tfrecord(tfds, name, tfds_dir, read, e)
     except Exception as e:  # e.g. a version TFDS cannot read, a damaged tree
         raise DatasetUnavailableError(
             f"TFDS could not open the prepared {name} in {tfds_dir}: {type(e).__name__}: {e}"
         ) from e
-    splits = {split: _read_tfds_source(source, name) for split, source in zip(_SPLITS, sources)}
+    else:
+        splits = {split: _read_tfds_source(src, name) for split, src in zip(_SPLITS, sources)}
     return _dataset(name, splits, f"TFDS {name} prepared in {tfds_dir}")
 
 
-def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exception):
+def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cause: Exception):
     try:
         import tensorflow  # noqa: F401  (only to know whether tfds.load can read tfrecord)
     except ImportError:
@@ -338,16 +323,7 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, cause: Exceptio
             "to read; install tensorflow, or re-prepare it with "
             "download_and_prepare(file_format='array_record')"
         ) from cause
-    splits = tfds.as_numpy(
-        tfds.load(
-            name,
-            split=list(_SPLITS),
-            data_dir=os.fspath(tfds_dir),
-            download=False,
-            try_gcs=False,
-            batch_size=-1,
-        )
-    )
+    splits = tfds.as_numpy(tfds.load(name, batch_size=-1, **read))
     return {
         split: LabeledSplit(x=_scale_uint8_images(d["image"]), y=d["label"].astype(np.int32))
         for split, d in zip(_SPLITS, splits)

@@ -86,9 +86,7 @@ class FederatedPartition:
     target_test_indices: np.ndarray
     num_classes: int
     description: str
-    held_out_indices: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.zeros(0, np.int32)
-    )
+    held_out_indices: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
     def __post_init__(self) -> None:
         casts = {
@@ -367,10 +365,6 @@ def partition_from_label_counts(
     is ``target_test_size`` or, by default, the largest n whose counts the test
     split can supply.
 
-    The test set must be able to follow T: every class with T_k > 0 must have
-    examples in the test split, and n_test must be >= ``min_target_test_size``
-    (accuracy on fewer examples is noise; pass a smaller value deliberately).
-
     Raises:
       ValueError: malformed counts, a class pool smaller than the counts ask
         for, a training client or the target with no examples, an infeasible
@@ -411,8 +405,7 @@ def partition_from_label_counts(
             f"training client(s) {empty} would get no examples ({description}); try another "
             "seed, more labels per client, a larger Dirichlet beta, or fewer clients"
         )
-    target_counts = counts[-1]
-    if target_counts.sum() == 0:
+    if counts[-1].sum() == 0:
         raise ValueError(
             f"the target client would get no examples, so T(Y) is undefined ({description}); "
             "try another seed or different partition parameters"
@@ -567,11 +560,8 @@ def sparsity_partition(rng, train, num_clients, num_classes, *, labels_per_clien
     unused; labels nobody holds are unused. As in McMahan et al. (2017)'s equal shards, all
     clients have one size, so FedAvg's weights are uniform.
 
-    `niid_bench_sparsity_partition` is the other reading (NIID-Bench's "#C=k": each label
-    split evenly among its holders), which uses every example of a held label but makes a
-    client's (and the target's) label proportions unequal. For a seed both give every client
-    the same label set. Labels of the target that no training client holds are listed by
-    ``FederatedPartition.target_labels_uncovered``.
+    `niid_bench_sparsity_partition` is the other reading (NIID-Bench's "#C=k"). Labels of the
+    target that no training client holds: ``FederatedPartition.target_labels_uncovered``.
 
     Raises:
       ValueError: C not in [1, K], num_clients < 2, a held label with fewer training
@@ -600,14 +590,13 @@ def niid_bench_sparsity_partition(rng, train, num_clients, num_classes, *, label
     """NIID-Bench's "#C=k" label split (Li et al., 2022, "noniid-#label"): each label's
     examples are split evenly among the clients that hold it.
 
-    Each of the ``num_clients`` clients (target included) draws C = ``labels_per_client``
-    distinct labels uniformly at random (the same draws as `sparsity_partition`; NIID-Bench
-    itself gives client i label i mod K plus C - 1 random ones). The training examples of
-    label k are split evenly and disjointly among the h_k clients holding it: each gets
-    floor(n_k / h_k) and n_k mod h_k random holders get one more. Labels nobody holds are
-    unused. Every client has exactly C labels, but in unequal proportions (h_k differs between
-    its labels), so T(Y) is NOT uniform over the target's labels; the FedPALS paper's reading
-    is `sparsity_partition`.
+    The clients (target included) draw their C = ``labels_per_client`` labels as in
+    `sparsity_partition` (NIID-Bench itself gives client i label i mod K plus C - 1 random
+    ones). The training examples of label k are split evenly and disjointly among the h_k
+    clients holding it: each gets floor(n_k / h_k) and n_k mod h_k random holders get one more.
+    Labels nobody holds are unused. Every client has exactly C labels, but in unequal
+    proportions (h_k differs between its labels), so T(Y) is NOT uniform over the target's
+    labels, unlike the FedPALS paper's reading (`sparsity_partition`), which uses fewer examples.
 
     Raises:
       ValueError: C not in [1, K], num_clients < 2, or a held label with
@@ -790,11 +779,7 @@ def natural_partition(
 
 
 def resample_to_label_dist(
-    partition: FederatedPartition,
-    train_labels: np.ndarray,
-    label_dist: np.ndarray,
-    *,
-    seed: int,
+    partition: FederatedPartition, train_labels: np.ndarray, label_dist: np.ndarray, *, seed: int
 ) -> FederatedPartition:
     """Redraws every training client's data with label distribution ``label_dist``.
 
@@ -853,27 +838,19 @@ def resample_to_label_dist(
                 )
     indices = [rng.permutation(np.concatenate(r)) for r in rows]
 
-    return FederatedPartition(
+    shown = ", ".join(f"{v:.3g}" for v in dist)
+    return dataclasses.replace(  # the sizes and the target's sets kept, nothing held out
+        partition,
         client_indices=_pad(indices),
-        client_sizes=partition.client_sizes,
         client_label_counts=counts,
-        target_label_dist=partition.target_label_dist,
-        target_val_indices=partition.target_val_indices,
-        target_test_indices=partition.target_test_indices,
-        num_classes=k_classes,
-        description=(
-            f"{partition.description}; clients resampled to label_dist "
-            f"{_fmt_dist(dist)} (oracle), seed {seed}"
-        ),
+        description=f"{partition.description}; clients resampled to label_dist [{shown}] "
+        f"(oracle), seed {seed}",
+        held_out_indices=np.zeros(0, np.int32),
     )
 
 
 def hold_out_stratified(
-    partition: FederatedPartition,
-    train_labels: np.ndarray,
-    fraction: float,
-    *,
-    seed: int,
+    partition: FederatedPartition, train_labels: np.ndarray, fraction: float, *, seed: int
 ) -> FederatedPartition:
     """The partition with a stratified share of every client's examples kept out of training.
 
@@ -908,9 +885,7 @@ def hold_out_stratified(
             keep[chosen] = False
             held.append(examples[np.sort(chosen)])
         kept.append(examples[keep])
-    counts = np.stack(
-        [np.bincount(train[row], minlength=partition.num_classes) for row in kept]
-    )
+    counts = np.stack([np.bincount(train[row], minlength=partition.num_classes) for row in kept])
     return dataclasses.replace(
         partition,
         client_indices=_pad(kept),
@@ -919,10 +894,6 @@ def hold_out_stratified(
         description=f"{partition.description}; {fraction:g} of each client's classes held out",
         held_out_indices=np.concatenate(held) if held else np.zeros(0, np.int32),
     )
-
-
-def _fmt_dist(d: np.ndarray) -> str:
-    return "[" + ", ".join(f"{v:.3g}" for v in d) + "]"
 
 
 # --------------------------------------------------------------------------
