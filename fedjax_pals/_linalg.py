@@ -62,9 +62,7 @@ def _householder_qr(matrix: jax.Array) -> tuple[jax.Array, jax.Array]:
         a = a - jnp.outer(u, u @ a)
         return a, reflectors.at[:, j].set(u)
 
-    a, reflectors = jax.lax.fori_loop(
-        0, cols, step, (matrix, jnp.zeros_like(matrix))
-    )
+    a, reflectors = jax.lax.fori_loop(0, cols, step, (matrix, jnp.zeros_like(matrix)))
     return reflectors, jnp.triu(a[:cols])
 
 

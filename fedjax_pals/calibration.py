@@ -96,11 +96,7 @@ def _fit(logits, labels, present, beta0, *, max_steps: int, tol: float, fit_beta
 
 
 def fit_bias_corrected_temperature(
-    logits: Any,
-    labels: Any,
-    *,
-    max_steps: int = DEFAULT_MAX_STEPS,
-    tol: float = DEFAULT_TOL,
+    logits: Any, labels: Any, *, max_steps: int = DEFAULT_MAX_STEPS, tol: float = DEFAULT_TOL
 ) -> Calibration:
     """BCTS fitted on held-out labeled data: argmin_{beta >= 0, b} NLL(softmax(beta z + b)).
 

@@ -187,11 +187,7 @@ def _lenet_nobias(input_shape: Sequence[int], num_classes: int) -> Model:
     return lenet(input_shape, num_classes, head_bias=False)
 
 
-MODELS = {
-    "logistic_regression": logistic_regression,
-    "lenet": lenet,
-    "lenet_nobias": _lenet_nobias,
-}
+MODELS = {"logistic_regression": logistic_regression, "lenet": lenet, "lenet_nobias": _lenet_nobias}
 
 
 # The models that take image inputs (H, W, C): config.model may name them only for an image

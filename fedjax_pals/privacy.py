@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -65,22 +65,21 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _real(value: Any, valid: Callable[[float], bool], message: str) -> float:
+    """float(value) for a real number (bool refused) that is `valid`; else ValueError(message)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{message}, got {value!r}.")
+    if not valid(float(value)):
+        raise ValueError(f"{message}, got {float(value)!r}.")
+    return float(value)
+
+
 def _epsilon(epsilon: Any) -> float:
-    if isinstance(epsilon, (bool, np.bool_)) or not isinstance(epsilon, numbers.Real):
-        raise ValueError(f"epsilon must be a number > 0 (or inf: no noise), got {epsilon!r}.")
-    epsilon = float(epsilon)
-    if math.isnan(epsilon) or epsilon <= 0:
-        raise ValueError(f"epsilon must be a number > 0 (or inf: no noise), got {epsilon!r}.")
-    return epsilon
+    return _real(epsilon, lambda e: e > 0, "epsilon must be a number > 0 (or inf: no noise)")
 
 
 def _delta(delta: Any) -> float:
-    if isinstance(delta, (bool, np.bool_)) or not isinstance(delta, numbers.Real):
-        raise ValueError(f"the Gaussian mechanism needs delta in (0, 1), got {delta!r}.")
-    delta = float(delta)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"the Gaussian mechanism needs delta in (0, 1), got {delta!r}.")
-    return delta
+    return _real(delta, lambda d: 0.0 < d < 1.0, "the Gaussian mechanism needs delta in (0, 1)")
 
 
 def count_sensitivity(neighbouring: str = "replace", norm: int = 1) -> float:
