@@ -58,13 +58,10 @@ def _logits(name: str, logits: Any) -> np.ndarray:
     return array
 
 
-def _masked(beta, bias, logits, present):
-    return jnp.where(present[None, :], beta * logits + bias[None, :], -jnp.inf)
-
-
 def _nll(params, logits, labels, present):
     beta, bias = params
-    log_probs = jax.nn.log_softmax(_masked(beta, bias, logits, present), axis=-1)
+    masked = jnp.where(present[None, :], beta * logits + bias[None, :], -jnp.inf)
+    log_probs = jax.nn.log_softmax(masked, axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
 
 

@@ -86,10 +86,9 @@ def make_evaluator(
     pad = num_batches * batch_size - num
     xs = jnp.asarray(np.concatenate([np.asarray(x), np.zeros((pad, *np.shape(x)[1:]), np.float32)]))
     ys = jnp.asarray(np.concatenate([np.asarray(y), np.zeros((pad,), np.int32)]))
-    mask = jnp.arange(num_batches * batch_size) < num
     xs = xs.reshape(num_batches, batch_size, *xs.shape[1:])
     ys = ys.reshape(num_batches, batch_size)
-    mask = mask.reshape(num_batches, batch_size)
+    mask = (jnp.arange(num_batches * batch_size) < num).reshape(num_batches, batch_size)
 
     def evaluate(params) -> dict:
         confusion, loss = jax.device_get(

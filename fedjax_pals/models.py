@@ -1,8 +1,7 @@
 """Models of the paper's experiments, as pairs of pure functions.
 
-A `Model` is `init(key) -> params` and `apply(params, x) -> logits`, so the
-round engine can vmap and jit them over a stacked client axis without knowing
-about Flax.
+A `Model` is `init(key) -> params` and `apply(params, x) -> logits`, so the round engine can
+vmap and jit them over a stacked client axis without knowing about Flax.
 """
 
 from __future__ import annotations
@@ -64,17 +63,15 @@ class _LeNet(nn.Module):
 # The LeNet's forward pass on the CPU: the same function of the same parameters,
 # formulated for XLA's CPU backend (BUILD_NOTES.md, "A faster client step on CPU").
 #
-# XLA:CPU runs flax's NHWC convolutions with 1 and 6 input channels through Eigen
-# at a few GFLOP/s, and the input gradient of the second one (a padded
-# convolution) is slower still; the 6- and 16-channel minor dimension also
-# vectorises poorly in the elementwise ops and pooling. Here activations are laid
-# out channel-first, (C, B, H, W), and each convolution is its patches (25
-# shifted slices, stacked: (kh*kw*C_in, B*H_out*W_out)) times the kernel
-# reshaped to (kh*kw*C_in, C_out), one matmul that XLA hands to its matmul
-# library; the kernel's gradient is one matmul too, and the input gradient of
-# the second convolution a matmul plus a sum of slices. Max pooling is the same
-# `reduce_window` as flax's `nn.max_pool` (so its gradient, select-and-scatter,
-# picks the same element on ties). The parameters, their tree and the logits
+# XLA:CPU runs flax's NHWC convolutions with 1 and 6 input channels through Eigen at a few
+# GFLOP/s, and the input gradient of the second one (a padded convolution) is slower still; the
+# 6- and 16-channel minor dimension also vectorises poorly in the elementwise ops and pooling.
+# Here activations are laid out channel-first, (C, B, H, W), and each convolution is its patches
+# (25 shifted slices, stacked: (kh*kw*C_in, B*H_out*W_out)) times the kernel reshaped to
+# (kh*kw*C_in, C_out), one matmul that XLA hands to its matmul library; the kernel's gradient is
+# one matmul too, and the input gradient of the second convolution a matmul plus a sum of
+# slices. Max pooling is the same `reduce_window` as flax's `nn.max_pool` (so its gradient,
+# select-and-scatter, picks the same element on ties). The parameters, their tree and the logits
 # are flax's, up to float32 rounding (the sums run in another order).
 
 
@@ -163,24 +160,15 @@ def lenet(input_shape: Sequence[int], num_classes: int, head_bias: bool = True) 
 @functools.cache
 def _logistic_regression(input_shape, num_classes):
     return _from_flax(
-        "logistic_regression",
-        _LogisticRegression(num_classes),
-        input_shape,
-        num_classes,
-        is_convolutional=False,
+        "logistic_regression", _LogisticRegression(num_classes), input_shape, num_classes, False
     )
 
 
 @functools.cache
 def _lenet(input_shape, num_classes, head_bias):
-    return _from_flax(
-        "lenet" if head_bias else "lenet_nobias",
-        _LeNet(num_classes, head_bias),
-        input_shape,
-        num_classes,
-        is_convolutional=True,
-        cpu_apply=_lenet_apply_cpu,
-    )
+    name = "lenet" if head_bias else "lenet_nobias"
+    module = _LeNet(num_classes, head_bias)
+    return _from_flax(name, module, input_shape, num_classes, True, cpu_apply=_lenet_apply_cpu)
 
 
 def _lenet_nobias(input_shape: Sequence[int], num_classes: int) -> Model:

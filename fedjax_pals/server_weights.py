@@ -29,37 +29,28 @@ from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _linalg, _validation
 
-# fedpals_weights' solvers. "active_set" (the default, _solve_fedpals): semismooth Newton on
-# eq. 8's K-dimensional dual picks the face, and a primal active-set method of exact face
-# steps (_active_set) finishes it to float32 rounding (BUILD_NOTES.md). "projected_gradient"
-# (_solve_fedpals_projected_gradient): the design card's solver, jaxopt's projected gradient
-# onto the simplex, slower; max_iter and tol are its settings (the active-set method checks
-# them but needs neither).
+# fedpals_weights' solvers: "active_set" (_solve_fedpals) and "projected_gradient"
+# (_solve_fedpals_projected_gradient, the design card's); see fedpals_weights.
 SOLVERS = ("active_set", "projected_gradient")
 DEFAULT_SOLVER = "active_set"
 # The projected gradient's budget per phase (accelerated, then plain) and its tolerance on
 # ||alpha_(k+1) - alpha_k||_2. In float32 that step jitters at rounding level (1e-8 to 1e-6 in
-# the problems measured) and seldom gets under 1e-9, so by default both phases nearly always
-# run their max_iter steps (or stop on an exact fixed point): with the
-# card's former 1e-7, both stopped 0.035 off a lam = 0 minimiser (M = 20 > K = 5, where S S^T
-# is singular and the steps near the minimiser are tiny; objective 2.3e-7 too high, 1.9 eps
-# scale^2; BUILD_NOTES.md, issue 29). The active-set method uses neither.
+# the problems measured), so both phases nearly always run their max_iter steps: a tolerance
+# of 1e-7 stopped 0.035 off a lam = 0 minimiser (M = 20 > K = 5, S S^T singular, the steps
+# near the minimiser tiny; BUILD_NOTES.md). The active-set method uses neither.
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-9
 # _active_set: at most this many clients join the dual phase's face (it is normally right,
 # or off by a few), and at most this many full steps in a row refine a face's minimiser.
 _MAX_ADDITIONS = 64
 _MAX_REFINEMENTS = 8
-# Semismooth Newton on the dual (_dual_newton): steps, and the shortest backtracked step.
+# Semismooth Newton on the dual (_dual_newton): steps, and the shortest backtracked step;
+# lam's path there goes from max(lam, N) down by _DUAL_PATH_FACTOR per stage.
 _MAX_DUAL_STEPS = 100
-# lam's path in _dual_newton: from max(lam, N) down by this factor per stage.
-_DUAL_PATH_FACTOR = 10.0
 _MIN_DUAL_STEP = 2.0**-30
+_DUAL_PATH_FACTOR = 10.0
 # Newton steps for the threshold tau of _dual_weights (each O(M); typically under 10).
 _MAX_THRESHOLD_STEPS = 100
-# lam = 0 has no smooth dual: the dual phase, which only chooses the face, solves
-# lam = 1e-6 N instead (the 0+ side of the path, as in lambda_for_ess), and the
-# active-set method then finishes at lam = 0.
 
 # The bisection of `lambda_for_ess` searches lam / N in [1e-6, 1e12], log-spaced.
 # 1e-6 N stands for lam -> 0+: when T is in Conv(S) and M > K the lam = 0
@@ -111,14 +102,14 @@ def fedpals_objective(
 
 def _face_newton_step(
     alpha: jax.Array,
-    face: jax.Array,
+    active: jax.Array,
     dists: jax.Array,
     target: jax.Array,
     sizes: jax.Array,
     lam: jax.Array,
     fast: jax.Array | bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One exact (Newton) step of eq. 8 on the face A of the simplex (a boolean mask).
+    """One exact (Newton) step of eq. 8 on the face A of the simplex (the boolean mask `active`).
 
     alpha must be 0 off A and >= 0 on it (a client just added to A may be at 0).
 
@@ -138,15 +129,14 @@ def _face_newton_step(
         lam > 0:  e = V diag(1 / (sigma^2 + lam)) V^T g + (I - V V^T) g / lam,
                   g = P (N^(1/2) (-grad f(alpha) / 2)) = F^T r - lam P v.
 
-    Both are corrections computed from the residual / gradient at alpha, so the
-    solve's float32 error is relative to ||d||; what remains is the rounding of
-    r and of grad f, i.e. float32's floor for this problem's conditioning. At
-    lam > 0, g is formed from grad f in alpha's own coordinates, less the
-    multiplier of sum_i alpha_i = 1, before any scaling by sqrt(n_i): computing
-    F^T r and lam P v apart (large terms that cancel at the optimum), or leaving
-    the multiplier in, costs eps * (their size) * sqrt(n_max / n_min) in alpha,
-    1e-5 on tests/test_server_weights.py's problems. A ratio test keeps alpha >= 0:
-    a client the step would make negative leaves the face at 0.
+    Both are corrections computed from the residual / gradient at alpha, so the solve's float32
+    error is relative to ||d||; what remains is the rounding of r and of grad f, i.e. float32's
+    floor for this problem's conditioning. At lam > 0, g is formed from grad f in alpha's own
+    coordinates, less the multiplier of sum_i alpha_i = 1, before any scaling by sqrt(n_i):
+    computing F^T r and lam P v apart (large terms that cancel at the optimum), or leaving the
+    multiplier in, costs eps * (their size) * sqrt(n_max / n_min) in alpha, 1e-5 on
+    tests/test_server_weights.py's problems. A ratio test keeps alpha >= 0: a client the step
+    would make negative leaves the face at 0.
 
     The SVD is `_linalg.tall_thin_svd`'s (Householder QR + K x K SVD, accurate to
     float32 rounding). With `fast` it comes from the K x K Gram F F^T instead (eigh,
@@ -154,15 +144,13 @@ def _face_newton_step(
     below sqrt(eps K) sigma_max are dropped, the rest lose accuracy); `_active_set` uses
     it only for the steps that drop clients at lam = 0.
 
-    Returns the new alpha, whether the step was kept and whether it was a full
-    one (t = 1). The step is kept only if finite and if it does not raise the
-    objective beyond the float32 rounding of its evaluation: in exact
-    arithmetic it never raises it.
+    Returns the new alpha, whether the step was kept and whether it was a full one (t = 1). The
+    step is kept only if finite and if it does not raise the objective beyond the float32
+    rounding of its evaluation: in exact arithmetic it never raises it.
     """
     dtype = alpha.dtype
     eps = jnp.finfo(dtype).eps
     num_clients, num_classes = dists.shape
-    active = face
     sqrt_sizes = jnp.where(active, jnp.sqrt(sizes), 0.0)  # q
     q_norm2 = sqrt_sizes @ sqrt_sizes
 
@@ -238,17 +226,13 @@ def _face_newton_step(
     scaled_alpha = project(jnp.where(active, alpha / jnp.where(active, sqrt_sizes, 1.0), 0.0))
     components = v_transposed_times(jnp.stack([grad, scaled_alpha], axis=1))
     # One product with V for the four vectors: lam = 0's correction, then lam > 0's.
-    products = v_times(
-        jnp.stack(
-            [
-                jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0),
-                components[:, 0] / (safe_sigma * safe_sigma + lam),
-                components[:, 0],
-                components[:, 1],
-            ],
-            axis=1,
-        )
-    )
+    columns = [
+        jnp.where(keep, (u_t @ residual) / safe_sigma, 0.0),
+        components[:, 0] / (safe_sigma * safe_sigma + lam),
+        components[:, 0],
+        components[:, 1],
+    ]
+    products = v_times(jnp.stack(columns, axis=1))
     e_zero = products[:, 0]
     off_range = jnp.where(
         tiny_lam, products[:, 3] - scaled_alpha, (grad - products[:, 2]) / safe_lam
@@ -439,9 +423,7 @@ def _kkt_holds(
     gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
     on_face = jnp.where(alpha > 0, jnp.abs(gap), 0.0)
     off_face = jnp.where(alpha > 0, 0.0, -gap)
-    return (jnp.max(on_face) <= slack) & (jnp.max(off_face) <= slack) & jnp.all(
-        jnp.isfinite(alpha)
-    )
+    return (jnp.max(on_face) <= slack) & (jnp.max(off_face) <= slack) & jnp.all(jnp.isfinite(alpha))
 
 
 def _active_set(
@@ -478,14 +460,12 @@ def _active_set(
         return (steps < max_steps) & ~done
 
     def body(carry):
-        steps, full_in_a_row, holds_in_a_row, additions, last_added, excluded, alpha, face, fast, _ = (
-            carry
-        )
+        steps, full_in_a_row, holds_in_a_row, additions, last_added = carry[:5]
+        excluded, alpha, face, fast, _ = carry[5:]
         alpha, kept, full = _face_newton_step(alpha, face, dists, target, sizes, lam, fast)
         face = face & (alpha > 0)
         gap, slack = _kkt_gaps(alpha, dists, target, sizes, lam)
         off_face_gap = jnp.where(face, jnp.inf, gap)
-        worst = jnp.argmin(off_face_gap)
         on_face_gap = jnp.max(jnp.where(face, jnp.abs(gap), 0.0))
         # At a face's minimiser the on-face gaps are 0 but for rounding: they measure the
         # gaps' actual rounding, often far below the bound `slack`. For lam > 0 a client
@@ -499,9 +479,7 @@ def _active_set(
         excluded = excluded | ((index == last_added) & ~full & (alpha <= 0))
         off_face_gap = jnp.where(excluded, jnp.inf, off_face_gap)
         worst = jnp.argmin(off_face_gap)
-        add = (
-            kept & full & (off_face_gap[worst] < -threshold) & (additions < _MAX_ADDITIONS)
-        )
+        add = kept & full & (off_face_gap[worst] < -threshold) & (additions < _MAX_ADDITIONS)
         face = face | (add & (index == worst))
         last_added = jnp.where(add, worst, -1)
         full_in_a_row = jnp.where(full & ~add, full_in_a_row + 1, 0)
@@ -514,18 +492,8 @@ def _active_set(
             | (full_in_a_row >= _MAX_REFINEMENTS)
         )
         fast = (lam == 0) & kept & ~full
-        return (
-            steps + 1,
-            full_in_a_row,
-            holds_in_a_row,
-            additions + add,
-            last_added,
-            excluded,
-            alpha,
-            face,
-            fast,
-            done,
-        )
+        counters = (steps + 1, full_in_a_row, holds_in_a_row, additions + add, last_added)
+        return (*counters, excluded, alpha, face, fast, done)
 
     excluded = jnp.zeros(num_clients, bool)
     carry = (0, 0, 0, 0, -1, excluded, alpha, face, jnp.array(False), jnp.array(False))
@@ -580,12 +548,7 @@ def _lipschitz_bound(dists: jax.Array, sizes: jax.Array, lam: jax.Array) -> jax.
 
 @functools.partial(jax.jit, static_argnames=("max_iter", "tol"))
 def _solve_fedpals_projected_gradient(
-    dists: jax.Array,
-    target: jax.Array,
-    sizes: jax.Array,
-    lam: jax.Array,
-    max_iter: int,
-    tol: float,
+    dists: jax.Array, target: jax.Array, sizes: jax.Array, lam: jax.Array, max_iter: int, tol: float
 ) -> jax.Array:
     """Eq. 8 by `jaxopt.ProjectedGradient` (the design card's solver): fixed step 1/L,
     Euclidean projection onto the simplex, from FedAvg; accelerated (FISTA), then plain."""
@@ -657,14 +620,9 @@ def fedpals_weights(
     from FedAvg, first accelerated (FISTA: the step is taken from an extrapolation y of the
     last two iterates), then plain (y = alpha, whose stopping test, the gradient mapping, is 0
     only at the minimiser), each for at most max_iter steps and until ||alpha_(k+1) -
-    alpha_k||_2 <= tol; O(M K + M log M) a step (the projection sorts). On the tests'
-    problems (M <= 60) it reaches the default's minimiser to float32 rounding: the objective
-    to eps * scale^2 (scale = ||T|| + ||alpha^T S|| + sqrt(lam sum_i alpha_i^2 / n_i)), alpha
-    to what rounding allows a gradient method, which grows with the square of the face's
-    condition number (tests/test_server_weights.py). It is 3-700x slower (0.003-17 s at
-    M = 10-10,000), and at lam = 0 with M >> K, where eq. 8 is not strongly convex, the
-    default budget can fall short: at M = 1,000 it left the objective 5.7e-7 above the
-    active set's (6 eps * scale^2); max_iter=20000 brought that to 0.2 (BUILD_NOTES.md).
+    alpha_k||_2 <= tol; O(M K + M log M) a step (the projection sorts). On the tests' problems
+    it reaches the default's minimiser to float32 rounding; it is 3-700x slower, and at lam = 0
+    with M >> K (not strongly convex) the default budget can fall short (BUILD_NOTES.md).
 
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.
@@ -686,27 +644,25 @@ def fedpals_weights(
     FedAvg. Use a small positive lam for the largest-ESS one.
 
     Raises:
-      ValueError / TypeError: bad problem data, lam < 0 or NaN, an unknown solver, or
-        max_iter / tol not an integer >= 1 / a finite number > 0 (checked even under
-        jit: they are static).
+      ValueError / TypeError: bad problem data, lam < 0 or NaN, an unknown solver, or max_iter /
+        tol not an integer >= 1 / a finite number > 0 (checked even under jit: they are static).
     """
     solver = _validation.check_choice("solver", solver, SOLVERS)
     max_iter = _validation.check_positive_int("max_iter", max_iter)
     tol = _validation.check_positive_float("tol", tol)
-    if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, lam):
-        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
+    problem = (client_label_dists, target_label_dist, client_sizes, lam)
+    if _validation.is_concrete(*problem):
+        _validation.check_problem(*problem[:3])
         _validation.check_lam(lam)
-    dists = _float_array(client_label_dists)
-    target = _float_array(target_label_dist)
-    sizes = _float_array(client_sizes)
+    dists, target, sizes, lam = map(_float_array, problem)
     chex.assert_rank(dists, 2)
     chex.assert_shape(target, (dists.shape[1],))
     chex.assert_shape(sizes, (dists.shape[0],))
     if solver == "projected_gradient":
         return _solve_fedpals_projected_gradient(
-            dists, target, sizes, _float_array(lam), max_iter=max_iter, tol=tol
+            dists, target, sizes, lam, max_iter=max_iter, tol=tol
         )
-    return _solve_fedpals(dists, target, sizes, _float_array(lam))
+    return _solve_fedpals(dists, target, sizes, lam)
 
 
 def fedpals_lam_derivative(
@@ -744,17 +700,15 @@ def fedpals_lam_derivative(
     Raises:
       ValueError: bad problem data or lam <= 0 (when the inputs are concrete).
     """
-    if _validation.is_concrete(client_label_dists, target_label_dist, client_sizes, lam):
-        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
+    problem = (client_label_dists, target_label_dist, client_sizes, lam)
+    if _validation.is_concrete(*problem):
+        _validation.check_problem(*problem[:3])
         if not _validation.check_lam(lam) > 0:
             raise ValueError(
                 f"lam must be > 0 for d alpha / d lam (at lam = 0 the minimiser of eq. 8 need "
                 f"not be unique), got {lam!r}."
             )
-    dists = _float_array(client_label_dists)
-    target = _float_array(target_label_dist)
-    sizes = _float_array(client_sizes)
-    lam = _float_array(lam)
+    dists, target, sizes, lam = map(_float_array, problem)
     if alpha is None:
         alpha = _solve_fedpals(dists, target, sizes, lam)
     alpha = _float_array(alpha)
@@ -789,8 +743,7 @@ def projection_distance(
     """
     if _validation.is_concrete(client_label_dists, target_label_dist):
         _validation.check_problem(client_label_dists, target_label_dist, None)
-    dists = _float_array(client_label_dists)
-    target = _float_array(target_label_dist)
+    dists, target = _float_array(client_label_dists), _float_array(target_label_dist)
     uniform_sizes = jnp.ones(dists.shape[0], dists.dtype)
     alpha = _solve_fedpals(dists, target, uniform_sizes, jnp.zeros((), dists.dtype))
     residual = target - alpha @ dists
@@ -814,15 +767,8 @@ def _lambda_for_ess(dists, target, sizes, fraction):
         too_small = _ess_fraction_at(mid, dists, target, sizes) < fraction
         return jnp.where(too_small, mid, low), jnp.where(too_small, high, mid)
 
-    low, high = jax.lax.fori_loop(
-        0,
-        _BISECTION_STEPS,
-        step,
-        (
-            jnp.asarray(LOG10_LAM_RANGE[0], dists.dtype),
-            jnp.asarray(LOG10_LAM_RANGE[1], dists.dtype),
-        ),
-    )
+    bounds = tuple(jnp.asarray(bound, dists.dtype) for bound in LOG10_LAM_RANGE)
+    low, high = jax.lax.fori_loop(0, _BISECTION_STEPS, step, bounds)
     lam = jnp.sum(sizes) * 10.0 ** (0.5 * (low + high))
     fraction_at_zero = _ess_fraction_at(-jnp.inf, dists, target, sizes)
     # Within float32 rounding of ESS(alpha^0) / N (a fraction computed from alpha^0 in
@@ -840,21 +786,16 @@ def lambda_for_ess(
 ) -> jax.Array:
     """The lam at which ESS(alpha^lam) = fraction * N (App. B.3).
 
-    The paper picks a few lam giving ESS of e.g. 25/50/75 % of N and selects
-    among them on a target-distributed validation set. ESS grows with lam from
-    ESS(alpha^{0+}) to N (FedAvg), alpha^{0+} = lim_{lam->0+} alpha^lam, so
-    fractions in [ESS(alpha^{0+})/N, 1] are reachable; fraction = 1 returns
-    `inf` (FedAvg), and the lower end returns 0 where alpha^0 is unique. When T
-    is in Conv(S) and M > K, lam = 0 has many minimisers and ones of smaller ESS
-    than alpha^{0+} are reached by no lam > 0: such fractions raise. Found by a
-    64-step bisection on log(lam) over lam/N in [1e-6, 1e12] (1e-6 N stands for
-    0+).
+    The paper picks a few lam giving ESS of e.g. 25/50/75 % of N and selects among them on a
+    target-distributed validation set. ESS grows with lam from ESS(alpha^{0+}) to N (FedAvg),
+    alpha^{0+} = lim_{lam->0+} alpha^lam, so fractions in [ESS(alpha^{0+})/N, 1] are reachable;
+    fraction = 1 returns `inf` (FedAvg), and the lower end returns 0 where alpha^0 is unique.
+    When T is in Conv(S) and M > K, lam = 0 has many minimisers and ones of smaller ESS than
+    alpha^{0+} are reached by no lam > 0: such fractions raise. Found by a 64-step bisection on
+    log(lam) over lam/N in [1e-6, 1e12] (1e-6 N stands for 0+).
 
-    Checks, cheapest first, so that a bad request fails before any solve: the
-    problem data; the fraction a real scalar in (0, 1]; fraction = 1 returns
-    `inf` at once; a fraction below min_i n_i / N is out of reach of every
-    alpha on the simplex (ESS(alpha) >= min_i n_i). Only then is the reachable
-    lower end ESS(alpha^{0+})/N solved for (two solves, at lam = 0 and at 1e-6 N).
+    A bad request fails before any solve (fraction = 1 returns `inf` at once; below min_i n_i / N
+    no alpha on the simplex reaches it); only then is the reachable lower end solved for.
 
     Raises:
       ValueError: for bad problem data, or a fraction outside
@@ -862,11 +803,10 @@ def lambda_for_ess(
         and gives the range: (0, 1], or the reachable one for these clients).
       TypeError: a fraction that is not a real scalar.
     """
-    concrete = _validation.is_concrete(
-        client_label_dists, target_label_dist, client_sizes, fraction
-    )
+    problem = (client_label_dists, target_label_dist, client_sizes)
+    concrete = _validation.is_concrete(*problem, fraction)
     if concrete:  # the checks that need no solve come first
-        _validation.check_problem(client_label_dists, target_label_dist, client_sizes)
+        _validation.check_problem(*problem)
         value = _validation.check_ess_fraction(fraction)
         if value == 1.0:  # FedAvg (Proposition 2): no solve
             return jnp.asarray(jnp.inf, jnp.result_type(float))
@@ -879,14 +819,10 @@ def lambda_for_ess(
                 f"N = {sizes_np.sum():g}; the reachable range [ESS(alpha^(0+))/N, 1] starts "
                 "there or higher."
             )
-    dists = _float_array(client_label_dists)
-    target = _float_array(target_label_dist)
-    sizes = _float_array(client_sizes)
+    dists, target, sizes = map(_float_array, problem)
     if concrete:
-        lowest = max(
-            float(_ess_fraction_at(-jnp.inf, dists, target, sizes)),
-            float(_ess_fraction_at(LOG10_LAM_RANGE[0], dists, target, sizes)),
-        )
+        ends = (-jnp.inf, LOG10_LAM_RANGE[0])
+        lowest = max(float(_ess_fraction_at(end, dists, target, sizes)) for end in ends)
         # Round-off slack of the solver near lam = 0.
         if not (lowest - 1e-4 <= value <= 1.0):
             raise ValueError(

@@ -4,17 +4,15 @@ The FedPALS experiments (Listo Zec et al., Sec. 5 and App. B.4) build label
 shift tasks from Fashion-MNIST and CIFAR-10. This module only loads the raw
 splits; `fedjax_pals.data.partitions` turns them into clients and a target.
 
-Every loader returns inputs scaled to [-1, 1] (``pixel / 127.5 - 1``, the
-scaling of the reference implementation) as float32 NHWC arrays and labels as
-int32.
+Every loader returns inputs scaled to [-1, 1] (``pixel / 127.5 - 1``, the scaling of the
+reference implementation) as float32 NHWC arrays and labels as int32.
 
-Offline behaviour is a design requirement: these machines have no route to
-the dataset hosts, and ``tfds.load`` with downloading enabled retries for
-minutes before failing. The loaders therefore never ask TFDS to download: they
-look for files on disk themselves and call ``tfds.data_source(...,
-download=False)`` only when a prepared copy of the data set is present. When no
-source has the data, `DatasetUnavailableError` is raised at once with every
-way of getting it.
+Offline behaviour is a design requirement: these machines have no route to the dataset hosts,
+and ``tfds.load`` with downloading enabled retries for minutes before failing. The loaders
+therefore never ask TFDS to download: they look for files on disk themselves and call
+``tfds.data_source(..., download=False)`` only when a prepared copy of the data set is present.
+When no source has the data, `DatasetUnavailableError` is raised at once with every way of
+getting it.
 """
 
 from __future__ import annotations
@@ -140,9 +138,7 @@ def _scale_uint8_images(images: np.ndarray) -> np.ndarray:
     return x
 
 
-# --------------------------------------------------------------------------
-# Fashion-MNIST from idx files
-# --------------------------------------------------------------------------
+# ---- Fashion-MNIST from idx files ----------------------------------------
 
 
 def _read_maybe_gzip(path: pathlib.Path) -> bytes:
@@ -233,24 +229,19 @@ def _idx_dataset(directory: pathlib.Path) -> Dataset | None:
     return _dataset("fashion_mnist", splits, f"idx files in {directory}")
 
 
-# --------------------------------------------------------------------------
-# TFDS (prepared data only)
-# --------------------------------------------------------------------------
+# ---- TFDS (prepared data only) -------------------------------------------
 
 
-def _tfds_data_dir(data_dir: str | os.PathLike | None) -> pathlib.Path:
-    """The directory TFDS would read: data_dir, else $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
-    if data_dir is not None:
-        return pathlib.Path(data_dir).expanduser()
+def _tfds_data_dir() -> pathlib.Path:
+    """The directory TFDS reads by default: $TFDS_DATA_DIR, else ~/tensorflow_datasets."""
     return pathlib.Path(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")).expanduser()
 
 
 def _tfds_prepared(tfds_dir: pathlib.Path, name: str) -> bool:
     """True if ``tfds_dir/name/[config/]version/dataset_info.json`` exists.
 
-    Checked before touching TFDS at all so that a missing data set costs a
-    couple of ``stat`` calls instead of any builder logic that might reach for
-    the network.
+    Checked before touching TFDS at all so that a missing data set costs a couple of ``stat``
+    calls instead of any builder logic that might reach for the network.
     """
     root = tfds_dir / name
     if not root.is_dir():
@@ -261,24 +252,19 @@ def _tfds_prepared(tfds_dir: pathlib.Path, name: str) -> bool:
 def _read_tfds_source(source: Sequence[dict], name: str) -> LabeledSplit:
     """Reads every record of a TFDS random-access data source into arrays."""
     n = len(source)
-    getitems = getattr(source, "__getitems__", None)
-    records: list[dict] = []
-    chunk = 4096
-    for start in range(0, n, chunk):
-        keys = list(range(start, min(n, start + chunk)))
-        batch = None
-        if getitems is not None:
-            try:
-                batch = getitems(keys)
-            except TypeError:
-                # Batched reads are an optimisation; some sources (e.g. tfds'
-                # own test mocks) only implement __getitem__.
-                getitems = None
-        if batch is None:
-            batch = [source[i] for i in keys]
-        records.extend(batch)
     if n == 0:
         raise DatasetUnavailableError(f"TFDS {name} split is empty")
+    getitems = getattr(source, "__getitems__", None)
+    records: list[dict] = []
+    for start in range(0, n, 4096):
+        keys = list(range(start, min(n, start + 4096)))
+        try:
+            batch = None if getitems is None else getitems(keys)
+        except TypeError:
+            # Batched reads are an optimisation; some sources (e.g. tfds'
+            # own test mocks) only implement __getitem__.
+            getitems = batch = None
+        records.extend([source[i] for i in keys] if batch is None else batch)
     images = np.stack([np.asarray(r["image"], dtype=np.uint8) for r in records])
     labels = np.asarray([int(r["label"]) for r in records], dtype=np.int32)
     return LabeledSplit(x=_scale_uint8_images(images), y=labels)
@@ -330,9 +316,7 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cau
     }
 
 
-# --------------------------------------------------------------------------
-# Public loaders
-# --------------------------------------------------------------------------
+# ---- Public loaders ------------------------------------------------------
 
 
 def load_fashion_mnist(
@@ -340,11 +324,10 @@ def load_fashion_mnist(
 ) -> Dataset:
     """Loads Fashion-MNIST (Xiao et al., 2017): 60k train / 10k test 28x28 grey images.
 
-    With an explicit ``data_dir``, that directory is the only place looked in:
-    the official idx files (``train-images-idx3-ubyte[.gz]``, ...) in
-    ``data_dir``, ``data_dir/fashion-mnist`` or ``data_dir/fashion_mnist``, or a
-    TFDS copy prepared in ``data_dir``. A ``data_dir`` without the data set is an
-    error naming what is missing, never a fallback to another copy.
+    With an explicit ``data_dir``, that directory is the only place looked in: the official idx
+    files (``train-images-idx3-ubyte[.gz]``, ...) in ``data_dir``, ``data_dir/fashion-mnist`` or
+    ``data_dir/fashion_mnist``, or a TFDS copy prepared in ``data_dir``. A ``data_dir`` without
+    the data set is an error naming what is missing, never a fallback to another copy.
 
     With ``data_dir=None``, in order:
       1. ``DEBIAN_FASHION_MNIST_DIR`` (the ``dataset-fashion-mnist`` package),
@@ -367,17 +350,15 @@ def load_fashion_mnist(
         if (found := _idx_dataset(directory)) is not None:
             return found
         searched.append(f"idx files in {directory}")
-    tfds_dir = _tfds_data_dir(None)
+    tfds_dir = _tfds_data_dir()
     if _tfds_prepared(tfds_dir, "fashion_mnist"):
         return _load_tfds("fashion_mnist", tfds_dir)
     searched.append(f"a prepared TFDS fashion_mnist in {tfds_dir}")
 
     raise DatasetUnavailableError(
-        "Fashion-MNIST is not available locally (nothing is downloaded). Searched: "
-        + "; ".join(searched)
-        + ".\nTo get it, any of:\n"
-        "  * `apt-get install dataset-fashion-mnist` (puts the idx files in "
-        f"{DEBIAN_FASHION_MNIST_DIR});\n"
+        f"Fashion-MNIST is not available locally (nothing is downloaded). Searched: "
+        f"{'; '.join(searched)}.\nTo get it, any of:\n  * `apt-get install dataset-fashion-mnist` "
+        f"(puts the idx files in {DEBIAN_FASHION_MNIST_DIR});\n"
         "  * put the four official idx files (train-images-idx3-ubyte.gz, "
         "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) "
         "in a directory and pass --data_dir DIR (data_dir=DIR);\n"
@@ -396,9 +377,8 @@ def _fashion_mnist_dirs(base: pathlib.Path) -> list[pathlib.Path]:
 
 def _check_fashion_mnist_dir(base: pathlib.Path) -> None:
     """The data_dir check of Fashion-MNIST (a few stat calls): its idx files or a TFDS copy."""
-    if any(map(_find_idx_files, _fashion_mnist_dirs(base))) or _tfds_prepared(
-        base, "fashion_mnist"
-    ):
+    dirs = _fashion_mnist_dirs(base)
+    if any(map(_find_idx_files, dirs)) or _tfds_prepared(base, "fashion_mnist"):
         return
     raise ValueError(
         f"does not hold Fashion-MNIST: missing the idx file(s) {_missing_idx_files(base)} "
@@ -434,11 +414,10 @@ def _load_fashion_mnist_from(base: pathlib.Path) -> Dataset:
 def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = False) -> Dataset:
     """Loads CIFAR-10 (Krizhevsky, 2009): 50k train / 10k test 32x32 RGB images.
 
-    Read through ``tfds.data_source("cifar10", download=False)`` from a copy
-    already prepared in ``data_dir`` (only there when it is given: never a
-    fallback to another copy), else in ``$TFDS_DATA_DIR`` or
-    ``~/tensorflow_datasets``. Returns x float32 (N, 32, 32, 3) in [-1, 1] and
-    y int32 in [0, 10).
+    Read through ``tfds.data_source("cifar10", download=False)`` from a copy already prepared in
+    ``data_dir`` (only there when it is given: never a fallback to another copy), else in
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. Returns x float32 (N, 32, 32, 3) in [-1, 1]
+    and y int32 in [0, 10).
 
     With ``download=True`` and no prepared copy there, TFDS downloads and prepares
     one first (``download_and_prepare(file_format="array_record")``, about 170 MB,
@@ -454,16 +433,14 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = 
         where = f"data_dir={tfds_dir} does not hold CIFAR-10 (an explicit data_dir is the only "
         where += "place looked in; nothing is downloaded)"
     else:
-        tfds_dir = _tfds_data_dir(None)
+        tfds_dir = _tfds_data_dir()
         where = "CIFAR-10 is not available locally (nothing is downloaded)"
     if download and not _tfds_prepared(tfds_dir, "cifar10"):
         _download_and_prepare("cifar10", tfds_dir)
     if not _tfds_prepared(tfds_dir, "cifar10"):
         raise DatasetUnavailableError(
-            f"{where}: there is no prepared TFDS copy "
-            f"{tfds_dir}/cifar10/<version>/dataset_info.json.\nTo get it: "
-            + _TFDS_HINT.format(name="cifar10")
-            + "."
+            f"{where}: there is no prepared TFDS copy {tfds_dir}/cifar10/<version>/"
+            f"dataset_info.json.\nTo get it: {_TFDS_HINT.format(name='cifar10')}."
         )
     return _load_tfds("cifar10", tfds_dir)
 
@@ -492,9 +469,7 @@ def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
         ) from e
 
 
-# --------------------------------------------------------------------------
-# The registry
-# --------------------------------------------------------------------------
+# ---- The registry --------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

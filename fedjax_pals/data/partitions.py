@@ -1,28 +1,25 @@
 """Label-shift federated partitions: training clients plus one target client.
 
-The FedPALS experiments (Listo Zec et al., Sec. 5, App. B.4) split a data set
-among ``num_clients`` clients with a label-skew scheme and then designate the
-LAST client as the target: its label distribution is the target marginal
-T(Y), its share of the training split is held out as a validation set drawn
-from T (used to tune lambda, early stopping, hyperparameters; never trained
-on), and the target test set is drawn from the test split with label
-distribution T. The remaining ``M = num_clients - 1`` clients train.
+The FedPALS experiments (Listo Zec et al., Sec. 5, App. B.4) split a data set among
+``num_clients`` clients with a label-skew scheme and then designate the LAST client as the
+target: its label distribution is the target marginal T(Y), its share of the training split is
+held out as a validation set drawn from T (used to tune lambda, early stopping, hyperparameters;
+never trained on), and the target test set is drawn from the test split with label distribution
+T. The remaining ``M = num_clients - 1`` clients train.
 
-The label-skew schemes reduce to a (num_clients, K) matrix of per-class example
-counts, and `partition_from_label_counts` draws disjoint examples matching it;
-`natural_partition` takes the clients the data come with (client ids). Every
-function is deterministic given ``seed``. The config's schemes are registered
-at the end (`register_partition`, config.partition.scheme).
+The label-skew schemes reduce to a (num_clients, K) matrix of per-class example counts, and
+`partition_from_label_counts` draws disjoint examples matching it; `natural_partition` takes the
+clients the data come with (client ids). Every function is deterministic given ``seed``. The
+config's schemes are registered at the end (`register_partition`, config.partition.scheme).
 
 Rounding a distribution p to integer counts summing to n uses the largest
 remainder (Hamilton) method: floor(p * n), then one extra example for the
 classes with the largest fractional parts (ties to the lower class index).
 
-The target sets must be able to follow T: the test split must hold every class
-with T_k > 0, and the target test set must have at least
-``min_target_test_size`` (default `MIN_TARGET_TEST_SIZE` = 30) examples; the
-validation set is the target's own (non-empty) training share or a T-distributed
-subsample of it. Otherwise the functions raise, naming the class that limits the
+The target sets must be able to follow T: the test split must hold every class with T_k > 0, and
+the target test set must have at least ``min_target_test_size`` (default `MIN_TARGET_TEST_SIZE`
+= 30) examples; the validation set is the target's own (non-empty) training share or a
+T-distributed subsample of it. Otherwise the functions raise, naming the class that limits the
 test set and the remedies, rather than report accuracy on a handful of examples.
 """
 
@@ -68,8 +65,7 @@ class FederatedPartition:
       target_label_dist: (K,) float64 target marginal T(Y), sums to 1.
       target_val_indices: (n_val,) int32 into the train split, label
         distribution T, disjoint from every client.
-      target_test_indices: (n_test,) int32 into the test split, label
-        distribution T.
+      target_test_indices: (n_test,) int32 into the test split, label distribution T.
       num_classes: K.
       description: how the partition was made, for logs and result files.
       held_out_indices: (n_h,) int32 into the train split: examples the clients keep out of
@@ -185,9 +181,7 @@ class FederatedPartition:
         }
 
 
-# --------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------
+# ---- Helpers -------------------------------------------------------------
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -334,9 +328,7 @@ def _check_target_test_size(
     )
 
 
-# --------------------------------------------------------------------------
-# The common core
-# --------------------------------------------------------------------------
+# ---- The common core -----------------------------------------------------
 
 
 def partition_from_label_counts(
@@ -353,24 +345,21 @@ def partition_from_label_counts(
 ) -> FederatedPartition:
     """Builds a partition whose client i holds ``label_counts[i, k]`` examples of class k.
 
-    ``label_counts`` is (num_clients, K); rows 0..num_clients-2 are the training
-    clients and the last row is the target. Examples are drawn without
-    replacement from each class's shuffled pool, so all clients and the
-    target validation set are disjoint.
+    ``label_counts`` is (num_clients, K); rows 0..num_clients-2 are the training clients and the
+    last row is the target. Examples are drawn without replacement from each class's shuffled
+    pool, so all clients and the target validation set are disjoint.
 
-    Target: T(Y) = label_counts[-1] / sum(label_counts[-1]). The validation
-    set is the target's own share, or a subsample of ``val_size`` examples
-    with per-class counts largest_remainder(T, val_size). The test set is drawn
-    from the test split with counts largest_remainder(T, n_test), where n_test
-    is ``target_test_size`` or, by default, the largest n whose counts the test
-    split can supply.
+    Target: T(Y) = label_counts[-1] / sum(label_counts[-1]). The validation set is the target's
+    own share, or a subsample of ``val_size`` examples with per-class counts
+    largest_remainder(T, val_size). The test set is drawn from the test split with counts
+    largest_remainder(T, n_test), where n_test is ``target_test_size`` or, by default, the
+    largest n whose counts the test split can supply.
 
     Raises:
-      ValueError: malformed counts, a class pool smaller than the counts ask
-        for, a training client or the target with no examples, an infeasible
-        ``target_test_size`` / ``val_size``, a test split without a class T
-        needs, or a target test set smaller than ``min_target_test_size``
-        (the message names the class that limits it).
+      ValueError: malformed counts, a class pool smaller than the counts ask for, a training
+        client or the target with no examples, an infeasible ``target_test_size`` /
+        ``val_size``, a test split without a class T needs, or a target test set smaller than
+        ``min_target_test_size`` (the message names the class that limits it).
     """
     seed = _check_seed(seed)
     min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
@@ -483,9 +472,7 @@ def _with_target_sets(
     )
 
 
-# --------------------------------------------------------------------------
-# Schemes
-# --------------------------------------------------------------------------
+# ---- Schemes -------------------------------------------------------------
 
 
 def _describe(scheme: str, num_clients: int, seed: int) -> str:
@@ -638,15 +625,14 @@ def _dirichlet(rng: np.random.Generator, beta: float, size: int, num: int) -> np
 def dirichlet_partition(rng, train, num_clients, num_classes, *, beta, examples_per_client=None):
     """Dirichlet sampling as in FedPALS (App. B.4; Yurochkin et al., 2019): per client over classes.
 
-    Each client i (target included) draws p_i ~ Dir_K(beta) and gets
-    n = ``examples_per_client`` (default ``len(train) // num_clients``)
-    examples, with per-class counts largest_remainder(p_i, n), drawn without
-    replacement from the class pools. Clients are served in a random order;
-    when a class pool runs out, the shortfall is redrawn (largest remainder
-    again) from p_i restricted to the classes that still have examples,
-    repeating until the client has n examples (if p_i has no mass left on
-    those classes, the remaining pool sizes are used as the distribution).
-    The reported histograms (and so T) are the counts actually drawn.
+    Each client i (target included) draws p_i ~ Dir_K(beta) and gets n = ``examples_per_client``
+    (default ``len(train) // num_clients``) examples, with per-class counts
+    largest_remainder(p_i, n), drawn without replacement from the class pools. Clients are
+    served in a random order; when a class pool runs out, the shortfall is redrawn (largest
+    remainder again) from p_i restricted to the classes that still have examples, repeating
+    until the client has n examples (if p_i has no mass left on those classes, the remaining
+    pool sizes are used as the distribution). The reported histograms (and so T) are the counts
+    actually drawn.
 
     This is NOT NIID-Bench's Dirichlet scheme (per class over clients); see
     `niid_bench_dirichlet_partition` for that one.
@@ -697,13 +683,11 @@ def niid_bench_dirichlet_partition(
 ):
     """NIID-Bench's Dirichlet split (Li et al., 2022, "noniid-labeldir"): per class over clients.
 
-    For each class k, q_k ~ Dir_M(beta) over the ``num_clients`` clients
-    (target included) splits class k's examples: client j gets the slice
-    between the cut points floor(cumsum(q_k) * n_k). As in NIID-Bench, a
-    client that already holds >= N / num_clients examples gets q_kj = 0, and
-    the whole draw is repeated until every client has >= ``min_size``
-    examples. Unlike the FedPALS scheme (`dirichlet_partition`), client sizes
-    vary.
+    For each class k, q_k ~ Dir_M(beta) over the ``num_clients`` clients (target included)
+    splits class k's examples: client j gets the slice between the cut points floor(cumsum(q_k)
+    * n_k). As in NIID-Bench, a client that already holds >= N / num_clients examples gets q_kj
+    = 0, and the whole draw is repeated until every client has >= ``min_size`` examples. Unlike
+    the FedPALS scheme (`dirichlet_partition`), client sizes vary.
 
     Raises:
       ValueError: beta <= 0, num_clients < 2, min_size < 1, no draw met
@@ -788,11 +772,10 @@ def resample_to_label_dist(
     largest_remainder(label_dist, n_i) examples per class, drawn from the train
     split minus the target validation set (which is never trained on).
 
-    Per class, clients get disjoint examples when the pool covers their total
-    demand. Otherwise each client draws independently from the whole pool
-    (without replacement within the client, so examples repeat across
-    clients), and a client that alone needs more than the pool draws that
-    class with replacement. The target fields are kept unchanged.
+    Per class, clients get disjoint examples when the pool covers their total demand. Otherwise
+    each client draws independently from the whole pool (without replacement within the client,
+    so examples repeat across clients), and a client that alone needs more than the pool draws
+    that class with replacement. The target fields are kept unchanged.
 
     Raises:
       ValueError: ``label_dist`` is not a K-vector distribution, or puts mass
@@ -896,9 +879,7 @@ def hold_out_stratified(
     )
 
 
-# --------------------------------------------------------------------------
-# The registry of partition schemes (config.partition.scheme)
-# --------------------------------------------------------------------------
+# ---- The registry of partition schemes (config.partition.scheme) ---------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,9 +8,8 @@ S_2 = [.5, 0, .5] (n_2 = 18), so FedAvg leans towards client 1. The target
     T_proj = [.5, .25, .25]  (inside Conv(S): 0.5 S_1 + 0.5 S_2),
     T_ext  = [0, .5, .5]     (outside Conv(S)),
 
-moves away from the clients' convex hull as delta grows, so delta controls
-the projection distance d(T, S). The paper evaluates on 2000 target test
-points.
+moves away from the clients' convex hull as delta grows, so delta controls the projection
+distance d(T, S). The paper evaluates on 2000 target test points.
 """
 
 from __future__ import annotations
@@ -61,13 +60,12 @@ def synthetic_label_shift_task(
 ) -> tuple[Dataset, FederatedPartition]:
     """Draws the synthetic task of App. C.4 for one delta.
 
-    The train split holds the two clients' examples (exactly S_i * n_i per
-    class: [20, 20, 0] and [9, 0, 9]) followed by a target validation set of
-    ``num_val`` points with per-class counts largest_remainder(T_delta,
-    num_val); the test split holds ``num_test`` points drawn the same way.
-    The partition's ``target_label_dist`` is T_delta itself. As for the other
-    partitions, ``num_test`` must be >= ``min_target_test_size`` (default 30):
-    accuracy on fewer examples is noise.
+    The train split holds the two clients' examples (exactly S_i * n_i per class: [20, 20, 0]
+    and [9, 0, 9]) followed by a target validation set of ``num_val`` points with per-class
+    counts largest_remainder(T_delta, num_val); the test split holds ``num_test`` points drawn
+    the same way. The partition's ``target_label_dist`` is T_delta itself. As for the other
+    partitions, ``num_test`` must be >= ``min_target_test_size`` (default 30): accuracy on fewer
+    examples is noise.
 
     Returns:
       (dataset named "synthetic" with x float32 (N, 2), y int32; the matching
@@ -95,15 +93,14 @@ def synthetic_label_shift_task(
     blocks.append(_sample(largest_remainder_counts(target, int(num_val)), rng))
     x_test, y_test = _sample(largest_remainder_counts(target, int(num_test)), rng)
 
-    sizes = np.array([len(b[1]) for b in blocks])
+    xs, ys = zip(*blocks)
+    sizes = np.array([len(y) for y in ys])
     starts = np.concatenate([[0], np.cumsum(sizes)])
     rows = [np.arange(starts[i], starts[i + 1]) for i in range(len(blocks) - 1)]
 
     dataset = Dataset(
         name="synthetic",
-        train=LabeledSplit(
-            x=np.concatenate([b[0] for b in blocks]), y=np.concatenate([b[1] for b in blocks])
-        ),
+        train=LabeledSplit(x=np.concatenate(xs), y=np.concatenate(ys)),
         test=LabeledSplit(x=x_test, y=y_test),
         num_classes=3,
         source=f"synthetic Gaussians (FedPALS App. B.7/C.4), delta={delta:g}, seed {seed}",
