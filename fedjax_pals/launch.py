@@ -4,31 +4,30 @@ r"""Starts N local processes of a command as one `jax.distributed` program.
         --config=configs/demo.py --workdir=runs/demo2
 
 Each child gets `FEDJAX_PALS_COORDINATOR`, `FEDJAX_PALS_NUM_PROCESSES` and
-`FEDJAX_PALS_PROCESS_ID` in its environment, which `configure_runtime` reads
-when no explicit settings are given, and `FEDJAX_PALS_LOCAL_PROCESSES`, so
-that `cpu_devices="auto"` divides the cores among the local processes. The
-children's output is interleaved on this terminal, prefixed by process id;
-the launcher exits with the first non-zero exit status (128 + the signal's number
+`FEDJAX_PALS_PROCESS_ID` in its environment, which `configure_runtime` reads when no explicit
+settings are given, and `FEDJAX_PALS_LOCAL_PROCESSES`, so that `cpu_devices="auto"` divides the
+cores among the local processes. The children's output is interleaved on this terminal, prefixed
+by process id; the launcher exits with the first non-zero exit status (128 + the signal's number
 for a process killed by a signal). Gloo's connection lines (`[Gloo] Rank 0 is connected to 1
-peer ranks...`, written by its C++ code on every start) are left out unless the command
-raises absl's verbosity (`--verbosity=1` or more; the mains then also show JAX's INFO lines).
+peer ranks...`, written by its C++ code on every start) are left out unless the command raises
+absl's verbosity (`--verbosity=1` or more; the mains then also show JAX's INFO lines).
 
 Ctrl-C (SIGINT) or SIGTERM to the launcher stops the children (SIGTERM: process 0 says the
 round the run reached and the one the same command resumes from), then one line, and the
 exit status 130 or 143.
 
-When one process dies while the others still run (they would wait on it in a
-collective, and JAX's preemption notifier swallows SIGTERM), the launcher sends
-the others SIGTERM, then SIGKILL after `GRACE_SECONDS`, and prints one line
-naming the process, how it died, and that the same command resumes the run.
-The children never outlive the launcher: each is the leader of its own process
-group (signalled as a group), and on Linux dies with the launcher
-(PR_SET_PDEATHSIG), even when the launcher itself is SIGKILLed.
+When one process dies while the others still run (they would wait on it in a collective, and
+JAX's preemption notifier swallows SIGTERM), the launcher sends the others SIGTERM, then SIGKILL
+after `GRACE_SECONDS`, and prints one line naming the process, how it died, and that the same
+command resumes the run. The children never outlive the launcher: each is the leader of its own
+process group (signalled as a group), and on Linux dies with the launcher (PR_SET_PDEATHSIG),
+even when the launcher itself is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import re
@@ -64,18 +63,11 @@ NOISE = (re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"),)
 def verbosity(command: list[str]) -> int:
     """The absl verbosity a command asks for (`--verbosity=N`, `-v N`, ...; 0 if none)."""
     level = 0
-    for i, arg in enumerate(command):
-        for name in ("--verbosity", "-verbosity", "--v", "-v"):
-            if arg == name and i + 1 < len(command):
-                value = command[i + 1]
-            elif arg.startswith(name + "="):
-                value = arg[len(name) + 1 :]
-            else:
-                continue
-            try:
-                level = int(value)
-            except ValueError:
-                pass
+    for arg, following in zip(command, [*command[1:], None]):
+        name, equals, value = arg.partition("=")
+        if name in ("--verbosity", "-verbosity", "--v", "-v"):
+            with contextlib.suppress(TypeError, ValueError):  # TypeError: a flag at the end
+                level = int(value if equals else following)
     return level
 
 
@@ -133,10 +125,8 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(child.pid, sig)  # the child leads its own group: its own children too
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child.send_signal(sig)
-        except ProcessLookupError:
-            pass
 
 
 def stop(children: list[subprocess.Popen], grace: float = GRACE_SECONDS) -> None:
@@ -146,10 +136,8 @@ def stop(children: list[subprocess.Popen], grace: float = GRACE_SECONDS) -> None
         _signal_group(child, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for child in running:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for child in running:
         if child.poll() is None:
             _signal_group(child, signal.SIGKILL)

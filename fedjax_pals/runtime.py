@@ -1,21 +1,18 @@
 """Process-level set-up: host devices, and several processes under `jax.distributed`.
 
-Call `configure_runtime` first thing in a program, before any JAX computation:
-the number of host (CPU) devices and the distributed runtime are fixed when
-JAX initialises its backends.
+Call `configure_runtime` first thing in a program, before any JAX computation: the number of
+host (CPU) devices and the distributed runtime are fixed when JAX initialises its backends.
 
-* One machine, all cores: `configure_runtime(cpu_devices="auto")` gives one
-  host device per core; the engine's CPU backend deals clients to them.
+* One machine, all cores: `configure_runtime(cpu_devices="auto")` gives one host device per
+  core; the engine's CPU backend deals clients to them.
 * Several processes (on one machine for testing, or many hosts):
-  `configure_runtime(coordinator_address="host:port", num_processes=N,
-  process_id=i)` in each; on SLURM or TPU pods `configure_runtime(distributed=True)`
-  lets JAX detect the cluster. On CPU the processes talk through gloo.
-  The engine's mesh then spans every process's devices.
+  `configure_runtime(coordinator_address="host:port", num_processes=N, process_id=i)` in each;
+  on SLURM or TPU pods `configure_runtime(distributed=True)` lets JAX detect the cluster. On CPU
+  the processes talk through gloo. The engine's mesh then spans every process's devices.
 * Compiling once across launches: `configure_runtime(compilation_cache="auto")` turns on
-  JAX's persistent compilation cache (`compilation_cache_dir`: $JAX_COMPILATION_CACHE_DIR if
-  set, else $XDG_CACHE_HOME/fedjax_pals/jax or ~/.cache/fedjax_pals/jax), so that a second
-  launch loads the programs the first one compiled; the launchers of `experiments/` do so by
-  default (`--compilation_cache=DIR|none`).
+  JAX's persistent compilation cache (`compilation_cache_dir`), so that a second launch loads
+  the programs the first one compiled; the launchers of `experiments/` do so by default
+  (`--compilation_cache=DIR|none`).
 """
 
 from __future__ import annotations
@@ -57,16 +54,15 @@ def configure_runtime(
     """Sets up host devices and, if asked, the multi-process runtime; returns the settings.
 
     Args:
-      cpu_devices: host devices of this process: an int >= 1, "auto" (one per
-        available core, divided among the local processes started by
-        `python -m fedjax_pals.launch`), or None (JAX's default, one). Once JAX
-        has started, "auto" keeps the devices there are, and an int must equal
-        their number.
-      coordinator_address, num_processes, process_id: `jax.distributed.initialize`
-        settings; giving any of them starts the distributed runtime. When none
-        is given they are read from the environment that `fedjax_pals.launch` sets.
-      distributed: True to start it with JAX's auto-detection (SLURM, TPU pods,
-        Open MPI); None starts it only when the settings above are given.
+      cpu_devices: host devices of this process: an int >= 1, "auto" (one per available core,
+        divided among the local processes started by `python -m fedjax_pals.launch`), or None
+        (JAX's default, one). Once JAX has started, "auto" keeps the devices there are, and an
+        int must equal their number.
+      coordinator_address, num_processes, process_id: `jax.distributed.initialize` settings;
+        giving any of them starts the distributed runtime. When none is given they are read from
+        the environment that `fedjax_pals.launch` sets.
+      distributed: True to start it with JAX's auto-detection (SLURM, TPU pods, Open MPI); None
+        starts it only when the settings above are given.
       compilation_cache: JAX's persistent compilation cache: a directory, "auto"
         (`compilation_cache_dir("auto")`: $JAX_COMPILATION_CACHE_DIR, else the user's cache
         directory), "none" (off, even if $JAX_COMPILATION_CACHE_DIR is set), or None (JAX's
@@ -101,16 +97,14 @@ def configure_runtime(
         distributed is None
         and any(v is not None for v in (coordinator_address, num_processes, process_id))
     )
-    asked_auto = cpu_devices_setting == "auto"
-    cache_dir = None
-    if compilation_cache is not None:
-        cache_dir = compilation_cache_dir(compilation_cache)  # checked before anything is set
+    # The cache setting is checked before anything is set.
+    cache_dir = None if compilation_cache is None else compilation_cache_dir(compilation_cache)
     try:
         if cpu_devices is not None:
             try:
                 jax.config.update("jax_num_cpu_devices", cpu_devices)
             except RuntimeError:  # JAX has started: only a no-op, or a default, is fine
-                if not (asked_auto or jax.local_device_count() == cpu_devices):
+                if not (cpu_devices_setting == "auto" or jax.local_device_count() == cpu_devices):
                     raise
                 logging.info(
                     "configure_runtime: JAX has already started with %d device(s); keeping "
@@ -156,8 +150,7 @@ def compilation_cache_dir(setting: str | os.PathLike) -> str | None:
         setting = os.fspath(setting)
     if not isinstance(setting, str) or not setting.strip():
         raise ValueError(
-            "compilation_cache must be a directory, 'auto' or 'none', got "
-            f"{setting!r}."
+            f"compilation_cache must be a directory, 'auto' or 'none', got {setting!r}."
         )
     setting = setting.strip()
     if setting.lower() in COMPILATION_CACHE_OFF:
@@ -182,9 +175,7 @@ def _use_compilation_cache(directory: str | None) -> None:
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", directory)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # the user's wins
-        jax.config.update(
-            "jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS
-        )
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
 
 
 # What a collective or the coordination service raises when another process has died.

@@ -41,7 +41,6 @@ def _size(nbytes: float) -> str:
         if nbytes < 1024 or unit == "TB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1024
-    return f"{nbytes:.1f} TB"
 
 
 def _existing_dir(path: str) -> str:
@@ -108,8 +107,7 @@ def checkpoint_size(workdir: str) -> int | None:
         entries = [os.path.join(directory, name) for name in os.listdir(directory)]
     except OSError:
         return None
-    sizes = [tree_size(e) for e in entries if os.path.isdir(e)]
-    return max(sizes) if sizes and max(sizes) else None
+    return max([tree_size(e) for e in entries if os.path.isdir(e)], default=0) or None
 
 
 def run_disk_full(error: BaseException, workdir) -> BaseException:

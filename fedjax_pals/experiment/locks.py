@@ -1,6 +1,7 @@
 """Locks on directories: one writer at a time, released (or taken over) if it dies.
 
-`acquire`/`release`: an advisory fcntl.flock, for a run's workdir (one host writes a run).
+`acquire`: an advisory fcntl.flock, for a run's workdir (one host writes a run; closing the
+descriptor releases it).
 `Lease`: a lock that also holds between hosts of a shared file system, for sweeps and their
 shards (filelock's NFS-safe lease). Both name their holder ("<pid> on <host>") when they refuse.
 """
@@ -50,12 +51,6 @@ def acquire(path: str, what: str, holder_kind: str = "process") -> int:
     return fd
 
 
-def release(fd: int | None) -> None:
-    """Releases a lock taken by `acquire` (closing the descriptor releases the flock)."""
-    if fd is not None:
-        os.close(fd)
-
-
 # -- leases: locks that hold on a shared file system ------------------------------------------
 
 # A lease's holder refreshes it every third of this; a peer on another host may take it over
@@ -65,7 +60,7 @@ LEASE_SECONDS = 30.0
 
 
 def _lease_holder(path: str) -> str:
-    """"<pid> on <host>" from a filelock marker file ("pid=..." and "host=..." lines)."""
+    """The "<pid> on <host>" of a filelock marker file ("pid=..." and "host=..." lines)."""
     try:
         with open(path) as f:
             fields = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)

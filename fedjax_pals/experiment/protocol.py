@@ -29,6 +29,7 @@ Test metrics never enter a choice. The inputs are `RunRecord`s: where a run sits
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -50,64 +51,39 @@ REFERENCE_METHODS = ("oracle",)
 
 
 # The paper's Table 1 (mean %, std %) over 8 seeds, 10 clients (9 training + the target).
+_TABLE_1_METHODS = ("fedpals", "fedavg", "fedprox", "scaffold", "afl", "fedrs", "oracle")
 PAPER_TABLE_1 = {
-    "Fashion-MNIST C=3": {
-        "fedpals": (92.4, 2.1),
-        "fedavg": (67.1, 22.0),
-        "fedprox": (66.9, 20.8),
-        "scaffold": (69.5, 19.3),
-        "afl": (78.9, 14.7),
-        "fedrs": (85.3, 13.5),
-        "oracle": (97.6, 2.1),
-    },
-    "Fashion-MNIST C=2": {
-        "fedpals": (80.6, 23.7),
-        "fedavg": (53.9, 36.2),
-        "fedprox": (52.9, 35.7),
-        "scaffold": (54.9, 36.8),
-        "afl": (78.6, 20.0),
-        "fedrs": (63.14, 20.2),
-        "oracle": (97.5, 4.0),
-    },
-    "CIFAR-10 C=3": {
-        "fedpals": (65.6, 10.1),
-        "fedavg": (44.0, 8.4),
-        "fedprox": (43.5, 7.2),
-        "scaffold": (43.3, 7.4),
-        "afl": (53.2, 0.9),
-        "fedrs": (44.0, 8.0),
-        "oracle": (85.5, 5.0),
-    },
-    "CIFAR-10 C=2": {
-        "fedpals": (72.8, 17.4),
-        "fedavg": (46.7, 15.8),
-        "fedprox": (47.7, 15.6),
-        "scaffold": (46.7, 14.9),
-        "afl": (54.7, 0.1),
-        "fedrs": (49.4, 9.5),
-        "oracle": (89.2, 3.9),
-    },
-    "CIFAR-10 beta=0.1": {
-        "fedpals": (62.6, 17.9),
-        "fedavg": (40.8, 9.2),
-        "fedprox": (41.9, 9.7),
-        "scaffold": (43.5, 10.5),
-        "afl": (53.4, 11.5),
-        "fedrs": (57.1, 11.2),
-        "oracle": (79.2, 3.7),
-    },
+    row: dict(zip(_TABLE_1_METHODS, zip(means, stds)))
+    for row, means, stds in (
+        (
+            "Fashion-MNIST C=3",
+            (92.4, 67.1, 66.9, 69.5, 78.9, 85.3, 97.6),  # mean %
+            (2.1, 22.0, 20.8, 19.3, 14.7, 13.5, 2.1),  # std %
+        ),
+        (
+            "Fashion-MNIST C=2",
+            (80.6, 53.9, 52.9, 54.9, 78.6, 63.14, 97.5),  # mean %
+            (23.7, 36.2, 35.7, 36.8, 20.0, 20.2, 4.0),  # std %
+        ),
+        (
+            "CIFAR-10 C=3",
+            (65.6, 44.0, 43.5, 43.3, 53.2, 44.0, 85.5),  # mean %
+            (10.1, 8.4, 7.2, 7.4, 0.9, 8.0, 5.0),  # std %
+        ),
+        (
+            "CIFAR-10 C=2",
+            (72.8, 46.7, 47.7, 46.7, 54.7, 49.4, 89.2),  # mean %
+            (17.4, 15.8, 15.6, 14.9, 0.1, 9.5, 3.9),  # std %
+        ),
+        (
+            "CIFAR-10 beta=0.1",
+            (62.6, 40.8, 41.9, 43.5, 53.4, 57.1, 79.2),  # mean %
+            (17.9, 9.2, 9.7, 10.5, 11.5, 11.2, 3.7),  # std %
+        ),
+    )
 }
 # The methods of the paper's Table 1, and FedProx with FedPALS' weights (Sec. 5, iWildCam).
-PAPER_METHODS = (
-    "fedpals",
-    "fedavg",
-    "fedprox",
-    "scaffold",
-    "afl",
-    "fedrs",
-    "oracle",
-    "fedprox_fedpals",
-)
+PAPER_METHODS = (*_TABLE_1_METHODS, "fedprox_fedpals")
 
 
 def protocol_grid() -> "ml_collections.ConfigDict":
@@ -130,11 +106,7 @@ def protocol_grid() -> "ml_collections.ConfigDict":
     return ml_collections.ConfigDict(
         dict(
             training=dict(learning_rate=(0.1, 0.01, 0.001)),
-            algorithm=dict(
-                lam=(0.0,),
-                ess_fraction=(0.1, 0.25, 0.5, 0.75),
-                **method_grids(),
-            ),
+            algorithm=dict(lam=(0.0,), ess_fraction=(0.1, 0.25, 0.5, 0.75), **method_grids()),
         )
     )
 
@@ -392,15 +364,10 @@ def select_method(
     if not chosen:
         return {"selected": None, "per_seed": [], "candidates": candidates}
     per_seed = [{"seed": s, "hparams": [list(kv) for kv in h], **points[h][s]} for s, h in chosen]
-    out: dict[str, Any] = {
-        "selected": (
-            [list(kv) for kv in chosen[0][1]]
-            if selection == "mean_over_seeds"
-            else [row["hparams"] for row in per_seed]
-        ),
-        "per_seed": per_seed,
-        "candidates": candidates,
-    }
+    selected = [row["hparams"] for row in per_seed]
+    if selection == "mean_over_seeds":
+        selected = [list(kv) for kv in chosen[0][1]]
+    out: dict[str, Any] = {"selected": selected, "per_seed": per_seed, "candidates": candidates}
     for metric in ("target_accuracy", "target_macro_f1", "val_accuracy"):
         values = np.asarray([row[metric] for row in per_seed], dtype=float)
         out[metric] = {"mean": float(values.mean()), "std": float(values.std()), "n": len(per_seed)}
@@ -489,13 +456,14 @@ _PROTOCOL_TEXT = {
 }
 
 
+def _pm(stats: Mapping[str, float]) -> str:
+    return f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
+
+
 def _cell_text(cell: Mapping[str, Any] | None, metric: str = "target_accuracy") -> str:
     if cell is None:
         return ""
-    if cell.get("selected") is None:
-        return "n/a"
-    stats = cell[metric]
-    return f"{100 * stats['mean']:.1f} ± {100 * stats['std']:.1f}"
+    return "n/a" if cell.get("selected") is None else _pm(cell[metric])
 
 
 def table_markdown(table: Mapping[str, Any]) -> str:
@@ -516,23 +484,12 @@ def table_markdown(table: Mapping[str, Any]) -> str:
             for m, c in row["cells"].items()
             if m not in REFERENCE_METHODS and c.get("selected") is not None
         }
-        best = max(competitors.values()) if competitors else None
-        cells = []
-        for m in methods:
-            text = _cell_text(row["cells"].get(m))
-            if best is not None and competitors.get(m) == best:
-                text = f"**{text}**"
-            cells.append(text)
+        best = {m for m, mean in competitors.items() if mean == max(competitors.values())}
+        cells = [_cell_text(row["cells"].get(m)) for m in methods]
+        cells = [f"**{text}**" if m in best else text for m, text in zip(methods, cells)]
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
         if any(m in row.get("paper", {}) for m in methods):  # no line of empty cells
-            paper = [
-                (
-                    f"{100 * row['paper'][m]['mean']:.1f} ± {100 * row['paper'][m]['std']:.1f}"
-                    if m in row["paper"]
-                    else ""
-                )
-                for m in methods
-            ]
+            paper = [_pm(row["paper"][m]) if m in row["paper"] else "" for m in methods]
             lines.append("| ↳ paper | " + " | ".join(paper) + " |")
     lines += [
         "",
@@ -574,9 +531,7 @@ def table_markdown(table: Mapping[str, Any]) -> str:
     lines += ["", f"Protocol: {table['protocol']} ({seeds_text} seeds per row)."]
     runs = table.get("runs")
     if runs and runs.get("not_finished"):
-        counts: dict[str, int] = {}
-        for status in runs["not_finished"].values():
-            counts[status] = counts.get(status, 0) + 1
+        counts = collections.Counter(runs["not_finished"].values())
         listed = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         lines.append(
             f"Runs: {runs['total']} in the sweep; not eligible: {listed} (names in table.json)."

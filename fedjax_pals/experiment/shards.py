@@ -192,9 +192,7 @@ def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> Shard:
         return shard
     match = re.fullmatch(r"(-?\d+)\s*/\s*(-?\d+)", text)
     if not match:
-        raise ShardError(
-            f"shard {text!r} is not <index>/<count> (e.g. 0/8, 0-based) or 'auto'."
-        )
+        raise ShardError(f"shard {text!r} is not <index>/<count> (e.g. 0/8, 0-based) or 'auto'.")
     return Shard(int(match.group(1)), int(match.group(2)))
 
 
@@ -231,10 +229,7 @@ def _lpt(atoms: Sequence[Sequence[int]], costs: Sequence[float], count: int):
         load, shard = heapq.heappop(heap)
         owner[a] = shard
         heapq.heappush(heap, (load + weight[a], shard))
-    loads = [0.0] * count
-    for load, shard in heap:
-        loads[shard] = load
-    return loads, owner
+    return [load for load, _ in sorted(heap, key=lambda entry: entry[1])], owner
 
 
 def assign_shards(
@@ -247,10 +242,10 @@ def assign_shards(
 
     Runs of one structure group (`structure_group_key`) form equal blocks of up to
     `max_runs_per_program` runs in sweep order (`train.program_blocks`: the engine trains a
-    block as one program);
-    blocks go to shards by LPT on their estimated cost (`run_cost`). While the largest shard
-    exceeds BALANCE x the mean and some block has more than one run, the costliest such block
-    is halved and the split redone, so groups stay whole wherever that costs no balance.
+    block as one program); blocks go to shards by LPT on their estimated cost (`run_cost`).
+    While the largest shard exceeds BALANCE x the mean and some block has more than one run, the
+    costliest such block is halved and the split redone, so groups stay whole wherever that
+    costs no balance.
     """
     Shard(0, count)  # validates count
     costs = [run_cost(run.resolved) for run in runs]
@@ -271,11 +266,8 @@ def assign_shards(
         atom = atoms[worst]
         half = len(atom) // 2
         atoms[worst : worst + 1] = [atom[:half], atom[half:]]
-    shard_of = [0] * len(runs)
-    for a, atom in enumerate(atoms):
-        for i in atom:
-            shard_of[i] = owner[a]
-    return tuple(shard_of)
+    shard_of = {i: owner[a] for a, atom in enumerate(atoms) for i in atom}
+    return tuple(shard_of[i] for i in range(len(runs)))
 
 
 def split_sweep(config: Any, count: int) -> list[tuple[str, int, float]]:
@@ -463,6 +455,7 @@ class _Record:
         self.write()
 
     def write(self) -> None:
+        self.data["updated"] = _now()
         if is_main_process():
             write_json(self.path, self.data)
 
@@ -472,12 +465,10 @@ class _Record:
             self.data["errors"][name] = error
         else:
             self.data["errors"].pop(name, None)
-        self.data["updated"] = _now()
         self.write()
 
     def end(self, state: str) -> None:
         self.data["state"] = state
-        self.data["updated"] = _now()
         self.write()
 
 
@@ -617,7 +608,7 @@ def collect_sweep(
         _check_plan(check, config, runs, workdir)
     count = plan["shards"] if plan else 0
     shard_of = {e["name"]: e["shard"] for e in plan["runs"]} if plan else {}
-    recorded_status = _recorded_statuses(workdir, count) if plan else {}
+    recorded_status = _recorded_statuses(workdir, count)  # {} without a plan (count 0)
     status: dict[str, str] = {}
     results_by_run: dict[int, Mapping[str, Any]] = {}
     missing: list[str] = []
@@ -633,33 +624,20 @@ def collect_sweep(
         else:
             status[run.name] = state if state in sweep_lib.FAILURE_STATUSES else "missing"
             missing.append(run.name)
-    summary: dict[str, Any] = {
-        "runs": status,
-        "missing": missing,
-        "table": None,
-        "markdown": None,
-        "files": {},
-    }
     if missing and not allow_partial:
         lines = []
         for name in missing[:10]:
-            where = (
-                f"shard {shard_of[name]}/{count}" if name in shard_of else "no shard"
-            )
+            where = f"shard {shard_of[name]}/{count}" if name in shard_of else "no shard"
             lines.append(f"{name} ({where}: {recorded_status.get(name, ('not run',))[0]})")
         more = f", and {len(missing) - 10} more" if len(missing) > 10 else ""
         shards = sorted({shard_of[n] for n in missing if n in shard_of})
-        rerun = (
-            f" Run shard(s) {', '.join(f'{s}/{count}' for s in shards)} again (the same "
-            "command resumes them)," if shards else " Run the sweep again,"
-        )
+        rerun = " Run the sweep again,"
+        if shards:
+            rerun = f" Run shard(s) {', '.join(f'{s}/{count}' for s in shards)} again (the same "
+            rerun += "command resumes them),"
         raise SweepIncompleteError(
             f"{len(missing)} of {len(runs)} runs of the sweep in {workdir} have not ended: "
             f"{'; '.join(lines)}{more}.{rerun} or collect with --allow_partial."
         )
-    if not sweep["protocol"] or not results_by_run or not is_main_process():
-        return summary
-    summary.update(
-        sweep_lib.write_report(workdir, runs, sweep, status, results_by_run, missing=missing)
-    )
-    return summary
+    report = sweep_lib.write_report(workdir, runs, sweep, status, results_by_run, missing=missing)
+    return {"runs": status, "missing": missing, **report}

@@ -108,10 +108,8 @@ class SweepSubmission:
         dependencies); returns the collect's summary (`collect_sweep`: runs, missing, markdown,
         files). Raises the collect job's error (e.g. SweepIncompleteError) if it failed."""
         for job in self.shard_jobs:
-            try:
+            with contextlib.suppress(Exception):  # a failed shard is what the collect reports
                 job.result()
-            except Exception:  # noqa: BLE001 - a failed shard is what the collect reports
-                pass
         if self.collect_job is None:
             self.collect_job = self.executor.submit(CollectJob(self.workdir, self.allow_partial))
         return self.collect_job.result()
@@ -139,10 +137,6 @@ def _stderr_kept_back():
             os.close(saved)
             capture.seek(0)
             kept.text = capture.read()
-
-
-def _cluster_of(executor: Any) -> str:
-    return str(getattr(executor, "cluster", None) or type(executor).__name__.lower())
 
 
 def submit_sweep(
@@ -208,17 +202,10 @@ def submit_sweep(
     if kept.text.strip():
         sys.stderr.write(kept.text)  # what sbatch said of a submission it accepted
     collect_job = None
-    cluster_name = _cluster_of(executor)
+    cluster_name = str(getattr(executor, "cluster", None) or type(executor).__name__.lower())
     if not any(name in cluster_name for name in _NO_DEPENDENCIES):
         # AutoExecutor prefixes a scheduler's own parameters with its name; SlurmExecutor not.
         key = "slurm_dependency" if isinstance(executor, submitit.AutoExecutor) else "dependency"
         executor.update_parameters(**{key: f"afterany:{_array_id(jobs)}"})
         collect_job = executor.submit(CollectJob(workdir, allow_partial))
-    return SweepSubmission(
-        workdir=workdir,
-        shard_jobs=list(jobs),
-        collect_job=collect_job,
-        executor=executor,
-        allow_partial=allow_partial,
-    )
-
+    return SweepSubmission(workdir, list(jobs), collect_job, executor, allow_partial)

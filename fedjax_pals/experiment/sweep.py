@@ -25,10 +25,8 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     the two ways to give FedPALS' lambda and form ONE axis, concatenated, not
                     crossed: lam = (0.0,) with ess_fraction = (0.1, 0.25, 0.5, 0.75) is the
                     paper's grid "lambda -> 0+ and ESS 10/25/50/75 % of N" (App. B.3).
-                    Only what is named here is tried: a method's registered grid
-                    (`Method.grid`) is not added by itself (`fjp.protocol_grid()` names every
-                    registered method's, with the learning rates and lambdas), and a protocol
-                    sweep that leaves one out says so in one warning line per method.
+                    Only what is named here is tried, not a method's registered `Method.grid`
+                    (see `protocol.ignored_method_grids`: a protocol sweep warns of those).
     sweep.axes      nested like the config, tuples at the leaves: task axes. Each combination is
                     its own table row (e.g. axes.dataset.synthetic_delta, Fig. 9); nothing is
                     selected across rows.
@@ -105,13 +103,7 @@ SWEEP_KEYS = (
     "figures",
     "x_axis",
 )
-FIGURES = (
-    "curves",
-    "weights",
-    "accuracy_vs_distance",
-    "accuracy_vs_axis",
-    "lambda_trajectories",
-)
+FIGURES = ("curves", "weights", "accuracy_vs_distance", "accuracy_vs_axis", "lambda_trajectories")
 # How a run that returned no results ended (see `_failure_status`).
 FAILURE_STATUSES = ("diverged", "unreachable", "failed", "busy")
 # Held while a sweep runs in its workdir.
@@ -131,6 +123,8 @@ _NOT_AXES = (
     "engine.backend",
     "engine.chunk_size",
 )
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepRun:
     """One run of a sweep: its name, where it sits in the sweep, its config."""
@@ -154,10 +148,6 @@ def _digest(resolved: Mapping[str, Any]) -> str:
 
 
 # -- the sweep section ------------------------------------------------------------------------
-
-
-def _schema_paths() -> set[str]:
-    return set(config_lib.flatten(config_lib.default_config()))
 
 
 def _nonempty_tuple(key: str, values: Any, what: str) -> tuple:
@@ -202,7 +192,7 @@ def _sweep_section(config: Any) -> dict[str, Any]:
             raise ConfigError(
                 f"config.sweep.{key} is not a sweep key; the keys are {list(SWEEP_KEYS)}."
             )
-    known = _schema_paths()
+    known = set(config_lib.flatten(config_lib.default_config()))
     seeds = raw.get("seeds")
     if seeds is None:
         seeds = (config_lib.as_dict(config).get("seed", 0),)
@@ -221,12 +211,10 @@ def _sweep_section(config: Any) -> dict[str, Any]:
             _method_overrides(method)
         if len(set(methods)) != len(methods):
             raise ConfigError(f"config.sweep.methods has repeated methods: {methods}.")
-    grid = {
-        p: _axis("grid", p, v, known) for p, v in config_lib.flatten(raw.get("grid") or {}).items()
-    }
-    axes = {
-        p: _axis("axes", p, v, known) for p, v in config_lib.flatten(raw.get("axes") or {}).items()
-    }
+    grid, axes = (
+        {p: _axis(where, p, v, known) for p, v in config_lib.flatten(raw.get(where) or {}).items()}
+        for where in ("grid", "axes")
+    )
     both = sorted(set(grid) & set(axes))
     if both:
         raise ConfigError(f"config.sweep: {both[0]} is both a grid key and a task axis.")
@@ -356,9 +344,8 @@ def _used_grid(
         flat = config_lib.flatten(config_lib.validate_config(tree))
     except (ValueError, TypeError):
         return dict(grid)  # the runs' own validation names the problem
-    uses_lambda = any(flat.get(p) is not None for p in LAMBDA_KEYS) or (
-        flat.get("algorithm.name") == "fedpals" or flat.get("algorithm.weights") == "fedpals"
-    )
+    fedpals = "fedpals" in (flat.get("algorithm.name"), flat.get("algorithm.weights"))
+    uses_lambda = fedpals or any(flat.get(p) is not None for p in LAMBDA_KEYS)
     return {
         path: values
         for path, values in grid.items()
@@ -370,22 +357,18 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     sweep = _sweep_section(config)
     base = config_lib.as_dict(config)
     base.pop("sweep", None)
-    if "algorithm" in base:
+    if "algorithm" in base and any(path in sweep["grid"] for path in LAMBDA_KEYS):
         # A base lam/ess_fraction would collide with the lambda axis of the grid.
         for path in LAMBDA_KEYS:
-            if path in sweep["grid"]:
-                for other in LAMBDA_KEYS:
-                    base["algorithm"][other.split(".")[1]] = None
+            base["algorithm"][path.split(".")[1]] = None
     try:
         base_label = sweep["row"] or _default_row(base)
     except ConfigError as error:
         raise ConfigError(f"sweep base config: {error}") from None
     axis_paths = list(sweep["axes"])
     axis_names = _leaf_names(axis_paths)
-    if sweep["zip_axes"] and axis_paths:
-        row_points = list(zip(*sweep["axes"].values()))
-    else:
-        row_points = list(itertools.product(*sweep["axes"].values()))
+    combine = zip if sweep["zip_axes"] and axis_paths else itertools.product
+    row_points = list(combine(*sweep["axes"].values()))
     grid_names = _leaf_names(list(sweep["grid"]))
     methods = sweep["methods"] or (None,)
     runs: list[SweepRun] = []
@@ -413,7 +396,8 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                 tree = copy.deepcopy(base)
                 for path, value in [*fixed, *point]:
                     _set(tree, path, value)
-                grid_part = ",".join(f"{grid_names[p]}={_fmt(v)}" for p, v in point)
+                hparams = tuple((grid_names[p], v) for p, v in point)
+                grid_part = ",".join(f"{name}={_fmt(v)}" for name, v in hparams)
                 where = "/".join(x for x in (row_part, method_key, grid_part) if x)
                 # The seed enters validation only as itself (checked with sweep.seeds), so one
                 # validation per grid point covers its seeds.
@@ -436,14 +420,7 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                     digests.add(digest)
                     runs.append(
                         SweepRun(
-                            name=name,
-                            row=row,
-                            method=method_key,
-                            hparams=tuple((grid_names[p], v) for p, v in point),
-                            seed=seed,
-                            config=run_tree,
-                            resolved=run_resolved,
-                            digest=digest,
+                            name, row, method_key, hparams, seed, run_tree, run_resolved, digest
                         )
                     )
     sweep["row_label"] = base_label
@@ -578,8 +555,7 @@ def _check_workdir(workdir: str) -> None:
     try:
         os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
         probe = os.path.join(workdir, f".write_probe.{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("")
+        open(probe, "w").close()
         os.remove(probe)
     except OSError as error:
         raise ConfigError(f"the sweep workdir {workdir!r} cannot be written: {error}.") from None
@@ -653,9 +629,9 @@ def execute_sweep_runs(
 
     def record(position: int, outcome) -> None:
         i = todo[position]
-        if runs[i].name in status:
-            return
         name = runs[i].name
+        if name in status:
+            return
         if isinstance(outcome, BaseException):
             status[name] = _failure_status(outcome)
             errors[name] = f"{type(outcome).__name__}: {outcome}"
@@ -697,17 +673,15 @@ def write_report(
     table then says it is partial and lists them.
 
     Returns:
-      {"table": the protocol table, "markdown": its text, "files": {name: path}}.
+      {"table": the protocol table, "markdown": its text, "files": {name: path}}; None, None
+      and {} (nothing written) without `sweep.protocol` or a finished run, or outside process 0.
     """
+    if not sweep["protocol"] or not results_by_run or not is_main_process():
+        return {"table": None, "markdown": None, "files": {}}
     records = [
-        protocol_lib.RunRecord(
-            row=runs[i].row,
-            method=runs[i].method,
-            hparams=runs[i].hparams,
-            seed=runs[i].seed,
-            results=results_by_run[i],
-        )
-        for i in sorted(results_by_run)
+        protocol_lib.RunRecord(run.row, run.method, run.hparams, run.seed, results_by_run[i])
+        for i, run in enumerate(runs)
+        if i in results_by_run
     ]
     paper = {sweep["row_label"]: sweep["paper"]} if sweep["paper"] else None
     if paper and len({run.row for run in runs}) == 1:
@@ -717,7 +691,7 @@ def write_report(
         title = f"PARTIAL ({len(missing)} of {len(runs)} runs missing): {title}"
     table = protocol_lib.protocol_table(
         records,
-        methods=[m for m in dict.fromkeys(run.method for run in runs)],
+        methods=list(dict.fromkeys(run.method for run in runs)),
         selection=sweep["selection"],
         paper=paper,
         title=title,
@@ -727,8 +701,7 @@ def write_report(
         "not_finished": {n: s for n, s in status.items() if s in FAILURE_STATUSES},
     }
     if missing:
-        table["runs"]["partial"] = True
-        table["runs"]["missing"] = list(missing)
+        table["runs"].update(partial=True, missing=list(missing))
     files = protocol_lib.write_protocol_report(workdir, table)
     files.update(_figures(workdir, sweep, table, records))
     return {"table": table, "markdown": protocol_lib.table_markdown(table), "files": files}
@@ -749,10 +722,8 @@ def run_sweep(
     Every run's config is validated first (nothing runs if one is bad); then a run already
     finished with the same config is skipped, and one holding another config is refused
     before anything runs (pass overwrite=True to replace them). With `sweep.protocol`, the
-    report (`protocol.py`) goes to `<workdir>/`: table.md, table.json, comparison.png, plus
-    the figures named in `sweep.figures`. With `mlflow_tracking_uri` every run also logs to
-    MLflow (one MLflow run per run workdir, named by its run key, in `mlflow_experiment`;
-    `mlflow_writer.py`).
+    report (`write_report`) goes to `<workdir>/`. `mlflow_tracking_uri`, `mlflow_experiment`:
+    as in `execute_runs` (one MLflow run per run workdir, named by its run key).
 
     A workdir whose sweep was split into shards (`fjp.run_shard`) is refused, naming the split,
     unless `reshard` (its record is then dropped: run it so only once none of its shards runs).
@@ -793,30 +764,16 @@ def run_sweep(
             mlflow_tracking_uri=mlflow_tracking_uri,
             mlflow_experiment=mlflow_experiment,
         )
-        summary: dict[str, Any] = {
-            "runs": {run.name: status[run.name] for run in runs},
-            "errors": errors,
-            "table": None,
-            "markdown": None,
-            "files": {},
-        }
-        if not sweep["protocol"] or not results_by_run or not is_main_process():
-            return summary
-        summary.update(write_report(workdir, runs, sweep, status, results_by_run))
-        return summary
+        summary = {"runs": {run.name: status[run.name] for run in runs}, "errors": errors}
+        return {**summary, **write_report(workdir, runs, sweep, status, results_by_run)}
     finally:
         if lease is not None:
             lease.release()
 
 
 def _failure_status(error: BaseException) -> str:
-    """How a run ended that returned no results.
-
-    "diverged" (TrainingDivergedError, a FloatingPointError) and "unreachable" (an ESS fraction
-    below ESS(alpha^{0+}) / N for this partition, `lambda_for_ess`) are outcomes of a grid: the
-    point is simply not eligible, as in the paper's "ESS of 10, 25, 50, 75 %" where reachable.
-    Anything else is "failed", a problem to report.
-    """
+    """How a run ended that returned no results (see the module docstring): "unreachable" is
+    an ESS fraction below ESS(alpha^{0+}) / N for this partition (`lambda_for_ess`)."""
     if isinstance(error, WorkdirLockedError):
         return "busy"  # another process holds the run: neither it nor this sweep failed
     if isinstance(error, FloatingPointError):
@@ -863,8 +820,7 @@ def _figures(
                     by_key[(row["row"], method, tuple(tuple(kv) for kv in p["hparams"]), p["seed"])]
                     for p in cell["per_seed"]
                 ]
-                lengths = {len(r.results["rounds"]) for r in per_seed}
-                if len(lengths) != 1:
+                if len({len(r.results["rounds"]) for r in per_seed}) != 1:
                     continue
                 curves[table["labels"].get(method, method)] = {
                     "rounds": per_seed[0].results["rounds"],
@@ -889,8 +845,7 @@ def _figures(
                     continue
                 lam_part = [kv for kv in r.hparams if kv[0] in ("lam", "ess_fraction")]
                 other = [kv for kv in r.hparams if kv[0] not in ("lam", "ess_fraction")]
-                if first is None:
-                    first = other
+                first = other if first is None else first
                 if other != first:
                     continue  # one curve per lambda: the first point of the other axes
                 ess = r.results.get("ess")
