@@ -72,8 +72,6 @@ METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.json"
 EVENTS_PATTERN = "events.out.tfevents.*"
-# Where fedjax_pals <= 0.1 wrote the event files (TensorBoard then named runs ".../tensorboard").
-TENSORBOARD_DIR = "tensorboard"
 
 
 class _EventFile:
@@ -156,16 +154,14 @@ def _scalar(name: str, value: Any) -> float:
 
 def _hparam_value(value: Any) -> bool | int | float | str | None:
     # TensorBoard's HParams plugin takes bool, number or string values only (None: unset).
-    if value is None:
-        return None
+    if value is None or isinstance(value, str):
+        return value
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, str):
-        return value
     return json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
 
 
@@ -181,6 +177,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b or (both_float and math.isnan(a) and math.isnan(b))
 
 
+def _replace(path: str, write: Callable[[Any], Any], newline: str | None = None) -> None:
+    """Rewrites `path` atomically: `write(file)` into a temporary file, then renamed."""
+    with open(path + ".tmp", "w", newline=newline) as f:
+        write(f)
+    os.replace(path + ".tmp", path)
+
+
 def _memory_value(value: Any) -> Any:
     # A metrics.jsonl value as `_same` compares it: a histogram's list as a tuple.
     return tuple(value) if isinstance(value, list) else value
@@ -190,9 +193,7 @@ def _memory_value(value: Any) -> Any:
 _DIFFERS = bytes([7 << 3, 1])
 
 
-def _hparams_experiment(
-    flat: Mapping[str, Any], metrics: Mapping[str, str], shown: Sequence[str]
-):
+def _hparams_experiment(flat: Mapping[str, Any], metrics: Mapping[str, str], shown: Sequence[str]):
     """The HParams plugin's experiment summary: every key of `flat` (set or not, see the module
     docstring), `shown` first and marked "differs", then the declared metrics in order."""
     from tensorboardX.proto.api_pb2 import DataType, Experiment, HParamInfo, MetricInfo, MetricName
@@ -363,30 +364,18 @@ class MetricWriter:
             if written < step - 1 and pattern is not None and pattern.fullmatch(name):
                 self._held[name] = (step - 1, value)
         if os.path.exists(self._jsonl_path):
-            tmp = self._jsonl_path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, self._jsonl_path)
+            _replace(self._jsonl_path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
         if os.path.exists(self._csv_path):
             with open(self._csv_path, newline="") as f:
                 rows = [row for row in csv.reader(f) if len(row) == 3]
-            tmp = self._csv_path + ".tmp"
-            with open(tmp, "w", newline="") as f:
-                csv.writer(f).writerows(
-                    row for row in rows if not row[0].isdigit() or int(row[0]) < step
-                )
-            os.replace(tmp, self._csv_path)
+            rows = [row for row in rows if not row[0].isdigit() or int(row[0]) < step]
+            _replace(self._csv_path, lambda f: csv.writer(f).writerows(rows), newline="")
         if self._had_events:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
 
             # TensorBoard drops events of step >= this one written before it.
-            self._writer().write(
-                Event(
-                    wall_time=time.time(),
-                    step=step,
-                    session_log=SessionLog(status=SessionLog.START),
-                )
-            )
+            start = SessionLog(status=SessionLog.START)
+            self._writer().write(Event(wall_time=time.time(), step=step, session_log=start))
         self._had_events = False  # purged once: later rewinds need no second event
 
     # -- public ----------------------------------------------------------------
@@ -425,10 +414,7 @@ class MetricWriter:
                 except json.JSONDecodeError:
                     pass
         self._record(HPARAMS_FILE)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(flat, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
+        _replace(path, lambda f: json.dump(flat, f, indent=2, sort_keys=True))
         from tensorboardX.summary import hparams as hparams_summary
 
         _, session_start, session_end = hparams_summary(
@@ -452,7 +438,6 @@ class MetricWriter:
         values = {name: _scalar(name, value) for name, value in scalars.items()}
         if not self._begin(step):
             return
-        self._start(step)
         values, held = self._changed(step, values)
         for held_step, held_values in sorted(held.items()):
             self._emit_scalars(held_step, held_values)
@@ -487,7 +472,6 @@ class MetricWriter:
             raise ValueError(f"histogram {name!r} has no values.")
         if not self._begin(step):
             return
-        self._start(step)
         self._histograms.add(name)
         values, held = self._changed(step, {name: tuple(array.tolist())})
         for held_step, held_values in sorted(held.items()):
@@ -516,22 +500,18 @@ class MetricWriter:
             self._writer().summaries(0, custom_scalars(layout))
 
     def _begin(self, step: int) -> bool:
-        """Checks a write at `step`; False when this writer is disabled (it only keeps the step)."""
+        """Checks a write at `step` and rewinds the logs at this writer's first step (unless
+        `resume_step` already did); False when this writer is disabled (it only keeps the step)."""
         self._check_open()
         if self._last_step is not None and step < self._last_step:
             raise ValueError(
                 f"step must not decrease within a run: got {step} after {self._last_step}."
             )
-        if not self.enabled:
-            self._last_step = step
-        return self.enabled
-
-    def _start(self, step: int) -> None:
-        """Rewinds the logs at this writer's first step (unless `resume_step` already did)."""
-        if not self._rewound:
+        if self.enabled and not self._rewound:
             self._rewind(step)  # a resumed run re-does the rounds from `step` on
             self._rewound = True
         self._last_step = step
+        return self.enabled
 
     def _changed(
         self, step: int, values: Mapping[str, Any]
