@@ -53,10 +53,7 @@ class RestoredRun(NamedTuple):
     `TrainingHistory` (to its latest checkpoint); round: the round restored (the
     best-validation round for which="best", `history.rounds[history.best_val_index()]`);
     state: the full `ServerState` of that round; task: the rebuilt `Task` (data, partition,
-    algorithm), e.g. to evaluate on its target sets.
-
-    `evaluate(split)` scores `params` on the target's test set ("target") or validation set
-    ("val") as training did.
+    algorithm), e.g. to evaluate on its target sets (`evaluate`).
     """
 
     model: Model

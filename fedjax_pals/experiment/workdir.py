@@ -188,12 +188,9 @@ class Workdir:
                 f"{error.strerror or error}); choose a writable --workdir."
             ) from None
         if self._want_lock:
-            self._acquire_lock()
+            what = f"the workdir {self.path}"
+            self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
         return self
-
-    def _acquire_lock(self) -> None:
-        what = f"the workdir {self.path}"
-        self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
 
     def close(self) -> None:
         """Releases the lock (the lock file stays; a dead process's lock is released by the OS)."""
@@ -268,10 +265,6 @@ class Workdir:
                 os.fsync(fd)  # on disk before the file it names is created
             finally:
                 os.close(fd)
-
-    def held_run_files(self) -> list[str]:
-        """What `clear` would delete now (the record's entries only while it is intact)."""
-        return self._deletable()[0]
 
     def _deletable(self) -> tuple[list[str], str | None]:
         """The run's files present now, and the reason the record is not used (None: it is
