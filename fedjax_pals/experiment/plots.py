@@ -11,8 +11,9 @@ ticks, labels, legends) lies inside the figure (tests/test_plots.py checks it). 
 names a figure's file after a table row without `=`, brackets or spaces ("Fashion-MNIST C=3"
 -> "Fashion-MNIST_C3").
 
-The figures (each function's docstring says what it draws): `plot_curves` (accuracy per
-round), `plot_comparison` (the table's numbers, Table 1), `plot_weights_vs_ess` (Fig. 4),
+The figures (each function's docstring says what it draws; each takes `path`, the image file
+to write, .png, .pdf or .svg, and the figure's `title`): `plot_curves` (accuracy per round),
+`plot_comparison` (the table's numbers, Table 1), `plot_weights_vs_ess` (Fig. 4),
 `plot_accuracy_vs_axis` (against epsilon, E, clients...), `plot_lambda_trajectories`,
 `plot_accuracy_vs_distance` (Fig. 9), `plot_label_distributions`, `plot_target_estimation`.
 """
@@ -248,15 +249,11 @@ def file_stems(texts: Sequence[str]) -> dict[str, str]:
     """`file_stem` of each text, made unique by `_2`, `_3`, ... in the order given (two rows
     differing only in dropped characters would otherwise share a file)."""
     stems: dict[str, str] = {}
-    taken: set[str] = set()
-    for text in texts:
-        if text in stems:
-            continue
+    for text in dict.fromkeys(texts):
         stem, k = file_stem(text), 1
-        while (stem if k == 1 else f"{stem}_{k}") in taken:
+        while (stem if k == 1 else f"{stem}_{k}") in stems.values():
             k += 1
         stems[text] = stem if k == 1 else f"{stem}_{k}"
-        taken.add(stems[text])
     return stems
 
 
@@ -264,13 +261,11 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     """Target accuracy per round: test solid, validation dotted, one colour per curve.
 
     Args:
-      path: the image file to write.
       curves: label -> {"rounds": [r...], "target_accuracy": ..., "val_accuracy": ...}; each
         accuracy is a list over rounds, or a list over seeds of such lists (drawn as the mean
         with a +-1 std band around the test curve). A results dict of `train_and_evaluate` is
         a valid curve. A label that is a method key ("fedprox_fedpals") is shown as the
         method's display label ("FedProx+FedPALS"), as in the tables.
-      title: the plot's title.
     """
     path = _check_path(path, curves=(curves, "one labelled curve"))
     from matplotlib.lines import Line2D
@@ -323,11 +318,9 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     the legend beside the axes.
 
     Args:
-      path: the image file to write.
       table_rows: the rows of `protocol.comparison_table` (also `table.json["rows"]`): each
         `{"row": label, "cells": {method: {"mean": m, "std": s, ...}}}` with accuracies as
         fractions, optionally `"paper": {method: {"mean": m, "std": s}}` (fractions too).
-      title: the plot's title.
     """
     path = _check_path(path, table_rows=(table_rows, "one row"))
     if len(table_rows) == 1:
@@ -452,11 +445,9 @@ def plot_weights_vs_ess(
     Fig. 4: one bar series per lambda (label e.g. "ESS 25 %"), FedAvg's weights as dots.
 
     Args:
-      path: the image file to write.
       sizes: client sizes n_i, shape (M,).
       alphas_by_label: label -> alpha, each of shape (M,).
       fedavg: FedAvg's weights (default n_i / N).
-      title: the plot's title.
     """
     path = _check_path(path)
     sizes = np.asarray(sizes, dtype=float)
@@ -479,26 +470,11 @@ def plot_weights_vs_ess(
         offset = (index - (len(alphas_by_label) - 1) / 2) * width
         # One colour per lambda from a qualitative palette (shades of one red were hard to
         # tell apart), none of them FedAvg's blue.
-        ax.bar(
-            positions + offset,
-            np.asarray(alpha)[order],
-            width,
-            label=label,
-            color=SERIES_COLORS[index % len(SERIES_COLORS)],
-            edgecolor="white",
-            linewidth=0.4,
-        )
-    fedavg_style = method_style("fedavg")
-    ax.plot(
-        positions,
-        fedavg[order],
-        fedavg_style["marker"],
-        color=fedavg_style["color"],
-        markeredgecolor="black",
-        markeredgewidth=0.6,
-        markersize=6,
-        label="FedAvg (n_i / N)",
-    )
+        bars = dict(label=label, color=SERIES_COLORS[index % len(SERIES_COLORS)], linewidth=0.4)
+        ax.bar(positions + offset, np.asarray(alpha)[order], width, edgecolor="white", **bars)
+    style = method_style("fedavg")
+    dots = dict(color=style["color"], markeredgecolor="black", markeredgewidth=0.6, markersize=6)
+    ax.plot(positions, fedavg[order], style["marker"], label="FedAvg (n_i / N)", **dots)
     ax.set_xticks(positions)
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
     ax.set_xlabel("client (sorted by size, largest first)")
@@ -512,9 +488,7 @@ def plot_accuracy_vs_distance(
     """Target accuracy against the projection distance d(T, S) (the paper's Fig. 9).
 
     Args:
-      path: the image file to write.
       points: method -> [{"projection_distance": d, "target_accuracy": [per seed]}, ...].
-      title: the plot's title.
     """
     path = _check_path(path, points=(points, "one method"))
     fig, ax = _figure((5.6, 3.8))
@@ -543,13 +517,11 @@ def plot_accuracy_vs_axis(
     """Target accuracy (mean +- std over seeds) against a task axis: epsilon, E, clients, ...
 
     Args:
-      path: the image file to write.
       series: line label -> [{"x": value, "target_accuracy": [per seed]}, ...]. A point with
         x None (e.g. epsilon None: no privacy) is drawn as a dashed horizontal line of the
         line's colour. The x axis is logarithmic when the values span more than two decades.
       x_label: the axis' name; a config key (e.g. "label_dp_epsilon") is shown as its symbol
         or words (`axis_label`), in the title too.
-      title: the plot's title.
     """
     path = _check_path(path, series=(series, "one line"))
     title, x_label = title.replace(str(x_label), axis_label(x_label)), axis_label(x_label)
@@ -603,9 +575,7 @@ def plot_lambda_trajectories(
     """lambda per round (log scale) of adaptive-lambda runs, one line per run.
 
     Args:
-      path: the image file to write.
       trajectories: label (e.g. "seed 0") -> the lambda used in rounds 1, 2, ...
-      title: the plot's title.
     """
     path = _check_path(path, trajectories=(trajectories, "one run"))
     fig, ax = _figure((5.6, 3.8))
@@ -635,11 +605,9 @@ def plot_label_distributions(
     weight alpha_i under each method (e.g. FedPALS and FedAvg) as bars.
 
     Args:
-      path: the image file to write.
       client_label_dists: S, shape (M, K), rows on the simplex.
       target_label_dist: T, shape (K,).
       alphas: method -> alpha, each of shape (M,) (drawn in the method's colour).
-      title: the figure's title.
       class_names: the K class names (default: those of `dataset`, else 0 ... K-1).
       dataset: the data set's name (e.g. "fashion_mnist"), whose class names (`CLASS_NAMES`)
         label the classes when class_names is not given.
@@ -740,11 +708,9 @@ def plot_target_estimation(
     in use, ||T^ - T||_1, per round (right), mean over seeds with a +-1 std band.
 
     Args:
-      path: the image file to write.
       accuracy: label -> (rounds, per-seed accuracies (seeds, rounds) in [0, 1]).
       l1_error: label -> (rounds, per-seed L1 errors (seeds, rounds)); labels of `accuracy`
         without an entry (the references) are drawn only on the left.
-      title: the figure's title.
       references: labels drawn as dashed grey-toned reference curves (FedAvg, FedPALS with
         T known), in their method colours.
     """

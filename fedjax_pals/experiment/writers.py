@@ -116,11 +116,8 @@ class _EventFile:
 def _event_file_name() -> str:
     # tensorboardX's name (the second it was opened in, the host), with a suffix that keeps a
     # resumed writer opened within the same second from reusing the first writer's name.
-    stamp = str(int(time.time()))
-    return (
-        f"events.out.tfevents.{stamp}.{socket.gethostname()}.{os.getpid()}."
-        f"{uuid.uuid4().hex[:8]}"
-    )
+    stamp, host = int(time.time()), socket.gethostname()
+    return f"events.out.tfevents.{stamp}.{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
 @functools.cache
@@ -168,11 +165,8 @@ def _hparam_value(value: Any) -> bool | int | float | str | None:
 def _same(a: Any, b: Any) -> bool:
     """Equal values (NaN equal to NaN): scalars (floats) or histograms (tuples of floats)."""
     if isinstance(a, tuple) or isinstance(b, tuple):
-        return (
-            isinstance(a, tuple)
-            and isinstance(b, tuple)
-            and np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
-        )
+        both = isinstance(a, tuple) and isinstance(b, tuple)
+        return both and np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
     both_float = isinstance(a, float) and isinstance(b, float)
     return a == b or (both_float and math.isnan(a) and math.isnan(b))
 
