@@ -461,7 +461,6 @@ class Checkpointer:
             return  # a round is saved once; the same run computes the same state
         if self.read_only:
             raise CheckpointError(f"{self!r} is read-only: it cannot save.")
-        metrics = _metrics(step, history_dict)
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -469,7 +468,7 @@ class Checkpointer:
                 history=ocp.args.JsonSave(history_dict),
                 identity=ocp.args.JsonSave(self.identity or {}),
             ),
-            metrics=metrics,
+            metrics=_metrics(step, history_dict),
         )
         manager.wait_until_finished()
 

@@ -156,10 +156,8 @@ class MlflowWriter:
                 self.client.set_tag(self.run_id, f"fedjax_pals.now.{name}", value)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        now = int(time.time() * 1000)
-        metrics = [
-            self._entities.Metric(name, float(value), now, step) for name, value in scalars.items()
-        ]
+        now, metric = int(time.time() * 1000), self._entities.Metric
+        metrics = [metric(name, float(value), now, step) for name, value in scalars.items()]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 

@@ -40,8 +40,7 @@ from fedjax_pals.models import Model
 from fedjax_pals.training import TrainingHistory
 
 WHICH = ("best", "last")
-# The sets `RestoredRun.evaluate` knows: the target's test set ("target", as results.json's
-# target_accuracy; "test" is the same set under training's name for it) and its validation set.
+# The sets `RestoredRun.evaluate` knows ("test": "target" under training's name for it).
 SPLITS = ("target", "val", "test")
 
 

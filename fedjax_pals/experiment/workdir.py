@@ -47,11 +47,9 @@ RESULTS_FILE = "results.json"
 CURVES_FILE = "curves.png"
 # What `train` writes itself (the metric writer records its own files as it creates them).
 OWN_FILES = (CHECKPOINT_DIR, RESULTS_FILE, CURVES_FILE)
-# What `overwrite` deletes whether recorded or not, so even in a workdir of a version before
-# the record: a new run writes these very paths over (the metric writer's fixed names among
-# them), and `check_reusable` refuses a workdir holding checkpoint.msgpack (the single-file
-# checkpoint of fedjax_pals <= 0.1) until it is gone. Event files and `tensorboard/` (where
-# fedjax_pals <= 0.1 wrote them) are not here: only the record tells a run's from a user's.
+# What `overwrite` deletes whether recorded or not (the record may predate the workdir): the
+# paths a new run writes over, and checkpoint.msgpack (fedjax_pals <= 0.1's single-file
+# checkpoint, which `check_reusable` refuses). Not event files nor `tensorboard/` (module doc).
 RUN_FILES = (*OWN_FILES, "metrics.jsonl", "metrics.csv", "hparams.json", "checkpoint.msgpack")
 # The record's first line; then one JSON string a line, each a name in the workdir.
 RECORD_HEADER = "# fedjax_pals: what the run created in this workdir (--overwrite deletes these)"

@@ -52,6 +52,7 @@ lines of metrics.jsonl are then not in step order (`read_metrics` users sort by 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import glob
@@ -293,9 +294,7 @@ class MetricWriter:
             raise TypeError(f"logdir must be a non-empty path, got {logdir!r}.")
         self.logdir = str(logdir)
         self.enabled = bool(enabled)
-        self._tb = None
-        self._file = None
-        self._csv = None
+        self._tb = self._file = self._csv = None
         self._last_step: int | None = None
         self._rewound = False  # the log was rewound for this writer's first step
         # name -> (step, value) last written; name -> (step, value) last given unchanged;
@@ -401,12 +400,9 @@ class MetricWriter:
             self._mlflow.write_hparams(flat)
         path = os.path.join(self.logdir, HPARAMS_FILE)
         if os.path.exists(path):
-            with open(path) as f:
-                try:
-                    if json.load(f) == json.loads(json.dumps(flat)):
-                        return
-                except json.JSONDecodeError:
-                    pass
+            with open(path) as f, contextlib.suppress(json.JSONDecodeError):
+                if json.load(f) == json.loads(json.dumps(flat)):
+                    return
         self._record(HPARAMS_FILE)
         _replace(path, lambda f: json.dump(flat, f, indent=2, sort_keys=True))
         from tensorboardX.summary import hparams as hparams_summary
