@@ -130,9 +130,7 @@ class MlflowWriter:
                 found.experiment_id if found else self.client.create_experiment(experiment)
             )
             runs = self.client.search_runs(
-                [experiment_id],
-                filter_string=f"tags.`{WORKDIR_TAG}` = '{path}'",
-                max_results=1,
+                [experiment_id], filter_string=f"tags.`{WORKDIR_TAG}` = '{path}'", max_results=1
             )
             if runs:
                 self.run_id = runs[0].info.run_id

@@ -8,8 +8,7 @@ name or its display label) and is shown by its display label (`display_label`: t
 bars says "mean ± 1 std over n seeds". Figures are laid out by matplotlib's constrained
 layout with the title centred on the figure and wrapped to its width: every text (title,
 ticks, labels, legends) lies inside the figure (tests/test_plots.py checks it). `file_stem`
-names a figure's file after a table row without `=`, brackets or spaces ("Fashion-MNIST C=3"
--> "Fashion-MNIST_C3").
+names a figure's file after a table row.
 
 The figures (each function's docstring says what it draws; each takes `path`, the image file
 to write, .png, .pdf or .svg, and the figure's `title`): `plot_curves` (accuracy per round),
@@ -156,9 +155,7 @@ def _seeds_note(counts) -> str:
 
 def _seeds_entry(ax, seeds) -> None:
     """A legend entry (an error-bar glyph) saying what the bars and bands are."""
-    ax.plot(
-        [], [], linestyle="none", marker="|", markersize=10, color="gray", label=_seeds_note(seeds)
-    )
+    ax.plot([], [], "|", markersize=10, color="gray", label=_seeds_note(seeds))
 
 
 def _save(fig, path: str, title: str) -> None:
@@ -376,7 +373,7 @@ def _plot_comparison_one_row(path: str, row: Mapping[str, Any], title: str) -> N
     paper = row.get("paper") or {}
     methods += [m for m in paper if m not in methods]
     fig, ax = _figure((max(5.6, 1.6 + 1.15 * len(methods)), 4.2))
-    seeds, tops, bottoms = [], [], []
+    seeds, spans = [], []  # spans: (bottom, top) of every error bar
     offset = 0.18 if paper else 0.0
     for x, method in enumerate(methods):
         style = method_style(method)
@@ -397,18 +394,16 @@ def _plot_comparison_one_row(path: str, row: Mapping[str, Any], title: str) -> N
                 fontsize=8,
                 color=style["color"],
             )
-            tops.append(mean + std)
-            bottoms.append(mean - std)
+            spans.append((mean - std, mean + std))
         if method in paper:
             mean, std = _mean_std(paper[method])
             ax.errorbar(x + offset, mean, yerr=std, capsize=3, **marker, **_PAPER)
-            tops.append(mean + std)
-            bottoms.append(mean - std)
+            spans.append((mean - std, mean + std))
     if paper:
         ax.plot([], [], "o", mfc="none", color="gray", label="paper (hollow)")
     _seeds_entry(ax, seeds)
     # Room above the highest bar for its number and for the legend, one line inside the axes.
-    low, high = min(bottoms, default=0.0), max(tops, default=100.0)
+    low, high = min((b for b, _ in spans), default=0.0), max((t for _, t in spans), default=100.0)
     span = max(high - low, 2.0)
     ax.set_ylim(max(0.0, low - 0.15 * span), high + 0.3 * span)
     from matplotlib.ticker import MaxNLocator

@@ -27,11 +27,7 @@ import ml_collections
 from absl import logging
 
 from fedjax_pals.algorithms import ServerState, init_server_state
-from fedjax_pals.experiment.checkpoints import (
-    CheckpointError,
-    Checkpointer,
-    DamagedCheckpointError,
-)
+from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer, DamagedCheckpointError
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.task import Task, build_task
 from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
