@@ -145,21 +145,16 @@ def _best_key(metrics: Mapping) -> tuple:
     return (float(metrics["val_accuracy"]), -int(metrics["round"]))
 
 
-class _QuietOrbax(_py_logging.Filter):
+def _not_orbax_chatter(record: _py_logging.LogRecord) -> bool:
     """Drops orbax's chatter (a line per file it writes, warnings about the files of a damaged
     checkpoint, which `Checkpointer` reports itself) from absl's log; orbax's errors pass."""
-
-    def filter(self, record: _py_logging.LogRecord) -> bool:
-        return record.levelno >= _py_logging.ERROR or "orbax" not in record.pathname
-
-
-_QUIET_FILTER = _QuietOrbax()
+    return record.levelno >= _py_logging.ERROR or "orbax" not in record.pathname
 
 
 def _quiet_orbax() -> None:
     logger = _py_logging.getLogger("absl")
-    if _QUIET_FILTER not in logger.filters:
-        logger.addFilter(_QUIET_FILTER)
+    if _not_orbax_chatter not in logger.filters:
+        logger.addFilter(_not_orbax_chatter)
 
 
 def _silence_closed_loop_noise() -> None:
@@ -392,14 +387,10 @@ class Checkpointer:
         os.replace(path + ".tmp", path)
 
     def fall_back_to_intact(self) -> str | None:
-        """Makes the checkpoint directory resumable whatever item of whichever round is damaged;
-        returns one line saying what it did (None when everything is intact).
+        """Makes the checkpoint directory resumable whatever item of whichever round is damaged
+        (module docstring); returns one line saying what it did (None when all is intact).
 
-        Every kept checkpoint is read: damaged ones (state, history or identity unreadable)
-        are deleted, so the run resumes from the newest intact one (a deleted latest one's
-        rounds are trained again); an intact one whose metrics differ from what its history
-        says (unreadable, missing, foreign) gets them rewritten, so the best-validation one
-        stays kept. Nothing is changed when the newest intact checkpoint belongs to another run
+        Nothing is changed when the newest intact checkpoint belongs to another run
         (`CheckpointMismatchError`); when none is intact, the latest one's damage is raised.
         Every process calls it; the primary one writes.
         """
@@ -470,7 +461,6 @@ class Checkpointer:
             return  # a round is saved once; the same run computes the same state
         if self.read_only:
             raise CheckpointError(f"{self!r} is read-only: it cannot save.")
-        metrics = _metrics(step, history_dict)
         manager.save(
             step,
             args=ocp.args.Composite(
@@ -478,7 +468,7 @@ class Checkpointer:
                 history=ocp.args.JsonSave(history_dict),
                 identity=ocp.args.JsonSave(self.identity or {}),
             ),
-            metrics=metrics,
+            metrics=_metrics(step, history_dict),
         )
         manager.wait_until_finished()
 

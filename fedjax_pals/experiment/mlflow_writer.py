@@ -130,9 +130,7 @@ class MlflowWriter:
                 found.experiment_id if found else self.client.create_experiment(experiment)
             )
             runs = self.client.search_runs(
-                [experiment_id],
-                filter_string=f"tags.`{WORKDIR_TAG}` = '{path}'",
-                max_results=1,
+                [experiment_id], filter_string=f"tags.`{WORKDIR_TAG}` = '{path}'", max_results=1
             )
             if runs:
                 self.run_id = runs[0].info.run_id
@@ -156,10 +154,8 @@ class MlflowWriter:
                 self.client.set_tag(self.run_id, f"fedjax_pals.now.{name}", value)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-        now = int(time.time() * 1000)
-        metrics = [
-            self._entities.Metric(name, float(value), now, step) for name, value in scalars.items()
-        ]
+        now, metric = int(time.time() * 1000), self._entities.Metric
+        metrics = [metric(name, float(value), now, step) for name, value in scalars.items()]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 

@@ -8,25 +8,13 @@ name or its display label) and is shown by its display label (`display_label`: t
 bars says "mean ± 1 std over n seeds". Figures are laid out by matplotlib's constrained
 layout with the title centred on the figure and wrapped to its width: every text (title,
 ticks, labels, legends) lies inside the figure (tests/test_plots.py checks it). `file_stem`
-names a figure's file after a table row without `=`, brackets or spaces ("Fashion-MNIST C=3"
--> "Fashion-MNIST_C3").
+names a figure's file after a table row.
 
-* `plot_curves`: target accuracy per round, test solid and validation dotted, one colour per
-  run; a curve with one list per seed is drawn as its mean with a +-1 std band.
-* `plot_comparison`: a Table-1-style chart of the table's numbers. One row: the methods along
-  the x axis, each at its mean target test accuracy with +-1 std error bars and the numbers
-  written beside it, the legend inside. Several rows: one group per row (data set / split),
-  one marker per method. The paper's number, when given, is a hollow marker beside.
-* `plot_weights_vs_ess`: aggregation weights alpha per client for several lambda (labelled by
-  their ESS) as bars in distinct colours (`SERIES_COLORS`), FedAvg's n_i / N as dots, clients
-  sorted by size (the paper's Fig. 4).
-* `plot_accuracy_vs_axis`: target accuracy against a task axis (epsilon, E, clients).
-* `plot_lambda_trajectories`: lambda per round of adaptive-lambda runs.
-* `plot_accuracy_vs_distance`: target accuracy against the projection distance d(T, S) of the
-  synthetic task (the paper's Fig. 9), mean +- std over seeds per method.
-* `plot_label_distributions`: the clients' label distributions as a heatmap with T beneath
-  them (0 white, shares > 0 on viridis; classes named for the data sets of `CLASS_NAMES`),
-  and the server weights alpha of FedPALS and FedAvg per client next to it.
+The figures (each function's docstring says what it draws; each takes `path`, the image file
+to write, .png, .pdf or .svg, and the figure's `title`): `plot_curves` (accuracy per round),
+`plot_comparison` (the table's numbers, Table 1), `plot_weights_vs_ess` (Fig. 4),
+`plot_accuracy_vs_axis` (against epsilon, E, clients...), `plot_lambda_trajectories`,
+`plot_accuracy_vs_distance` (Fig. 9), `plot_label_distributions`, `plot_target_estimation`.
 """
 
 from __future__ import annotations
@@ -34,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import textwrap
+import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -136,8 +125,6 @@ def method_style(label: str) -> dict[str, str]:
     if key is not None and key in METHOD_STYLES:
         color, marker = METHOD_STYLES[key]
     else:
-        import zlib
-
         color, marker = _SPARE_STYLES[zlib.crc32(str(label).encode()) % len(_SPARE_STYLES)]
     return {"color": color, "marker": marker}
 
@@ -168,16 +155,17 @@ def _seeds_note(counts) -> str:
 
 def _seeds_entry(ax, seeds) -> None:
     """A legend entry (an error-bar glyph) saying what the bars and bands are."""
-    ax.plot(
-        [], [], linestyle="none", marker="|", markersize=10, color="gray", label=_seeds_note(seeds)
-    )
+    ax.plot([], [], "|", markersize=10, color="gray", label=_seeds_note(seeds))
 
 
-def _save(fig, path: str) -> None:
-    """Writes `path` (150 dpi for a PNG) and, beside a PNG, the same figure as a vector PDF."""
+def _save(fig, path: str, title: str) -> None:
+    """Titles the figure, writes `path` (150 dpi for a PNG) and, beside a PNG, the same figure
+    as a vector PDF, then closes it."""
+    _title(fig, title)
     fig.savefig(path, dpi=150)
     if path.endswith(".png"):
         fig.savefig(path[: -len(".png")] + ".pdf")
+    _pyplot().close(fig)
 
 
 def _pyplot():
@@ -189,13 +177,17 @@ def _pyplot():
     return plt
 
 
-def _check_path(path: str) -> str:
+def _check_path(path: str, **nonempty) -> str:
+    """`path` checked; `name=(value, what)` also checks that value is not empty."""
     path = os.fspath(path)
     if not path.endswith((".png", ".pdf", ".svg")):
         raise ValueError(f"path must end with .png, .pdf or .svg, got {path!r}.")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ValueError(f"the directory of path {path!r} does not exist.")
+    for name, (value, what) in nonempty.items():
+        if not value:
+            raise ValueError(f"{name} is empty: give at least {what}.")
     return path
 
 
@@ -212,23 +204,20 @@ def _title(fig, title: str, fontsize: float = 10) -> None:
     width = max(20, int(fig.get_figwidth() * 72 / (0.62 * fontsize)) - 2)
     lines = textwrap.wrap(str(title), width)
     # Lines of even length (no lone last word): the narrowest wrap with as few lines.
-    narrower = width
-    while len(lines) > 1 and narrower > 20:
-        candidate = textwrap.wrap(str(title), narrower - 1)
-        if len(candidate) > len(lines):
-            break
-        narrower -= 1
-    lines = textwrap.wrap(str(title), narrower)
-    fig.suptitle("\n".join(lines), fontsize=fontsize)
+    while len(lines) > 1 and width > 20 and len(textwrap.wrap(str(title), width - 1)) <= len(lines):
+        width -= 1
+    fig.suptitle("\n".join(textwrap.wrap(str(title), width)), fontsize=fontsize)
+
+
+# A legend beside the axes, right of them.
+_BESIDE = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _finish(fig, ax, path: str, title: str, grid: str = "both", **legend) -> None:
     """The end every one-panel figure shares: title, grid, legend, then saved and closed."""
-    _title(fig, title)
     ax.grid(alpha=0.3, axis=grid)
     ax.legend(**legend)
-    _save(fig, path)
-    _pyplot().close(fig)
+    _save(fig, path, title)
 
 
 def display_label(label: str) -> str:
@@ -257,15 +246,11 @@ def file_stems(texts: Sequence[str]) -> dict[str, str]:
     """`file_stem` of each text, made unique by `_2`, `_3`, ... in the order given (two rows
     differing only in dropped characters would otherwise share a file)."""
     stems: dict[str, str] = {}
-    taken: set[str] = set()
-    for text in texts:
-        if text in stems:
-            continue
+    for text in dict.fromkeys(texts):
         stem, k = file_stem(text), 1
-        while (stem if k == 1 else f"{stem}_{k}") in taken:
+        while (stem if k == 1 else f"{stem}_{k}") in stems.values():
             k += 1
         stems[text] = stem if k == 1 else f"{stem}_{k}"
-        taken.add(stems[text])
     return stems
 
 
@@ -273,17 +258,13 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     """Target accuracy per round: test solid, validation dotted, one colour per curve.
 
     Args:
-      path: the image file to write.
       curves: label -> {"rounds": [r...], "target_accuracy": ..., "val_accuracy": ...}; each
         accuracy is a list over rounds, or a list over seeds of such lists (drawn as the mean
         with a +-1 std band around the test curve). A results dict of `train_and_evaluate` is
         a valid curve. A label that is a method key ("fedprox_fedpals") is shown as the
         method's display label ("FedProx+FedPALS"), as in the tables.
-      title: the plot's title.
     """
-    path = _check_path(path)
-    if not curves:
-        raise ValueError("curves is empty: give at least one labelled curve.")
+    path = _check_path(path, curves=(curves, "one labelled curve"))
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -291,7 +272,7 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     handles = []
     seeds = []
     band_alpha = 0.15 if len(curves) <= 3 else 0.07  # many bands stay readable
-    for index, (label, curve) in enumerate(curves.items()):
+    for label, curve in curves.items():
         color = method_style(label)["color"]
         rounds = np.asarray(curve["rounds"])
         for key, style in (("target_accuracy", "-"), ("val_accuracy", ":")):
@@ -313,10 +294,8 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
                     rounds, mean - std, mean + std, color=color, alpha=band_alpha, linewidth=0
                 )
         handles.append(Line2D([], [], color=color, label=display_label(label)))
-    handles += [
-        Line2D([], [], color="gray", linestyle="-", label="target test"),
-        Line2D([], [], color="gray", linestyle=":", label="target validation"),
-    ]
+    for linestyle, name in (("-", "target test"), (":", "target validation")):
+        handles.append(Line2D([], [], color="gray", linestyle=linestyle, label=name))
     if seeds:
         from matplotlib.patches import Patch
 
@@ -324,16 +303,7 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
-    _finish(
-        fig,
-        ax,
-        path,
-        title,
-        handles=handles,
-        fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-    )
+    _finish(fig, ax, path, title, handles=handles, fontsize=8, **_BESIDE)
 
 
 def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -345,15 +315,11 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     the legend beside the axes.
 
     Args:
-      path: the image file to write.
       table_rows: the rows of `protocol.comparison_table` (also `table.json["rows"]`): each
         `{"row": label, "cells": {method: {"mean": m, "std": s, ...}}}` with accuracies as
         fractions, optionally `"paper": {method: {"mean": m, "std": s}}` (fractions too).
-      title: the plot's title.
     """
-    path = _check_path(path)
-    if not table_rows:
-        raise ValueError("table_rows is empty: give at least one row.")
+    path = _check_path(path, table_rows=(table_rows, "one row"))
     if len(table_rows) == 1:
         _plot_comparison_one_row(path, table_rows[0], title)
         return
@@ -364,33 +330,19 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     seeds = []
     for m, method in enumerate(methods):
         style = method_style(method)
-        color = style["color"]
+        marker = dict(fmt=style["marker"], color=style["color"])
         for r, row in enumerate(table_rows):
             x = r + (m - (len(methods) - 1) / 2) * spread
             cell = row["cells"].get(method)
             if cell is not None and cell.get("mean") is not None:
                 seeds.append(_cell_seeds(cell))
-                ax.errorbar(
-                    x,
-                    100 * cell["mean"],
-                    yerr=100 * (cell.get("std") or 0.0),
-                    fmt=style["marker"],
-                    color=color,
-                    capsize=3,
-                    label=display_label(method) if r == 0 else None,
-                )
+                mean, std = _mean_std(cell)
+                label = display_label(method) if r == 0 else None
+                ax.errorbar(x, mean, yerr=std, capsize=3, label=label, **marker)
             paper = (row.get("paper") or {}).get(method)
             if paper is not None:
-                ax.errorbar(
-                    x + spread * 0.3,
-                    100 * paper["mean"],
-                    yerr=100 * (paper.get("std") or 0.0),
-                    fmt=style["marker"],
-                    mfc="none",
-                    color=color,
-                    alpha=0.6,
-                    capsize=2,
-                )
+                mean, std = _mean_std(paper)
+                ax.errorbar(x + spread * 0.3, mean, yerr=std, capsize=2, **marker, **_PAPER)
     if any(row.get("paper") for row in table_rows):
         ax.plot([], [], "o", mfc="none", color="gray", label="paper (hollow)")
     _seeds_entry(ax, seeds)
@@ -398,7 +350,16 @@ def plot_comparison(path: str, table_rows: Sequence[Mapping[str, Any]], title: s
     ax.set_xticks(range(len(table_rows)))
     ax.set_xticklabels([str(row["row"]) for row in table_rows], fontsize=8)
     ax.set_ylabel("target test accuracy (%)")
-    _finish(fig, ax, path, title, "y", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _finish(fig, ax, path, title, "y", fontsize=8, **_BESIDE)
+
+
+def _mean_std(cell: Mapping[str, Any]) -> tuple[float, float]:
+    """A table cell's (or the paper's) mean and std, in %."""
+    return 100 * cell["mean"], 100 * (cell.get("std") or 0.0)
+
+
+# The paper's number beside a method's: the same marker, hollow and paler.
+_PAPER = dict(mfc="none", alpha=0.6)
 
 
 def _cell_seeds(cell: Mapping[str, Any]) -> int:
@@ -412,25 +373,17 @@ def _plot_comparison_one_row(path: str, row: Mapping[str, Any], title: str) -> N
     paper = row.get("paper") or {}
     methods += [m for m in paper if m not in methods]
     fig, ax = _figure((max(5.6, 1.6 + 1.15 * len(methods)), 4.2))
-    seeds, tops, bottoms = [], [], []
+    seeds, spans = [], []  # spans: (bottom, top) of every error bar
     offset = 0.18 if paper else 0.0
     for x, method in enumerate(methods):
         style = method_style(method)
+        marker = dict(fmt=style["marker"], color=style["color"], markersize=8)
         cell = row["cells"].get(method)
         if cell is not None and cell.get("mean") is not None:
-            mean, std = 100 * cell["mean"], 100 * (cell.get("std") or 0.0)
+            mean, std = _mean_std(cell)
             seeds.append(_cell_seeds(cell))
-            ax.errorbar(
-                x - offset,
-                mean,
-                yerr=std,
-                fmt=style["marker"],
-                color=style["color"],
-                markersize=8,
-                capsize=5,
-                elinewidth=1.5,
-                label=display_label(method),
-            )
+            bars = dict(capsize=5, elinewidth=1.5, label=display_label(method))
+            ax.errorbar(x - offset, mean, yerr=std, **bars, **marker)
             ax.annotate(
                 f"{mean:.1f} ± {std:.1f}",
                 (x - offset, mean + std),
@@ -441,28 +394,16 @@ def _plot_comparison_one_row(path: str, row: Mapping[str, Any], title: str) -> N
                 fontsize=8,
                 color=style["color"],
             )
-            tops.append(mean + std)
-            bottoms.append(mean - std)
+            spans.append((mean - std, mean + std))
         if method in paper:
-            p_mean, p_std = 100 * paper[method]["mean"], 100 * (paper[method].get("std") or 0.0)
-            ax.errorbar(
-                x + offset,
-                p_mean,
-                yerr=p_std,
-                fmt=style["marker"],
-                mfc="none",
-                color=style["color"],
-                alpha=0.6,
-                markersize=8,
-                capsize=3,
-            )
-            tops.append(p_mean + p_std)
-            bottoms.append(p_mean - p_std)
+            mean, std = _mean_std(paper[method])
+            ax.errorbar(x + offset, mean, yerr=std, capsize=3, **marker, **_PAPER)
+            spans.append((mean - std, mean + std))
     if paper:
         ax.plot([], [], "o", mfc="none", color="gray", label="paper (hollow)")
     _seeds_entry(ax, seeds)
     # Room above the highest bar for its number and for the legend, one line inside the axes.
-    low, high = min(bottoms, default=0.0), max(tops, default=100.0)
+    low, high = min((b for b, _ in spans), default=0.0), max((t for _, t in spans), default=100.0)
     span = max(high - low, 2.0)
     ax.set_ylim(max(0.0, low - 0.15 * span), high + 0.3 * span)
     from matplotlib.ticker import MaxNLocator
@@ -499,11 +440,9 @@ def plot_weights_vs_ess(
     Fig. 4: one bar series per lambda (label e.g. "ESS 25 %"), FedAvg's weights as dots.
 
     Args:
-      path: the image file to write.
       sizes: client sizes n_i, shape (M,).
       alphas_by_label: label -> alpha, each of shape (M,).
       fedavg: FedAvg's weights (default n_i / N).
-      title: the plot's title.
     """
     path = _check_path(path)
     sizes = np.asarray(sizes, dtype=float)
@@ -526,31 +465,16 @@ def plot_weights_vs_ess(
         offset = (index - (len(alphas_by_label) - 1) / 2) * width
         # One colour per lambda from a qualitative palette (shades of one red were hard to
         # tell apart), none of them FedAvg's blue.
-        ax.bar(
-            positions + offset,
-            np.asarray(alpha)[order],
-            width,
-            label=label,
-            color=SERIES_COLORS[index % len(SERIES_COLORS)],
-            edgecolor="white",
-            linewidth=0.4,
-        )
-    fedavg_style = method_style("fedavg")
-    ax.plot(
-        positions,
-        fedavg[order],
-        fedavg_style["marker"],
-        color=fedavg_style["color"],
-        markeredgecolor="black",
-        markeredgewidth=0.6,
-        markersize=6,
-        label="FedAvg (n_i / N)",
-    )
+        bars = dict(label=label, color=SERIES_COLORS[index % len(SERIES_COLORS)], linewidth=0.4)
+        ax.bar(positions + offset, np.asarray(alpha)[order], width, edgecolor="white", **bars)
+    style = method_style("fedavg")
+    dots = dict(color=style["color"], markeredgecolor="black", markeredgewidth=0.6, markersize=6)
+    ax.plot(positions, fedavg[order], style["marker"], label="FedAvg (n_i / N)", **dots)
     ax.set_xticks(positions)
     ax.set_xticklabels([str(i) for i in order], fontsize=8)
     ax.set_xlabel("client (sorted by size, largest first)")
     ax.set_ylabel("aggregation weight")
-    _finish(fig, ax, path, title, "y", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _finish(fig, ax, path, title, "y", fontsize=8, **_BESIDE)
 
 
 def plot_accuracy_vs_distance(
@@ -559,13 +483,9 @@ def plot_accuracy_vs_distance(
     """Target accuracy against the projection distance d(T, S) (the paper's Fig. 9).
 
     Args:
-      path: the image file to write.
       points: method -> [{"projection_distance": d, "target_accuracy": [per seed]}, ...].
-      title: the plot's title.
     """
-    path = _check_path(path)
-    if not points:
-        raise ValueError("points is empty: give at least one method.")
+    path = _check_path(path, points=(points, "one method"))
     fig, ax = _figure((5.6, 3.8))
     seeds = []
     for method, series in points.items():
@@ -592,20 +512,14 @@ def plot_accuracy_vs_axis(
     """Target accuracy (mean +- std over seeds) against a task axis: epsilon, E, clients, ...
 
     Args:
-      path: the image file to write.
       series: line label -> [{"x": value, "target_accuracy": [per seed]}, ...]. A point with
         x None (e.g. epsilon None: no privacy) is drawn as a dashed horizontal line of the
         line's colour. The x axis is logarithmic when the values span more than two decades.
       x_label: the axis' name; a config key (e.g. "label_dp_epsilon") is shown as its symbol
         or words (`axis_label`), in the title too.
-      title: the plot's title.
     """
-    path = _check_path(path)
-    if not series:
-        raise ValueError("series is empty: give at least one line.")
-    shown = axis_label(x_label)
-    title = title.replace(str(x_label), shown)
-    x_label = shown
+    path = _check_path(path, series=(series, "one line"))
+    title, x_label = title.replace(str(x_label), axis_label(x_label)), axis_label(x_label)
     xs = [p["x"] for points in series.values() for p in points if p["x"] is not None]
     if not xs:
         raise ValueError("series has no point with a numeric x.")
@@ -656,13 +570,9 @@ def plot_lambda_trajectories(
     """lambda per round (log scale) of adaptive-lambda runs, one line per run.
 
     Args:
-      path: the image file to write.
       trajectories: label (e.g. "seed 0") -> the lambda used in rounds 1, 2, ...
-      title: the plot's title.
     """
-    path = _check_path(path)
-    if not trajectories:
-        raise ValueError("trajectories is empty: give at least one run.")
+    path = _check_path(path, trajectories=(trajectories, "one run"))
     fig, ax = _figure((5.6, 3.8))
     for index, (label, lams) in enumerate(trajectories.items()):
         lams = np.asarray(lams, dtype=float)
@@ -690,11 +600,9 @@ def plot_label_distributions(
     weight alpha_i under each method (e.g. FedPALS and FedAvg) as bars.
 
     Args:
-      path: the image file to write.
       client_label_dists: S, shape (M, K), rows on the simplex.
       target_label_dist: T, shape (K,).
       alphas: method -> alpha, each of shape (M,) (drawn in the method's colour).
-      title: the figure's title.
       class_names: the K class names (default: those of `dataset`, else 0 ... K-1).
       dataset: the data set's name (e.g. "fashion_mnist"), whose class names (`CLASS_NAMES`)
         label the classes when class_names is not given.
@@ -721,24 +629,17 @@ def plot_label_distributions(
                 f"alpha of {method!r} has shape {np.shape(alpha)}, expected ({num_clients},) "
                 "(one weight per client)."
             )
-    if class_names is None:
-        names = list(dataset_class_names(dataset, num_classes))
-    else:
-        names = [str(name) for name in class_names]
+    given = dataset_class_names(dataset, num_classes) if class_names is None else class_names
+    names = [str(name) for name in given]
     if len(names) != num_classes:
         raise ValueError(f"class_names has {len(names)} names for {num_classes} classes.")
     plt = _pyplot()
     from matplotlib.colors import Normalize
 
     height = 1.4 + 0.32 * (num_clients + 2) + (0.12 * max(map(len, names)) if names else 0)
-    fig, (ax_heat, ax_alpha) = plt.subplots(
-        1,
-        2,
-        figsize=(max(6.5, 2.8 + 0.42 * num_classes + 2.6), height),
-        gridspec_kw={"width_ratios": [max(num_classes, 3), 4]},
-        sharey=True,
-        layout="constrained",
-    )
+    figsize = (max(6.5, 2.8 + 0.42 * num_classes + 2.6), height)
+    ratios = {"width_ratios": [max(num_classes, 3), 4]}
+    fig, (ax_heat, ax_alpha) = _figure(figsize, ncols=2, gridspec_kw=ratios, sharey=True)
     # Rows: clients 0..M-1, then a blank row, then T.
     grid = np.full((num_clients + 2, num_classes), np.nan)
     grid[:num_clients] = dists
@@ -753,12 +654,8 @@ def plot_label_distributions(
     ax_heat.set_yticks(rows)
     ax_heat.set_yticklabels([f"client {i}" for i in range(num_clients)] + ["target T"], fontsize=8)
     ax_heat.set_xticks(range(num_classes))
-    if max(map(len, names)) > 3:
-        ax_heat.set_xticklabels(
-            names, fontsize=8, rotation=45, ha="right", rotation_mode="anchor"
-        )
-    else:
-        ax_heat.set_xticklabels(names, fontsize=8)
+    long_names = dict(rotation=45, ha="right", rotation_mode="anchor")
+    ax_heat.set_xticklabels(names, fontsize=8, **(long_names if max(map(len, names)) > 3 else {}))
     # Thin white lines between the cells: neighbouring white (0) cells read as separate.
     ax_heat.set_xticks(np.arange(num_classes + 1) - 0.5, minor=True)
     ax_heat.set_yticks(np.arange(num_clients + 3) - 0.5, minor=True)
@@ -766,19 +663,13 @@ def plot_label_distributions(
     ax_heat.tick_params(which="minor", length=0)
     ax_heat.set_xlabel("class")
     if num_classes * (num_clients + 1) <= 160:  # small grids: the values themselves
+        centred = dict(ha="center", va="center", fontsize=6)
         for r in rows:
             for k in range(num_classes):
                 value = grid[r, k]
                 if value >= 0.005:
-                    ax_heat.text(
-                        k,
-                        r,
-                        f"{value:.2f}",
-                        ha="center",
-                        va="center",
-                        fontsize=6,
-                        color="white" if value < 0.6 else "black",
-                    )
+                    shade = "white" if value < 0.6 else "black"
+                    ax_heat.text(k, r, f"{value:.2f}", color=shade, **centred)
     bar = fig.colorbar(image, ax=ax_heat, fraction=0.025, aspect=35, pad=0.01, extend="min")
     bar.set_label("P(Y = class); white: 0", fontsize=8)
     ax_heat.set_title("label distributions S_i(Y) and T(Y)", fontsize=9)
@@ -798,9 +689,7 @@ def plot_label_distributions(
     ax_alpha.legend(fontsize=8, loc="lower right")
     ax_alpha.set_title("aggregation weights", fontsize=9)
     ax_heat.set_ylim(num_clients + 1.5, -0.5)
-    _title(fig, title)
-    _save(fig, path)
-    plt.close(fig)
+    _save(fig, path, title)
 
 
 def plot_target_estimation(
@@ -814,17 +703,13 @@ def plot_target_estimation(
     in use, ||T^ - T||_1, per round (right), mean over seeds with a +-1 std band.
 
     Args:
-      path: the image file to write.
       accuracy: label -> (rounds, per-seed accuracies (seeds, rounds) in [0, 1]).
       l1_error: label -> (rounds, per-seed L1 errors (seeds, rounds)); labels of `accuracy`
         without an entry (the references) are drawn only on the left.
-      title: the figure's title.
       references: labels drawn as dashed grey-toned reference curves (FedAvg, FedPALS with
         T known), in their method colours.
     """
-    path = _check_path(path)
-    if not accuracy:
-        raise ValueError("accuracy is empty: give at least one labelled curve.")
+    path = _check_path(path, accuracy=(accuracy, "one labelled curve"))
     from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = _figure((11.0, 5.2), ncols=2)
@@ -862,7 +747,5 @@ def plot_target_estimation(
     right.set_ylim(bottom=0)
     if seeds:
         _seeds_entry(left, seeds)
-    _title(fig, title)
     fig.legend(loc="outside lower center", ncols=3, fontsize=8)
-    _save(fig, path)
-    _pyplot().close(fig)
+    _save(fig, path, title)

@@ -39,10 +39,7 @@ _clock = time.monotonic  # the lines' clock (tests replace it)
 
 
 def _format(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    number = float(np.asarray(value))
-    return f"{number:.4g}"
+    return value if isinstance(value, str) else f"{float(np.asarray(value)):.4g}"
 
 
 def percent(fraction: Any) -> str:
@@ -182,13 +179,9 @@ class Progress:
             else:
                 self._bar.update(int(n))
         elif self._lines is not None:
-            if latest and not n:
-                self._print_line()
-            elif (
-                n
-                and self._line_every is not None
-                and _clock() - self._last_line >= self._line_every
-            ):
+            every = self._line_every
+            due = n and every is not None and _clock() - self._last_line >= every
+            if (latest and not n) or due:
                 self._print_line()
 
     def eta(self) -> str:

@@ -27,11 +27,7 @@ import ml_collections
 from absl import logging
 
 from fedjax_pals.algorithms import ServerState, init_server_state
-from fedjax_pals.experiment.checkpoints import (
-    CheckpointError,
-    Checkpointer,
-    DamagedCheckpointError,
-)
+from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer, DamagedCheckpointError
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.task import Task, build_task
 from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
@@ -40,8 +36,7 @@ from fedjax_pals.models import Model
 from fedjax_pals.training import TrainingHistory
 
 WHICH = ("best", "last")
-# The sets `RestoredRun.evaluate` knows: the target's test set ("target", as results.json's
-# target_accuracy; "test" is the same set under training's name for it) and its validation set.
+# The sets `RestoredRun.evaluate` knows ("test": "target" under training's name for it).
 SPLITS = ("target", "val", "test")
 
 
@@ -53,10 +48,7 @@ class RestoredRun(NamedTuple):
     `TrainingHistory` (to its latest checkpoint); round: the round restored (the
     best-validation round for which="best", `history.rounds[history.best_val_index()]`);
     state: the full `ServerState` of that round; task: the rebuilt `Task` (data, partition,
-    algorithm), e.g. to evaluate on its target sets.
-
-    `evaluate(split)` scores `params` on the target's test set ("target") or validation set
-    ("val") as training did.
+    algorithm), e.g. to evaluate on its target sets (`evaluate`).
     """
 
     model: Model

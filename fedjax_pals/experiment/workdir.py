@@ -47,11 +47,9 @@ RESULTS_FILE = "results.json"
 CURVES_FILE = "curves.png"
 # What `train` writes itself (the metric writer records its own files as it creates them).
 OWN_FILES = (CHECKPOINT_DIR, RESULTS_FILE, CURVES_FILE)
-# What `overwrite` deletes whether recorded or not, so even in a workdir of a version before
-# the record: a new run writes these very paths over (the metric writer's fixed names among
-# them), and `check_reusable` refuses a workdir holding checkpoint.msgpack (the single-file
-# checkpoint of fedjax_pals <= 0.1) until it is gone. Event files and `tensorboard/` (where
-# fedjax_pals <= 0.1 wrote them) are not here: only the record tells a run's from a user's.
+# What `overwrite` deletes whether recorded or not (the record may predate the workdir): the
+# paths a new run writes over, and checkpoint.msgpack (fedjax_pals <= 0.1's single-file
+# checkpoint, which `check_reusable` refuses). Not event files nor `tensorboard/` (module doc).
 RUN_FILES = (*OWN_FILES, "metrics.jsonl", "metrics.csv", "hparams.json", "checkpoint.msgpack")
 # The record's first line; then one JSON string a line, each a name in the workdir.
 RECORD_HEADER = "# fedjax_pals: what the run created in this workdir (--overwrite deletes these)"
@@ -188,12 +186,9 @@ class Workdir:
                 f"{error.strerror or error}); choose a writable --workdir."
             ) from None
         if self._want_lock:
-            self._acquire_lock()
+            what = f"the workdir {self.path}"
+            self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
         return self
-
-    def _acquire_lock(self) -> None:
-        what = f"the workdir {self.path}"
-        self._lock_fd = locks.acquire(self.file(LOCK_FILE), what, holder_kind="run")
 
     def close(self) -> None:
         """Releases the lock (the lock file stays; a dead process's lock is released by the OS)."""
@@ -268,10 +263,6 @@ class Workdir:
                 os.fsync(fd)  # on disk before the file it names is created
             finally:
                 os.close(fd)
-
-    def held_run_files(self) -> list[str]:
-        """What `clear` would delete now (the record's entries only while it is intact)."""
-        return self._deletable()[0]
 
     def _deletable(self) -> tuple[list[str], str | None]:
         """The run's files present now, and the reason the record is not used (None: it is

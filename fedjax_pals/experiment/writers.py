@@ -52,6 +52,7 @@ lines of metrics.jsonl are then not in step order (`read_metrics` users sort by 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import glob
@@ -72,8 +73,6 @@ METRICS_FILE = "metrics.jsonl"
 CSV_FILE = "metrics.csv"
 HPARAMS_FILE = "hparams.json"
 EVENTS_PATTERN = "events.out.tfevents.*"
-# Where fedjax_pals <= 0.1 wrote the event files (TensorBoard then named runs ".../tensorboard").
-TENSORBOARD_DIR = "tensorboard"
 
 
 class _EventFile:
@@ -118,11 +117,8 @@ class _EventFile:
 def _event_file_name() -> str:
     # tensorboardX's name (the second it was opened in, the host), with a suffix that keeps a
     # resumed writer opened within the same second from reusing the first writer's name.
-    stamp = str(int(time.time()))
-    return (
-        f"events.out.tfevents.{stamp}.{socket.gethostname()}.{os.getpid()}."
-        f"{uuid.uuid4().hex[:8]}"
-    )
+    stamp, host = int(time.time()), socket.gethostname()
+    return f"events.out.tfevents.{stamp}.{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
 @functools.cache
@@ -156,29 +152,31 @@ def _scalar(name: str, value: Any) -> float:
 
 def _hparam_value(value: Any) -> bool | int | float | str | None:
     # TensorBoard's HParams plugin takes bool, number or string values only (None: unset).
-    if value is None:
-        return None
+    if value is None or isinstance(value, str):
+        return value
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if isinstance(value, str):
-        return value
     return json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
 
 
 def _same(a: Any, b: Any) -> bool:
     """Equal values (NaN equal to NaN): scalars (floats) or histograms (tuples of floats)."""
     if isinstance(a, tuple) or isinstance(b, tuple):
-        return (
-            isinstance(a, tuple)
-            and isinstance(b, tuple)
-            and np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
-        )
+        both = isinstance(a, tuple) and isinstance(b, tuple)
+        return both and np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
     both_float = isinstance(a, float) and isinstance(b, float)
     return a == b or (both_float and math.isnan(a) and math.isnan(b))
+
+
+def _replace(path: str, write: Callable[[Any], Any], newline: str | None = None) -> None:
+    """Rewrites `path` atomically: `write(file)` into a temporary file, then renamed."""
+    with open(path + ".tmp", "w", newline=newline) as f:
+        write(f)
+    os.replace(path + ".tmp", path)
 
 
 def _memory_value(value: Any) -> Any:
@@ -190,9 +188,7 @@ def _memory_value(value: Any) -> Any:
 _DIFFERS = bytes([7 << 3, 1])
 
 
-def _hparams_experiment(
-    flat: Mapping[str, Any], metrics: Mapping[str, str], shown: Sequence[str]
-):
+def _hparams_experiment(flat: Mapping[str, Any], metrics: Mapping[str, str], shown: Sequence[str]):
     """The HParams plugin's experiment summary: every key of `flat` (set or not, see the module
     docstring), `shown` first and marked "differs", then the declared metrics in order."""
     from tensorboardX.proto.api_pb2 import DataType, Experiment, HParamInfo, MetricInfo, MetricName
@@ -298,9 +294,7 @@ class MetricWriter:
             raise TypeError(f"logdir must be a non-empty path, got {logdir!r}.")
         self.logdir = str(logdir)
         self.enabled = bool(enabled)
-        self._tb = None
-        self._file = None
-        self._csv = None
+        self._tb = self._file = self._csv = None
         self._last_step: int | None = None
         self._rewound = False  # the log was rewound for this writer's first step
         # name -> (step, value) last written; name -> (step, value) last given unchanged;
@@ -363,30 +357,18 @@ class MetricWriter:
             if written < step - 1 and pattern is not None and pattern.fullmatch(name):
                 self._held[name] = (step - 1, value)
         if os.path.exists(self._jsonl_path):
-            tmp = self._jsonl_path + ".tmp"
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-            os.replace(tmp, self._jsonl_path)
+            _replace(self._jsonl_path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
         if os.path.exists(self._csv_path):
             with open(self._csv_path, newline="") as f:
                 rows = [row for row in csv.reader(f) if len(row) == 3]
-            tmp = self._csv_path + ".tmp"
-            with open(tmp, "w", newline="") as f:
-                csv.writer(f).writerows(
-                    row for row in rows if not row[0].isdigit() or int(row[0]) < step
-                )
-            os.replace(tmp, self._csv_path)
+            rows = [row for row in rows if not row[0].isdigit() or int(row[0]) < step]
+            _replace(self._csv_path, lambda f: csv.writer(f).writerows(rows), newline="")
         if self._had_events:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
 
             # TensorBoard drops events of step >= this one written before it.
-            self._writer().write(
-                Event(
-                    wall_time=time.time(),
-                    step=step,
-                    session_log=SessionLog(status=SessionLog.START),
-                )
-            )
+            start = SessionLog(status=SessionLog.START)
+            self._writer().write(Event(wall_time=time.time(), step=step, session_log=start))
         self._had_events = False  # purged once: later rewinds need no second event
 
     # -- public ----------------------------------------------------------------
@@ -418,17 +400,11 @@ class MetricWriter:
             self._mlflow.write_hparams(flat)
         path = os.path.join(self.logdir, HPARAMS_FILE)
         if os.path.exists(path):
-            with open(path) as f:
-                try:
-                    if json.load(f) == json.loads(json.dumps(flat)):
-                        return
-                except json.JSONDecodeError:
-                    pass
+            with open(path) as f, contextlib.suppress(json.JSONDecodeError):
+                if json.load(f) == json.loads(json.dumps(flat)):
+                    return
         self._record(HPARAMS_FILE)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(flat, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
+        _replace(path, lambda f: json.dump(flat, f, indent=2, sort_keys=True))
         from tensorboardX.summary import hparams as hparams_summary
 
         _, session_start, session_end = hparams_summary(
@@ -452,7 +428,6 @@ class MetricWriter:
         values = {name: _scalar(name, value) for name, value in scalars.items()}
         if not self._begin(step):
             return
-        self._start(step)
         values, held = self._changed(step, values)
         for held_step, held_values in sorted(held.items()):
             self._emit_scalars(held_step, held_values)
@@ -487,7 +462,6 @@ class MetricWriter:
             raise ValueError(f"histogram {name!r} has no values.")
         if not self._begin(step):
             return
-        self._start(step)
         self._histograms.add(name)
         values, held = self._changed(step, {name: tuple(array.tolist())})
         for held_step, held_values in sorted(held.items()):
@@ -516,22 +490,18 @@ class MetricWriter:
             self._writer().summaries(0, custom_scalars(layout))
 
     def _begin(self, step: int) -> bool:
-        """Checks a write at `step`; False when this writer is disabled (it only keeps the step)."""
+        """Checks a write at `step` and rewinds the logs at this writer's first step (unless
+        `resume_step` already did); False when this writer is disabled (it only keeps the step)."""
         self._check_open()
         if self._last_step is not None and step < self._last_step:
             raise ValueError(
                 f"step must not decrease within a run: got {step} after {self._last_step}."
             )
-        if not self.enabled:
-            self._last_step = step
-        return self.enabled
-
-    def _start(self, step: int) -> None:
-        """Rewinds the logs at this writer's first step (unless `resume_step` already did)."""
-        if not self._rewound:
+        if self.enabled and not self._rewound:
             self._rewind(step)  # a resumed run re-does the rounds from `step` on
             self._rewound = True
         self._last_step = step
+        return self.enabled
 
     def _changed(
         self, step: int, values: Mapping[str, Any]
