@@ -15,9 +15,6 @@ from typing import Any, Callable, Mapping
 from fedjax_pals import _validation
 
 
-# -- declarations --------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class _Check:
     kind: str  # real | integer | bool | choice
@@ -34,13 +31,8 @@ class _Check:
             return None
         if self.kind == "real":
             return _validation.check_number(
-                name,
-                value,
-                low=self.low,
-                high=self.high,
-                low_open=self.low_open,
-                high_open=self.high_open,
-                why=self.why,
+                name, value, low=self.low, high=self.high, low_open=self.low_open,
+                high_open=self.high_open, why=self.why,
             )
         if self.kind == "integer":
             return _validation.check_integer(
@@ -56,17 +48,9 @@ _KINDS = ("real", "integer", "bool", "choice")
 
 
 def hyperparameter(
-    default: Any,
-    *,
-    kind: str = "real",
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-    choices: tuple = (),
-    optional: bool = False,
-    why: str = "",
-    doc: str = "",
+    default: Any, *, kind: str = "real", low: float | None = None, high: float | None = None,
+    low_open: bool = False, high_open: bool = False, choices: tuple = (), optional: bool = False,
+    why: str = "", doc: str = "",
 ) -> Any:
     """A field of a `Hyperparameters` dataclass: its default and its allowed values.
 
@@ -90,8 +74,8 @@ class Hyperparameters:
 
     Subclass it with `@dataclasses.dataclass(frozen=True)` and fields declared with
     `hyperparameter(...)`; the field names are config keys (`algorithm.<field>` of a method or
-    a feature), so make them specific to their owner (`prox_mu`, not `mu`). Constructing it with a bad value
-    raises ValueError naming the field.
+    a feature), so make them specific to their owner (`prox_mu`, not `mu`). Constructing it
+    with a bad value raises ValueError naming the field.
     """
 
     def __post_init__(self) -> None:

@@ -43,10 +43,7 @@ from fedjax_pals import _validation
 
 if TYPE_CHECKING:  # algorithms/base.py imports this module
     from fedjax_pals.algorithms.base import (
-        ClientOutputs,
-        FederatedAlgorithm,
-        ServerState,
-        ServerUpdate,
+        ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate,
     )
 
 # `sgd` at learning rate 1 is the plain weighted average (today's server update).
@@ -55,10 +52,7 @@ SERVER_OPTIMIZERS = ("sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
 # "fedadam_fedpals" is FedPALS with FedAdam's server step ("FedAdam+FedPALS"), a bare "fedadam"
 # FedAvg with it (Reddi et al.'s name for that method).
 SERVER_OPTIMIZER_LABELS = {
-    "fedavgm": "FedAvgM",
-    "fedadam": "FedAdam",
-    "fedyogi": "FedYogi",
-    "fedadagrad": "FedAdagrad",
+    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
 }
 ADAPTIVE = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
 # Reddi et al.'s defaults (Sec. 5 / App. D): b1 = 0.9, b2 = 0.99, tau tuned (1e-3 typical);
@@ -110,13 +104,8 @@ def scale_by_fedopt(variant: str, b1: float, b2: float, tau: float) -> optax.Gra
 
 @functools.cache
 def server_optimizer(
-    name: str,
-    learning_rate: float = 1.0,
-    *,
-    momentum: float = DEFAULT_MOMENTUM,
-    b1: float = DEFAULT_B1,
-    b2: float = DEFAULT_B2,
-    tau: float = DEFAULT_TAU,
+    name: str, learning_rate: float = 1.0, *, momentum: float = DEFAULT_MOMENTUM,
+    b1: float = DEFAULT_B1, b2: float = DEFAULT_B2, tau: float = DEFAULT_TAU,
 ) -> optax.GradientTransformation:
     """The optax transformation of server optimiser `name` (see the module docstring).
 
@@ -130,8 +119,7 @@ def server_optimizer(
         return optax.sgd(eta)
     if name == "fedavgm":
         return optax.sgd(eta, momentum=_check_decay("momentum", momentum))
-    b1 = _check_decay("b1", b1)
-    b2 = _check_decay("b2", b2)
+    b1, b2 = _check_decay("b1", b1), _check_decay("b2", b2)
     tau = _validation.check_positive("tau", tau)
     return optax.chain(scale_by_fedopt(ADAPTIVE[name], b1, b2, tau), optax.scale(-eta))
 
@@ -157,26 +145,31 @@ class WeightedAverageUpdate:
 
     def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
         step = jax.tree_util.tree_map(
-            lambda delta: self.server_learning_rate
-            * jnp.tensordot(weights.astype(delta.dtype), delta, axes=1),
-            outputs.deltas,
+            lambda delta: self.server_learning_rate * delta,
+            _weighted_mean_delta(outputs.deltas, weights),
         )
-        params = optax.apply_updates(state.params, step)
-        client_states = jax.tree_util.tree_map(
-            lambda all_states, new: all_states.at[participants].set(new),
-            state.client_states,
-            outputs.client_states,
+        return state._replace(
+            params=optax.apply_updates(state.params, step),
+            client_states=_set_client_states(state, participants, outputs),
         )
-        return state._replace(params=params, client_states=client_states)
+
+
+def _set_client_states(state, participants, outputs):
+    """The participants' new persistent states written into the all-client stack."""
+    return jax.tree_util.tree_map(
+        lambda all_states, new: all_states.at[participants].set(new),
+        state.client_states,
+        outputs.client_states,
+    )
 
 
 def weighted_average_update(server_learning_rate: float = 1.0) -> WeightedAverageUpdate:
-    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta) (`WeightedAverageUpdate`)."""
+    """The plain server update (`WeightedAverageUpdate`)."""
     return WeightedAverageUpdate(server_learning_rate)
 
 
 def _weighted_mean_delta(deltas, weights):
-    """sum_i alpha_i (theta_i - theta), as `weighted_average_update` reduces it."""
+    """sum_i alpha_i (theta_i - theta)."""
     return jax.tree_util.tree_map(
         lambda delta: jnp.tensordot(weights.astype(delta.dtype), delta, axes=1), deltas
     )
@@ -184,27 +177,17 @@ def _weighted_mean_delta(deltas, weights):
 
 @functools.cache
 def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
-    """The server update theta <- theta + optimizer step on -(sum_i alpha_i Delta_i).
-
-    Composes with any weighting (alpha comes in from the engine). Reads and writes
-    `state.server_opt_state` (initialised by `init_server_state` from
-    `FederatedAlgorithm.server_optimizer`). With `optax.sgd(eta)` it equals
-    `weighted_average_update(eta)` bit for bit.
-    """
+    """The server update theta <- theta + optimizer step on -(sum_i alpha_i Delta_i), alpha
+    from any weighting; reads and writes `state.server_opt_state` (initialised by
+    `init_server_state` from `FederatedAlgorithm.server_optimizer`)."""
 
     def update(state: ServerState, participants, outputs: ClientOutputs, weights):
         delta = _weighted_mean_delta(outputs.deltas, weights)
         pseudo_gradient = jax.tree_util.tree_map(jnp.negative, delta)
         updates, opt_state = optimizer.update(pseudo_gradient, state.server_opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        client_states = jax.tree_util.tree_map(
-            lambda all_states, new: all_states.at[participants].set(new),
-            state.client_states,
-            outputs.client_states,
-        )
         return state._replace(
-            params=params,
-            client_states=client_states,
+            params=optax.apply_updates(state.params, updates),
+            client_states=_set_client_states(state, participants, outputs),
             server_opt_state=opt_state,
         )
 
@@ -218,13 +201,8 @@ SERVER_OPTIMIZER_NAMES = {"sgd": "sgd", **SERVER_OPTIMIZER_LABELS}
 def with_server_optimizer(
     algorithm: FederatedAlgorithm, optimizer: optax.GradientTransformation, label: str = "opt"
 ) -> FederatedAlgorithm:
-    """`algorithm` with its plain weighted average replaced by `optimizer` on the server.
-
-    Applies to every algorithm whose server update is `WeightedAverageUpdate()` (FedAvg,
-    FedPALS, the client-side methods with either weighting, FedDisco, FedLC, the Oracle, the
-    DP and T-estimating FedPALS); SCAFFOLD and AFL have server updates of their own and are
-    refused.
-    """
+    """`algorithm` with its plain weighted average (`WeightedAverageUpdate()`) replaced by
+    `optimizer` on the server; SCAFFOLD's and AFL's server updates are their own: refused."""
     if algorithm.server_update != WeightedAverageUpdate():
         raise ValueError(
             f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "
@@ -238,23 +216,16 @@ def with_server_optimizer(
 
 
 def server_optimizer_for(
-    algorithm: FederatedAlgorithm,
-    optimizer: str,
-    learning_rate: float,
-    momentum: float | None = None,
-    b1: float | None = None,
-    b2: float | None = None,
+    algorithm: FederatedAlgorithm, optimizer: str, learning_rate: float,
+    momentum: float | None = None, b1: float | None = None, b2: float | None = None,
     tau: float | None = None,
 ) -> FederatedAlgorithm:
     """`algorithm` with server optimiser `optimizer` (the resolved config's `server` section;
     keys the optimiser does not use are None)."""
     given = dict(momentum=momentum, b1=b1, b2=b2, tau=tau)
-    transformation = server_optimizer(
-        optimizer, learning_rate, **{k: v for k, v in given.items() if v is not None}
-    )
-    settings = ",".join(
-        f"{k}={v:g}" for k, v in dict(eta=learning_rate, **given).items() if v is not None
-    )
+    given = {k: v for k, v in given.items() if v is not None}
+    transformation = server_optimizer(optimizer, learning_rate, **given)
+    settings = ",".join(f"{k}={v:g}" for k, v in dict(eta=learning_rate, **given).items())
     return with_server_optimizer(
         algorithm, transformation, f"{SERVER_OPTIMIZER_NAMES[optimizer]}({settings})"
     )

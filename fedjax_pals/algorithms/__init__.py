@@ -14,11 +14,7 @@ from fedjax_pals.algorithms.base import (
 )
 from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.algorithms.fedpals import (
-    FedPalsState,
-    fedpals,
-    fedpals_state,
-    fedpals_weighting,
-    replace_fedpals_state,
+    FedPalsState, fedpals, fedpals_state, fedpals_weighting, replace_fedpals_state,
 )
 from fedjax_pals.algorithms.fedprox import FedProxHyperparameters, fedprox, fedprox_client
 from fedjax_pals.algorithms.scaffold import (
@@ -62,28 +58,26 @@ from fedjax_pals.algorithms.registry import make_algorithm
 __all__ = [
     # base
     "ClientInfo", "ClientMethod", "ClientOutputs", "FederatedAlgorithm", "Params", "PyTree",
-    "ServerState", "ServerUpdate", "Weighting", "combine", "fedavg_weighting",
-    "init_server_state", "plain_sgd", "weighted_average_update", "with_client_method",
-    "find_state", "replace_state",
+    "ServerState", "ServerUpdate", "Weighting", "combine", "fedavg_weighting", "init_server_state",
+    "plain_sgd", "weighted_average_update", "with_client_method", "find_state", "replace_state",
     # the methods
     "fedavg", "fedpals", "fedpals_weighting", "make_algorithm", "FedPalsState", "fedpals_state",
-    "replace_fedpals_state",
-    "FedProxHyperparameters", "fedprox", "fedprox_client",
+    "replace_fedpals_state", "FedProxHyperparameters", "fedprox", "fedprox_client",
     "ScaffoldHyperparameters", "ScaffoldState", "scaffold", "scaffold_client",
     "scaffold_server_update", "uniform_weighting", "AflHyperparameters", "AflState", "afl",
-    "afl_server_update", "afl_weighting",
-    "FedRSHyperparameters", "fedrs", "fedrs_client", "FedShiftState", "fedshift",
-    "fedshift_aggregate_label_dist", "fedshift_client", "smoothed_label_dists", "oracle",
-    "oracle_partition", "DISCREPANCY_METRICS", "FEDDISCO_DEFAULT_A", "FEDDISCO_DEFAULT_B",
-    "FEDDISCO_DEFAULT_METRIC", "FedDiscoHyperparameters", "FedDiscoState", "feddisco",
-    "feddisco_discrepancy", "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU",
-    "FEDLC_MIN_COUNT", "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
+    "afl_server_update", "afl_weighting", "FedRSHyperparameters", "fedrs", "fedrs_client",
+    "FedShiftState", "fedshift", "fedshift_aggregate_label_dist", "fedshift_client",
+    "smoothed_label_dists", "oracle", "oracle_partition", "DISCREPANCY_METRICS",
+    "FEDDISCO_DEFAULT_A", "FEDDISCO_DEFAULT_B", "FEDDISCO_DEFAULT_METRIC",
+    "FedDiscoHyperparameters", "FedDiscoState", "feddisco", "feddisco_discrepancy",
+    "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU", "FEDLC_MIN_COUNT",
+    "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
     # beyond the paper: DP label marginals, adaptive lambda, unknown T
     "ServerLabelDistsState", "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE",
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
-    "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation",
-    "bbse_confusion", "bbse_label_dist", "em_label_dist", "estimate_target_label_dist",
-    "model_probabilities", "with_target_label_dist", "perturb_label_dist", "Readiness",
-    "SourceStatistics", "constrained_bbse_label_dist", "mlls_label_dist", "model_logits",
-    "readiness", "source_statistics",
+    "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation", "bbse_confusion",
+    "bbse_label_dist", "em_label_dist", "estimate_target_label_dist", "model_probabilities",
+    "with_target_label_dist", "perturb_label_dist", "Readiness", "SourceStatistics",
+    "constrained_bbse_label_dist", "mlls_label_dist", "model_logits", "readiness",
+    "source_statistics",
 ]

@@ -106,14 +106,8 @@ def _mean_cross_entropy(apply_fn, params, inputs, labels, weights=None):
 
 
 def validation_hypergradient(
-    apply_fn: Callable,
-    new_params: Any,
-    deltas: Any,
-    lam_derivative: jax.Array,
-    lam: jax.Array,
-    val_inputs: jax.Array,
-    val_labels: jax.Array,
-    val_weights: jax.Array | None = None,
+    apply_fn: Callable, new_params: Any, deltas: Any, lam_derivative: jax.Array, lam: jax.Array,
+    val_inputs: jax.Array, val_labels: jax.Array, val_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """(L_val(theta'), dL_val(theta') / d log lambda) for theta' = theta + sum_i alpha_i Delta_i.
 
@@ -143,21 +137,12 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
         fedpals = fedpals_state(state.weighting_state)
         lam = fedpals.lam
         derivative = fedpals_lam_derivative(
-            data.client_label_dists[participants],
-            fedpals.target_label_dist,
-            data.client_sizes[participants],
-            lam,
-            alpha=weights,
+            data.client_label_dists[participants], fedpals.target_label_dist,
+            data.client_sizes[participants], lam, alpha=weights,
         )
         loss, grad = validation_hypergradient(
-            apply_fn,
-            new_state.params,
-            outputs.deltas,
-            derivative,
-            lam,
-            data.val_inputs,
-            data.val_labels,
-            data.val_weights,
+            apply_fn, new_state.params, outputs.deltas, derivative, lam, data.val_inputs,
+            data.val_labels, data.val_weights,
         )
         # A non-finite hypergradient (a diverged round) must not poison lambda.
         grad = jnp.where(jnp.isfinite(grad), grad, 0.0)
@@ -167,9 +152,7 @@ def _adaptive_update(apply_fn: Callable, hyper_learning_rate: float):
         new_lam = jnp.exp(log_lam).astype(lam.dtype)
         done = state.round  # the round just trained, 0-based (the engine advances the count)
         algorithm_state = replace_state(
-            state.algorithm_state,
-            AdaptiveLambdaState,
-            opt_state=opt_state,
+            state.algorithm_state, AdaptiveLambdaState, opt_state=opt_state,
             lam_history=data.lam_history.at[done].set(lam),
             hypergradient_history=data.hypergradient_history.at[done].set(grad),
             val_loss_history=data.val_loss_history.at[done].set(loss),
@@ -203,15 +186,9 @@ def _check_val_labels(val_labels: chex.ArrayLike, num_classes: int) -> np.ndarra
 
 
 def adaptive_fedpals(
-    target_label_dist: chex.ArrayLike,
-    client_label_dists: chex.ArrayLike,
-    client_sizes: chex.ArrayLike,
-    initial_lam: float,
-    apply_fn: Callable,
-    val_inputs: chex.ArrayLike,
-    val_labels: chex.ArrayLike,
-    *,
-    rounds: int,
+    target_label_dist: chex.ArrayLike, client_label_dists: chex.ArrayLike,
+    client_sizes: chex.ArrayLike, initial_lam: float, apply_fn: Callable,
+    val_inputs: chex.ArrayLike, val_labels: chex.ArrayLike, *, rounds: int,
     hyper_learning_rate: float = DEFAULT_HYPER_LEARNING_RATE,
     hyper_val_size: int = DEFAULT_HYPER_VAL_SIZE,
 ) -> FederatedAlgorithm:
@@ -228,11 +205,9 @@ def adaptive_fedpals(
       val_inputs, val_labels: the target validation examples the hypergradient reads.
       rounds: the run's rounds (the length of the recorded trajectory of lambda).
       hyper_learning_rate: Adam's step on log lambda, > 0.
-      hyper_val_size: how many validation examples the hypergradient reads: a fixed random
-        subset of a larger set, zero-weight padding of a smaller one (one shape for all runs).
+      hyper_val_size: how many validation examples it reads (`DEFAULT_HYPER_VAL_SIZE`).
 
-    The server state records per round the lambda used, the hypergradient and the validation
-    loss of the aggregate (`AdaptiveLambdaState.lam_history`, ...; `lam_report`).
+    The state records lambda's trajectory (`AdaptiveLambdaState`, `lam_report`).
     """
     lam = _validation.check_lam(initial_lam)
     if not lam > 0 or not math.isfinite(lam):
@@ -289,11 +264,8 @@ def adaptive_fedpals(
         return data
 
     return FederatedAlgorithm(
-        name="fedpals(adaptive lam)",
-        client=plain_sgd(),
-        weighting=weighting,
-        server_update=_adaptive_update(apply_fn, hyper_learning_rate),
-        init_algorithm_state=init,
+        name="fedpals(adaptive lam)", client=plain_sgd(), weighting=weighting,
+        server_update=_adaptive_update(apply_fn, hyper_learning_rate), init_algorithm_state=init,
         eval_params=_global_params,
     )
 
@@ -357,15 +329,9 @@ def _wrap(
 ) -> FederatedAlgorithm:
     inputs, labels = context.target_validation
     adaptive = adaptive_fedpals(
-        context.partition.target_label_dist,
-        context.weight_label_dists,
-        context.partition.client_sizes,
-        context.lam,
-        context.model.apply,
-        inputs,
-        labels,
-        rounds=context.rounds,
-        hyper_learning_rate=hp.lam_hyper_lr,
+        context.partition.target_label_dist, context.weight_label_dists,
+        context.partition.client_sizes, context.lam, context.model.apply, inputs, labels,
+        rounds=context.rounds, hyper_learning_rate=hp.lam_hyper_lr,
     )
     return adaptive._replace(weighting=algorithm.weighting)
 

@@ -17,8 +17,6 @@ rate by ~M. The paper does not say which AFL produced its Fashion-MNIST / CIFAR-
 averaged iterate (1/T) sum_t w_t lags the last one by about half the run, which costs accuracy
 in short runs (`afl(..., average_iterates=False)` evaluates the last iterate instead).
 
-State layout: `ServerState.algorithm_state` = `AflState(lam, avg_params)`.
-
 Grid of the selection protocol: the step size gamma_lambda in 0.1, 0.01, 0.001, 1 (Mohri et
 al., 2019 leave it free).
 """
@@ -39,7 +37,7 @@ from fedjax_pals.algorithms.base import (
     _global_params, fedavg_weighting, find_state, plain_sgd, replace_state,
     weighted_average_update,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, hyperparameter, register_method
 
 
 class AflState(NamedTuple):
@@ -66,11 +64,8 @@ def _afl_weights(label_dists, sizes, state, participants):
 
 @functools.cache
 def afl_weighting() -> Weighting:
-    """lam restricted to the participants and renormalised: alpha_i = lam_i / sum_{j in S} lam_j.
-
-    With full participation alpha = lam. If the participants' mass is 0 the
-    round falls back to uniform weights.
-    """
+    """lam restricted to the participants and renormalised: alpha_i = lam_i / sum_{j in S} lam_j
+    (alpha = lam with full participation; uniform if the participants' mass is 0)."""
     return Weighting("afl", fedavg_weighting().init, _afl_weights)
 
 
@@ -136,20 +131,16 @@ def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:
 
         min_w max_{lam in simplex} sum_k lam_k L_k(w)    over all M clients,
 
-    lam_0 uniform; clients run plain local SGD, the server mixes their
-    updates with lam (`afl_weighting`) and takes a projected ascent step on
-    lam (`afl_server_update`, gamma = `step_size`). `eval_params` returns the
-    running average of the iterates (1/T) sum_{t=1}^T w_t, as the paper and
-    litian96/fair_flearn report; average_iterates=False evaluates the last
-    iterate w_T instead (as the FedDG benchmark does). Training is the same.
+    lam_0 uniform; clients run plain local SGD, the server mixes their updates with lam
+    (`afl_weighting`) and takes a projected ascent step on lam (`afl_server_update`, gamma =
+    `step_size`). `eval_params` returns the running average of the iterates, or with
+    average_iterates=False the last iterate w_T (module docstring). Training is the same.
     """
     step_size = _check_step(step_size)
     average = _validation.check_flag("average_iterates", average_iterates)
     return FederatedAlgorithm(
-        name="afl" if average else "afl(last iterate)",
-        client=plain_sgd(),
-        weighting=afl_weighting(),
-        server_update=afl_server_update(step_size),
+        name="afl" if average else "afl(last iterate)", client=plain_sgd(),
+        weighting=afl_weighting(), server_update=afl_server_update(step_size),
         init_algorithm_state=_afl_init,
         eval_params=_afl_eval_params if average else _global_params,
     )
@@ -162,12 +153,8 @@ class AflHyperparameters(Hyperparameters):
     )
 
 
-def _build(hp: AflHyperparameters, context: MethodContext) -> FederatedAlgorithm:
-    return afl(hp.afl_step)
-
-
 register_method(
-    Method("afl", "AFL", _build, AflHyperparameters, grid={"afl_step": (0.1, 0.01, 0.001, 1.0)},
-           owns_server_update=True,
+    Method("afl", "AFL", lambda hp, context: afl(hp.afl_step), AflHyperparameters,
+           grid={"afl_step": (0.1, 0.01, 0.001, 1.0)}, owns_server_update=True,
            description="min-max over client mixtures (Mohri et al., 2019)"), replace=True
 )

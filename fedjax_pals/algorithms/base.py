@@ -13,13 +13,11 @@ every client's persistent state stacked on a leading client axis (SCAFFOLD's
 control variates), and the algorithm's own server-side state. Each piece's state is a
 NamedTuple of its own (`ScaffoldState`, `FedPalsState`, ...), found by its type (`find_state`).
 
-A method is one module of this package (`fedavg`, `fedpals`, `fedprox`, ...): its pieces, the
-notes on where it differs from its reference implementation, and its registration
-(`fedjax_pals.algorithms.registry`). The FedPALS paper (Sec. 5) names the baselines but not their
-updates; each module implements the update of the paper it cites. Every method trains locally
-with the same plain minibatch SGD (no momentum, no weight decay, no clipping), E local epochs
-per round, as the FedPALS paper trains all methods alike (Sec. 5); references that use another
-local optimiser are noted in their module.
+The FedPALS paper (Sec. 5) names the baselines but not their updates; each method's module
+implements the update of the paper it cites. Every method trains locally with the same plain
+minibatch SGD (no momentum, no weight decay, no clipping), E local epochs per round, as the
+FedPALS paper trains all methods alike (Sec. 5); references that use another local optimiser
+are noted in their module.
 
 Compilation sharing. `engine.round_engine` keys its compiled rounds on the structure of
 (client method, weighting function, server update, model, training, strategy): a function's
@@ -40,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pals import server_weights
-from fedjax_pals.server_optimizers import WeightedAverageUpdate, weighted_average_update
+from fedjax_pals.server_optimizers import weighted_average_update
 
 Params = chex.ArrayTree
 PyTree = Any
@@ -109,11 +107,8 @@ def _keep_client_state(info, state, params, steps, learning_rate):
 def plain_sgd() -> ClientMethod:
     """Local SGD on the cross-entropy, as in FedAvg (McMahan et al., 2017)."""
     return ClientMethod(
-        name="sgd",
-        adjust_logits=_identity_logits,
-        regularizer=_no_regularizer,
-        correct_grads=_identity_grads,
-        init_client_state=_no_client_state,
+        name="sgd", adjust_logits=_identity_logits, regularizer=_no_regularizer,
+        correct_grads=_identity_grads, init_client_state=_no_client_state,
         update_client_state=_keep_client_state,
     )
 
@@ -187,15 +182,12 @@ def init_server_state(
     client_states = jax.tree_util.tree_map(
         lambda leaf: jnp.broadcast_to(leaf, (num_clients, *jnp.shape(leaf))), one
     )
+    optimizer = algorithm.server_optimizer
     return ServerState(
-        params=params,
-        client_states=client_states,
+        params=params, client_states=client_states,
         algorithm_state=algorithm.init_algorithm_state(params, num_clients),
-        weighting_state=algorithm.weighting.init(),
-        round=jnp.zeros((), jnp.int32),
-        server_opt_state=(
-            () if algorithm.server_optimizer is None else algorithm.server_optimizer.init(params)
-        ),
+        weighting_state=algorithm.weighting.init(), round=jnp.zeros((), jnp.int32),
+        server_opt_state=() if optimizer is None else optimizer.init(params),
     )
 
 
@@ -215,11 +207,8 @@ def with_client_method(
 
 
 def combine(
-    client_method: ClientMethod,
-    weighting: Weighting | None = None,
-    name: str | None = None,
-    *,
-    algorithm_state: PyTree = (),
+    client_method: ClientMethod, weighting: Weighting | None = None, name: str | None = None,
+    *, algorithm_state: PyTree = (),
 ) -> FederatedAlgorithm:
     """A client method with FedAvg (weighting None) or any weighting, e.g. FedPALS.
 
@@ -236,11 +225,8 @@ def combine(
             return data
 
     return FederatedAlgorithm(
-        name=name or f"{client_method.name}+{weighting.name}",
-        client=client_method,
-        weighting=weighting,
-        server_update=weighted_average_update(),
-        init_algorithm_state=init,
+        name=name or f"{client_method.name}+{weighting.name}", client=client_method,
+        weighting=weighting, server_update=weighted_average_update(), init_algorithm_state=init,
         eval_params=_global_params,
     )
 
@@ -255,14 +241,11 @@ def _instance_of(cls: type) -> Callable[[Any], bool]:
 
 
 def find_state(tree: PyTree, cls: type[StateT]) -> StateT:
-    """The one instance of the NamedTuple type `cls` in `tree`, found by its type.
+    """The one instance of the NamedTuple type `cls` in `tree` (a state of nested NamedTuples,
+    e.g. `ServerLabelDistsState.inner` holds the one it wraps), found at any depth by its type.
 
-    `tree` is a state (`ServerState.algorithm_state`, `.weighting_state`, or the whole
-    `ServerState`) of nested NamedTuples (or any pytree): a wrapper's state holds the one it
-    wraps (`ServerLabelDistsState.inner`), and the one of type `cls` is found at any depth.
-    ValueError, naming the type and what builds it (the class attribute `_built_by`, e.g.
-    "scaffold()"), when `tree` holds none (the algorithm was assembled without the piece that
-    keeps it) or several.
+    ValueError, naming the type and what builds it (its class attribute `_built_by`), when
+    `tree` holds none (the algorithm was assembled without the piece that keeps it) or several.
     """
     found = [
         node
@@ -328,10 +311,7 @@ def _tree_mismatch(what: str, got: PyTree, expected: PyTree) -> str | None:
 
 
 def round_shape_mismatch(
-    algorithm: FederatedAlgorithm,
-    params: Params,
-    num_clients: int,
-    num_participants: int,
+    algorithm: FederatedAlgorithm, params: Params, num_clients: int, num_participants: int,
     num_classes: int,
 ) -> str | None:
     """What is wrong with the shapes `algorithm`'s round pieces return, or None.
@@ -369,10 +349,8 @@ def round_shape_mismatch(
             f"not ({m},)"
         )
     outputs = ClientOutputs(
-        deltas=stacked(state.params),
-        client_states=stacked(one_client),
-        train_loss=vector(jnp.float32),
-        num_steps=vector(jnp.int32),
+        deltas=stacked(state.params), client_states=stacked(one_client),
+        train_loss=vector(jnp.float32), num_steps=vector(jnp.int32),
         initial_loss=vector(jnp.float32),
     )
     new = jax.eval_shape(algorithm.server_update, state, participants, outputs, weights)

@@ -7,7 +7,7 @@ every other method is assembled from (`base.combine`).
 from __future__ import annotations
 
 from fedjax_pals.algorithms.base import FederatedAlgorithm, combine, fedavg_weighting, plain_sgd
-from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
+from fedjax_pals.algorithms.registry import Method, register_method
 
 
 def fedavg() -> FederatedAlgorithm:
@@ -15,10 +15,7 @@ def fedavg() -> FederatedAlgorithm:
     return combine(plain_sgd(), fedavg_weighting(), "fedavg")
 
 
-def _build(hp, context: MethodContext) -> FederatedAlgorithm:
-    return fedavg()
-
-
 register_method(
-    Method("fedavg", "FedAvg", _build, description="local SGD, weights n_i / N (eq. 4)"), replace=True
+    Method("fedavg", "FedAvg", lambda hp, context: fedavg(),
+           description="local SGD, weights n_i / N (eq. 4)"), replace=True
 )

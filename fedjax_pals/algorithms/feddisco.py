@@ -7,11 +7,6 @@ discrepancy d_k between its label distribution and a global one. It uses the sam
 information as FedPALS (the clients' S_k(Y) and the target's T(Y)), so it is FedPALS' natural
 head-to-head. It composes with any client method: `fjp.combine(fedlc_client(tau),
 feddisco_weighting(T))` is FedLC's local training with FedDisco's weights (`fedlc`).
-
-As everywhere in the package, per-run data (the global distribution, a and b) lives in
-`ServerState.weighting_state`; only the hashable hyperparameters that change the traced program
-(the discrepancy metric) select a cached function, so runs that differ only in their data share
-one compiled round.
 """
 
 from __future__ import annotations
@@ -29,7 +24,9 @@ from fedjax_pals.algorithms.base import (
     ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, combine, find_state,
     plain_sgd,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import (
+    Hyperparameters, Method, MethodContext, hyperparameter, register_method,
+)
 
 DISCREPANCY_METRICS = ("kl", "l2")
 # FedDisco's defaults in the reference code (args.py: --disco_a 0.5, --disco_b 0.1,
@@ -90,8 +87,7 @@ def feddisco_discrepancy(
     """
     metric = _metric(metric)
     dists = jnp.asarray(label_dists, jnp.float32)
-    target = jnp.asarray(global_label_dist, jnp.float32)
-    return _discrepancy(dists, target, metric)
+    return _discrepancy(dists, jnp.asarray(global_label_dist, jnp.float32), metric)
 
 
 def _discrepancy(dists: jax.Array, target: jax.Array, metric: str) -> jax.Array:
@@ -110,11 +106,8 @@ def _discrepancy(dists: jax.Array, target: jax.Array, metric: str) -> jax.Array:
 
 
 def feddisco_weights(
-    label_dists: chex.ArrayLike,
-    client_sizes: chex.ArrayLike,
-    global_label_dist: chex.ArrayLike,
-    a: float = FEDDISCO_DEFAULT_A,
-    b: float = FEDDISCO_DEFAULT_B,
+    label_dists: chex.ArrayLike, client_sizes: chex.ArrayLike, global_label_dist: chex.ArrayLike,
+    a: float = FEDDISCO_DEFAULT_A, b: float = FEDDISCO_DEFAULT_B,
     metric: str = FEDDISCO_DEFAULT_METRIC,
 ) -> jax.Array:
     """FedDisco's aggregation weights (Ye et al., 2023, Sec. 4; reference `disco.py`).
@@ -133,16 +126,12 @@ def feddisco_weights(
     Returns:
       (m,) weights on the simplex.
     """
-    dists = jnp.asarray(label_dists, jnp.float32)
-    sizes = jnp.asarray(client_sizes, jnp.float32)
-    target = jnp.asarray(global_label_dist, jnp.float32)
+    dists, sizes, target = (
+        jnp.asarray(x, jnp.float32) for x in (label_dists, client_sizes, global_label_dist)
+    )
+    a = jnp.float32(_validation.check_nonnegative("a", a))
     return _disco_weights(
-        dists,
-        sizes,
-        target,
-        jnp.float32(_validation.check_nonnegative("a", a)),
-        jnp.float32(_validation.check_real("b", b)),
-        _metric(metric),
+        dists, sizes, target, a, jnp.float32(_validation.check_real("b", b)), _metric(metric)
     )
 
 
@@ -164,10 +153,8 @@ def _feddisco_weights_fn(metric: str):
 
 
 def feddisco_weighting(
-    global_label_dist: chex.ArrayLike,
-    a: float = FEDDISCO_DEFAULT_A,
-    b: float = FEDDISCO_DEFAULT_B,
-    metric: str = FEDDISCO_DEFAULT_METRIC,
+    global_label_dist: chex.ArrayLike, a: float = FEDDISCO_DEFAULT_A,
+    b: float = FEDDISCO_DEFAULT_B, metric: str = FEDDISCO_DEFAULT_METRIC,
 ) -> Weighting:
     """FedDisco's discrepancy-aware weights over each round's participants (`feddisco_weights`).
 
@@ -179,8 +166,9 @@ def feddisco_weighting(
       b: the offset (reference default 0.1).
       metric: "kl" (reference default) or "l2".
 
-    G, a and b are per-run data in `ServerState.weighting_state` (a `FedDiscoState`); the
-    metric selects the (cached) weights function.
+    G, a and b are per-run data in `ServerState.weighting_state` (a `FedDiscoState`), so runs
+    that differ only in them share one compiled round; the metric, which changes the traced
+    program, selects the (cached) weights function.
     """
     dist = _validation.check_distribution("global_label_dist", global_label_dist)
     data = FedDiscoState(
@@ -192,10 +180,8 @@ def feddisco_weighting(
 
 
 def feddisco(
-    global_label_dist: chex.ArrayLike,
-    a: float = FEDDISCO_DEFAULT_A,
-    b: float = FEDDISCO_DEFAULT_B,
-    metric: str = FEDDISCO_DEFAULT_METRIC,
+    global_label_dist: chex.ArrayLike, a: float = FEDDISCO_DEFAULT_A,
+    b: float = FEDDISCO_DEFAULT_B, metric: str = FEDDISCO_DEFAULT_METRIC,
     client_method: ClientMethod | None = None,
 ) -> FederatedAlgorithm:
     """FedDisco (Ye et al., ICML 2023): plain local SGD (or `client_method`, e.g.
@@ -213,9 +199,7 @@ class FedDiscoHyperparameters(Hyperparameters):
     )
     feddisco_b: float = hyperparameter(FEDDISCO_DEFAULT_B, doc="FedDisco's offset b")
     feddisco_metric: str = hyperparameter(
-        FEDDISCO_DEFAULT_METRIC,
-        kind="choice",
-        choices=DISCREPANCY_METRICS,
+        FEDDISCO_DEFAULT_METRIC, kind="choice", choices=DISCREPANCY_METRICS,
         doc="FedDisco's discrepancy of S_k from T",
     )
 

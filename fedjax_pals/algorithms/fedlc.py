@@ -3,9 +3,8 @@ Calibration", ICML 2022), a label-shift method beyond the FedPALS paper's baseli
 
 FedLC is a *client method*: during local training every logit is calibrated by the client's
 count of that label. It composes with any weighting: `fjp.combine(fedlc_client(tau),
-feddisco_weighting(T))` is FedLC's local training with FedDisco's weights;
-`fjp.combine(fedlc_client(tau), fjp.fedpals_weighting(T, lam))` is FedLC+FedPALS. tau, which
-changes the traced program, selects a cached function.
+fjp.fedpals_weighting(T, lam))` is FedLC+FedPALS. tau, which changes the traced program,
+selects a cached function.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _suffix, combine,
     plain_sgd,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, hyperparameter, register_method
 
 # FedLC: the count of a class the client does not hold is floored at this value before the
 # power -1/4, as in the public implementations (FL-bench `src/client/fedlc.py`, fluke
@@ -85,11 +84,8 @@ class FedLCHyperparameters(Hyperparameters):
     )
 
 
-def _build(hp: FedLCHyperparameters, context: MethodContext) -> FederatedAlgorithm:
-    return fedlc(hp.fedlc_tau, context.weighting)
-
-
 register_method(
-    Method("fedlc", "FedLC", _build, FedLCHyperparameters, client_side=True,
+    Method("fedlc", "FedLC", lambda hp, context: fedlc(hp.fedlc_tau, context.weighting),
+           FedLCHyperparameters, client_side=True,
            description="logit calibration by label counts (Zhang et al., 2022)"), replace=True
 )

@@ -4,10 +4,6 @@ FedAvg's client and server update with the weights of eq. 8: the projection of t
 T(Y) onto the convex hull of the participants' S_i(Y), traded off by lam against the effective
 sample size, re-solved whenever the participants change. T and lam are per-run data in
 `ServerState.weighting_state`, so runs differing only in them share one compiled round.
-
-The weights' solver: None or "active_set" (the default, exact), or "projected_gradient" (the
-design card's jaxopt solver; `server_weights.fedpals_weights`): `fedpals(..., weights_solver=)`,
-`fedpals_weighting(..., solver=)`.
 """
 
 from __future__ import annotations
@@ -46,11 +42,6 @@ def replace_fedpals_state(weighting_state: Any, **changes: Any) -> Any:
     return replace_state(weighting_state, FedPalsState, **changes)
 
 
-def _fedpals_weights(label_dists, sizes, state, participants):
-    data = fedpals_state(state.weighting_state)
-    return server_weights.fedpals_weights(label_dists, data.target_label_dist, sizes, data.lam)
-
-
 @functools.cache
 def _fedpals_weights_with(solver: str):
     """The weights function that solves eq. 8 with `solver` (one per solver: the engine keys
@@ -63,6 +54,9 @@ def _fedpals_weights_with(solver: str):
         )
 
     return weights
+
+
+_fedpals_weights = _fedpals_weights_with(server_weights.DEFAULT_SOLVER)
 
 
 def _check_solver(name: str, solver: str | None) -> str | None:
@@ -85,18 +79,14 @@ def fedpals_weighting(
     _validation.check_lam(lam)
     solver = _check_solver("solver", solver)
     data = FedPalsState(jnp.asarray(target_label_dist, jnp.float32), jnp.asarray(lam, jnp.float32))
-    weights = _fedpals_weights if solver is None else _fedpals_weights_with(solver)
+    weights = _fedpals_weights_with(solver or server_weights.DEFAULT_SOLVER)
     return Weighting("fedpals", lambda: data, weights)
 
 
 def fedpals(
     target_label_dist: chex.ArrayLike, lam: float, *, weights_solver: str | None = None
 ) -> FederatedAlgorithm:
-    """FedPALS: local SGD, target-aware weights alpha^lam (eq. 8, Algorithm 1).
-
-    weights_solver: None or "active_set" (the default) or "projected_gradient" (see
-    `fedpals_weighting`).
-    """
+    """FedPALS (module docstring); weights_solver: `fedpals_weighting`'s solver."""
     weighting = fedpals_weighting(
         target_label_dist, lam, solver=_check_solver("weights_solver", weights_solver)
     )
@@ -126,8 +116,7 @@ def _build(hp: FedPalsHyperparameters, context: registry.MethodContext) -> Feder
 registry.register_method(
     registry.Method(
         "fedpals", "FedPALS", _build, FedPalsHyperparameters, reads_target=True,
-        lends_weighting=True,
-        description="local SGD, target-aware weights alpha^lam (eq. 8)",
+        lends_weighting=True, description="local SGD, target-aware weights alpha^lam (eq. 8)",
     ),
     replace=True,
 )

@@ -56,14 +56,10 @@ def _prepare(hp: FedPalsLambda, context: registry.MethodContext) -> registry.Met
         return context.replace(lam=hp.lam)
     partition = context.partition
     try:
-        lam = float(
-            lambda_for_ess(
-                context.weight_label_dists,
-                partition.target_label_dist,
-                partition.client_sizes,
-                hp.ess_fraction,
-            )
-        )
+        lam = float(lambda_for_ess(
+            context.weight_label_dists, partition.target_label_dist, partition.client_sizes,
+            hp.ess_fraction,
+        ))
     except ValueError as error:
         if not (context.lam_floor and "out of range" in str(error)):
             raise

@@ -25,7 +25,7 @@ from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     ClientMethod, FederatedAlgorithm, PyTree, Weighting, _suffix, combine, plain_sgd,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, hyperparameter, register_method
 
 
 def _tree_sq_norm(tree: PyTree) -> jax.Array:
@@ -65,12 +65,9 @@ class FedProxHyperparameters(Hyperparameters):
     prox_mu: float = hyperparameter(0.01, low=0.0, doc="FedProx' proximal strength mu")
 
 
-def _build(hp: FedProxHyperparameters, context: MethodContext) -> FederatedAlgorithm:
-    return fedprox(hp.prox_mu, context.weighting)
-
-
 register_method(
-    Method("fedprox", "FedProx", _build, FedProxHyperparameters,
+    Method("fedprox", "FedProx", lambda hp, context: fedprox(hp.prox_mu, context.weighting),
+           FedProxHyperparameters,
            grid={"prox_mu": (0.01, 0.001, 0.1, 1.0)}, client_side=True,
            description="local loss + (mu/2) ||w - w_global||^2 (Li et al., 2020)"), replace=True
 )

@@ -32,7 +32,7 @@ from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _suffix, combine,
     plain_sgd,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, hyperparameter, register_method
 
 
 def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:
@@ -52,9 +52,7 @@ def fedrs_client(alpha: float, soft: bool = False) -> ClientMethod:
         dL/dw_k = a_ik * softmax(a_i * z)_k * h,
 
     the restricted softmax: the absent class is pushed down by a_ik times its (scaled)
-    probability rather than by softmax(z)_k. The reference (lxcnju/FedRepo) uses a
-    bias-free classifier, z = W h: model "lenet_nobias" (`lenet(..., head_bias=False)`).
-    With a head bias b the scaled logit is a_ik (w_k^T h + b_k).
+    probability rather than by softmax(z)_k (a head bias: module docstring).
     """
     alpha = _validation.check_real("alpha", alpha)
     if not 0.0 < alpha <= 1.0:
@@ -91,12 +89,10 @@ class FedRSHyperparameters(Hyperparameters):
     fedrs_soft: bool = hyperparameter(False, kind="bool", doc="FedRS' soft variant")
 
 
-def _build(hp: FedRSHyperparameters, context: MethodContext) -> FederatedAlgorithm:
-    return fedrs(hp.fedrs_alpha, hp.fedrs_soft, context.weighting)
-
-
 register_method(
-    Method("fedrs", "FedRS", _build, FedRSHyperparameters,
+    Method("fedrs", "FedRS",
+           lambda hp, context: fedrs(hp.fedrs_alpha, hp.fedrs_soft, context.weighting),
+           FedRSHyperparameters,
            grid={"fedrs_alpha": (0.5, 0.9, 0.1)}, client_side=True,
            description="restricted softmax in local training (Li & Zhan, 2021)"), replace=True
 )

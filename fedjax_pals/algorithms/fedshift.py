@@ -8,8 +8,6 @@ w + sum_{i in M_t} (n_i / N)(w_i - w), N over ALL clients, so a round with parti
 participation takes a step shrunk by the participants' share; ours normalises over the
 participants (FedAvg's weights). The two coincide under full participation. The paper trains
 with SGD momentum 0.9, weight decay 1e-4 and a decayed learning rate.
-
-State layout: `ServerState.algorithm_state` = `FedShiftState(aggregate_label_dist)`.
 """
 
 from __future__ import annotations
@@ -42,12 +40,7 @@ def smoothed_label_dists(client_label_counts: chex.ArrayLike, smoothing: float =
     """Laplace-smoothed client label distributions P_i(k) = (c_ik + s) / (n_i + K s)."""
     s = _validation.check_positive("smoothing", smoothing)
     counts = np.asarray(client_label_counts, np.float64)
-    if (
-        counts.ndim != 2
-        or counts.size == 0
-        or np.any(counts < 0)
-        or not np.all(np.isfinite(counts))
-    ):
+    if counts.ndim != 2 or not counts.size or np.any(counts < 0) or not np.all(np.isfinite(counts)):
         raise ValueError(
             "client_label_counts must be a non-empty, non-negative (M, K) matrix, "
             f"got shape {counts.shape}."
@@ -78,10 +71,9 @@ def fedshift_client(smoothing: float = 1.0) -> ClientMethod:
 
         f~_k(w; x) = f_k(w; x) + s_ik,   s_ik = ln(P_i(y=k) / P(y=k)),
 
-    P_i(k) = (c_ik + s) / (n_i + K s) the client's Laplace-smoothed label
-    distribution (c_ik = p_ik n_i from its ClientInfo, s = `smoothing` > 0) and
-    P the aggregate read from the state's `FedShiftState`
-    (see `fedshift`). Evaluation uses the unshifted logits.
+    P_i the client's Laplace-smoothed label distribution (`smoothed_label_dists`, its counts
+    c_ik = p_ik n_i from its ClientInfo, s = `smoothing` > 0) and P the aggregate read from the
+    state's `FedShiftState` (see `fedshift`). Evaluation uses the unshifted logits.
     """
     return _fedshift_client(_validation.check_positive("smoothing", smoothing))
 
@@ -117,9 +109,7 @@ def fedshift(
             f"with fedshift_aggregate_label_dist, got {dist.tolist()}."
         )
     return combine(
-        fedshift_client(smoothing),
-        weighting,
-        _suffix("fedshift", weighting),
+        fedshift_client(smoothing), weighting, _suffix("fedshift", weighting),
         algorithm_state=FedShiftState(jnp.asarray(dist, jnp.float32)),
     )
 
@@ -131,6 +121,6 @@ def _build(hp, context: MethodContext) -> FederatedAlgorithm:
 
 
 register_method(
-    Method("fedshift", "FedShift", _build, client_side=True,
-           description="logits shifted by ln(P_i(k) / P(k)) in local training (Shen et al., 2021)"), replace=True
+    Method("fedshift", "FedShift", _build, client_side=True, description="logits shifted by "
+           "ln(P_i(k) / P(k)) in local training (Shen et al., 2021)"), replace=True
 )

@@ -13,7 +13,7 @@ import numpy as np
 from fedjax_pals.algorithms.base import FederatedAlgorithm
 from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.data import FederatedPartition, resample_to_label_dist
-from fedjax_pals.algorithms.registry import Method, MethodContext, register_method
+from fedjax_pals.algorithms.registry import Method, register_method
 
 
 def oracle_partition(
@@ -30,15 +30,7 @@ def oracle() -> FederatedAlgorithm:
     return fedavg()._replace(name="oracle")
 
 
-def _build(hp, context: MethodContext) -> FederatedAlgorithm:
-    return oracle()
-
-
-def _partition_transform(partition, train_labels, seed):
-    return oracle_partition(partition, train_labels, seed=seed)
-
-
 register_method(
-    Method("oracle", "Oracle", _build, partition_transform=_partition_transform,
+    Method("oracle", "Oracle", lambda hp, context: oracle(), partition_transform=oracle_partition,
            description="FedAvg on clients resampled to T (FedPALS App. B.5)"), replace=True
 )

@@ -9,8 +9,6 @@ is that wrapper around any weighting.
 The feature `label_dp` (`algorithm.label_dp_epsilon` set, for every run whose server weights
 read S and T): the release is drawn once from the seed's own random stream, before the method
 is built (so the ESS search sees it too), and the built algorithm's weighting is wrapped.
-The release is per-run data: runs differing only in epsilon, mechanism or delta share one
-compiled round.
 """
 
 from __future__ import annotations
@@ -59,13 +57,9 @@ def with_server_label_dists(weighting: Weighting, server_label_dists: chex.Array
     state in `.inner`), so runs with different releases share one compiled round.
     """
     dists = _validation.check_label_dists("server_label_dists", server_label_dists)
-    inner = weighting
     data_dists = jnp.asarray(dists, jnp.float32)
-
-    def init():
-        return ServerLabelDistsState(inner.init(), data_dists)
-
-    return Weighting(inner.name, init, _server_dists_weights_fn(inner.weights))
+    init = lambda: ServerLabelDistsState(weighting.init(), data_dists)
+    return Weighting(weighting.name, init, _server_dists_weights_fn(weighting.weights))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,11 +104,9 @@ _LABEL_DP_STREAM = 0xD1FF
 def _prepare(hp: LabelDP, context: registry.MethodContext) -> registry.MethodContext:
     # The clients release S_i(Y) through a DP mechanism once; the server's weights and the
     # ESS search use the release (post-processing), local training the exact counts.
+    key = jax.random.fold_in(jax.random.PRNGKey(context.seed), _LABEL_DP_STREAM)
     release = private_label_dists(
-        context.partition.client_label_counts,
-        hp.label_dp_epsilon,
-        hp.label_dp_mechanism,
-        jax.random.fold_in(jax.random.PRNGKey(context.seed), _LABEL_DP_STREAM),
+        context.partition.client_label_counts, hp.label_dp_epsilon, hp.label_dp_mechanism, key,
         delta=hp.label_dp_delta,
     )
     return context.replace(server_label_dists=release)

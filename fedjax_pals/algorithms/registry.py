@@ -17,17 +17,15 @@ A `Method` ties together what the rest of the package needs to know about a meth
   weights under the key `<name>_fedpals` ("FedProx+FedPALS");
 * `partition_transform`: how the method redraws the clients' data before training (the
   Oracle's resampling to T, FedPALS App. B.5);
-* `owns_server_update`: its server update is its own (SCAFFOLD, AFL), so no server optimiser
-  replaces it; `lends_weighting`: its server weights serve the client-side methods too
+* `owns_server_update`: its server update is its own (SCAFFOLD's control variates, AFL's
+  lambda), so no server optimiser replaces it (the config refuses, `with_server_optimizer`
+  too); `lends_weighting`: its server weights serve the client-side methods too
   (FedPALS: `algorithm.weights='fedpals'`).
 
 A `Feature` is what a run adds to its method, switched on by its own config keys (label DP,
-Table 2's perturbed T, adaptive lambda, T re-estimated, FedPALS' lambda by ESS): its
-self-validating hyperparameters, `resolve` (which runs use it, and their consistency), and
-hooks the run calls in registration order: `prepare` (what the method is built from: the
-`MethodContext`), `wrap` (the built algorithm), `monitor` (its work between rounds and what it
-reports). The config validator, `build_task` and `train_and_evaluate` loop over the registry;
-none of them names a method or a feature.
+Table 2's perturbed T, adaptive lambda, T re-estimated, FedPALS' lambda by ESS; see `Feature`).
+The config validator, `build_task` and `train_and_evaluate` loop over the registry; none of
+them names a method or a feature.
 
 A *variant* is a registered key that means another method with some config keys set
 (`fedpals_adaptive` is FedPALS with `algorithm.lam_schedule='hypergradient'`): it has a name
@@ -51,11 +49,10 @@ from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
 from fedjax_pals.hyperparameters import (
     Hyperparameters, NoHyperparameters, check_declared, check_shared_fields, declared_fields,
-    hyperparameter, hyperparameter_checks, hyperparameter_defaults,
+    hyperparameter, hyperparameter_checks,
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
-# is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it. Their labels live
-# with the optimisers (importable from here as before).
+# is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it.
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS, WeightedAverageUpdate
 
 
@@ -127,10 +124,7 @@ class Method:
     reads_target: bool = False
     partition_transform: PartitionTransform | None = None
     description: str = ""
-    # Its server update is its own (SCAFFOLD's control variates, AFL's lambda): a server
-    # optimiser cannot replace it (the config refuses, `with_server_optimizer` too).
     owns_server_update: bool = False
-    # Its server weights serve the client-side methods too: `algorithm.weights=<name>`.
     lends_weighting: bool = False
 
     def __post_init__(self) -> None:
@@ -194,12 +188,8 @@ class Method:
 
 
 def make_algorithm(
-    name: str,
-    *,
-    partition: FederatedPartition | None = None,
-    lam: float | None = None,
-    weights: str | None = None,
-    **hyperparameters: Any,
+    name: str, *, partition: FederatedPartition | None = None, lam: float | None = None,
+    weights: str | None = None, **hyperparameters: Any,
 ) -> FederatedAlgorithm:
     """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
 
@@ -501,7 +491,6 @@ class Feature:
         return self.name
 
 
-
 def register_feature(feature: Feature, *, replace: bool = False) -> Feature:
     """Registers `feature` under `feature.name`. Its keys may not be another feature's or a
     method's hyperparameters (one config key, one owner)."""
@@ -543,7 +532,4 @@ def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], t
 
 def method_grids() -> dict[str, tuple]:
     """The protocol's grid of every registered method's hyperparameters, merged."""
-    grid: dict[str, tuple] = {}
-    for method in _METHODS.values():
-        grid.update(dict(method.grid))
-    return grid
+    return {key: values for method in _METHODS.values() for key, values in method.grid.items()}

@@ -11,11 +11,7 @@ where NIID-Bench weighs them by size n_i / sum_S n_j; ours moves c by
 participation (Table 1) the second coincides, and under the paper's sparsity partition all
 clients have one size, so the first does too. NIID-Bench starts c = c_i at a copy of a randomly
 initialised network (c - c_i = 0, as with our zeros) and trains with SGD momentum; option II
-assumes plain SGD.
-
-State layout: `ServerState.algorithm_state` = `ScaffoldState(c)`, the server control variate
-(params-shaped); the client control variates c_i are `ServerState.client_states` (params-shaped,
-leading client axis).
+assumes plain SGD. The client control variates c_i are `ServerState.client_states`.
 
 Grid of the selection protocol: the server learning rate eta_g in 1, 0.5 (Karimireddy et al.,
 2020, use eta_g = 1).
@@ -36,7 +32,7 @@ from fedjax_pals.algorithms.base import (
     ServerUpdate, Weighting, _global_params, fedavg_weighting, find_state, plain_sgd,
     replace_state, weighted_average_update,
 )
-from fedjax_pals.algorithms.registry import Hyperparameters, Method, MethodContext, hyperparameter, register_method
+from fedjax_pals.algorithms.registry import Hyperparameters, Method, hyperparameter, register_method
 
 
 class ScaffoldState(NamedTuple):
@@ -87,13 +83,9 @@ def scaffold_client() -> ClientMethod:
     (`ScaffoldState.c`), c_i the client's (its persistent state, zeros at
     the start). Option II assumes plain SGD (no momentum) locally.
     """
-    return ClientMethod(
-        name="scaffold",
-        adjust_logits=plain_sgd().adjust_logits,
-        regularizer=plain_sgd().regularizer,
-        correct_grads=_scaffold_correct_grads,
-        init_client_state=_zeros_like_params,
-        update_client_state=_scaffold_update_client_state,
+    return plain_sgd()._replace(
+        name="scaffold", correct_grads=_scaffold_correct_grads,
+        init_client_state=_zeros_like_params, update_client_state=_scaffold_update_client_state,
     )
 
 
@@ -126,12 +118,9 @@ def _scaffold_server_update(server_learning_rate: float) -> ServerUpdate:
     def update(state: ServerState, participants, outputs: ClientOutputs, weights):
         new_state = average(state, participants, outputs, weights)  # x and the c_i
         num_clients = jax.tree_util.tree_leaves(state.client_states)[0].shape[0]
-        c = _server_c(state)
         c = jax.tree_util.tree_map(
             lambda cg, new, old: cg + jnp.sum(new - old[participants], axis=0) / num_clients,
-            c,
-            outputs.client_states,
-            state.client_states,
+            _server_c(state), outputs.client_states, state.client_states,
         )
         return new_state._replace(
             algorithm_state=replace_state(state.algorithm_state, ScaffoldState, c=c)
@@ -145,17 +134,11 @@ def _scaffold_init(params, num_clients):
 
 
 def scaffold(server_lr: float = 1.0) -> FederatedAlgorithm:
-    """SCAFFOLD (Karimireddy et al., ICML 2020), option II, uniform server average.
-
-    Control variates start at zero (c = c_i = 0), so the first round equals
-    FedAvg with uniform weights.
-    """
+    """SCAFFOLD (Karimireddy et al., ICML 2020), option II, uniform server average. Control
+    variates start at zero (c = c_i = 0), so the first round equals FedAvg with uniform weights."""
     return FederatedAlgorithm(
-        name="scaffold",
-        client=scaffold_client(),
-        weighting=uniform_weighting(),
-        server_update=scaffold_server_update(server_lr),
-        init_algorithm_state=_scaffold_init,
+        name="scaffold", client=scaffold_client(), weighting=uniform_weighting(),
+        server_update=scaffold_server_update(server_lr), init_algorithm_state=_scaffold_init,
         eval_params=_global_params,
     )
 
@@ -167,12 +150,8 @@ class ScaffoldHyperparameters(Hyperparameters):
     )
 
 
-def _build(hp: ScaffoldHyperparameters, context: MethodContext) -> FederatedAlgorithm:
-    return scaffold(hp.server_lr)
-
-
 register_method(
-    Method("scaffold", "SCAFFOLD", _build, ScaffoldHyperparameters,
-           grid={"server_lr": (1.0, 0.5)}, owns_server_update=True,
+    Method("scaffold", "SCAFFOLD", lambda hp, context: scaffold(hp.server_lr),
+           ScaffoldHyperparameters, grid={"server_lr": (1.0, 0.5)}, owns_server_update=True,
            description="control variates, option II (Karimireddy et al., 2020)"), replace=True
 )

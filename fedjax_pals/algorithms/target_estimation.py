@@ -20,8 +20,7 @@ model's outputs):
   with S(y) = 0 are not identifiable from the classifier and get T^(y) = 0.
 
 Both are consistent under label shift (BBSE needs C invertible; EM needs calibrated
-posteriors). Two refinements of them (issue 30; REPRODUCTION.md compares all five on
-Fashion-MNIST):
+posteriors). Two refinements of them (REPRODUCTION.md compares all five on Fashion-MNIST):
 
 * constrained soft BBSE: T^ = argmin_{T in simplex} ||C T - mu||^2 + rho ||T||^2 with C the
   soft conditional confusion matrix, solved as eq. 8 of the FedPALS paper by
@@ -42,9 +41,9 @@ starts the server from the clients' aggregate sum_i n_i S_i / N, the guess witho
 labels, and re-estimates T as the run trains; registered as the variants
 `fedpals_unknown_t_<method>` for each method. With `algorithm.target_holdout` > 0 each client
 keeps a stratified share of its examples out of training (`hold_out_stratified`) for the
-estimator's labeled source data (by default 0: 5,000 of the training examples, better on
-Table 1's C = 3 row, worse on C = 2: REPRODUCTION.md); `algorithm.target_gate_*` and `algorithm.target_damping`
-set when an estimate is used and how far it moves T.
+estimator's labeled source data (by default 0: 5,000 of the training examples, see
+`DEFAULT_HOLD_OUT`); `algorithm.target_gate_*` and `algorithm.target_damping` set when an
+estimate is used and how far it moves T.
 """
 
 from __future__ import annotations
@@ -63,9 +62,7 @@ from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
 from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.calibration import (
-    calibrated_probabilities,
-    fit_bias_corrected_temperature,
-    softmax,
+    calibrated_probabilities, fit_bias_corrected_temperature, softmax,
 )
 from fedjax_pals.data.partitions import hold_out_stratified
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
@@ -174,10 +171,7 @@ def bbse_label_dist(
 
 
 def em_label_dist(
-    target_probs: Any,
-    source_label_dist: Any,
-    *,
-    max_iter: int = EM_DEFAULT_MAX_ITER,
+    target_probs: Any, source_label_dist: Any, *, max_iter: int = EM_DEFAULT_MAX_ITER,
     tol: float = EM_DEFAULT_TOL,
 ) -> np.ndarray:
     """T^ by EM re-weighting of the posteriors (Saerens et al., 2002, eqs. 2.9-2.10).
@@ -260,12 +254,11 @@ def source_statistics(source_probs: Any, source_labels: Any) -> SourceStatistics
     n, k = probs.shape
     labels = _labels(source_labels, n, k)
     one_hot = np.eye(k)[labels]
+    correct = np.bincount(labels[np.argmax(probs, axis=1) == labels], minlength=k)
     return SourceStatistics(
         posterior_sums=one_hot.T @ probs,
         counts=one_hot.sum(axis=0).astype(np.int64),
-        correct=np.bincount(labels[np.argmax(probs, axis=1) == labels], minlength=k).astype(
-            np.int64
-        ),
+        correct=correct.astype(np.int64),
     )
 
 
@@ -317,9 +310,7 @@ def constrained_bbse_label_dist(
     _validation.check_nonnegative("rho", rho)
     present = stats.present
     columns = stats.conditional_confusion[:, present].T  # (K_present, K): the "clients"
-    weights = fedpals_weights(
-        columns, target.mean(axis=0), np.ones(present.sum()), rho
-    )
+    weights = fedpals_weights(columns, target.mean(axis=0), np.ones(present.sum()), rho)
     estimate = np.zeros(k)
     estimate[present] = np.asarray(weights, np.float64)
     return estimate / estimate.sum()
@@ -339,15 +330,9 @@ def mlls_label_dist(
 
 
 def estimate_target_label_dist(
-    target_probs: Any,
-    *,
-    method: str = "em",
-    source_probs: Any = None,
-    source_labels: Any = None,
-    source_label_dist: Any = None,
-    max_iter: int = EM_DEFAULT_MAX_ITER,
-    tol: float = EM_DEFAULT_TOL,
-    rho: float = DEFAULT_RHO,
+    target_probs: Any, *, method: str = "em", source_probs: Any = None,
+    source_labels: Any = None, source_label_dist: Any = None,
+    max_iter: int = EM_DEFAULT_MAX_ITER, tol: float = EM_DEFAULT_TOL, rho: float = DEFAULT_RHO,
 ) -> np.ndarray:
     """T^(Y) from a model's outputs on unlabeled target data.
 
@@ -383,9 +368,7 @@ def _logits_fn(apply_fn):
 
 
 def model_logits(
-    apply_fn: Callable[[Any, jax.Array], jax.Array],
-    params: Any,
-    inputs: Any,
+    apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any, inputs: Any,
     batch_size: int = 1024,
 ) -> np.ndarray:
     """apply_fn(params, x) over `inputs` in batches, as float64 (n, K)."""
@@ -400,9 +383,7 @@ def model_logits(
 
 
 def model_probabilities(
-    apply_fn: Callable[[Any, jax.Array], jax.Array],
-    params: Any,
-    inputs: Any,
+    apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any, inputs: Any,
     batch_size: int = 1024,
 ) -> np.ndarray:
     """softmax(apply_fn(params, x)) over `inputs` in batches, as float64 (n, K)."""
@@ -435,19 +416,11 @@ class TargetReestimation(registry.Monitor):
     logits on the target's *unlabeled* validation inputs and on labeled source data: the
     clients' held-out share (`partition.held_out_indices`, see `hold_out_stratified`) when
     the partition has one, else up to `source_size` examples drawn once (from `seed`) from
-    the clients' training data (in-sample: the model has fit them). Then, by `method`:
-
-    * "bbse_constrained" (the default): constrained soft BBSE on the softmax
-      (`constrained_bbse_label_dist`, ridge `rho`);
-    * "mlls": bias-corrected temperature scaling fitted on the source data
-      (`fedjax_pals.calibration`), then maximum-likelihood label shift (`mlls_label_dist`);
-    * "bbse" / "bbse_soft": BBSE with hard / soft predictions (`bbse_label_dist`);
-    * "em": EM on the uncalibrated softmax, with the clients' pooled label distribution as
-      the source prior (`em_label_dist`).
-
-    From the source data the server needs only per-class sums (`SourceStatistics`; the
-    calibration's likelihood and gradient are sums too); the target computes its own mean
-    posterior (BBSE) or runs EM on its posteriors (MLLS) and sends T^.
+    the clients' training data (in-sample: the model has fit them). Then `method`
+    (`estimate_target_label_dist`; default "bbse_constrained", ridge `rho`) estimates T^ from
+    their softmax: "mlls" calibrated by bias-corrected temperature scaling fitted on the source
+    data, "em" uncalibrated with the clients' pooled label distribution as the source prior
+    (the calibration's likelihood and gradient are per-class sums too).
 
     The estimate is used when the model is ready (`readiness`: the soft confusion matrix's
     smallest singular value >= `gate_sigma_min` and every present class's recall >=
@@ -471,21 +444,10 @@ class TargetReestimation(registry.Monitor):
     """
 
     def __init__(
-        self,
-        algorithm: Any,
-        model: Any,
-        dataset: Any,
-        partition: Any,
-        *,
-        every: int,
-        method: str = "bbse_constrained",
-        seed: int = 0,
-        source_size: int = 5000,
-        truth: Any = None,
-        rho: float = DEFAULT_RHO,
-        gate_sigma_min: float | None = None,
-        gate_min_recall: float | None = None,
-        damping: float = 1.0,
+        self, algorithm: Any, model: Any, dataset: Any, partition: Any, *, every: int,
+        method: str = "bbse_constrained", seed: int = 0, source_size: int = 5000,
+        truth: Any = None, rho: float = DEFAULT_RHO, gate_sigma_min: float | None = None,
+        gate_min_recall: float | None = None, damping: float = 1.0,
     ):
         self.method = _method(method)
         self.truth = None if truth is None else np.asarray(truth, np.float64)
@@ -498,7 +460,7 @@ class TargetReestimation(registry.Monitor):
         self.algorithm, self.model = algorithm, model
         if partition.held_out_indices.size:
             source_idx = np.asarray(partition.held_out_indices)
-        else:  # in-sample, as BBSE was first run here
+        else:  # in-sample
             rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
             pooled = np.concatenate(
                 [partition.client_example_indices(i) for i in range(partition.num_clients)]
@@ -543,12 +505,8 @@ class TargetReestimation(registry.Monitor):
             source_probs, target_probs = softmax(source), softmax(target)
         stats = source_statistics(source_probs, self.source_y)
         estimate = estimate_target_label_dist(
-            target_probs,
-            method=self.method,
-            source_probs=source_probs,
-            source_labels=self.source_y,
-            source_label_dist=self.source_prior,
-            rho=self.rho,
+            target_probs, method=self.method, source_probs=source_probs,
+            source_labels=self.source_y, source_label_dist=self.source_prior, rho=self.rho,
         )
         return estimate, stats, beta
 
@@ -574,12 +532,9 @@ class TargetReestimation(registry.Monitor):
             return None
         ready = readiness(stats)
         record.update(
-            sigma_min=ready.sigma_min,
-            min_recall=ready.min_recall,
+            sigma_min=ready.sigma_min, min_recall=ready.min_recall,
             recall=[None if np.isnan(r) else float(r) for r in stats.recall],
-            calibration_beta=beta,
-            estimate=estimate.tolist(),
-            estimate_l1_error=self._l1(estimate),
+            calibration_beta=beta, estimate=estimate.tolist(), estimate_l1_error=self._l1(estimate),
         )
         if not ready.passes(*self.gate):
             self._skip(
@@ -611,12 +566,8 @@ class TargetReestimation(registry.Monitor):
         self.evaluations.append(
             {"round": int(state.round), "target_l1_error": error, "estimated_accuracy": accuracy}
         )
-        scalars = {
-            "server/projection_distance": float(
-                projection_distance(self.source_label_dists, estimate)
-            ),
-            "target/estimated_accuracy": accuracy,
-        }
+        distance = float(projection_distance(self.source_label_dists, estimate))
+        scalars = {"server/projection_distance": distance, "target/estimated_accuracy": accuracy}
         if error is not None:
             scalars["server/target_estimate_l1_error"] = error
         if self.records and "sigma_min" in self.records[-1]:
@@ -669,8 +620,7 @@ class UnknownTarget(Hyperparameters):
         "and estimate with; 0 (the default): in-sample, 5,000 of the training examples",
     )
     target_estimation_rho: float | None = hyperparameter(
-        DEFAULT_RHO, kind="real", low=0.0, high=1e6, optional=True,
-        doc="constrained soft BBSE's ridge rho",
+        DEFAULT_RHO, low=0.0, high=1e6, optional=True, doc="constrained soft BBSE's ridge rho"
     )
     target_gate_sigma_min: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, optional=True,
@@ -719,17 +669,10 @@ def _prepare(hp: UnknownTarget, context: registry.MethodContext) -> registry.Met
 
 def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
     return TargetReestimation(
-        task.algorithm,
-        task.model,
-        task.dataset,
-        task.partition,
-        every=hp.target_estimation_every,
-        method=hp.target_estimation,
-        seed=task.config.seed,
-        truth=task.partition.target_label_dist,
-        rho=hp.target_estimation_rho,
-        gate_sigma_min=hp.target_gate_sigma_min,
-        gate_min_recall=hp.target_gate_min_recall,
+        task.algorithm, task.model, task.dataset, task.partition,
+        every=hp.target_estimation_every, method=hp.target_estimation, seed=task.config.seed,
+        truth=task.partition.target_label_dist, rho=hp.target_estimation_rho,
+        gate_sigma_min=hp.target_gate_sigma_min, gate_min_recall=hp.target_gate_min_recall,
         damping=hp.target_damping,
     )
 
