@@ -83,15 +83,12 @@ def check_client_sizes(client_sizes: Any, num_clients: int | None = None) -> np.
 
 def check_lam(lam: Any) -> float:
     """The trade-off lam of eq. 8: a real scalar >= 0 (inf allowed: FedAvg); NaN refused."""
-    if isinstance(lam, (bool, np.bool_, str, bytes)) or lam is None:
-        raise ValueError(f"lam must be a real number, got {lam!r}.")
     try:
         value = np.asarray(lam)
     except Exception as exc:  # e.g. a ragged sequence
         raise ValueError(f"lam must be a real number, got {lam!r}.") from exc
-    if value.dtype == np.bool_ or not (
-        np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)
-    ):
+    # Refuses bool, str, bytes and None too (their dtypes are neither integer nor floating).
+    if not (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)):
         raise ValueError(f"lam must be a real number, got {lam!r}.")
     value = value.astype(np.float64)
     if value.ndim != 0:
@@ -146,11 +143,8 @@ def check_ess_fraction(fraction: Any) -> float:
     The message says "ESS fraction ... out of range" (callers classify grid points by it).
     """
     array = np.asarray(fraction)
-    if (
-        array.ndim != 0
-        or not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer))
-        or array.dtype == np.bool_
-    ):
+    real = np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    if array.ndim != 0 or not real:  # bool is neither
         raise TypeError(
             f"the ESS fraction must be a real scalar in (0, 1], got {fraction!r} "
             f"(shape {array.shape}, dtype {array.dtype})."

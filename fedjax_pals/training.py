@@ -1,14 +1,13 @@
 """The federated training loop: rounds, client sampling, evaluation, checkpoints.
 
-Everything random derives from one seed: the initial params, each round's
-client sample (a function of the seed and the round alone) and each round's
-client data order (the round key folded with the client id). The same seed
-and configuration therefore give identical results, and a run resumed from
+Everything random derives from one seed: the initial params, each round's client sample (a function
+of the seed and the round alone) and each round's client data order (the round key folded with the
+client id). The same seed and configuration therefore give identical results, and a run resumed from
 a checkpoint continues exactly as if it had never stopped.
 
-Checkpoints go through a `CheckpointerProtocol` (`save(state, history)`,
-`restore(template)`); `fedjax_pals.Checkpointer` is the orbax one.
-Divergence is detected every round (see `divergence_limit`).
+Checkpoints go through a `CheckpointerProtocol` (`save(state, history)`, `restore(template)`);
+`fedjax_pals.Checkpointer` is the orbax one. Divergence is detected every round (see
+`divergence_limit`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pals import _validation
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
 from fedjax_pals.data import Dataset, FederatedPartition
 from fedjax_pals.engine import (
@@ -52,14 +50,11 @@ def sample_participants(
 ) -> np.ndarray:
     """The sorted client ids taking part in round `round_index`.
 
-    Depends only on (seed, round_index): reproducible, and independent of what
-    happened in earlier rounds. None or num_clients means every client. Up to
-    `PERMUTATION_SAMPLING_MAX_CLIENTS` clients the sample is a random permutation's
-    prefix (O(M log M)); above, it is drawn in O(m).
+    Depends only on (seed, round_index): reproducible, and independent of what happened in earlier
+    rounds. None or num_clients means every client. Up to `PERMUTATION_SAMPLING_MAX_CLIENTS` clients
+    the sample is a random permutation's prefix (O(M log M)); above, it is drawn in O(m).
     """
-    if clients_per_round is None:
-        return np.arange(num_clients, dtype=np.int32)
-    if (
+    if clients_per_round is not None and (
         isinstance(clients_per_round, (bool, np.bool_))
         or not isinstance(clients_per_round, (int, np.integer))
         or not 1 <= clients_per_round <= num_clients
@@ -68,7 +63,7 @@ def sample_participants(
             f"clients_per_round must be an integer in [1, {num_clients}], got "
             f"{clients_per_round!r}."
         )
-    if clients_per_round == num_clients:
+    if clients_per_round is None or clients_per_round == num_clients:
         return np.arange(num_clients, dtype=np.int32)
     if num_clients <= PERMUTATION_SAMPLING_MAX_CLIENTS:
         key = jax.random.fold_in(
@@ -145,25 +140,19 @@ def divergence_limit(
 ) -> float:
     """The largest training loss that is not divergence: `factor * max(log K, L_0)`.
 
-    The reference is the loss of a model that has learnt nothing: log K, the
-    cross-entropy of the uniform prediction, or L_0, the loss of the initial
-    model (on the target validation set), when that is larger (a logistic
-    regression on unnormalised inputs starts at several times log K). A mean
-    cross-entropy L gives the true class a geometric-mean probability exp(-L),
-    so L > 10 L_ref is ten times further from the truth, in log-probability,
-    than the untrained model: training with a workable learning rate never gets
-    there (its loss starts near L_ref and falls), while a run whose weights blow
-    up does within a round or two (logistic regression on the synthetic task at
+    The reference is the loss of a model that has learnt nothing: log K, the cross-entropy of the
+    uniform prediction, or L_0, the loss of the initial model (on the target validation set), when
+    that is larger (a logistic regression on unnormalised inputs starts at several times log K). A
+    mean cross-entropy L gives the true class a geometric-mean probability exp(-L), so L > 10 L_ref
+    is ten times further from the truth, in log-probability, than the untrained model: training with
+    a workable learning rate never gets there (its loss starts near L_ref and falls), while a run
+    whose weights blow up does within a round or two (logistic regression on the synthetic task at
     learning rate 1e6 reaches 1e5, against 92 here; at 50 it stays below 25).
     """
     reference = math.log(max(int(num_classes), 2))
     if initial_loss is not None and math.isfinite(initial_loss):
         reference = max(reference, float(initial_loss))
     return float(factor) * reference
-
-
-def _evaluate(evaluators, params) -> dict:
-    return {name: evaluate(params) for name, evaluate in evaluators.items()}
 
 
 # update_state(round_index, state_of) -> a replacement state or None: called before every
@@ -175,13 +164,12 @@ StateUpdate = Callable[[int, Callable[[], ServerState]], "ServerState | None"]
 class TrainingRun:
     """One run's side of the training loop: its data, evaluation, history and checkpoints.
 
-    `run_trainings` drives several of these in lockstep through the engine's
-    runs axis; `run_training` drives one. Construction validates the settings,
-    builds the evaluators, draws the initial state from the seed and resumes
-    from the checkpoint if there is one (`start_round`). `update_state` (a
-    `StateUpdate`) may replace the run's state between rounds from the host, e.g.
-    a new estimate of T (`algorithms.target_estimation.TargetReestimation`); the state it
-    returns is what the next rounds and the checkpoints see.
+    `run_trainings` drives several of these in lockstep through the engine's runs axis;
+    `run_training` drives one. Construction validates the settings, builds the evaluators, draws the
+    initial state from the seed and resumes from the checkpoint if there is one (`start_round`).
+    `update_state` (a `StateUpdate`) may replace the run's state between rounds from the host, e.g.
+    a new estimate of T (`algorithms.target_estimation.TargetReestimation`); the state it returns is
+    what the next rounds and the checkpoints see.
     """
 
     def __init__(
@@ -297,7 +285,7 @@ class TrainingRun:
             return
         self.state = state_of()
         eval_params = local_view(self.algorithm.eval_params(self.state))
-        metrics = _evaluate(self.evaluators, eval_params)
+        metrics = {name: evaluate(eval_params) for name, evaluate in self.evaluators.items()}
         if not all(np.isfinite(m["loss"]) for m in metrics.values()):
             raise TrainingDivergedError(
                 f"training diverged by round {done}: the evaluation loss of the global "
@@ -306,10 +294,9 @@ class TrainingRun:
                 f"{self.training.learning_rate:g})."
             )
         history.rounds.append(done)
-        history.target_accuracy.append(metrics["test"]["accuracy"])
-        history.target_macro_f1.append(metrics["test"]["macro_f1"])
-        history.val_accuracy.append(metrics["val"]["accuracy"])
-        history.val_macro_f1.append(metrics["val"]["macro_f1"])
+        for split, name in (("test", "target"), ("val", "val")):
+            getattr(history, f"{name}_accuracy").append(metrics[split]["accuracy"])
+            getattr(history, f"{name}_macro_f1").append(metrics[split]["macro_f1"])
         history.wall_seconds = time.perf_counter() - self._started
         # The hook first, then the checkpoint: what the hook records (results,
         # metrics) is never behind the checkpoint a resumed run starts from.
@@ -342,10 +329,6 @@ class TrainingRun:
         )
 
 
-def _stack(trees):
-    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
-
-
 def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
     """The runs' client tables on a leading runs axis (rows padded to the widest run).
 
@@ -353,13 +336,10 @@ def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
     task drawn per seed) index the splits' concatenation, each run's rows shifted to where
     its split starts, so that they still train as one program.
     """
-    splits: dict[int, Any] = {}
-    for run in runs:
-        splits.setdefault(id(run.dataset.train), run.dataset.train)
+    splits = {id(run.dataset.train): run.dataset.train for run in runs}
     offsets, start = {}, 0
     for key, split in splits.items():
-        offsets[key] = start
-        start += split.x.shape[0]
+        offsets[key], start = start, start + split.x.shape[0]
     if len(splits) == 1:
         (pooled,) = splits.values()
         train_x, train_y = pooled.x, pooled.y
@@ -368,16 +348,11 @@ def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
         train_y = np.concatenate([split.y for split in splits.values()])
         for array in (train_x, train_y):
             array.setflags(write=False)  # read-only: the device may alias it (device_data)
-    width = max(run.partition.client_indices.shape[1] for run in runs)
+    tables = [run.partition.client_indices for run in runs]
+    shifts = [offsets[id(run.dataset.train)] for run in runs]
+    width = max(table.shape[1] for table in tables)
     indices = np.stack(
-        [
-            np.pad(
-                run.partition.client_indices,
-                ((0, 0), (0, width - run.partition.client_indices.shape[1])),
-            )
-            + offsets[id(run.dataset.train)]
-            for run in runs
-        ]
+        [np.pad(t, ((0, 0), (0, width - t.shape[1]))) + s for t, s in zip(tables, shifts)]
     )
     return device_data(
         train_x,
@@ -397,14 +372,12 @@ def run_trainings(
 ) -> list[tuple[ServerState, TrainingHistory] | Exception]:
     """Trains several runs together through the engine's runs axis (one program for all).
 
-    The runs must share their structure (model, algorithm kind and
-    hyperparameters compiled into the round, local training, data set, number
-    of clients and participants, rounds, and the round they resume from); they
-    may differ in what lives in the state: seed (initial params, client
-    sample, data order), partition (client tables, padded to a common width),
-    T and lambda. Each run gives the numbers it gives alone, and its hooks and
-    checkpoints run as if alone. A run that diverges (or whose hook raises)
-    gets its exception in its place; the others go on.
+    The runs must share their structure (model, algorithm kind and hyperparameters compiled into the
+    round, local training, data set, number of clients and participants, rounds, and the round they
+    resume from); they may differ in what lives in the state: seed (initial params, client sample,
+    data order), partition (client tables, padded to a common width), T and lambda. Each run gives
+    the numbers it gives alone, and its hooks and checkpoints run as if alone. A run that diverges
+    (or whose hook raises) gets its exception in its place; the others go on.
     """
     if not runs:
         return []
@@ -422,14 +395,14 @@ def run_trainings(
                 "`training_group_key` first."
             )
     data = _stacked_client_tables(runs)
-    states = _stack([run.state for run in runs])
+    states = jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *[run.state for run in runs])
     outcomes: list = [None] * len(runs)
     for r in range(first.start_round, first.rounds):
         for i, run in enumerate(runs):
             if outcomes[i] is not None or run.update_state is None:
                 continue
             try:
-                new_state = run.update_state(r, lambda i=i: _run_slice(states, i))
+                new_state = run.update_state(r, lambda i=i: _run_slice(states, jnp.int32(i)))
             except Exception as error:  # noqa: BLE001 - one run's failure is its own
                 outcomes[i] = error
                 continue
@@ -443,7 +416,7 @@ def run_trainings(
                 continue  # failed: its slot keeps computing, unread, so the others keep one program
             run_metrics = {name: value[i] for name, value in metrics.items()}
             try:
-                run.after_round(r + 1, lambda i=i: _run_slice(states, i), run_metrics)
+                run.after_round(r + 1, lambda i=i: _run_slice(states, jnp.int32(i)), run_metrics)
             except Exception as error:  # noqa: BLE001 - one run's failure is its own
                 outcomes[i] = error
         if all(outcome is not None for outcome in outcomes):
@@ -454,12 +427,8 @@ def run_trainings(
 
 
 @jax.jit
-def _run_slice_jit(states, i):
+def _run_slice(states, i) -> ServerState:
     return jax.tree_util.tree_map(lambda leaf: leaf[i], states)
-
-
-def _run_slice(states, i: int) -> ServerState:
-    return _run_slice_jit(states, jnp.int32(i))
 
 
 @jax.jit
@@ -484,57 +453,33 @@ def run_training(
     training: LocalTraining,
     *,
     rounds: int,
-    seed: int = 0,
-    eval_every: int = 1,
-    clients_per_round: int | None = None,
     backend: str = "auto",
     chunk_size: int = 64,
-    checkpointer: CheckpointerProtocol | None = None,
-    on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
-    on_round: Callable[[int, float], None] | None = None,
-    max_train_loss: float | None = None,
-    update_state: StateUpdate | None = None,
+    **options: Any,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
-    Every `eval_every` rounds (and after the last) the model of
-    `algorithm.eval_params` is evaluated on the target validation and test sets
-    (accuracy and macro-F1) and `on_evaluation(round, metrics, history)` is
-    called; `on_round(round, train_loss)` is called after every round.
-    `backend` and `chunk_size` choose how the engine executes a round
+    Every `eval_every` rounds (and after the last) the model of `algorithm.eval_params` is evaluated
+    on the target validation and test sets (accuracy and macro-F1) and
+    `on_evaluation(round, metrics, history)` is called; `on_round(round, train_loss)` is called
+    after every round. `backend` and `chunk_size` choose how the engine executes a round
     (`round_engine`); they do not change the results.
 
-    Checkpoints: with `checkpointer` (see `CheckpointerProtocol`; the orbax one
-    is `fedjax_pals.Checkpointer(directory, identity=...)`), the state and
-    history are saved at every evaluation and an existing checkpoint is resumed
-    from; one beyond `rounds` is refused. The run's identity is the
-    checkpointer's: `train_and_evaluate` gives it the config digest.
+    Checkpoints: with `checkpointer` (see `CheckpointerProtocol`; the orbax one is
+    `fedjax_pals.Checkpointer(directory, identity=...)`), the state and history are saved at every
+    evaluation and an existing checkpoint is resumed from; one beyond `rounds` is refused. The run's
+    identity is the checkpointer's: `train_and_evaluate` gives it the config digest.
 
-    Divergence: a round whose weighted training loss is non-finite or above
-    `max_train_loss` (default `divergence_limit(K, L_0)` = 10 max(log K, L_0),
-    L_0 the initial model's validation loss), or whose
-    evaluation loss is non-finite, raises `TrainingDivergedError`.
+    Divergence: a round whose weighted training loss is non-finite or above `max_train_loss`
+    (default `divergence_limit(K, L_0)` = 10 max(log K, L_0), L_0 the initial model's validation
+    loss), or whose evaluation loss is non-finite, raises `TrainingDivergedError`.
 
     `update_state` may replace the state between rounds (see `TrainingRun`).
 
-    This is `run_trainings` with one run.
+    `options` are `TrainingRun`'s other keywords (seed, eval_every, clients_per_round, checkpointer,
+    on_evaluation, on_round, max_train_loss, update_state). This is `run_trainings` with one run.
     """
-    run = TrainingRun(
-        algorithm,
-        model,
-        dataset,
-        partition,
-        training,
-        rounds=rounds,
-        seed=seed,
-        eval_every=eval_every,
-        clients_per_round=clients_per_round,
-        checkpointer=checkpointer,
-        on_evaluation=on_evaluation,
-        on_round=on_round,
-        max_train_loss=max_train_loss,
-        update_state=update_state,
-    )
+    run = TrainingRun(algorithm, model, dataset, partition, training, rounds=rounds, **options)
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):
         raise outcome

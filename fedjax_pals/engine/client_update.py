@@ -63,11 +63,10 @@ def client_schedule(
 ) -> tuple[jax.Array, jax.Array]:
     """The order in which a client visits its examples in one round.
 
-    Each epoch is a fresh permutation of the client's n_i examples (key folded
-    with the epoch), cut into batches of `batch_size`; the last batch of an epoch
-    may be partial. Positions are laid out for the largest client: a client
-    with fewer examples has masked positions and whole masked steps, which the
-    local step treats as no-ops, so padding changes nothing.
+    Each epoch is a fresh permutation of the client's n_i examples (key folded with the epoch), cut
+    into batches of `batch_size`; the last batch of an epoch may be partial. Positions are laid out
+    for the largest client: a client with fewer examples has masked positions and whole masked
+    steps, which the local step treats as no-ops, so padding changes nothing.
 
     Returns:
       positions (S, B) int32 into the client's index row and mask (S, B) bool,
@@ -125,9 +124,8 @@ def make_local_step(
 ) -> Callable:
     """One client's SGD step on one batch: (carry, x, y, mask, info, state) -> carry.
 
-    The loss is the mean cross-entropy over the batch's valid examples (plus
-    the client method's regulariser); a step whose batch is all padding leaves
-    the carry unchanged.
+    The loss is the mean cross-entropy over the batch's valid examples (plus the client method's
+    regulariser); a step whose batch is all padding leaves the carry unchanged.
     """
     method = algorithm.client
 

@@ -1,11 +1,10 @@
 """Counting XLA compilations through JAX's public monitoring events.
 
-`jax.monitoring` reports `/jax/core/compile/backend_compile_duration` once per
-XLA compilation, synchronously in the thread that triggered it. A
-`CompilationCounter` attributes those events to whatever is running inside
-its `track()` context, so an engine can say how many programs it compiled
-(and tests can check that a second round compiles nothing) without private
-APIs such as `_cache_size`.
+`jax.monitoring` reports `/jax/core/compile/backend_compile_duration` once per XLA compilation,
+synchronously in the thread that triggered it. A `CompilationCounter` attributes those events to
+whatever is running inside its `track()` context, so an engine can say how many programs it compiled
+(and tests can check that a second round compiles nothing) without private APIs such as
+`_cache_size`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """The data a round runs on and its per-participant plan.
 
-`DeviceData` holds the training split on the devices once; clients are rows
-of indices into it. A round's `RoundPlan` stacks, over its participants, what
-each needs: its `ClientInfo`, its index row and its step schedule. Client keys
-are `fold_in(round_key, client_id)`, so a client's data order depends neither
-on the backend nor on who else takes part.
+`DeviceData` holds the training split on the devices once; clients are rows of indices into it. A
+round's `RoundPlan` stacks, over its participants, what each needs: its `ClientInfo`, its index row
+and its step schedule. Client keys are `fold_in(round_key, client_id)`, so a client's data order
+depends neither on the backend nor on who else takes part.
 
-With a runs axis (several runs in one program, `RoundEngine.run_rounds`) the
-client tables (`client_indices`, `client_sizes`, `client_label_dists`) carry a
-leading runs axis; the examples themselves are shared.
+With a runs axis (several runs in one program, `RoundEngine.run_rounds`) the client tables
+(`client_indices`, `client_sizes`, `client_label_dists`) carry a leading runs axis; the examples
+themselves are shared.
 """
 
 from __future__ import annotations
@@ -51,17 +50,12 @@ def _examples_on_device(x, dtype) -> jax.Array:
         and jax.default_backend() == "cpu"
     ):
         return jax.device_put(x)
-    # A copy, never an alias: on a CPU device_put may alias any aligned array, and a
-    # writeable one could change under the device's feet.
-    return jnp.array(x, dtype, copy=True)
+    return jnp.array(x, dtype, copy=True)  # never an alias: device_put may alias any aligned one
 
 
 def device_data(train_x, train_y, client_indices, client_sizes, client_label_dists) -> DeviceData:
-    """DeviceData from host arrays (placed on the default device; see `mesh.replicate`).
-
-    The examples are not copied when they are a read-only, aligned NumPy array on
-    a CPU (as the data set loaders return): the device aliases the host's buffer.
-    """
+    """DeviceData from host arrays (placed on the default device; see `mesh.replicate`); the
+    examples as `_examples_on_device` places them (a loader's read-only arrays: no copy)."""
     return DeviceData(
         _examples_on_device(train_x, np.float32),
         _examples_on_device(train_y, np.int32),

@@ -9,15 +9,13 @@ A round of R runs at once (`run_rounds`; `run_round` is R = 1):
    reduction of their updates (across devices and processes: an all-reduce);
 4. server update: the next `ServerState` of each run.
 
-Runs that share structure (model, algorithm kind, local training) and differ
-in what lives in the state (seed and so init and data order, T, lambda,
-partitions of equal shape) share one compiled program: traced backends vmap
-the whole round over the runs axis; host-driven backends deal the (run,
-client) pairs to their lanes.
+Runs that share structure (model, algorithm kind, local training) and differ in what lives in the
+state (seed and so init and data order, T, lambda, partitions of equal shape) share one compiled
+program: traced backends vmap the whole round over the runs axis; host-driven backends deal the
+(run, client) pairs to their lanes.
 
-The engine has one code path per kind of backend (backends/base.py), chosen
-once when it is built: `_TracedRounds` for a `TracedBackend`, `_HostRounds`
-for a `HostBackend`.
+The engine has one code path per kind of backend (backends/base.py), chosen once when it is built:
+`_TracedRounds` for a `TracedBackend`, `_HostRounds` for a `HostBackend`.
 """
 
 from __future__ import annotations
@@ -95,8 +93,7 @@ class _TracedRounds:
         if engine.mesh.size > 1 and m < engine.min_clients_per_device * engine.mesh.size:
             # Too few clients to split (MIN_CLIENTS_PER_DEVICE): every device computes the
             # whole round on its replica.
-            outputs = map_clients(engine.update, data, state, plan)
-            return engine._aggregate(state, plan, outputs)
+            return engine._aggregate(state, plan, map_clients(engine.update, data, state, plan))
         clients = mesh_lib.clients_sharding(engine.mesh)
         padded = jax.lax.with_sharding_constraint(pad_plan(plan, engine._multiple), clients)
         outputs = map_clients(engine.update, data, state, padded)
@@ -124,13 +121,12 @@ class _HostRounds:
     def __init__(self, engine: "RoundEngine"):
         self.engine = engine
         mesh = engine.mesh
-        replicated = mesh_lib.replicated(mesh)
         self.bound = engine.backend.bind(engine.update, mesh)
         self._jit_plan = jax.jit(
             jax.vmap(self._padded_plan, in_axes=(RUNS_AXES, 0, 0, 0)),
             out_shardings=engine.backend.plan_sharding(mesh),
         )
-        self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=replicated)
+        self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=mesh_lib.replicated(mesh))
         # Results held by one device (one process's lane buffers): aggregate there, once.
         self._jit_aggregate_here = jax.jit(self._aggregate_runs)
 
@@ -148,9 +144,7 @@ class _HostRounds:
 
         def one(args):
             state, plan, participants, outputs = args
-            return self.engine._aggregate(
-                state, plan._replace(participants=participants), outputs
-            )
+            return self.engine._aggregate(state, plan._replace(participants=participants), outputs)
 
         args = (states, plans, participants, outputs)
         if participants.shape[0] == 1:  # the solo round: no loop at all
@@ -180,19 +174,17 @@ class _HostRounds:
         return engine._jit_drop_runs(states), engine._jit_drop_runs(metrics)
 
 
-# Each kind of backend's code path (backends/base.py).
 _KIND_ROUNDS = {TracedBackend: _TracedRounds, HostBackend: _HostRounds}
 
 
 class RoundEngine:
     """Compiled rounds of one algorithm, model and local training on a mesh.
 
-    `run_round(data, state, participants, key) -> (state, metrics)` trains the
-    given participants ((m,) client ids; m fixes the compiled shape) and applies
-    the server update. `run_rounds` does the same for R runs stacked on a
-    leading axis (states, participants (R, m), keys (R, 2), and the client
-    tables of `data`). Metrics: "weights", "train_loss", "initial_loss",
-    "num_steps" per participant, as process-local arrays.
+    `run_round(data, state, participants, key) -> (state, metrics)` trains the given participants
+    ((m,) client ids; m fixes the compiled shape) and applies the server update. `run_rounds` does
+    the same for R runs stacked on a leading axis (states, participants (R, m), keys (R, 2), and the
+    client tables of `data`). Metrics: "weights", "train_loss", "initial_loss", "num_steps" per
+    participant, as process-local arrays.
     """
 
     def __init__(
@@ -207,23 +199,17 @@ class RoundEngine:
         mesh: jax.sharding.Mesh | None = None,
         min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
     ):
-        self.algorithm = algorithm
+        self.algorithm, self.model, self.training = algorithm, model, training
         self.min_clients_per_device = min_clients_per_device
-        self.model = model
-        self.training = training
         self.mesh = mesh if mesh is not None else mesh_lib.client_mesh()
-        self.backend = make_backend(
-            resolve_backend(backend, model, self.mesh),
-            chunk_size=chunk_size,
-            steps_per_call=steps_per_call,
-        )
+        name = resolve_backend(backend, model, self.mesh)
+        self.backend = make_backend(name, chunk_size=chunk_size, steps_per_call=steps_per_call)
         self.update = make_client_update(algorithm, model, training)
         self.counter = CompilationCounter()
         self._multiple = self.backend.client_multiple(self.mesh.size)
         self._placed: tuple = ()
         self._jit_add_runs = jax.jit(_add_runs_axis)
         self._jit_drop_runs = jax.jit(_drop_runs_axis)
-        # The backend's kind picks the code path, once: `_TracedRounds` or `_HostRounds`.
         self._rounds = _KIND_ROUNDS[backend_kind(self.backend)](self)
 
     @property
@@ -236,41 +222,29 @@ class RoundEngine:
     def _aggregate(self, state: ServerState, plan, outputs: ClientOutputs):
         """alpha over the (unpadded) participants, weighted reduction, server update."""
         m = plan.participants.shape[0]
-        info = jax.tree_util.tree_map(lambda leaf: leaf[:m], plan.info)
-        outputs = jax.tree_util.tree_map(lambda leaf: leaf[:m], outputs)
-        weighting = self.algorithm.weighting
-        weights = weighting.weights(
+        info, outputs = jax.tree_util.tree_map(lambda leaf: leaf[:m], (plan.info, outputs))
+        weights = self.algorithm.weighting.weights(
             info.label_dist, info.num_examples.astype(jnp.float32), state, plan.participants
         )
         new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
         # The engine owns the round counter: a server update never advances it.
         new_state = new_state._replace(round=state.round + 1)
-        metrics = {
-            "weights": weights,
-            "train_loss": outputs.train_loss,
-            "initial_loss": outputs.initial_loss,
-            "num_steps": outputs.num_steps,
-        }
-        return new_state, metrics
+        names = ("train_loss", "initial_loss", "num_steps")
+        return new_state, {"weights": weights, **{n: getattr(outputs, n) for n in names}}
 
     # -- public -----------------------------------------------------------------
 
     def place_data(self, data: DeviceData, *, runs_axis: bool = True) -> DeviceData:
         """`data` replicated on the mesh (client tables with a leading runs axis).
 
-        The last placement is remembered, so passing the same `data` every
-        round copies it once.
+        The last placement is remembered, so passing the same `data` every round copies it once.
         """
         if self._placed and self._placed[0] is data and self._placed[1] == runs_axis:
             return self._placed[2]
         placed = mesh_lib.replicate(data, self.mesh)
         if not runs_axis:
-            placed = placed._replace(
-                **{
-                    name: self._jit_add_runs(getattr(placed, name))
-                    for name in ("client_indices", "client_sizes", "client_label_dists")
-                }
-            )
+            tables = ("client_indices", "client_sizes", "client_label_dists")
+            placed = placed._replace(**{n: self._jit_add_runs(getattr(placed, n)) for n in tables})
         self._placed = (data, runs_axis, placed)
         return placed
 
@@ -286,11 +260,10 @@ class RoundEngine:
     ) -> tuple[ServerState, dict]:
         """One round of R runs: states, (R, m) participants, (R, 2) keys.
 
-        With `timings` (a dict), the round waits for each of its phases and
-        adds their seconds there: "plan", "train" (the clients' updates) and
-        "aggregate" (weights, weighted reduction, server update) for host-driven
-        backends; "round" alone for traced ones (one program). Waiting costs a
-        little overlap between phases; leave it None outside measurements.
+        With `timings` (a dict), the round waits for each of its phases and adds their seconds
+        there: "plan", "train" (the clients' updates) and "aggregate" (weights, weighted reduction,
+        server update) for host-driven backends; "round" alone for traced ones (one program).
+        Waiting costs a little overlap between phases; leave it None outside measurements.
         """
         clock = _PhaseClock(timings)
         with self.counter.track():
@@ -374,32 +347,16 @@ def _spec(
 
 
 def round_engine(
-    algorithm: FederatedAlgorithm,
-    model: Model,
-    training: LocalTraining,
-    *,
-    backend: str = "auto",
-    chunk_size: int = 64,
-    steps_per_call: int = 1,
-    mesh: jax.sharding.Mesh | None = None,
-    min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
+    algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, **options: Any
 ) -> RoundEngine:
     """A RoundEngine shared by every run with the same `engine_key`.
 
-    A sweep over seeds, targets or lambda compiles its round once, and so does a
-    baseline whose builder makes new closures on every call. The cache holds the
-    32 most recently used engines.
+    `options`: `RoundEngine`'s keywords (backend, chunk_size, steps_per_call, mesh,
+    min_clients_per_device). A sweep over seeds, targets or lambda compiles its round once,
+    and so does a baseline whose builder makes new closures on every call. The cache holds
+    the 32 most recently used engines.
     """
-    key, options = _spec(
-        algorithm,
-        model,
-        training,
-        backend=backend,
-        mesh=mesh,
-        chunk_size=chunk_size,
-        steps_per_call=steps_per_call,
-        min_clients_per_device=min_clients_per_device,
-    )
+    key, options = _spec(algorithm, model, training, **options)
     with _ENGINES_LOCK:
         if key in _ENGINES:
             _ENGINES.move_to_end(key)

@@ -1,17 +1,17 @@
 """A hashable key for what a compiled round depends on.
 
-Two algorithms built by separate calls of a builder are separate function
-objects even when they compute the same thing; keying a cache on identity
-would recompile for each (and keep every one alive). `structure_key` instead
-describes a function by its code and the values it closes over, recursively,
-so equal hyperparameters give equal keys whether or not the builder is
-cached. Arrays in closures are baked into the program as constants, so they
-enter the key by value (a digest of their bytes).
+Two algorithms built by separate calls of a builder are separate function objects even when they
+compute the same thing; keying a cache on identity would recompile for each (and keep every one
+alive). `structure_key` instead describes a function by its code and the values it closes over,
+recursively, so equal hyperparameters give equal keys whether or not the builder is cached. Arrays
+in closures are baked into the program as constants, so they enter the key by value (a digest of
+their bytes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import types
 from typing import Any
@@ -34,7 +34,7 @@ def structure_key(obj: Any, _seen: frozenset = frozenset()) -> Any:
     if id(obj) in _seen:
         return ("cycle",)
     seen = _seen | {id(obj)}
-    if isinstance(obj, functools_partial_types()):
+    if isinstance(obj, functools.partial):
         return (
             "partial",
             structure_key(obj.func, seen),
@@ -77,9 +77,3 @@ def _cell_filled(cell) -> bool:
     except ValueError:
         return False
     return True
-
-
-def functools_partial_types():
-    import functools
-
-    return (functools.partial,)

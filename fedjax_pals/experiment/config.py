@@ -85,32 +85,30 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 b2) and tau > 0 (v starts at tau^2)
     engine.backend, engine.chunk_size   how rounds execute (not part of the run's identity)
 
-`validate_config(config)` checks every value (type, range, consistency) without touching any
-data, in well under a second, and returns the *resolved* config: what the run really uses.
-Keys that do not apply to the run are None (lam for FedAvg, prox_mu for FedPALS, the partition
-keys of the synthetic task, ...), the synthetic task's fixed client count replaces
-num_clients, 'auto' model is resolved, and clients_per_round is the resolved count. A run
-records this resolved config, so it never claims a setting it did not use.
+`validate_config(config)` checks every value (type, range, consistency) without touching any data,
+in well under a second, and returns the *resolved* config: what the run really uses. Keys that do
+not apply to the run are None (lam for FedAvg, prox_mu for FedPALS, the partition keys of the
+synthetic task, ...), the synthetic task's fixed client count replaces num_clients, 'auto' model is
+resolved, and clients_per_round is the resolved count. A run records this resolved config, so it
+never claims a setting it did not use.
 
-`config_digest(config)` hashes the resolved config's identity: every key except `engine`
-(how rounds execute does not change what is computed), `dataset.data_dir` and
-`dataset.download` (where the files are and how they got there do not change the data set;
-results.json records the source).
+`config_digest(config)` hashes the resolved config's identity: every key except `engine` (how rounds
+execute does not change what is computed), `dataset.data_dir` and `dataset.download` (where the
+files are and how they got there do not change the data set; results.json records the source).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
-import math
 import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
-import numpy as np
 from ml_collections import config_dict
 
 from fedjax_pals import _validation, models
@@ -132,13 +130,8 @@ ALWAYS_IDENTITY_HYPERPARAMETERS = (
 )
 # Keys added after runs had been recorded: left out of a run's identity when they are None
 # (unused), so that the digests of the runs recorded before them stay valid.
-OPTIONAL_IDENTITY_KEYS = (
-    "server.optimizer",
-    "server.learning_rate",
-    "server.momentum",
-    "server.b1",
-    "server.b2",
-    "server.tau",
+OPTIONAL_IDENTITY_KEYS = tuple(
+    f"server.{key}" for key in ("optimizer", "learning_rate", "momentum", "b1", "b2", "tau")
 )
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
@@ -255,10 +248,6 @@ def as_dict(config: Any) -> dict:
     )
 
 
-def _schema() -> dict:
-    return default_config().to_dict()
-
-
 def _unknown_key(path: str, key: Any, known) -> ConfigError:
     close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -301,25 +290,17 @@ def _config_check(check, path: str, *args, **kwargs):
         raise ConfigError(str(error)) from None
 
 
-def _int(path: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
-    return _config_check(_validation.check_integer, path, value, low, high, why)
-
-
-def _real(path: str, value: Any, **bounds) -> float:
-    return _config_check(_validation.check_number, path, value, **bounds)
+# The `_validation` checks on a key path: _int(path, value, low, high=None, why=""),
+# _real(path, value, **bounds), _bool(path, value), _choice(path, value, choices, optional=).
+_int = functools.partial(_config_check, _validation.check_integer)
+_real = functools.partial(_config_check, _validation.check_number)
+_bool = functools.partial(_config_check, _validation.check_bool)
+_choice = functools.partial(_config_check, _validation.check_choice)
 
 
 def _maybe(check, path: str, value: Any, *args, **kwargs):
     """`check(path, value, ...)`, or None for None (a key that may not apply to the run)."""
     return None if value is None else check(path, value, *args, **kwargs)
-
-
-def _bool(path: str, value: Any) -> bool:
-    return _config_check(_validation.check_bool, path, value)
-
-
-def _choice(path: str, value: Any, choices, *, optional: bool = False) -> str | None:
-    return _config_check(_validation.check_choice, path, value, choices, optional=optional)
 
 
 def _dataset_name(value: Any) -> str:
@@ -375,12 +356,6 @@ def _drop_unset_data_keys(identity: dict) -> None:
                 values.pop(key)
 
 
-def _backend_names() -> tuple[str, ...]:
-    from fedjax_pals.engine import backend_names  # registered ones too (`register_backend`)
-
-    return backend_names()
-
-
 # -- validation and resolution ----------------------------------------------------------------
 
 
@@ -408,10 +383,9 @@ def _method_key_overrides(a: dict) -> dict:
     """algorithm.name given as a method key that stands for more (`fedprox_fedpals`, a variant
     such as `fedpals_adaptive`): the keys it means, laid over the section."""
     name = a["name"]
-    if not isinstance(name, str) or name in registry.registered_methods():
-        return a
-    if name not in registry.method_keys():
-        return a  # _choice names the problem
+    stands_for_more = set(registry.method_keys()) - set(registry.registered_methods())
+    if not isinstance(name, str) or name not in stands_for_more:
+        return a  # a method's own name, or not a method key (_choice names the problem)
     a = dict(a)
     for path, value in registry.method_overrides(name).items():
         key = path.partition(".")[2]
@@ -427,7 +401,7 @@ def _method_key_overrides(a: dict) -> dict:
 
 
 def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
-    c = _merge(_schema(), as_dict(config))
+    c = _merge(default_config().to_dict(), as_dict(config))
     r: dict[str, Any] = {}
     r["seed"] = _int("seed", c["seed"], 0, 2**32 - 1)
 
@@ -451,10 +425,11 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r["server"] = _server_section(c["server"], owner)
 
     # -- engine
+    from fedjax_pals.engine import backend_names  # registered ones too (`register_backend`)
+
     e = c["engine"]
-    backends = _backend_names()
     r["engine"] = dict(
-        backend=_choice("engine.backend", e["backend"], ("auto",) + backends),
+        backend=_choice("engine.backend", e["backend"], ("auto",) + backend_names()),
         chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
     )
 
@@ -510,7 +485,6 @@ def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
     return dataset, dict(scheme=scheme, num_clients=num_clients, **keys), info
 
 
-
 def _training_section(t: dict, training_clients: int) -> dict:
     """The resolved `training` section (clients_per_round: the resolved count)."""
     rounds = _int("training.rounds", t["rounds"], 1, MAX_ROUNDS)
@@ -549,7 +523,6 @@ def _training_section(t: dict, training_clients: int) -> dict:
     )
 
 
-
 def _algorithm_keys() -> dict:
     """{key under algorithm.: (default, check, owners)} of the registered features and methods."""
     fields = {
@@ -567,7 +540,8 @@ def _weights(a: dict, method: registry.Method) -> str | None:
     lenders = {m: registry.get_method(m) for m in registry.registered_methods()}
     lenders = {name: m for name, m in lenders.items() if m.lends_weighting}
     fedavg = registry.method_label(_FEDAVG_WEIGHTS)
-    weights = _choice("algorithm.weights", a["weights"], (_FEDAVG_WEIGHTS,) + tuple(lenders), optional=True)
+    choices = (_FEDAVG_WEIGHTS,) + tuple(lenders)
+    weights = _choice("algorithm.weights", a["weights"], choices, optional=True)
     if method.lends_weighting and weights not in (None, method.name):
         raise ConfigError(
             f"config.algorithm.weights={weights!r} contradicts algorithm.name={method.name!r} "
@@ -631,16 +605,9 @@ def _server_section(s: dict, owner: str | None) -> dict:
     if optimizer is None:
         optimizer = "sgd"
         s = {**s, "learning_rate": 1.0 if s["learning_rate"] is None else s["learning_rate"]}
-    decay = dict(low=0.0, high=1.0, high_open=True)
-    values = dict(
-        learning_rate=_maybe(
-            _real, "server.learning_rate", s["learning_rate"], low=0.0, low_open=True
-        ),
-        momentum=_maybe(_real, "server.momentum", s["momentum"], **decay),
-        b1=_maybe(_real, "server.b1", s["b1"], **decay),
-        b2=_maybe(_real, "server.b2", s["b2"], **decay),
-        tau=_maybe(_real, "server.tau", s["tau"], low=0.0, low_open=True),
-    )
+    positive, decay = dict(low=0.0, low_open=True), dict(low=0.0, high=1.0, high_open=True)
+    bounds = dict(learning_rate=positive, momentum=decay, b1=decay, b2=decay, tau=positive)
+    values = {key: _maybe(_real, f"server.{key}", s[key], **b) for key, b in bounds.items()}
     used = _SERVER_KEYS[optimizer]
     for key in used:
         if values[key] is None:

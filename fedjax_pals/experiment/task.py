@@ -2,12 +2,9 @@
 
 `build_task(config)` does, in order: load the data set, draw the label-shift partition,
 choose FedPALS' lambda (directly, or from an ESS fraction by bisection, App. B.3), build the
-algorithm, the model and the local training. Every error of the data (a data set that is not
-there, a partition that cannot be drawn, a target test set the test split cannot supply, an
-ESS fraction out of reach) surfaces here, before any training; so does a user's extension that
-does not fit (README, "Extending fedjax_pals"): a registered data set unlike its registration
-or with non-finite features, a model whose logits are not (batch, K), a method whose server
-update returns a state of another structure, shape or dtype. Each is one line naming it.
+algorithm, the model and the local training. Every error of the data, and of a user's extension
+that does not fit (README, "Extending fedjax_pals"), surfaces here, before any training, as one
+line naming it (`build_task`'s Raises).
 """
 
 from __future__ import annotations
@@ -209,7 +206,9 @@ def build_task(config: Any) -> Task:
       DatasetUnavailableError: the data set is not available locally.
       TaskError (a ValueError): the partition cannot be drawn, the target test set would be
         too small, or the ESS fraction is out of reach for these clients (the message gives
-        the range); a registered data set, model or method does not fit (named).
+        the range); a registered data set (unlike its registration, or with non-finite
+        features), model (logits not (batch, K)) or method (a server update that returns a
+        state of another structure, shape or dtype) does not fit (named).
     """
     config = validate_config(config)
     try:
@@ -274,12 +273,9 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         algorithm = algorithm._replace(name=registry.server_optimizer_key(optimizer, key))
     t = config.training
     params, _ = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
+    clients = training_partition.num_clients
     problem = round_shape_mismatch(
-        algorithm,
-        params,
-        training_partition.num_clients,
-        min(t.clients_per_round, training_partition.num_clients),
-        dataset.num_classes,
+        algorithm, params, clients, min(t.clients_per_round, clients), dataset.num_classes
     )
     if problem is not None:
         raise TaskError(f"method {a.name!r}: {problem}.")
@@ -306,19 +302,13 @@ def task_summary(task: Task) -> dict:
     server weights alpha with every client taking part at the initial state (AFL's move from
     round to round), their ESS, N, d(T, S), the participants per round and, under label DP,
     the server's released S (`server_label_dists`)."""
-    partition = task.partition
+    partition, m = task.partition, task.partition.num_clients
     sizes, dists = partition.client_sizes, partition.client_label_dists
-    initial = init_server_state(
-        task.algorithm, task.model.init(jax.random.PRNGKey(0)), partition.num_clients
+    initial = init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), m)
+    alpha = task.algorithm.weighting.weights(
+        jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32), initial, jnp.arange(m)
     )
-    weighting = task.algorithm.weighting
-    alpha = weighting.weights(
-        jnp.asarray(dists, jnp.float32),
-        jnp.asarray(sizes, jnp.float32),
-        initial,
-        jnp.arange(partition.num_clients),
-    )
-    summary = partition.summary()
+    summary, released = partition.summary(), task.server_label_dists
     return {
         "dataset_source": task.dataset.source,
         "partition": summary,
@@ -328,9 +318,5 @@ def task_summary(task: Task) -> dict:
         "total_examples": int(np.sum(sizes)),
         "projection_distance": summary["projection_distance"],
         "clients_per_round": task.clients_per_round,
-        **(
-            {}
-            if task.server_label_dists is None
-            else {"server_label_dists": np.asarray(task.server_label_dists).tolist()}
-        ),
+        **({} if released is None else {"server_label_dists": np.asarray(released).tolist()}),
     }

@@ -45,12 +45,7 @@ from fedjax_pals.experiment.task import build_task, task_summary
 from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
 from fedjax_pals.runtime import is_main_process
-from fedjax_pals.training import (
-    TrainingHistory,
-    TrainingRun,
-    run_trainings,
-    training_group_key,
-)
+from fedjax_pals.training import TrainingHistory, TrainingRun, run_trainings, training_group_key
 
 
 def _sync(name: str) -> None:
@@ -164,9 +159,6 @@ class _TrackedCheckpointer:
         if self._after_save is not None:
             self._after_save()
 
-    def restore(self, template):
-        return self._checkpointer.restore(template)
-
     def __getattr__(self, name: str):
         return getattr(self._checkpointer, name)
 
@@ -234,11 +226,8 @@ class _PreparedRun:
             rounds = resolved.training.rounds
             label = registry.method_label(method_key(resolved))
             self.title = f"{label} on {task.partition.description}"
-            segments, engine_warning = engine_segments(
-                _read_results(wd.file(RESULTS_FILE)) if start_round else None,
-                start_round,
-                self.backend,
-            )
+            previous = _read_results(wd.file(RESULTS_FILE)) if start_round else None
+            segments, engine_warning = engine_segments(previous, start_round, self.backend)
             if engine_warning and main:
                 logging.warning("%s: %s", wd.path, engine_warning)
             self.header = {
@@ -269,11 +258,8 @@ class _PreparedRun:
                     first_step_compiles=True,
                 )
             )
-            writer.write_hparams(
-                {"method": method_key(self.plain), **self.plain},
-                HPARAMS_METRICS,
-                shown=HPARAMS_SHOWN,
-            )
+            hparams = {"method": method_key(self.plain), **self.plain}
+            writer.write_hparams(hparams, HPARAMS_METRICS, shown=HPARAMS_SHOWN)
             writer.write_layout(CHARTS)
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
@@ -285,6 +271,7 @@ class _PreparedRun:
             self.monitors = [
                 feature.monitor(hp, task) for feature, hp in task.features if feature.monitor
             ]
+            updates = [m.update_state for m in self.monitors if m.update_state is not None]
             self.run = TrainingRun(
                 task.algorithm,
                 task.model,
@@ -298,9 +285,7 @@ class _PreparedRun:
                 checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
-                update_state=_chained(
-                [m.update_state for m in self.monitors if m.update_state is not None]
-            ),
+                update_state=_chained(updates),
             )
         except BaseException:
             if hasattr(self, "key"):  # ended (with an error): not where an interrupt stops
@@ -370,20 +355,16 @@ class _PreparedRun:
             self.progress.update(0, **evaluated)
 
     def _write_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
-        self.writer.write_scalars(
-            done,
-            {
-                "target/accuracy": metrics["test"]["accuracy"],
-                "target/macro_f1": metrics["test"]["macro_f1"],
-                "target/loss": metrics["test"]["loss"],
-                "val/accuracy": metrics["val"]["accuracy"],
-                "val/macro_f1": metrics["val"]["macro_f1"],
-                "val/loss": metrics["val"]["loss"],
-                # The headline, as results.json has it at this evaluation.
-                "target/accuracy_at_best_val": history.target_accuracy[history.best_val_index()],
-                **(self._server_scalars() if self.main else {}),
-            },
-        )
+        scalars = {
+            f"{name}/{key}": metrics[split][key]
+            for split, name in (("test", "target"), ("val", "val"))
+            for key in ("accuracy", "macro_f1", "loss")
+        }
+        # The headline, as results.json has it at this evaluation.
+        scalars["target/accuracy_at_best_val"] = history.target_accuracy[history.best_val_index()]
+        if self.main:
+            scalars.update(self._server_scalars())
+        self.writer.write_scalars(done, scalars)
         self.writer.flush()
         if self.main:
             write_json(self.workdir.file(RESULTS_FILE), self.results_of(history))
@@ -402,12 +383,10 @@ class _PreparedRun:
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
-                    self.workdir.file("curves.png"),
-                    {method_key(self.config): results},
-                    self.title,
+                    self.workdir.file("curves.png"), {method_key(self.config): results}, self.title
                 )
-            if self.main:  # the run's files into its MLflow run (nothing without MLflow)
-                files = [self.workdir.file(name) for name in (RESULTS_FILE, "curves.png", HPARAMS_FILE)]
+                # The run's files into its MLflow run (nothing without MLflow).
+                files = [self.workdir.file(n) for n in (RESULTS_FILE, "curves.png", HPARAMS_FILE)]
                 try:
                     self.writer.write_artifacts(files)
                 except mlflow_writer.MlflowError as error:
@@ -471,9 +450,8 @@ def train_and_evaluate(
             mlflow_tracking_uri=mlflow_tracking_uri,
             mlflow_experiment=mlflow_experiment,
         )
-        engine = prepared.config.engine
         try:
-            (outcome,) = _train_group([prepared], engine.backend, engine.chunk_size)
+            (outcome,) = _train_group([prepared])
         except BaseException:
             prepared.stack.close()  # as a killed process would: the lock goes, nothing is written
             raise
@@ -483,14 +461,15 @@ def train_and_evaluate(
         return outcome
 
 
-def _train_group(
-    prepared: Sequence[_PreparedRun], backend: str, chunk_size: int, *, progress: bool = False
-) -> list:
-    """run_trainings of the prepared runs; with `progress`, one bar over the group's rounds."""
+def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) -> list:
+    """run_trainings of the prepared runs (on the first one's engine settings); with `progress`,
+    one bar over the group's rounds."""
     runs = [p.run for p in prepared]
     ACTIVITY.run_training(p.key for p in prepared)
+    engine = prepared[0].config.engine
+    options = dict(backend=engine.backend, chunk_size=engine.chunk_size)
     if not progress:
-        return run_trainings(runs, backend=backend, chunk_size=chunk_size)
+        return run_trainings(runs, **options)
     first = runs[0]
     names = ", ".join(  # a sweep's run names (fedpals/seed_0), else the workdirs' own
         ACTIVITY.names.get(p.key, os.path.basename(str(p.workdir.path))) for p in prepared[:3]
@@ -511,7 +490,7 @@ def _train_group(
             bar.update(1, loss=loss)
 
         first.on_round = on_round_and_bar
-        return run_trainings(runs, backend=backend, chunk_size=chunk_size)
+        return run_trainings(runs, **options)
 
 
 # A runs axis of this many runs at most per program: each holds a workdir lock, a metric
@@ -528,12 +507,8 @@ def program_blocks(members: Sequence[int], max_runs: int = MAX_RUNS_PER_PROGRAM)
         return []
     count = -(-len(members) // max_runs)
     size, larger = divmod(len(members), count)  # `larger` blocks of size + 1 come first
-    blocks, start = [], 0
-    for block in range(count):
-        end = start + size + (block < larger)
-        blocks.append(list(members[start:end]))
-        start = end
-    return blocks
+    starts = [block * size + min(block, larger) for block in range(count + 1)]
+    return [list(members[start:end]) for start, end in zip(starts, starts[1:])]
 
 
 def train_and_evaluate_many(
@@ -552,28 +527,22 @@ def train_and_evaluate_many(
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.
 
     Runs whose configs differ only in what the engine keeps in the state
-    (`config.per_run_state_keys()`: seed, lambda or ESS fraction, target perturbation, the
-    label-DP release) and whose tasks share the data set are trained together on the
-    engine's runs axis, `max_runs_per_program` at a time, in one compiled program; each
-    run's numbers, files and checkpoints are those it gets alone. A failed run does not stop
-    the others: its exception is returned in its place. `on_done(index, outcome)` is called
-    as each run ends. `quiet` silences each run's own output; `round_progress`
-    shows one bar over the rounds of each group trained together; `mlflow_tracking_uri` and
-    `mlflow_experiment` as in `train_and_evaluate`; `run_names` name the MLflow runs (a
-    sweep's run keys, e.g. fedpals/seed_0; default: the workdirs' names).
+    (`config.per_run_state_keys()`: seed, lambda or ESS fraction, target perturbation, the label-DP
+    release) and whose tasks share the data set are trained together on the engine's runs axis,
+    `max_runs_per_program` at a time, in one compiled program; each run's numbers, files and
+    checkpoints are those it gets alone. A failed run does not stop the others: its exception is
+    returned in its place. `on_done(index, outcome)` is called as each run ends. `quiet` silences
+    each run's own output; `round_progress` shows one bar over the rounds of each group trained
+    together; `mlflow_tracking_uri` and `mlflow_experiment` as in `train_and_evaluate`; `run_names`
+    name the MLflow runs (a sweep's run keys, e.g. fedpals/seed_0; default: the workdirs' names).
     """
     if len(configs) != len(workdirs):
         raise ValueError(f"{len(configs)} configs but {len(workdirs)} workdirs.")
     if run_names is not None and len(run_names) != len(configs):
         raise ValueError(f"{len(configs)} configs but {len(run_names)} run names.")
-    if (
-        isinstance(max_runs_per_program, bool)
-        or not isinstance(max_runs_per_program, int)
-        or max_runs_per_program < 1
-    ):
-        raise ValueError(
-            f"max_runs_per_program must be an integer >= 1, got {max_runs_per_program!r}."
-        )
+    k = max_runs_per_program
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"max_runs_per_program must be an integer >= 1, got {k!r}.")
     outcomes: list = [None] * len(configs)
 
     def done(index: int, outcome) -> None:
@@ -608,9 +577,7 @@ def train_and_evaluate_many(
                         )
                     except Exception as error:  # noqa: BLE001
                         done(index, error)
-                # `structure_group_key` is a cheap pre-grouping by config; `training_group_key`
-                # decides.
-                lockstep: dict = {}
+                lockstep: dict = {}  # by `training_group_key` (`structure_group_key` pre-grouped)
                 for index, run in prepared.items():
                     engine = run.config.engine
                     key = training_group_key(
@@ -618,13 +585,9 @@ def train_and_evaluate_many(
                     )
                     lockstep.setdefault(key, []).append(index)
                 for members in lockstep.values():
-                    engine = prepared[members[0]].config.engine
                     try:
                         results = _train_group(
-                            [prepared[i] for i in members],
-                            engine.backend,
-                            engine.chunk_size,
-                            progress=round_progress,
+                            [prepared[i] for i in members], progress=round_progress
                         )
                     except BaseException as error:
                         for i in members:

@@ -79,9 +79,7 @@ def resolve_backend(backend: str, model: Model, mesh: jax.sharding.Mesh | None =
         platform = None if mesh is None else mesh.devices.flat[0].platform
         return default_backend(model, platform)
     if backend not in _REGISTRY:
-        raise ValueError(
-            f"unknown backend {backend!r}; choose 'auto' or one of {backend_names()}."
-        )
+        raise ValueError(f"unknown backend {backend!r}; choose 'auto' or one of {backend_names()}.")
     return backend
 
 

@@ -1,18 +1,8 @@
-"""The two kinds of backend, and exactly what the round engine calls on each.
-
-A backend declares its kind by subclassing one of these (abstract base
-classes: a missing method is an error when the backend is made):
-
-* `TracedBackend`: maps the client update over a run's clients inside the
-  round's one jitted program (`map_clients`). The engine adds the plan, the
-  sharding of the clients axis and the aggregation around it, and vmaps the
-  whole round over the runs axis.
-* `HostBackend`: the host drives the clients. The engine jits the plans of the
-  round's runs (placed by `plan_sharding`), hands them to the bound backend
-  (`bind`), and jits the aggregation of what it returns (`outputs` inside it);
-  `recycle` hands the results back once nothing will read them.
-
-Anything else is refused by `make_backend` (and so by the engine).
+"""The two kinds of backend, and exactly what the round engine calls on each (see each
+class): a backend declares its kind by subclassing `TracedBackend` (the clients mapped inside
+the round's one jitted program) or `HostBackend` (the host drives the clients). These are
+abstract base classes: a missing method is an error when the backend is made, and anything
+else is refused by `make_backend` (and so by the engine).
 """
 
 from __future__ import annotations
@@ -33,7 +23,8 @@ class TracedBackend(abc.ABC):
 
     The engine calls, once when it is built: `client_multiple(mesh.size)`; then,
     while tracing each run's round (inside `jax.jit`, under `jax.vmap` over runs
-    when several runs go together): `map_clients(update, data, state, plan)`.
+    when several runs go together): `map_clients(update, data, state, plan)`. It adds
+    the plan, the sharding of the clients axis and the aggregation around it.
     """
 
     name: str
@@ -80,9 +71,8 @@ class BoundHostBackend(abc.ABC):
 class HostBackend(abc.ABC):
     """Drives the clients from the host, outside the round's traced program.
 
-    The engine calls, once when it is built: `client_multiple(mesh.size)`,
-    `plan_sharding(mesh)` and `bind(update, mesh)`; every round goes through the
-    bound backend (`BoundHostBackend`).
+    The engine calls, once when it is built: `client_multiple(mesh.size)`, `plan_sharding(mesh)` and
+    `bind(update, mesh)`; every round goes through the bound backend (`BoundHostBackend`).
     """
 
     name: str
@@ -100,13 +90,10 @@ class HostBackend(abc.ABC):
         """The backend's per-round runner for this update on this mesh."""
 
 
-KINDS = (TracedBackend, HostBackend)
-
-
 def backend_kind(backend: Any) -> type:
     """`TracedBackend` or `HostBackend`, whichever `backend` implements; a `TypeError`
     naming both protocols for anything else."""
-    kinds = [kind for kind in KINDS if isinstance(backend, kind)]
+    kinds = [kind for kind in (TracedBackend, HostBackend) if isinstance(backend, kind)]
     if len(kinds) != 1:
         which = "both" if kinds else "neither"
         raise TypeError(

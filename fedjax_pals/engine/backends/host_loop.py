@@ -1,36 +1,29 @@
 """A host loop over clients in lanes, one lane per local device, a step per call.
 
-On a CPU the vmapped conv step becomes a grouped convolution that runs ~5x
-slower than one client's step, and a rolled `lax.scan` of conv steps is ~10x
-slower than a loop (jax issue 12868). So here each client trains alone, with
-`steps_per_call` of its local steps unrolled in one jitted call, and the
-clients (of every run of the round) are dealt round-robin to the mesh's
-devices: each local device is a lane, and dispatches to the lanes are
-interleaved so that, with several host devices (`jax_num_cpu_devices`) or
-processes, the cores work at once. The default is one step a call: on a
-2-core CPU an unrolled 2-step call ran 3-7 % slower per step than two 1-step
-calls, alone on one core and in the lanes alike (BUILD_NOTES.md), so fewer
-dispatches did not pay for themselves.
+On a CPU the vmapped conv step becomes a grouped convolution that runs ~5x slower than one client's
+step, and a rolled `lax.scan` of conv steps is ~10x slower than a loop (jax issue 12868). So here
+each client trains alone, with `steps_per_call` of its local steps unrolled in one jitted call, and
+the clients (of every run of the round) are dealt round-robin to the mesh's devices: each local
+device is a lane, and dispatches to the lanes are interleaved so that, with several host devices
+(`jax_num_cpu_devices`) or processes, the cores work at once. The default is one step a call: on a
+2-core CPU an unrolled 2-step call ran 3-7 % slower per step than two 1-step calls, alone on one
+core and in the lanes alike (BUILD_NOTES.md), so fewer dispatches did not pay for themselves.
 
-The (run, participant) pairs are dealt in order: pair i goes to lane i mod D
-(D devices of the mesh, in every process), as its lane's (i // D)-th client.
-Each lane writes its clients' results into a buffer of its own ceil(R m / D)
-slots; in one process the lanes' buffers go to the first lane's device as a
-list (`join_lanes` stacks them inside the aggregation), across processes they
-form one (D, slots, ...) array sharded over the mesh; the round's aggregation
-interleaves them back into (R, m, ...) (`gather_lanes`; across processes, an
-all-gather). A lane holds only its own clients' results: D lanes hold R m of
-them in all, not D R m (1.76 GB per lane for 10,000 LeNet clients when every
-lane held every slot).
+The (run, participant) pairs are dealt in order: pair i goes to lane i mod D (D devices of the mesh,
+in every process), as its lane's (i // D)-th client. Each lane writes its clients' results into a
+buffer of its own ceil(R m / D) slots; in one process the lanes' buffers go to the first lane's
+device as a list (`join_lanes` stacks them inside the aggregation), across processes they form one
+(D, slots, ...) array sharded over the mesh; the round's aggregation interleaves them back into
+(R, m, ...) (`gather_lanes`; across processes, an all-gather). A lane holds only its own clients'
+results: D lanes hold R m of them in all, not D R m (1.76 GB per lane for 10,000 LeNet clients when
+every lane held every slot).
 
-The lanes' buffers outlive the round: the engine hands them back (`recycle`)
-once the aggregation that reads them is dispatched, and the next round with
-the same shapes writes into them again: a buffer above glibc's 32 MB mmap
-threshold is unmapped when freed, and a new one is faulted in page by page
-(2.5 us a page on a 2-core VM; at 1,000 LeNet participants the round took
-160,000 faults with fresh buffers, 58,000 with reused ones). Only the loop that
-ran the last round keeps its buffers: a sweep over many cached engines holds
-one round's buffers, not one set per engine.
+The lanes' buffers outlive the round: the engine hands them back (`recycle`) once the aggregation
+that reads them is dispatched, and the next round with the same shapes writes into them again: a
+buffer above glibc's 32 MB mmap threshold is unmapped when freed, and a new one is faulted in page
+by page (2.5 us a page on a 2-core VM; at 1,000 LeNet participants the round took 160,000 faults
+with fresh buffers, 58,000 with reused ones). Only the loop that ran the last round keeps its
+buffers: a sweep over many cached engines holds one round's buffers, not one set per engine.
 """
 
 from __future__ import annotations
@@ -53,11 +46,8 @@ from fedjax_pals.engine.plan import DeviceData, RoundPlan, client_slice, gather_
 
 @dataclasses.dataclass(frozen=True)
 class HostLoop(HostBackend):
-    """Clients one at a time per lane; `steps_per_call` local steps per jitted call.
-
-    Every lane reads the whole (replicated) plan; the round's results are the lanes'
-    buffers (`join_lanes`), recycled into the next round.
-    """
+    """Clients one at a time per lane (each reads the whole, replicated plan); `steps_per_call`
+    local steps per jitted call."""
 
     steps_per_call: int = 1
     name: str = "host_loop"
@@ -211,33 +201,18 @@ class _BoundHostLoop(BoundHostBackend):
 
     def _lane(self, views, work, buffer, results: dict, device) -> Iterator[None]:
         """One lane's dispatches; yields after each so that the lanes interleave."""
-        data, states, plans = views
+        (train_x, train_y, *_), states, plans = views
         yield
         if work:
             carry = self._start(states, np.int32(work[0][0]))
             for index, (r, j, blocks) in enumerate(work):
+                pair = (np.int32(r), np.int32(j))
                 for steps in blocks:
-                    carry = self._block(
-                        data.train_x,
-                        data.train_y,
-                        carry,
-                        states,
-                        plans,
-                        np.int32(r),
-                        np.int32(j),
-                        steps,
-                    )
+                    carry = self._block(train_x, train_y, carry, states, plans, *pair, steps)
                     yield
                 next_r = work[index + 1][0] if index + 1 < len(work) else r
                 buffer, carry = self._finish_into(
-                    buffer,
-                    carry,
-                    states,
-                    plans,
-                    np.int32(r),
-                    np.int32(j),
-                    np.int32(index),
-                    np.int32(next_r),
+                    buffer, carry, states, plans, *pair, np.int32(index), np.int32(next_r)
                 )
         results[device] = buffer
 

@@ -1,9 +1,8 @@
 """A host loop over local steps of one jitted all-clients step.
 
-Avoids `lax.scan`'s slow conv backward on CPU (jax issue 12868) while keeping
-the clients vmapped; the clients axis is sharded over the mesh like the
-traced backends'. A `HostBackend`: its results are the round's
-`ClientOutputs` as they are, nothing to recycle.
+Avoids `lax.scan`'s slow conv backward on CPU (jax issue 12868) while keeping the clients vmapped;
+the clients axis is sharded over the mesh like the traced backends'. A `HostBackend`: its results
+are the round's `ClientOutputs` as they are, nothing to recycle.
 """
 
 from __future__ import annotations

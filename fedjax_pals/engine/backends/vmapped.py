@@ -1,22 +1,17 @@
-"""Backends traced into the round's single jitted program: vmap over clients.
-
-`TracedBackend`s: `map_clients(update, data, state, plan) -> ClientOutputs`
-is pure; the round engine wraps it with the plan, the sharding of the clients axis over the mesh
-and the aggregation, and jits the whole round (vmapped over runs when several
-runs go together). One launch per round: the accelerator default.
-"""
+"""`TracedBackend`s, traced into the round's single jitted program: vmap over clients (one
+launch per round: the accelerator default)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
-import jax.numpy as jnp
 
 from fedjax_pals.algorithms import ClientOutputs, ServerState
 from fedjax_pals.engine.backends.base import TracedBackend
 from fedjax_pals.engine.client_update import ClientUpdate
-from fedjax_pals.engine.plan import DeviceData, RoundPlan, gather_batch
+from fedjax_pals.engine.plan import DeviceData, RoundPlan, gather_batch, pad_plan
 
 
 def client_round(
@@ -33,11 +28,7 @@ def client_round(
 
 
 def _vmapped_client_round(update, data, state):
-    return jax.vmap(
-        lambda info, row, positions, mask: client_round(
-            update, data, state, info, row, positions, mask
-        )
-    )
+    return jax.vmap(functools.partial(client_round, update, data, state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,16 +78,11 @@ class VmapChunked(TracedBackend):
     ) -> ClientOutputs:
         m = plan.participants.shape[0]
         chunk = min(self.chunk_size, m)
-        padded = -(-m // chunk) * chunk
-
-        def pad_and_chunk(leaf):
-            if padded > m:
-                leaf = jnp.concatenate([leaf, jnp.zeros((padded - m, *leaf.shape[1:]), leaf.dtype)])
-            return leaf.reshape(padded // chunk, chunk, *leaf.shape[1:])
-
-        # Padding clients have an all-False mask: they take no step and are dropped.
+        plan = pad_plan(plan, chunk)  # padding clients: no step (all-False mask), dropped below
+        padded = plan.participants.shape[0]
         chunked = jax.tree_util.tree_map(
-            pad_and_chunk, (plan.info, plan.rows, plan.positions, plan.mask)
+            lambda leaf: leaf.reshape(padded // chunk, chunk, *leaf.shape[1:]),
+            (plan.info, plan.rows, plan.positions, plan.mask),
         )
         update_chunk = _vmapped_client_round(update, data, state)
         outs = jax.lax.map(lambda args: update_chunk(*args), chunked)
