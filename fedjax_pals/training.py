@@ -453,9 +453,16 @@ def run_training(
     training: LocalTraining,
     *,
     rounds: int,
+    seed: int = 0,
+    eval_every: int = 1,
+    clients_per_round: int | None = None,
     backend: str = "auto",
     chunk_size: int = 64,
-    **options: Any,
+    checkpointer: CheckpointerProtocol | None = None,
+    on_evaluation: Callable[[int, dict, TrainingHistory], None] | None = None,
+    on_round: Callable[[int, float], None] | None = None,
+    max_train_loss: float | None = None,
+    update_state: StateUpdate | None = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
@@ -476,10 +483,24 @@ def run_training(
 
     `update_state` may replace the state between rounds (see `TrainingRun`).
 
-    `options` are `TrainingRun`'s other keywords (seed, eval_every, clients_per_round, checkpointer,
-    on_evaluation, on_round, max_train_loss, update_state). This is `run_trainings` with one run.
+    This is `run_trainings` with one run.
     """
-    run = TrainingRun(algorithm, model, dataset, partition, training, rounds=rounds, **options)
+    run = TrainingRun(
+        algorithm,
+        model,
+        dataset,
+        partition,
+        training,
+        rounds=rounds,
+        seed=seed,
+        eval_every=eval_every,
+        clients_per_round=clients_per_round,
+        checkpointer=checkpointer,
+        on_evaluation=on_evaluation,
+        on_round=on_round,
+        max_train_loss=max_train_loss,
+        update_state=update_state,
+    )
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):
         raise outcome

@@ -37,13 +37,34 @@ from fedjax_pals.engine.plan import DeviceData, RoundPlan, device_data, make_pla
 from fedjax_pals.engine.round import RoundEngine, cached_engines, engine_key, round_engine
 from fedjax_pals.engine.structure import structure_key
 
-# fmt: off
 __all__ = [
-    "BACKENDS", "BoundHostBackend", "ClientResult", "ClientUpdate", "CompilationCounter",
-    "DeviceData", "HostBackend", "LocalCarry", "LocalTraining", "RoundEngine", "RoundPlan",
-    "TracedBackend", "backend_names", "cached_engines", "client_mesh", "client_schedule",
-    "default_backend", "device_data", "engine_key", "local_view", "make_backend",
-    "make_client_update", "make_local_step", "make_plan", "register_backend", "replicate",
-    "resolve_backend", "round_engine", "structure_key",
+    "BACKENDS",
+    "BoundHostBackend",
+    "ClientResult",
+    "ClientUpdate",
+    "CompilationCounter",
+    "DeviceData",
+    "HostBackend",
+    "LocalCarry",
+    "LocalTraining",
+    "RoundEngine",
+    "RoundPlan",
+    "TracedBackend",
+    "backend_names",
+    "cached_engines",
+    "client_mesh",
+    "client_schedule",
+    "default_backend",
+    "device_data",
+    "engine_key",
+    "local_view",
+    "make_backend",
+    "make_client_update",
+    "make_local_step",
+    "make_plan",
+    "register_backend",
+    "replicate",
+    "resolve_backend",
+    "round_engine",
+    "structure_key",
 ]
-# fmt: on

@@ -347,16 +347,31 @@ def _spec(
 
 
 def round_engine(
-    algorithm: FederatedAlgorithm, model: Model, training: LocalTraining, **options: Any
+    algorithm: FederatedAlgorithm,
+    model: Model,
+    training: LocalTraining,
+    *,
+    backend: str = "auto",
+    chunk_size: int = 64,
+    steps_per_call: int = 1,
+    mesh: jax.sharding.Mesh | None = None,
+    min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
 ) -> RoundEngine:
     """A RoundEngine shared by every run with the same `engine_key`.
 
-    `options`: `RoundEngine`'s keywords (backend, chunk_size, steps_per_call, mesh,
-    min_clients_per_device). A sweep over seeds, targets or lambda compiles its round once,
-    and so does a baseline whose builder makes new closures on every call. The cache holds
-    the 32 most recently used engines.
+    A sweep over seeds, targets or lambda compiles its round once, and so does a baseline whose
+    builder makes new closures on every call. The cache holds the 32 most recently used engines.
     """
-    key, options = _spec(algorithm, model, training, **options)
+    key, options = _spec(
+        algorithm,
+        model,
+        training,
+        backend=backend,
+        chunk_size=chunk_size,
+        steps_per_call=steps_per_call,
+        mesh=mesh,
+        min_clients_per_device=min_clients_per_device,
+    )
     with _ENGINES_LOCK:
         if key in _ENGINES:
             _ENGINES.move_to_end(key)
