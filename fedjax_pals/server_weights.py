@@ -24,8 +24,6 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
-import jaxopt
-from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _linalg, _validation
 
@@ -559,6 +557,9 @@ def _solve_fedpals_projected_gradient(
 
     def scaled_objective(alpha):
         return fedpals_objective(alpha, dists, target, sizes, finite_lam) / lipschitz
+
+    import jaxopt  # here: jaxopt imports scipy.optimize (0.7 s of every process's start)
+    from jaxopt.projection import projection_simplex
 
     def run(alpha, accelerated):
         return jaxopt.ProjectedGradient(

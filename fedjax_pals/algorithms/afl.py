@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxopt.projection import projection_simplex
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
@@ -96,6 +95,8 @@ def afl_server_update(step_size: float) -> ServerUpdate:
 @functools.cache
 def _afl_server_update(step_size: float) -> ServerUpdate:
     average = weighted_average_update(1.0)
+
+    from jaxopt.projection import projection_simplex  # here: jaxopt's import is slow
 
     def update(state: ServerState, participants, outputs: ClientOutputs, weights):
         new_state = average(state, participants, outputs, weights)
