@@ -52,21 +52,14 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
     algorithm.target_estimation None (the server knows T) | bbse_constrained | mlls | bbse |
                                 bbse_soft | em: T(Y) unknown; FedPALS starts from the clients'
-                                aggregate and re-estimates T from the global model on the
-                                unlabeled target validation inputs and the clients' held-out
-                                share (algorithms/target_estimation.py); needs lam (not
-                                ess_fraction). A round whose estimate is not identified (BBSE's
-                                confusion matrix singular) or whose model fails the gate keeps
-                                the current T (results.json: target_estimation_records)
-    algorithm.target_estimation_every  re-estimate before every this many rounds, >= 1
-    algorithm.target_holdout    share of each client's examples per class kept out of training
-                                to estimate with, in [0, 0.5] (default 0: in-sample, 5,000 of
-                                the clients' training examples)
-    algorithm.target_estimation_rho  constrained soft BBSE's ridge, >= 0
-    algorithm.target_gate_sigma_min, target_gate_min_recall: use an estimate only when the soft
-                                confusion matrix's smallest singular value / every class's
-                                recall on the held-out share reaches this (None: unchecked)
-    algorithm.target_damping    T <- (1 - d) T + d T^, d in (0, 1] (default 1: no damping)
+                                aggregate and re-estimates T from the global model as the run
+                                trains (algorithms/target_estimation.py); needs lam (not
+                                ess_fraction). A round whose estimate is not identified or whose
+                                model fails the gate keeps the current T (results.json:
+                                target_estimation_records)
+    algorithm.target_estimation_every, target_holdout, target_estimation_rho, target_gate_*,
+    target_damping              how often T is re-estimated, from which share of the clients'
+                                examples (default 0: in-sample), the ridge, the gate, T's step
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)
@@ -149,13 +142,11 @@ NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
 
 def per_run_state_keys() -> tuple[str, ...]:
-    """Keys of a resolved config that are per-run state: the engine holds what they set as data
-    in each run's state (the seed's draws; each feature's `per_run_state`: lambda, solved on
-    the host from lam or ess_fraction; the perturbed T; the label-DP release), not in its
-    compiled program. Runs whose configs differ only in them share one compiled program and
-    train together on the engine's runs axis (`train.structure_group_key`, the grouping of
-    sweeps, shards and `train_and_evaluate_many`; `training.training_group_key` decides).
-    They stay in the run's identity."""
+    """Keys of a resolved config that are per-run state: the engine holds what they set (the
+    seed's draws; each feature's `per_run_state`: lambda, solved on the host, the perturbed T,
+    the label-DP release) as data in each run's state, not in its compiled program, so runs
+    that differ only in them train together on the engine's runs axis
+    (`training.training_group_key` decides). They stay in the run's identity."""
     features = registry.registered_features()
     return ("seed",) + tuple(f"algorithm.{k}" for f in features for k in f.per_run_state)
 
@@ -342,18 +333,6 @@ def _registered_keys(section: str, given: dict, fields: dict, owner: str | None)
             value = _config_check(check, f"{section}.{key}", value)
         values[key] = value if owner in users else None
     return values
-
-
-def _drop_unset_data_keys(identity: dict) -> None:
-    """The registered data set and scheme keys left out of a run's identity when None (but
-    `ALWAYS_IDENTITY_DATA_KEYS`)."""
-    for section, fields in (
-        ("dataset", datasets_lib.dataset_fields()), ("partition", partitions_lib.partition_fields())
-    ):
-        values = identity.get(section)
-        for key in fields if isinstance(values, dict) else ():
-            if f"{section}.{key}" not in ALWAYS_IDENTITY_DATA_KEYS and values.get(key, 0) is None:
-                values.pop(key)
 
 
 # -- validation and resolution ----------------------------------------------------------------
@@ -636,28 +615,26 @@ SEMANTICS_VERSION = 2
 
 
 def config_identity(config: Any) -> dict:
-    """The part of a resolved config that identifies the run (all but `NON_IDENTITY_KEYS`; the
-    `OPTIONAL_IDENTITY_KEYS` only when they are set)."""
-    plain = as_dict(config)
-    identity = {k: (dict(v) if isinstance(v, dict) else v) for k, v in plain.items()}
-    for key in NON_IDENTITY_KEYS:
+    """The part of a resolved config that identifies the run: all but `NON_IDENTITY_KEYS`; the
+    `OPTIONAL_IDENTITY_KEYS` and registered keys (but `ALWAYS_IDENTITY_*`) only when set."""
+    identity = {k: (dict(v) if isinstance(v, dict) else v) for k, v in as_dict(config).items()}
+    for key in (*NON_IDENTITY_KEYS, "sweep"):
         section, _, leaf = key.partition(".")
         if leaf:
             identity.get(section, {}).pop(leaf, None)
         else:
             identity.pop(section, None)
-    identity.pop("sweep", None)
     identity["semantics"] = SEMANTICS_VERSION
-    for key in OPTIONAL_IDENTITY_KEYS:
+    optional = {
+        *OPTIONAL_IDENTITY_KEYS,
+        *(f"dataset.{key}" for key in datasets_lib.dataset_fields()),
+        *(f"partition.{key}" for key in partitions_lib.partition_fields()),
+        *(f"algorithm.{key}" for key in _algorithm_keys()),
+    } - {*ALWAYS_IDENTITY_DATA_KEYS, *(f"algorithm.{k}" for k in ALWAYS_IDENTITY_HYPERPARAMETERS)}
+    for key in optional:
         section, _, leaf = key.partition(".")
         if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:
             identity[section].pop(leaf)
-    _drop_unset_data_keys(identity)
-    algorithm = identity.get("algorithm")
-    if isinstance(algorithm, dict):
-        for key in _algorithm_keys():
-            if key not in ALWAYS_IDENTITY_HYPERPARAMETERS and algorithm.get(key, 0) is None:
-                algorithm.pop(key)
     for section in OPTIONAL_IDENTITY_SECTIONS:
         if identity.get(section, None) == {}:
             identity.pop(section)
@@ -668,8 +645,13 @@ def config_digest(config: Any) -> str:
     """A 16-hex-digit digest of the run's identity (the resolved config without `engine` and
     `dataset.data_dir`). Pass a resolved config (`validate_config`); an unresolved one is
     resolved first, so equal runs always get equal digests."""
-    identity = config_identity(_validate(config, check_paths=False))
-    payload = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return resolved_config_digest(_validate(config, check_paths=False))
+
+
+def resolved_config_digest(resolved: Any) -> str:
+    """`config_digest` of a config already resolved, without resolving it again (a sweep
+    digests hundreds of runs)."""
+    payload = json.dumps(config_identity(resolved), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

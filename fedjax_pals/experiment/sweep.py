@@ -5,18 +5,14 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
     sweep.row       label of the table row, e.g. "Fashion-MNIST C=3" (default: from the data set
                     and partition)
     sweep.seeds     tuple of seeds, e.g. (0, ..., 7): every grid point runs once per seed
-    sweep.methods   tuple of method keys (columns of the table): an algorithm name (fedavg,
-                    fedpals, fedprox, scaffold, afl, fedrs, fedshift, oracle) or
-                    "<client-side method>_fedpals" for that method with FedPALS' server weights
-                    (fedprox_fedpals is the paper's FedProx+FedPALS), or fedpals_adaptive
-                    (FedPALS with lam_schedule='hypergradient'), or fedpals_unknown_t_<estimator>
-                    (FedPALS with T re-estimated, algorithm.target_estimation: bbse_constrained,
-                    mlls, bbse, bbse_soft, em), or a registered variant (fjp.register_variant),
-                    or a server optimiser before any of these: "<optimizer>_<method>" sets
+    sweep.methods   tuple of method keys (columns of the table): what config.algorithm.name
+                    accepts (an algorithm; "<client-side method>_fedpals", e.g. the paper's
+                    FedProx+FedPALS fedprox_fedpals; a variant such as fedpals_adaptive or
+                    fedpals_unknown_t_<estimator>, fjp.register_variant; see config.py), or a
+                    server optimiser before any of these: "<optimizer>_<method>" sets
                     server.optimizer (fedadam_fedpals: FedPALS' weights, FedAdam's server
                     step), a bare "<optimizer>" is FedAvg with it (fedavgm, fedadam, fedyogi,
-                    fedadagrad: Reddi et al.'s methods). Default: the base config's
-                    algorithm as it is.
+                    fedadagrad: Reddi et al.'s methods). Default: the base config's algorithm.
     sweep.grid      nested like the config, tuples at the leaves: hyperparameters to select on
                     the target validation set, e.g. grid.training.learning_rate = (0.1, 0.01).
                     A grid key that a method does not use (validate_config resolves it to None,
@@ -69,9 +65,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import hashlib
 import itertools
-import json
 import os
 import traceback
 from typing import Any, Callable, Mapping, Sequence
@@ -90,18 +84,8 @@ from fedjax_pals.runtime import is_main_process
 
 ConfigError = config_lib.ConfigError
 
-SWEEP_KEYS = (
-    "row",
-    "seeds",
-    "methods",
-    "grid",
-    "axes",
-    "zip_axes",
-    "protocol",
-    "selection",
-    "paper",
-    "figures",
-    "x_axis",
+SWEEP_KEYS = tuple(
+    "row seeds methods grid axes zip_axes protocol selection paper figures x_axis".split()
 )
 FIGURES = ("curves", "weights", "accuracy_vs_distance", "accuracy_vs_axis", "lambda_trajectories")
 # How a run that returned no results ended (see `_failure_status`).
@@ -114,15 +98,8 @@ SHARDS_DIR = "shards"
 SHARD_PLAN = os.path.join(SHARDS_DIR, "plan.json")
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
-# Keys that are not hyperparameters or task axes of a sweep.
-_NOT_AXES = (
-    "seed",
-    "algorithm.name",
-    "algorithm.weights",
-    "server.optimizer",
-    "engine.backend",
-    "engine.chunk_size",
-)
+# Keys that are not hyperparameters or task axes of a sweep (nor is the engine).
+_NOT_AXES = ("seed", "algorithm.name", "algorithm.weights", "server.optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,14 +114,6 @@ class SweepRun:
     config: dict  # the run's config as nested dicts (unresolved; no `sweep` section)
     resolved: dict  # validate_config(config), as nested dicts
     digest: str  # config_digest(config)
-
-
-def _digest(resolved: Mapping[str, Any]) -> str:
-    """`config_digest` of an already resolved config (as `config_digest` hashes it, without
-    resolving it again: a sweep digests hundreds of runs; tests check the two agree)."""
-    identity = config_lib.config_identity(resolved)
-    payload = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 # -- the sweep section ------------------------------------------------------------------------
@@ -166,13 +135,13 @@ def _axis(where: str, path: str, values: Any, known: set[str]) -> tuple:
         close = difflib.get_close_matches(path, sorted(known), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"config.sweep.{where}.{path}: {path!r} is not a config key{hint}.")
+    if path.startswith("engine."):
+        raise ConfigError(
+            f"config.sweep.{where}.{path}: the engine is not part of a run's identity; "
+            "set config.engine for the whole sweep."
+        )
     if path in _NOT_AXES:
         use = "sweep.seeds" if path == "seed" else "sweep.methods"
-        if path.startswith("engine"):
-            raise ConfigError(
-                f"config.sweep.{where}.{path}: the engine is not part of a run's identity; "
-                "set config.engine for the whole sweep."
-            )
         raise ConfigError(f"config.sweep.{where}.{path} cannot be an axis; use config.{use}.")
     return _nonempty_tuple(f"{where}.{path}", values, "values")
 
@@ -413,7 +382,7 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                     name = f"{where}/seed_{seed}"
                     run_tree = {**tree, "seed": seed}
                     run_resolved = {**resolved, "seed": seed}
-                    digest = _digest(run_resolved)
+                    digest = config_lib.resolved_config_digest(run_resolved)
                     if name in names or digest in digests:
                         continue  # the same run reached twice (e.g. a method listed twice)
                     names.add(name)
@@ -605,8 +574,7 @@ def execute_sweep_runs(
     mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
     on_status: Callable[[str, str, str | None], None] | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[int, Mapping[str, Any]]]:
-    """Runs each of `runs` that has not finished (`previous[i]`: its results.json so far);
-    skips the finished ones.
+    """Runs each of `runs` not finished yet (`previous[i]`: its results.json so far).
 
     `on_status(name, status, error)` is called as each run ends (and for each skipped run).
 
@@ -617,13 +585,13 @@ def execute_sweep_runs(
     status: dict[str, str] = {}
     errors: dict[str, str] = {}
     results_by_run: dict[int, Mapping[str, Any]] = {}
+    on_status = on_status or (lambda name, status, error: None)
     todo = []
     for i in range(len(runs)):
         if _finished(runs[i], previous[i]):
             status[runs[i].name] = "skipped"
             results_by_run[i] = previous[i]
-            if on_status is not None:
-                on_status(runs[i].name, "skipped", None)
+            on_status(runs[i].name, "skipped", None)
         else:
             todo.append(i)
 
@@ -638,8 +606,7 @@ def execute_sweep_runs(
         else:
             status[name] = "done"
             results_by_run[i] = outcome
-        if on_status is not None:
-            on_status(name, status[name], errors.get(name))
+        on_status(name, status[name], errors.get(name))
 
     outcomes = execute_runs(
         [runs[i].config for i in todo],
