@@ -124,8 +124,7 @@ def budget_extension(stored_config: Mapping, lines: list[str]) -> list[str]:
         return lines
     if new_rounds < old_rounds:
         return lines
-    schedule = (stored_config.get("algorithm") or {}).get("lam_schedule")
-    if schedule == "hypergradient":
+    if (stored_config.get("algorithm") or {}).get("lam_schedule") == "hypergradient":
         return [
             f"{lines[0]} (a run under algorithm.lam_schedule='hypergradient' cannot be "
             "extended: its state records lambda in arrays as long as the round budget)"
@@ -149,12 +148,6 @@ def _not_orbax_chatter(record: _py_logging.LogRecord) -> bool:
     """Drops orbax's chatter (a line per file it writes, warnings about the files of a damaged
     checkpoint, which `Checkpointer` reports itself) from absl's log; orbax's errors pass."""
     return record.levelno >= _py_logging.ERROR or "orbax" not in record.pathname
-
-
-def _quiet_orbax() -> None:
-    logger = _py_logging.getLogger("absl")
-    if _not_orbax_chatter not in logger.filters:
-        logger.addFilter(_not_orbax_chatter)
 
 
 def _silence_closed_loop_noise() -> None:
@@ -230,7 +223,9 @@ class Checkpointer:
     def _ocp(self):
         import orbax.checkpoint as ocp  # deferred: ~1 s to import
 
-        _quiet_orbax()
+        logger = _py_logging.getLogger("absl")
+        if _not_orbax_chatter not in logger.filters:
+            logger.addFilter(_not_orbax_chatter)
         return ocp
 
     def _mgr(self):
@@ -330,19 +325,19 @@ class Checkpointer:
         step = self.latest_round()
         if step is None or self.identity is None:
             return step
-        stored = self.read_identity(step)
+        self._check_stored(step, self.read_identity(step))
+        return step
+
+    def _check_stored(self, step: int, stored: Mapping) -> None:
+        """Raises `CheckpointMismatchError` if `stored`, checkpoint `step`'s, is another run's."""
         differences = identity_differences(
             stored, self.identity, allow_extension=self.allow_extension
         )
         if differences:
-            raise self._mismatch(step, differences)
-        return step
-
-    def _mismatch(self, step: int, differences: list[str]) -> CheckpointMismatchError:
-        return CheckpointMismatchError(
-            f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
-            f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
-        )
+            raise CheckpointMismatchError(
+                f"the checkpoint in {self._step_path(step)} belongs to another run; it differs "
+                f"in: {'; '.join(differences)}. To start afresh: {self.remedy}."
+            )
 
     def _inspect(self, step: int) -> tuple[DamagedCheckpointError | None, dict]:
         """(the damage of checkpoint `step` or None, its history and identity when intact)."""
@@ -409,13 +404,7 @@ class Checkpointer:
             raise inspected[steps[-1]][0]
         newest = intact[-1]
         if self.identity is not None:
-            differences = identity_differences(
-                inspected[newest][1]["identity"],
-                self.identity,
-                allow_extension=self.allow_extension,
-            )
-            if differences:
-                raise self._mismatch(newest, differences)
+            self._check_stored(newest, inspected[newest][1]["identity"])
         stale = {
             step: expected
             for step in intact

@@ -52,35 +52,23 @@ REFERENCE_METHODS = ("oracle",)
 
 # The paper's Table 1 (mean %, std %) over 8 seeds, 10 clients (9 training + the target).
 _TABLE_1_METHODS = ("fedpals", "fedavg", "fedprox", "scaffold", "afl", "fedrs", "oracle")
+_TABLE_1_MEANS = {
+    "Fashion-MNIST C=3": (92.4, 67.1, 66.9, 69.5, 78.9, 85.3, 97.6),
+    "Fashion-MNIST C=2": (80.6, 53.9, 52.9, 54.9, 78.6, 63.14, 97.5),
+    "CIFAR-10 C=3": (65.6, 44.0, 43.5, 43.3, 53.2, 44.0, 85.5),
+    "CIFAR-10 C=2": (72.8, 46.7, 47.7, 46.7, 54.7, 49.4, 89.2),
+    "CIFAR-10 beta=0.1": (62.6, 40.8, 41.9, 43.5, 53.4, 57.1, 79.2),
+}
+_TABLE_1_STDS = {
+    "Fashion-MNIST C=3": (2.1, 22.0, 20.8, 19.3, 14.7, 13.5, 2.1),
+    "Fashion-MNIST C=2": (23.7, 36.2, 35.7, 36.8, 20.0, 20.2, 4.0),
+    "CIFAR-10 C=3": (10.1, 8.4, 7.2, 7.4, 0.9, 8.0, 5.0),
+    "CIFAR-10 C=2": (17.4, 15.8, 15.6, 14.9, 0.1, 9.5, 3.9),
+    "CIFAR-10 beta=0.1": (17.9, 9.2, 9.7, 10.5, 11.5, 11.2, 3.7),
+}
 PAPER_TABLE_1 = {
-    row: dict(zip(_TABLE_1_METHODS, zip(means, stds)))
-    for row, means, stds in (
-        (
-            "Fashion-MNIST C=3",
-            (92.4, 67.1, 66.9, 69.5, 78.9, 85.3, 97.6),  # mean %
-            (2.1, 22.0, 20.8, 19.3, 14.7, 13.5, 2.1),  # std %
-        ),
-        (
-            "Fashion-MNIST C=2",
-            (80.6, 53.9, 52.9, 54.9, 78.6, 63.14, 97.5),  # mean %
-            (23.7, 36.2, 35.7, 36.8, 20.0, 20.2, 4.0),  # std %
-        ),
-        (
-            "CIFAR-10 C=3",
-            (65.6, 44.0, 43.5, 43.3, 53.2, 44.0, 85.5),  # mean %
-            (10.1, 8.4, 7.2, 7.4, 0.9, 8.0, 5.0),  # std %
-        ),
-        (
-            "CIFAR-10 C=2",
-            (72.8, 46.7, 47.7, 46.7, 54.7, 49.4, 89.2),  # mean %
-            (17.4, 15.8, 15.6, 14.9, 0.1, 9.5, 3.9),  # std %
-        ),
-        (
-            "CIFAR-10 beta=0.1",
-            (62.6, 40.8, 41.9, 43.5, 53.4, 57.1, 79.2),  # mean %
-            (17.9, 9.2, 9.7, 10.5, 11.5, 11.2, 3.7),  # std %
-        ),
-    )
+    row: dict(zip(_TABLE_1_METHODS, zip(means, _TABLE_1_STDS[row])))
+    for row, means in _TABLE_1_MEANS.items()
 }
 # The methods of the paper's Table 1, and FedProx with FedPALS' weights (Sec. 5, iWildCam).
 PAPER_METHODS = (*_TABLE_1_METHODS, "fedprox_fedpals")
@@ -222,11 +210,8 @@ def table1_config(
         config.partition.dirichlet_beta = dirichlet_beta
         row = f"{label} beta={dirichlet_beta:g}"
     config.model = "auto"
-    config.training.rounds = 150
-    config.training.local_epochs = 1
-    config.training.batch_size = 32
+    config.training.update(rounds=150, local_epochs=1, batch_size=32, eval_every=1)
     config.training.learning_rate = 0.1  # overridden by the grid
-    config.training.eval_every = 1
     config.sweep = ml_collections.ConfigDict(
         dict(
             row=row,
@@ -412,8 +397,7 @@ def protocol_table(
                 continue
             cell = select_method(by_method[method], seeds, selection=selection)
             if cell["selected"] is not None:
-                cell["mean"] = cell["target_accuracy"]["mean"]
-                cell["std"] = cell["target_accuracy"]["std"]
+                cell.update({key: cell["target_accuracy"][key] for key in ("mean", "std")})
             cells[method] = cell
             for by_seed in by_method[method].values():
                 for record in by_seed.values():
@@ -611,14 +595,7 @@ def _merged_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for row in rows:
         label = row["row"]
-        if label not in merged:
-            merged[label] = {
-                **row,
-                "cells": dict(row["cells"]),
-                "paper": dict(row.get("paper", {})),
-            }
-            continue
-        into = merged[label]
+        into = merged.setdefault(label, {**row, "cells": {}, "paper": {}})  # filled below
         if list(into["seeds"]) != list(row["seeds"]):
             raise ValueError(
                 f"row {label!r} appears twice with different seeds ({into['seeds']} and "
