@@ -36,14 +36,10 @@ outputs in batches; `estimate_target_label_dist` dispatches on the method.
 
 During training, `TargetReestimation` replaces FedPALS' T by a new estimate every few rounds
 (`run_training(..., update_state=TargetReestimation(...).update_state)`). The feature
-`unknown_target` (`algorithm.target_estimation` set, for every run with FedPALS' weights)
-starts the server from the clients' aggregate sum_i n_i S_i / N, the guess without target
-labels, and re-estimates T as the run trains; registered as the variants
-`fedpals_unknown_t_<method>` for each method. With `algorithm.target_holdout` > 0 each client
-keeps a stratified share of its examples out of training (`hold_out_stratified`) for the
-estimator's labeled source data (by default 0: 5,000 of the training examples, see
-`DEFAULT_HOLD_OUT`); `algorithm.target_gate_*` and `algorithm.target_damping` set when an
-estimate is used and how far it moves T.
+`unknown_target` (`algorithm.target_estimation` set, for every run with FedPALS' weights; the
+variants `fedpals_unknown_t_<method>`) starts the server from the clients' aggregate
+sum_i n_i S_i / N, the guess without target labels, and re-estimates T as the run trains; its
+other keys (`UnknownTarget`) set the source data, the gate and the damping.
 """
 
 from __future__ import annotations
@@ -141,12 +137,9 @@ def bbse_label_dist(
       (K,) float64 on the simplex. Classes absent from the source data get weight 0 in S * w.
 
     Raises:
-      EstimateNotIdentified (a ValueError): when the confusion matrix restricted to the
-        classes present in the source data is singular (rank below their number; e.g. a
-        model that predicts one class for everything). Then C w = mu has many solutions and
-        BBSE's estimate is not identified; no fallback is guessed: use `em_label_dist`
-        (which needs only the source label marginal) or a model whose predictions separate
-        the classes.
+      EstimateNotIdentified (a ValueError): the confusion matrix restricted to the classes
+        present in the source data is singular (e.g. a model that predicts one class for
+        everything): C w = mu has many solutions, and no fallback is guessed.
     """
     confusion, source = bbse_confusion(source_probs, source_labels, soft)
     present = source > 0
@@ -430,17 +423,14 @@ class TargetReestimation(registry.Monitor):
     from the server's T (the clients' aggregate: shrinkage towards it, as RLLS does);
     damping = 1 takes T^ as it is. Otherwise the state keeps its T (the start, or the last
     estimate), the round goes to `skipped` and a warning to the log, and the next
-    re-estimation tries again. The new T is per-run data, so the next rounds' FedPALS weights
-    use it without recompiling. Everything depends only on the state, so a run resumed from
-    a checkpoint makes the same estimates.
+    re-estimation tries again. Everything depends only on the state, so a run resumed from a
+    checkpoint makes the same estimates.
 
-    `records` lists one dict per re-estimation of this process (round, estimator, the
-    gate's quantities, whether it was used, T^ and the T put in use, their L1 errors to
-    `truth` when it is given, the calibration's inverse temperature). At each evaluation it
-    reports (`scalars`) the T in use, its L1 error, and the label-free estimate of the target
-    accuracy sum_k T(k) recall_k: the source data's accuracy importance-weighted by T / S, the
-    stopping criterion of a target without labels; `results` adds the records and the
-    per-evaluation history.
+    `records` lists one dict per re-estimation of this process (round, estimator, the gate's
+    quantities, whether it was used, T^ and the T put in use, their L1 errors to `truth` when
+    given, the calibration's inverse temperature). At each evaluation `scalars` reports the T
+    in use, its L1 error and `estimated_accuracy` (the stopping criterion of a target without
+    labels); `results` adds the records and the per-evaluation history.
     """
 
     def __init__(
@@ -462,9 +452,7 @@ class TargetReestimation(registry.Monitor):
             source_idx = np.asarray(partition.held_out_indices)
         else:  # in-sample
             rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
-            pooled = np.concatenate(
-                [partition.client_example_indices(i) for i in range(partition.num_clients)]
-            )
+            pooled = partition.client_indices[partition.client_mask]  # client by client
             source_idx = np.sort(
                 rng.choice(pooled, size=min(source_size, pooled.size), replace=False)
             )
@@ -656,9 +644,7 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
 
 
 def _prepare(hp: UnknownTarget, context: registry.MethodContext) -> registry.MethodContext:
-    # The clients keep a share of their examples out of training, to calibrate and estimate
-    # with; T unknown: the server starts from the clients' aggregate, the guess without target
-    # labels, and the run re-estimates T as it trains (`TargetReestimation`).
+    # The clients' held-out share (if any); the server starts from the clients' aggregate.
     partition = hold_out_stratified(
         context.partition, context.dataset.train.y, hp.target_holdout, seed=context.seed
     )

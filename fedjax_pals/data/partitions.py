@@ -12,9 +12,8 @@ The label-skew schemes reduce to a (num_clients, K) matrix of per-class example 
 clients the data come with (client ids). Every function is deterministic given ``seed``. The
 config's schemes are registered at the end (`register_partition`, config.partition.scheme).
 
-Rounding a distribution p to integer counts summing to n uses the largest
-remainder (Hamilton) method: floor(p * n), then one extra example for the
-classes with the largest fractional parts (ties to the lower class index).
+Rounding a distribution p to integer counts summing to n uses the largest remainder (Hamilton)
+method, `largest_remainder_counts`.
 
 The target sets must be able to follow T: the test split must hold every class with T_k > 0, and
 the target test set must have at least ``min_target_test_size`` (default `MIN_TARGET_TEST_SIZE`
@@ -104,11 +103,7 @@ class FederatedPartition:
                 f"client_label_counts must be (M, {self.num_classes}), "
                 f"got {self.client_label_counts.shape}"
             )
-        if (
-            self.client_sizes.shape != (m,)
-            or self.client_indices.ndim != 2
-            or (self.client_indices.shape[0] != m)
-        ):
+        if self.client_sizes.shape != (m,) or self.client_indices.shape[:-1] != (m,):
             raise ValueError(
                 "client_indices (M, max_n), client_sizes (M,) and client_label_counts (M, K) "
                 f"disagree: {self.client_indices.shape}, {self.client_sizes.shape}, "
@@ -207,10 +202,9 @@ def _check_labels(labels: Any, what: str) -> np.ndarray:
 def _check_inputs(train_labels, test_labels, num_classes):
     train = _check_labels(train_labels, "train_labels")
     test = _check_labels(test_labels, "test_labels")
-    if train.size == 0:
-        raise ValueError("train_labels is empty")
-    if test.size == 0:
-        raise ValueError("test_labels is empty")
+    for name, labels in (("train_labels", train), ("test_labels", test)):
+        if labels.size == 0:
+            raise ValueError(f"{name} is empty")
     largest = int(max(train.max(), test.max()))
     if num_classes is None:
         num_classes = largest + 1
@@ -288,9 +282,7 @@ def _pad(rows: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _check_test_split_covers_target(
-    target_dist: np.ndarray, test_available: np.ndarray, description: str
-) -> None:
+def _check_test_split_covers_target(target_dist, test_available, description) -> None:
     """Every class with T_k > 0 must have examples in the test split."""
     lacking = np.flatnonzero((target_dist > 0) & (test_available == 0))
     if lacking.size:
@@ -303,13 +295,7 @@ def _check_test_split_covers_target(
         )
 
 
-def _check_target_test_size(
-    n_test: int,
-    min_size: int,
-    target_dist: np.ndarray,
-    test_available: np.ndarray,
-    description: str,
-) -> None:
+def _check_target_test_size(n_test, min_size, target_dist, test_available, description) -> None:
     """The target test set must hold at least ``min_size`` examples."""
     if n_test >= min_size:
         return
