@@ -310,7 +310,8 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
         fjp.load_fashion_mnist()
     except fjp.DatasetUnavailableError:
         pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
-    configs = [_fmnist_config(seed, lam) for seed in (0, 1) for lam in (0.0, 2.0)]
+    # Two runs that differ in seed and lambda (one program), and one with another batch size.
+    configs = [_fmnist_config(0, 0.0), _fmnist_config(1, 2.0)]
     configs.append({**_fmnist_config(0, 0.0), "training": {"rounds": 2, "batch_size": 32}})
     solo = [
         fjp.train_and_evaluate(c, str(tmp_path / f"solo{i}"), quiet=True)
@@ -324,7 +325,7 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
     together = fjp.train_and_evaluate_many(
         configs, [str(tmp_path / f"many{i}") for i in range(len(configs))]
     )
-    assert sorted(groups) == [1, 4]  # another batch size is another program
+    assert sorted(groups) == [1, 2]  # another batch size is another program
     for alone, with_others in zip(solo, together):
         np.testing.assert_allclose(with_others["train_loss"], alone["train_loss"], rtol=1e-5)
         np.testing.assert_allclose(
