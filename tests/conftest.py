@@ -27,10 +27,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # 10.1, with bit-identical losses (BUILD_NOTES.md, "Test suite time (issue 29)"). The flag is
 # XLA's of jaxlib 0.10 (the pinned stack); XLA aborts on a flag it does not know, so another
 # jaxlib gets the flags as they were given. Child processes inherit XLA_FLAGS.
+_O0_FLAG = "--xla_backend_optimization_level=0"  # scripts/test.sh's
 _FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
+# The flags of the suite's fast-compile mode, which no user runs with (tests/test_readme.py runs
+# the README's commands without them).
+FAST_COMPILE_XLA_FLAGS = (_O0_FLAG, _FAST_COMPILE_FLAG)
 _xla_flags = os.environ.get("XLA_FLAGS", "").split()
 if (
-    "--xla_backend_optimization_level=0" in _xla_flags
+    _O0_FLAG in _xla_flags
     and not any(f.startswith("--xla_cpu_use_fusion_emitters") for f in _xla_flags)
     and importlib.metadata.version("jaxlib").startswith("0.10.")
 ):

@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import FAST_COMPILE_XLA_FLAGS
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +67,6 @@ SKIPPED = {
     r"experiments\.sweep\b.*--collect": "needs every shard of the sweep finished (the shard "
     "commands above run with --list only); tests/test_shards.py runs 4 shards, then --collect",
 }
-
-# The suite's fast-compile flags (scripts/test.sh, tests/conftest.py).
-_TEST_ONLY_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 
 TRAINERS = re.compile(r"experiments\.(run|sweep|demo)\b|scripts/demo\.sh\b")
 SWEEPS = re.compile(r"experiments\.(sweep|demo)\b|scripts/demo\.sh\b")
@@ -198,7 +196,7 @@ def _environment() -> dict[str, str]:
     env.pop("PYTHONHOME", None)
     # XLA as a user has it: the suite's fast-compile flags (scripts/test.sh, tests/conftest.py)
     # make the README's Fashion-MNIST commands train about twice as slowly (BUILD_NOTES.md).
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if f not in _TEST_ONLY_XLA_FLAGS]
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_XLA_FLAGS]
     env["XLA_FLAGS"] = " ".join(flags)
     return env
 
