@@ -294,9 +294,10 @@ class TrainingRun:
                 f"{self.training.learning_rate:g})."
             )
         history.rounds.append(done)
-        for split, name in (("test", "target"), ("val", "val")):
-            getattr(history, f"{name}_accuracy").append(metrics[split]["accuracy"])
-            getattr(history, f"{name}_macro_f1").append(metrics[split]["macro_f1"])
+        history.target_accuracy.append(metrics["test"]["accuracy"])
+        history.target_macro_f1.append(metrics["test"]["macro_f1"])
+        history.val_accuracy.append(metrics["val"]["accuracy"])
+        history.val_macro_f1.append(metrics["val"]["macro_f1"])
         history.wall_seconds = time.perf_counter() - self._started
         # The hook first, then the checkpoint: what the hook records (results,
         # metrics) is never behind the checkpoint a resumed run starts from.

@@ -84,8 +84,9 @@ from fedjax_pals.runtime import is_main_process
 
 ConfigError = config_lib.ConfigError
 
-SWEEP_KEYS = tuple(
-    "row seeds methods grid axes zip_axes protocol selection paper figures x_axis".split()
+SWEEP_KEYS = (
+    "row", "seeds", "methods", "grid", "axes", "zip_axes", "protocol", "selection", "paper",
+    "figures", "x_axis",
 )
 FIGURES = ("curves", "weights", "accuracy_vs_distance", "accuracy_vs_axis", "lambda_trajectories")
 # How a run that returned no results ended (see `_failure_status`).

@@ -355,13 +355,17 @@ class _PreparedRun:
             self.progress.update(0, **evaluated)
 
     def _write_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
+        test, val = metrics["test"], metrics["val"]
         scalars = {
-            f"{name}/{key}": metrics[split][key]
-            for split, name in (("test", "target"), ("val", "val"))
-            for key in ("accuracy", "macro_f1", "loss")
+            "target/accuracy": test["accuracy"],
+            "target/macro_f1": test["macro_f1"],
+            "target/loss": test["loss"],
+            "val/accuracy": val["accuracy"],
+            "val/macro_f1": val["macro_f1"],
+            "val/loss": val["loss"],
+            # The headline, as results.json has it at this evaluation.
+            "target/accuracy_at_best_val": history.target_accuracy[history.best_val_index()],
         }
-        # The headline, as results.json has it at this evaluation.
-        scalars["target/accuracy_at_best_val"] = history.target_accuracy[history.best_val_index()]
         if self.main:
             scalars.update(self._server_scalars())
         self.writer.write_scalars(done, scalars)
