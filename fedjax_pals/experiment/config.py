@@ -123,8 +123,9 @@ ALWAYS_IDENTITY_HYPERPARAMETERS = (
 )
 # Keys added after runs had been recorded: left out of a run's identity when they are None
 # (unused), so that the digests of the runs recorded before them stay valid.
-OPTIONAL_IDENTITY_KEYS = tuple(
-    f"server.{key}" for key in ("optimizer", "learning_rate", "momentum", "b1", "b2", "tau")
+OPTIONAL_IDENTITY_KEYS = (
+    "server.optimizer", "server.learning_rate", "server.momentum", "server.b1", "server.b2",
+    "server.tau",
 )
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
