@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 _O0_FLAG = "--xla_backend_optimization_level=0"  # scripts/test.sh's
 _FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 # The flags of the suite's fast-compile mode, which no user runs with (tests/test_readme.py runs
-# the README's commands without them).
+# the README's Fashion-MNIST commands without them).
 FAST_COMPILE_XLA_FLAGS = (_O0_FLAG, _FAST_COMPILE_FLAG)
 _xla_flags = os.environ.get("XLA_FLAGS", "").split()
 if (
