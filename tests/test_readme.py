@@ -48,7 +48,7 @@ SKIPPED = {
     r"^bash scripts/test\.sh\b": "the test suite itself (CI runs it: .ci/run)",
     r"--coordinator_address=host0": "needs 4 hosts named host0...; the same code path on one "
     "machine is `python -m fedjax_pals.launch` (tests/test_mesh.py, test_experiments.py)",
-    # Left out for time (the README test has ~3 minutes of CI's 15): each is the same code
+    # Left out for time (the README test is about 4 of the suite's minutes): each is the same code
     # path as a command that runs.
     r"^python -m experiments\.run --config=configs/default\.py --workdir=runs/a$": "the same "
     "config and program as the ESS run of 'Launching experiments' (FedPALS on configs/default.py;"
