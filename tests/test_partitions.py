@@ -80,7 +80,6 @@ def assert_partition_invariants(p: FederatedPartition, train: np.ndarray, test: 
     np.testing.assert_array_equal(
         val_counts, largest_remainder_counts(t, len(p.target_val_indices))
     )
-    json.dumps(p.summary())
 
 
 def assert_same(p: FederatedPartition, q: FederatedPartition):
@@ -679,6 +678,32 @@ def test_partition_arrays_are_read_only_and_summary_is_json(rng):
         "n_test",
         "description",
     }
+
+
+def test_every_schemes_summary_is_json_with_its_own_fields(rng):
+    # One shape for all (5 clients, 6 classes): the summary's projection distance is a FedPALS
+    # solve, compiled once per (M, K); the invariants above leave the summary to this test.
+    train, test, _ = random_labels(rng, num_classes=6)
+    kw = dict(num_clients=6, seed=0)
+    base = sparsity_partition(train, test, labels_per_client=2, **kw)
+    schemes = {
+        "sparsity": base,
+        "niid_bench_sparsity": niid_bench_sparsity_partition(
+            train, test, labels_per_client=2, **kw
+        ),
+        "dirichlet": dirichlet_partition(train, test, beta=0.5, **kw),
+        "niid_bench_dirichlet": niid_bench_dirichlet_partition(train, test, beta=1.0, **kw),
+        "label_counts": partition_from_label_counts(
+            train, test, np.full((6, 6), 5), seed=0, description="counts"
+        ),
+        "oracle": resample_to_label_dist(base, train, base.target_label_dist, seed=1),
+        "held_out": hold_out_stratified(base, train, 0.25, seed=2),
+    }
+    for name, partition in schemes.items():
+        summary = json.loads(json.dumps(partition.summary()))
+        assert summary["num_clients"] == 5, name
+        assert 0.0 <= summary["projection_distance"] <= 2.0, name
+        assert ("n_held_out" in summary) == (name == "held_out"), name
 
 
 # ------------------------------------------------------ real Fashion-MNIST labels
