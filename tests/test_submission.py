@@ -160,7 +160,7 @@ def test_submit_on_the_local_executor_with_a_shard_preempted_collects_the_unshar
         assert json.load(f) == unsharded_table
 
 
-@functools.cache  # once per module: without a controller, sinfo waits 9 s before it fails
+@functools.cache  # once per process: without a controller, sinfo waits 9 s before it fails
 def _slurm_up() -> bool:
     if shutil.which("sinfo") is None:
         return False
