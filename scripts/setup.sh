@@ -43,12 +43,18 @@ if [ ! -e "$stamp" ]; then
   echo "[setup] installing the pinned stack into .venv (first time: about a minute;" \
        "log in .venv/install.log)"
   if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install --disable-pip-version-check \
+         .venv/bin/python -m pip install --disable-pip-version-check --no-compile \
              -c requirements/lock.txt -e ".[test]"; } > .venv/install.log 2>&1; then
     tail -n 30 .venv/install.log >&2
     echo "[setup] error: pip install failed; the whole log is .venv/install.log" >&2
     exit 1
   fi
+  # pip byte-compiles one file after another (half of the install's time, 33 of 65 s on 2
+  # cores with pip's cache warm); compileall does it on every core (20 s). A file that does not
+  # compile (a package's Python 2 test data) is skipped, as pip skips it.
+  .venv/bin/python -m compileall -q -j 0 \
+    "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+    >> .venv/install.log 2>&1 || true
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
