@@ -211,6 +211,8 @@ def run(main: Callable[[list[str]], object]) -> None:
                 print(progress.interruption_message(_signal_of(error)), file=sys.stderr)
                 sys.stderr.flush()
             sys.exit(progress.exit_status(error))
+        except fjp.ExtensionImportError as error:  # a recorded user module is not importable
+            usage_error(str(error))
         except Exception as error:
             if runtime.is_lost_peer_error(error):  # a peer died: one line, not a traceback
                 sys.exit(f"error: {runtime.lost_peer_message(error)}")

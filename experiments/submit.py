@@ -112,7 +112,7 @@ def main(argv):
     if _WAIT.value or _CLUSTER.value != "slurm":
         try:
             summary = submission.wait()
-        except shards_lib.SweepIncompleteError as error:
+        except (shards_lib.SweepIncompleteError, fjp.ConfigError) as error:
             raise SystemExit(f"error: {error}") from None
         if summary.get("markdown"):
             print(f"\n{summary['markdown']}\n")

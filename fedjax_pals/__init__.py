@@ -14,7 +14,8 @@ import warnings as _warnings
 # it is verified against a float64 reference in tests/test_server_weights.py.
 _warnings.filterwarnings("ignore", message=r".*jaxopt.*", category=DeprecationWarning)
 
-__version__ = "0.1.0"
+# The minor version counts changes of what a user's module must declare (CHANGELOG.md).
+__version__ = "0.2.0"
 
 # -- data sets and label-shift partitions
 from fedjax_pals.data import (  # noqa: E402
@@ -110,14 +111,17 @@ from fedjax_pals.experiment.checkpoints import (  # noqa: E402
 )
 from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError  # noqa: E402
 from fedjax_pals.experiment.diskspace import DiskFullError  # noqa: E402
+from fedjax_pals.extensions import ExtensionImportError  # noqa: E402
 
 # The submodules, as attributes (fjp.engine.round_engine, fjp.experiment.plots, ...).
 from fedjax_pals import (  # noqa: E402,F401
     algorithms,
     calibration,
     data,
+    deprecation,
     engine,
     experiment,
+    extensions,
     metrics,
     models,
     privacy,
@@ -167,5 +171,5 @@ __all__ = [
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError",
     "WorkdirLockedError",
-    "DiskFullError",
+    "DiskFullError", "ExtensionImportError",
 ]

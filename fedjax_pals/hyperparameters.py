@@ -50,14 +50,17 @@ _KINDS = ("real", "integer", "bool", "choice")
 def hyperparameter(
     default: Any, *, kind: str = "real", low: float | None = None, high: float | None = None,
     low_open: bool = False, high_open: bool = False, choices: tuple = (), optional: bool = False,
-    why: str = "", doc: str = "",
+    why: str = "", doc: str = "", per_run: bool = False,
 ) -> Any:
     """A field of a `Hyperparameters` dataclass: its default and its allowed values.
 
     kind: "real" (a finite number in [low, high], either end open with low_open / high_open),
     "integer" (in [low, high]), "bool", or "choice" (one of `choices`). optional: None is
     allowed too (the key is not set). why: a reason appended to the allowed values in the
-    message of a bad value.
+    message of a bad value. per_run: its value is per-run data (held in the run's
+    `ServerState`, or used on the host), not compiled into the round: runs that differ only
+    in it share one compiled program on the engine's runs axis, and a sweep keeps them
+    together (`config.per_run_state_keys`).
     """
     if kind not in _KINDS:
         raise ValueError(f"hyperparameter kind must be one of {list(_KINDS)}, got {kind!r}.")
@@ -65,7 +68,9 @@ def hyperparameter(
         raise ValueError("a 'choice' hyperparameter needs its choices.")
     check = _Check(kind, low, high, low_open, high_open, tuple(choices), optional, why)
     check("the default", default)
-    return dataclasses.field(default=default, metadata={"check": check, "doc": doc})
+    return dataclasses.field(
+        default=default, metadata={"check": check, "doc": doc, "per_run": bool(per_run)}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,11 @@ def hyperparameter_checks(cls: type[Hyperparameters]) -> dict[str, Callable[[str
 
 def hyperparameter_defaults(cls: type[Hyperparameters]) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def per_run_fields(cls: type[Hyperparameters]) -> tuple[str, ...]:
+    """The fields of `cls` declared `hyperparameter(..., per_run=True)`."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("per_run"))
 
 
 @dataclasses.dataclass(frozen=True)

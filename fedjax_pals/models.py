@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_pals import extensions
+
 Params = chex.ArrayTree
 
 
@@ -206,6 +208,7 @@ def register_model(
         raise ValueError(f"a model {name!r} is already registered; pass replace=True to redefine it.")
     MODELS[name] = build
     (_IMAGE_MODELS.add if needs_images else _IMAGE_MODELS.discard)(name)
+    extensions.note_registration("model", name)
 
 
 def registered_models() -> tuple[str, ...]:

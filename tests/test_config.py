@@ -420,3 +420,51 @@ def test_config_resolves_the_new_keys_and_keeps_old_digests():
     for config, match in bad:
         with pytest.raises(fjp.ConfigError, match=match):
             fjp.validate_config(config)
+
+
+def _every_method_key():
+    from fedjax_pals.algorithms import registry
+    from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
+
+    keys = list(registry.method_keys())
+    keys += [registry.server_optimizer_key(o, k)
+             for o in SERVER_OPTIMIZER_LABELS for k in ("fedavg", "fedpals", "fedprox_fedpals")]
+    return keys
+
+
+@pytest.mark.parametrize("key", _every_method_key())
+def test_every_method_key_is_an_algorithm_name_that_resolves_as_the_sweep_does(key):
+    # Variants, <method>_fedpals and server-optimiser prefixes: accepted in any config (its
+    # defaults included, e.g. lam_schedule='fixed' beside fedpals_adaptive), and the run is
+    # the one a sweep naming the key runs.
+    from fedjax_pals.experiment import sweep as sweep_lib
+
+    base = fjp.default_config()
+    base.dataset.name = "synthetic"
+    base.algorithm.lam = 0.1  # > 0: adaptive lambda's start
+    from fedjax_pals.algorithms import registry
+
+    if "server.optimizer" in registry.method_overrides(key):
+        base.server.learning_rate = 0.5  # the server optimiser's step
+    config = copy.deepcopy(base)
+    config.algorithm.name = key
+    resolved = fjp.validate_config(config)
+    base.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=(key,)))
+    ((run,), _) = sweep_lib._runs(base)
+    assert resolved.to_dict() == run.resolved
+    assert fjp.config_digest(config) == run.digest
+
+
+def test_a_method_key_contradicted_by_a_key_set_to_another_value_is_refused():
+    config = fjp.default_config()
+    config.algorithm.name = "fedprox_fedpals"
+    config.algorithm.weights = "fedavg"
+    with pytest.raises(fjp.ConfigError, match=r"means algorithm.weights='fedpals', but "
+                       r"algorithm.weights='fedavg' is set too"):
+        fjp.validate_config(config)
+    config = fjp.default_config()
+    config.algorithm.name = "fedadam_fedpals"
+    config.server.optimizer = "fedyogi"
+    with pytest.raises(fjp.ConfigError, match=r"means server.optimizer='fedadam', but "
+                       r"server.optimizer='fedyogi'"):
+        fjp.validate_config(config)

@@ -302,8 +302,16 @@ def test_a_config_with_unknown_target_starts_from_the_aggregate_and_reports_its_
     assert results["partition"]["client_sizes"] == partition.client_sizes.tolist()
     sizes = partition.client_sizes
     aggregate = sizes @ partition.client_label_dists / sizes.sum()
-    # The weights of the initial state are those of the aggregate T: FedAvg's.
-    np.testing.assert_allclose(results["alpha"], sizes / sizes.sum(), atol=1e-6)
+    # Round 1's weights are those of the aggregate T: FedAvg's; results.json's alpha is the
+    # weights in use at the end, FedPALS' for the last estimate.
+    np.testing.assert_allclose(results["alpha_round_1"], sizes / sizes.sum(), atol=1e-6)
+    final = fjp.fedpals_weights(
+        partition.client_label_dists, np.float32(results["target_estimate"]), sizes,
+        results["lam"],
+    )
+    # float32 solves of the same problem (the state holds T in float32).
+    np.testing.assert_allclose(results["alpha"], final, atol=1e-5)
+    assert np.abs(np.array(results["alpha"]) - results["alpha_round_1"]).sum() > 0.05
     truth = partition.target_label_dist
     assert results["target_estimate_l1_error"] < 0.5 * np.abs(aggregate - truth).sum()
     np.testing.assert_allclose(
@@ -507,3 +515,25 @@ def test_damping_averages_the_estimates_from_the_start():
     np.testing.assert_allclose(state.weighting_state.target_label_dist, current, atol=1e-7)
     truth = damped.truth
     assert damped.records[-1]["target_l1_error"] == pytest.approx(np.abs(current - truth).sum())
+
+
+def test_an_unknown_target_run_at_its_defaults_estimates_t_before_every_round_and_says_so(
+    tmp_path, capsys
+):
+    # Four rounds with every other key at its default: T is re-estimated before rounds 2, 3
+    # and 4 (not first at round 5, which made a short run FedAvg under FedPALS' name).
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.algorithm.name = "fedpals_unknown_t_bbse_constrained"
+    config.training.rounds = 4
+    config.training.batch_size = 8
+    config.training.learning_rate = 1.0
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=False)
+    records = results["target_estimation_records"]
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert any(r["used"] for r in records)
+    assert results["alpha"] != results["alpha_round_1"]
+    shown = capsys.readouterr()
+    text = shown.out + shown.err
+    assert "T unknown: re-estimated by constrained soft BBSE before every round from round 2" in text
+    assert "T^ moved" in text or "T^ kept" in text

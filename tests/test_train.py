@@ -18,7 +18,8 @@ CONFIG = {
     "training": {"rounds": 6, "eval_every": 2, "batch_size": 8, "learning_rate": 0.05},
 }
 RESULT_KEYS = (
-    "config config_digest dataset_source partition lam alpha ess total_examples "
+    "config config_digest dataset_source partition lam alpha ess alpha_round_1 ess_round_1 "
+    "total_examples "
     "projection_distance clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
@@ -503,3 +504,73 @@ def test_program_blocks_are_the_fewest_of_at_most_max_runs_with_sizes_within_one
         sizes = [len(block) for block in blocks]
         assert all(0 < size <= max_runs for size in sizes)
         assert not sizes or max(sizes) - min(sizes) <= 1
+
+
+# -- per-run keys, declared on the hyperparameters: one generated case per key ------------------
+
+# What makes the owner of a per-run key use it (with the rest at their defaults it may resolve
+# to None): the method, and other keys. A per-run key not listed here runs under FedPALS with
+# only itself set; if it then resolves to None, its case fails asking for an entry.
+_PER_RUN_SETTINGS = {
+    "feddisco_a": {"name": "feddisco"},
+    "feddisco_b": {"name": "feddisco"},
+    "label_dp_mechanism": {"label_dp_epsilon": 1.0},
+    "label_dp_delta": {"label_dp_epsilon": 1.0, "label_dp_mechanism": "gaussian"},
+    **{key: {"target_estimation": "bbse_constrained"} for key in (
+        "target_estimation_every", "target_estimation_rho", "target_gate_sigma_min",
+        "target_gate_min_recall", "target_damping")},
+}
+# Two values of a key where its bounds alone do not give two usable ones (an ESS fraction out
+# of reach of the synthetic task's clients).
+_PER_RUN_VALUES = {"ess_fraction": (0.9, 0.95)}
+
+
+def _two_values(key):
+    from fedjax_pals.experiment import config as config_lib
+
+    if key in _PER_RUN_VALUES:
+        return _PER_RUN_VALUES[key]
+    default, check, _ = config_lib._algorithm_keys()[key]
+    if check.kind == "choice":
+        return tuple(c for c in check.choices if c is not None)[:2]
+    if check.kind == "bool":
+        return (False, True)
+    low = 0.0 if check.low is None else float(check.low)
+    high = low + 2.0 if check.high is None else float(check.high)
+    values = (low + 0.3 * (high - low), low + 0.6 * (high - low))
+    return tuple(int(round(v)) + 1 for v in values) if check.kind == "integer" else values
+
+
+def _per_run_keys():
+    from fedjax_pals.experiment import config as config_lib
+
+    return [k.partition(".")[2] for k in config_lib.per_run_state_keys() if k != "seed"]
+
+
+@pytest.mark.parametrize("key", _per_run_keys())
+def test_runs_differing_only_in_a_per_run_key_share_one_compiled_program(key):
+    settings = {"name": "fedpals", **_PER_RUN_SETTINGS.get(key, {})}
+    groups, engines = set(), set()
+    for value in _two_values(key):
+        config = {
+            "dataset": {"name": "synthetic"},
+            "algorithm": {**settings, key: value},
+            "training": {"rounds": 2},
+        }
+        resolved = fjp.validate_config(config)
+        assert resolved.algorithm[key] == value, f"{key}: add what makes it used to _PER_RUN_SETTINGS"
+        task = fjp.build_task(resolved)
+        run = fjp.training.TrainingRun(
+            task.algorithm, task.model, task.dataset, task.partition, task.training, rounds=2,
+            seed=resolved.seed, clients_per_round=task.clients_per_round,
+        )
+        groups.add(train_lib.structure_group_key(resolved))
+        engines.add(fjp.training.training_group_key(run))
+    assert len(groups) == 1, f"{key}: the sweep's grouping splits runs that differ only in it"
+    assert len(engines) == 1, f"{key}: declared per-run, but the engine compiles it in"
+
+
+def test_feddisco_s_a_and_b_are_per_run_keys():
+    # In FedDisco's state (FedDiscoState), so a sweep over them is one program per rest.
+    assert {"feddisco_a", "feddisco_b"} <= set(_per_run_keys())
+    assert "feddisco_metric" not in _per_run_keys()  # it picks the function: compiled in

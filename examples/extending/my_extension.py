@@ -98,7 +98,11 @@ fjp.register_model("my_mlp", my_mlp, replace=True)
 @dataclasses.dataclass(frozen=True)
 class SmoothedTarget(fjp.Hyperparameters):
     # None: off (the key is left out of the run's identity, so other runs keep their digests).
-    target_smoothing: float | None = fjp.hyperparameter(None, low=0.0, high=1.0, optional=True)
+    # per_run: data in the state, not compiled in, so runs differing only in it share one
+    # compiled program.
+    target_smoothing: float | None = fjp.hyperparameter(
+        None, low=0.0, high=1.0, optional=True, per_run=True
+    )
 
 
 def resolve_smoothing(values, facts: fjp.RunFacts):
@@ -128,9 +132,11 @@ fjp.register_feature(
         label="smoothed T",
         hyperparameters=SmoothedTarget,
         resolve=resolve_smoothing,
+        # It changes T: its stage runs before FedPALS' lambda search (algorithm.ess_fraction),
+        # so the lambda found gives the ESS asked for with the T the weights use.
+        stage="target",
         prepare=smooth_target,
         monitor=lambda hp, task: SmoothedTargetReport(task),
-        per_run_state=("target_smoothing",),  # data in the state: one compiled program
     ),
     replace=True,
 )

@@ -351,6 +351,7 @@ class _LambdaTrajectory(registry.Monitor):
 registry.register_feature(
     registry.Feature(
         "adaptive_lambda", "adaptive λ", AdaptiveLambda, _resolve, prepare=_prepare,
+        stage="lambda",
         wrap=_wrap, monitor=lambda hp, task: _LambdaTrajectory(), owns_server_update=True,
         description="lambda follows the target validation loss's hypergradient",
     ),

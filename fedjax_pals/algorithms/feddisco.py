@@ -194,10 +194,14 @@ def feddisco(
 
 @dataclasses.dataclass(frozen=True)
 class FedDiscoHyperparameters(Hyperparameters):
+    # a and b are data in the weighting's state (`FedDiscoState`): runs differing only in them
+    # share one compiled program.
     feddisco_a: float = hyperparameter(
-        FEDDISCO_DEFAULT_A, low=0.0, doc="FedDisco's discrepancy weight a"
+        FEDDISCO_DEFAULT_A, low=0.0, doc="FedDisco's discrepancy weight a", per_run=True
     )
-    feddisco_b: float = hyperparameter(FEDDISCO_DEFAULT_B, doc="FedDisco's offset b")
+    feddisco_b: float = hyperparameter(
+        FEDDISCO_DEFAULT_B, doc="FedDisco's offset b", per_run=True
+    )
     feddisco_metric: str = hyperparameter(
         FEDDISCO_DEFAULT_METRIC, kind="choice", choices=DISCREPANCY_METRICS,
         doc="FedDisco's discrepancy of S_k from T",

@@ -29,11 +29,13 @@ class FedPalsLambda(Hyperparameters):
         None, low=0.0, optional=True,
         why=" (lam -> infinity is FedAvg: use algorithm.name='fedavg')",
         doc="FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))",
+        per_run=True,
     )
     ess_fraction: float | None = hyperparameter(
         None, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         why=" (ESS = N is FedAvg: use algorithm.name='fedavg')",
         doc="or: the lambda whose weights have ESS = fraction * N (App. B.3)",
+        per_run=True,
     )
 
 
@@ -73,7 +75,7 @@ def _prepare(hp: FedPalsLambda, context: registry.MethodContext) -> registry.Met
 registry.register_feature(
     registry.Feature(
         "fedpals_lambda", "FedPALS' lambda", FedPalsLambda, _resolve, prepare=_prepare,
-        per_run_state=("lam", "ess_fraction"),
+        stage="lambda",
         description="lambda of eq. 8, given or chosen by ESS (App. B.3)",
     ),
     replace=True,

@@ -68,14 +68,17 @@ class LabelDP(Hyperparameters):
         None, low=0.0, low_open=True, optional=True,
         why=" (None: the server sees the exact label distributions)",
         doc="None (exact S_i) or the epsilon of the clients' DP release of S_i",
+        per_run=True,
     )
     label_dp_mechanism: str | None = hyperparameter(
         "laplace", kind="choice", choices=MECHANISMS, optional=True,
         doc="laplace (epsilon-DP) | gaussian ((epsilon, delta)-DP)",
+        per_run=True,
     )
     label_dp_delta: float | None = hyperparameter(
         1e-5, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         doc="the Gaussian mechanism's delta",
+        per_run=True,
     )
 
 
@@ -123,7 +126,7 @@ def _wrap(
 registry.register_feature(
     registry.Feature(
         "label_dp", "label DP", LabelDP, _resolve, prepare=_prepare, wrap=_wrap,
-        per_run_state=("label_dp_epsilon", "label_dp_mechanism", "label_dp_delta"),
+        stage="label_marginals",
         per_run_presence=("label_dp_epsilon",),
         description="the server's weights see a DP release of the S_i (privacy.py)",
     ),

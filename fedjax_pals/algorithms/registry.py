@@ -45,11 +45,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from fedjax_pals import deprecation, extensions
 from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
 from fedjax_pals.hyperparameters import (
     Hyperparameters, NoHyperparameters, check_declared, check_shared_fields, declared_fields,
-    hyperparameter, hyperparameter_checks,
+    hyperparameter, hyperparameter_checks, per_run_fields,
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it.
@@ -173,10 +174,14 @@ class Method:
         if not self.owns_server_update and not isinstance(
             algorithm.server_update, WeightedAverageUpdate
         ):
-            raise ValueError(
+            # Required since 0.2.0; a module written before still runs (a server optimiser
+            # is refused for it when the algorithm is built, `with_server_optimizer`).
+            deprecation.warn(
                 f"method {self.name!r}: its server update is its own (not "
                 "fjp.weighted_average_update()); declare it with Method(..., "
-                "owns_server_update=True), so that no server optimiser replaces it."
+                "owns_server_update=True), so that the config refuses a server optimiser for "
+                "it before anything runs.",
+                refused_in="0.3.0",
             )
         return algorithm._replace(name=self.key(context))
 
@@ -274,6 +279,9 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
                 f"{feature.name!r} (algorithm.{taken[0]}); give yours a name of its own."
             )
     _METHODS[method.name] = method
+    extensions.note_registration(
+        "method", method.name, (f"algorithm.{key}" for key in mine)
+    )
     return method
 
 
@@ -282,6 +290,7 @@ def register_variant(variant: Variant, *, replace: bool = False) -> Variant:
         raise ValueError(f"a method {variant.name!r} is already registered.")
     get_method(variant.method)
     _VARIANTS[variant.name] = variant
+    extensions.note_registration("variant", variant.name)
     return variant
 
 
@@ -410,15 +419,40 @@ class Monitor:
       round (`TrainingRun(update_state=...)`), e.g. T re-estimated from the global model.
     scalars(state) -> {name: value} logged at each evaluation (they override the run's own,
       e.g. "server/lambda"); results(state) -> entries of results.json at the end.
+    header() -> a line shown when the run starts; progress(state) -> {name: text} for the
+      progress line at each evaluation.
     """
 
     update_state: Callable[[int, Callable[[], Any]], Any] | None = None
+
+    def header(self) -> str:
+        """A line shown under the run's first line when it starts: what the feature does
+        ("" for none), so that a run is never silently another method."""
+        return ""
+
+    def progress(self, state: Any) -> dict:
+        """{name: short text} for the progress line at each evaluation."""
+        return {}
 
     def scalars(self, state: Any) -> dict:
         return {}
 
     def results(self, state: Any) -> dict:
         return {}
+
+
+# The stages of a run's features, in the order their hooks (`prepare`, then `wrap`) run;
+# within one stage, in registration order. Each stage sees what the stages before it made:
+#   target           the data and the T the server's weights aim at (Table 2's perturbed T,
+#                    T estimated from the target's inputs, a user's smoothing of T);
+#   label_marginals  what the weights see of the clients' S_i (label DP's release);
+#   lambda           what parameterises the weights: FedPALS' lambda, searched by ESS on the
+#                    T and S of the stages before, and its schedule (adaptive lambda);
+#   algorithm        the built algorithm only (`wrap`), after every change of the context.
+FEATURE_STAGES = ("target", "label_marginals", "lambda", "algorithm")
+# Where a feature that declares no stage runs (deprecated): after every staged one, as all
+# user features did before stages existed.
+_UNSTAGED = len(FEATURE_STAGES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,14 +465,19 @@ class Feature:
     resolve: the run's values of its keys, resolved (see `Resolve`): None where the run does
       not use them, ValueError (naming `config.algorithm.<key>`) for an inconsistent setting.
       The feature is on in a run where any of its resolved keys is not None.
+    stage: when its hooks run, one of `FEATURE_STAGES` ("target": it changes T or the data;
+      "label_marginals": what the weights see of S; "lambda": what parameterises the
+      weights; "algorithm": it only wraps the built algorithm). A feature that changes T must
+      say "target", so that FedPALS' lambda search sees the T the weights use.
     prepare(hp, context) -> context: what the method is built from (T_p for T, the DP release
-      of S, lambda from an ESS fraction), in registration order.
-    wrap(algorithm, hp, context) -> algorithm: the built algorithm with the feature, in
-      registration order.
+      of S, lambda from an ESS fraction), by stage.
+    wrap(algorithm, hp, context) -> algorithm: the built algorithm with the feature, by stage.
     monitor(hp, task) -> Monitor: its work while the run trains and what it reports.
     owns_server_update: it replaces the server update (a server optimiser cannot).
-    per_run_state: its keys whose values are per-run data (ServerState), not compiled in;
-      per_run_presence: those of them whose being set at all changes the program.
+    per_run_state: its keys whose values are per-run data (ServerState), not compiled in,
+      besides those declared `hyperparameter(..., per_run=True)` (the way to declare it, as a
+      method does); per_run_presence: those of them whose being set at all changes the
+      program.
     """
 
     name: str
@@ -452,10 +491,18 @@ class Feature:
     per_run_state: tuple[str, ...] = ()
     per_run_presence: tuple[str, ...] = ()
     description: str = ""
+    stage: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"a feature's name must be a Python identifier, got {self.name!r}.")
+        if self.stage is not None and self.stage not in FEATURE_STAGES:
+            close = difflib.get_close_matches(str(self.stage), FEATURE_STAGES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"feature {self.name!r}: stage {self.stage!r} is not a stage{hint}; the stages, "
+                f"in the order they run: {list(FEATURE_STAGES)}."
+            )
         check_declared(f"feature {self.name!r}", self.hyperparameters)
         fields = hyperparameter_checks(self.hyperparameters)
         for key in (*self.per_run_state, *self.per_run_presence):
@@ -464,6 +511,12 @@ class Feature:
                     f"feature {self.name!r}: {key!r} is not one of its hyperparameters "
                     f"{sorted(fields)}."
                 )
+
+    @property
+    def per_run_keys(self) -> tuple[str, ...]:
+        """Its keys that are per-run data: declared `per_run=True`, or named in per_run_state."""
+        declared = per_run_fields(self.hyperparameters)
+        return tuple(dict.fromkeys((*declared, *self.per_run_state)))
 
     def resolve_section(self, facts: RunFacts) -> dict:
         """Its keys of the run's `algorithm` section (`facts.section`, checked), resolved."""
@@ -515,13 +568,28 @@ def register_feature(feature: Feature, *, replace: bool = False) -> Feature:
             f"feature {feature.name!r}: config key algorithm.{taken[0]} is already declared by "
             f"{owners[taken[0]]}; give yours a name of its own."
         )
+    if feature.stage is None:
+        deprecation.warn(
+            f"feature {feature.name!r} declares no stage, so its hooks run after every staged "
+            "feature, FedPALS' lambda search included (a T it changes is not the T that lambda "
+            f"is searched on). Declare Feature(..., stage=...), one of {list(FEATURE_STAGES)} "
+            "('target' for a feature that changes T).",
+            refused_in="0.3.0",
+        )
     _FEATURES[feature.name] = feature
+    extensions.note_registration("feature", feature.name, (f"algorithm.{key}" for key in mine))
     return feature
 
 
+def stage_index(feature: Feature) -> int:
+    """The position of the feature's stage in `FEATURE_STAGES` (no stage: after them all)."""
+    return _UNSTAGED if feature.stage is None else FEATURE_STAGES.index(feature.stage)
+
+
 def registered_features() -> tuple[Feature, ...]:
-    """The registered features, in registration order (the order of their hooks)."""
-    return tuple(_FEATURES.values())
+    """The registered features in the order of their hooks: by stage (`FEATURE_STAGES`), in
+    registration order within one."""
+    return tuple(sorted(_FEATURES.values(), key=stage_index))
 
 
 def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:

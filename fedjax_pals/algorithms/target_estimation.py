@@ -66,6 +66,11 @@ from fedjax_pals.privacy import project_to_simplex
 from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
 METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls")
+# How a run's header and the variants' labels name them.
+METHOD_LABELS = {
+    "bbse": "BBSE", "bbse_soft": "soft BBSE", "em": "EM",
+    "bbse_constrained": "constrained soft BBSE", "mlls": "BCTS + MLLS",
+}
 # Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
 # squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
 DEFAULT_RHO = 1e-4
@@ -448,7 +453,8 @@ class TargetReestimation(registry.Monitor):
         self.damping = _validation.check_number("damping", damping, low=0.0, high=1.0,
                                                 low_open=True)
         self.algorithm, self.model = algorithm, model
-        if partition.held_out_indices.size:
+        self.held_out = bool(partition.held_out_indices.size)
+        if self.held_out:
             source_idx = np.asarray(partition.held_out_indices)
         else:  # in-sample
             rng = np.random.default_rng([seed, _SOURCE_SAMPLE_STREAM])
@@ -534,9 +540,36 @@ class TargetReestimation(registry.Monitor):
         current = np.asarray(self.current(state), np.float64)
         used = (1.0 - self.damping) * current + self.damping * estimate
         used /= used.sum()
-        record.update(used=True, target=used.tolist(), target_l1_error=self._l1(used))
+        record.update(
+            used=True, target=used.tolist(), target_l1_error=self._l1(used),
+            target_change_l1=float(np.abs(used - current).sum()),
+        )
         self.records.append(record)
         return with_target_label_dist(state, used)
+
+    def header(self) -> str:
+        source = (
+            f"{self.source_y.size} held-out client examples" if self.held_out
+            else f"{self.source_y.size} of the clients' training examples (in-sample)"
+        )
+        every = "every round" if self.every == 1 else f"every {self.every} rounds"
+        return (
+            f"T unknown: re-estimated by {METHOD_LABELS.get(self.method, self.method)} before "
+            f"{every} from round {self.every + 1}, from the global model's outputs on the "
+            f"target's {len(self.target_x)} unlabeled validation inputs and on {source}; "
+            "until then the weights use the clients' aggregate label distribution"
+        )
+
+    def progress(self, state: Any) -> dict:
+        if not self.records:
+            return {"T^": "not estimated yet"}
+        last = self.records[-1]
+        if not last["used"]:
+            return {"T^": f"kept at round {last['round']}"}
+        text = f"moved {last['target_change_l1']:.3f}"
+        if last.get("target_l1_error") is not None:
+            text += f", L1 err {last['target_l1_error']:.3f}"
+        return {"T^": text}
 
     def estimated_accuracy(self, state: Any, estimate: np.ndarray) -> float:
         """sum_k T(k) recall_k on the source data: its accuracy importance-weighted by T / S,
@@ -593,14 +626,18 @@ DEFAULT_DAMPING = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class UnknownTarget(Hyperparameters):
+    # Per-run keys are read on the host between rounds; T itself is per-run data in FedPALS'
+    # state. The hold-out share changes the clients' data, so it is not.
     target_estimation: str | None = hyperparameter(
         None, kind="choice", choices=METHODS, optional=True,
         doc="None (T known) | bbse_constrained (recommended) | mlls | bbse | bbse_soft | em: T "
         "re-estimated as the run trains",
+        per_run=True,
     )
     target_estimation_every: int | None = hyperparameter(
-        5, kind="integer", low=1, high=1_000_000, optional=True,
+        1, kind="integer", low=1, high=1_000_000, optional=True,
         doc="re-estimate before every this many rounds",
+        per_run=True,
     )
     target_holdout: float | None = hyperparameter(
         DEFAULT_HOLD_OUT, kind="real", low=0.0, high=0.5, optional=True,
@@ -608,20 +645,24 @@ class UnknownTarget(Hyperparameters):
         "and estimate with; 0 (the default): in-sample, 5,000 of the training examples",
     )
     target_estimation_rho: float | None = hyperparameter(
-        DEFAULT_RHO, low=0.0, high=1e6, optional=True, doc="constrained soft BBSE's ridge rho"
+        DEFAULT_RHO, low=0.0, high=1e6, optional=True, doc="constrained soft BBSE's ridge rho",
+        per_run=True,
     )
     target_gate_sigma_min: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, optional=True,
         doc="use an estimate only when the soft confusion matrix's smallest singular value "
         "is at least this (None: not checked)",
+        per_run=True,
     )
     target_gate_min_recall: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, optional=True,
         doc="use an estimate only when every present class's recall is at least this",
+        per_run=True,
     )
     target_damping: float | None = hyperparameter(
         DEFAULT_DAMPING, kind="real", low=0.0, high=1.0, low_open=True, optional=True,
         doc="T <- (1 - d) T + d T^ (1: the estimate as it is)",
+        per_run=True,
     )
 
 
@@ -666,18 +707,13 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
 registry.register_feature(
     registry.Feature(
         "unknown_target", "T re-estimated", UnknownTarget, _resolve, prepare=_prepare,
+        stage="target",
         monitor=_monitor, description="T(Y) unknown: re-estimated from the global model",
-        # Read on the host between rounds; T itself is per-run data in FedPALS' state.
-        per_run_state=("target_estimation", "target_estimation_every", "target_estimation_rho",
-                       "target_gate_sigma_min", "target_gate_min_recall", "target_damping"),
     ),
     replace=True,
 )
 
-for _method_name, _label in (
-    ("bbse", "BBSE"), ("bbse_soft", "soft BBSE"), ("em", "EM"),
-    ("bbse_constrained", "constrained soft BBSE"), ("mlls", "BCTS + MLLS"),
-):
+for _method_name, _label in METHOD_LABELS.items():
     register_variant(
         Variant(f"fedpals_unknown_t_{_method_name}", f"FedPALS (T^ by {_label})", "fedpals",
                 {"algorithm.target_estimation": _method_name}), replace=True

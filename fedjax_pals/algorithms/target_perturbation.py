@@ -62,7 +62,8 @@ def perturb_label_dist(
 @dataclasses.dataclass(frozen=True)
 class TargetPerturbation(Hyperparameters):
     target_perturbation: float | None = hyperparameter(
-        0.0, low=0.0, optional=True, doc="Table 2: the server sees T_p = perturb(T, delta)"
+        0.0, low=0.0, optional=True, doc="Table 2: the server sees T_p = perturb(T, delta)",
+        per_run=True,
     )
 
 
@@ -90,7 +91,7 @@ def _prepare(hp: TargetPerturbation, context: registry.MethodContext) -> registr
 registry.register_feature(
     registry.Feature(
         "perturbed_target", "perturbed T", TargetPerturbation, _resolve, prepare=_prepare,
-        per_run_state=("target_perturbation",),
+        stage="target",
         description="the server sees a noisy T (App. B.6, Table 2)",
     ),
     replace=True,

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_pals import _validation
+from fedjax_pals import _validation, extensions
 from fedjax_pals import hyperparameters as declared
 from fedjax_pals._host import aligned_empty
 
@@ -548,6 +548,10 @@ def register_dataset(
         ("name", "data_dir", "download"),
     )
     _REGISTERED[name] = registered
+    extensions.note_registration(
+        "dataset", name, (f"dataset.{key}" for key in declared.declared_fields(
+            {name: registered.hyperparameters}))
+    )
 
 
 def dataset_label(name: str) -> str:

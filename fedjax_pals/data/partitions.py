@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedjax_pals import _validation
+from fedjax_pals import _validation, extensions
 from fedjax_pals import hyperparameters as declared
 
 if TYPE_CHECKING:
@@ -937,6 +937,10 @@ def register_partition(partition: Partition, *, replace: bool = False) -> Partit
         ("scheme", "num_clients"),
     )
     _PARTITIONS[partition.name] = partition
+    extensions.note_registration(
+        "partition", partition.name, (f"partition.{key}" for key in declared.declared_fields(
+            {partition.name: partition.hyperparameters}))
+    )
     return partition
 
 

@@ -29,8 +29,12 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     algorithm.name              a registered method (fjp.registered_methods(): fedavg | fedpals |
                                 fedprox | scaffold | afl | fedrs | fedshift | oracle | feddisco |
                                 fedlc, and a user's own), or a key that stands for more:
-                                <client-side method>_fedpals (its FedPALS-weighted form) or a
-                                variant (fedpals_adaptive, fedpals_unknown_t_<estimator>)
+                                <client-side method>_fedpals (its FedPALS-weighted form), a
+                                variant (fedpals_adaptive, fedpals_unknown_t_<estimator>), or
+                                one of these with a server optimiser in front (fedadam_fedpals
+                                sets server.optimizer='fedadam'; a bare fedadam is FedAvg's).
+                                The keys such a name means may also be set at their defaults,
+                                not to other values
     algorithm.weights           server weights of the client-side methods (fedprox / fedrs /
                                 fedshift / fedlc): fedavg | fedpals
     algorithm.lam               FedPALS' lambda of eq. 8 (default 0: the projection of T on Conv(S))
@@ -111,7 +115,9 @@ from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_
 from fedjax_pals import algorithms  # noqa: F401  (registers the built-in methods and features)
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import fedavg_weighting
-from fedjax_pals.hyperparameters import hyperparameter_checks, hyperparameter_defaults
+from fedjax_pals.hyperparameters import (
+    hyperparameter_checks, hyperparameter_defaults, per_run_fields,
+)
 from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
 
 # The method and feature hyperparameters that were config keys before the registry: in a run's
@@ -142,14 +148,23 @@ ALWAYS_IDENTITY_DATA_KEYS = (
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
 
+# The schema's own per-run key: the seed's draws (partition, initialisation, data order,
+# client sampling) are data in each run's state.
+PER_RUN_CONFIG_KEYS = ("seed",)
+
+
 def per_run_state_keys() -> tuple[str, ...]:
     """Keys of a resolved config that are per-run state: the engine holds what they set (the
-    seed's draws; each feature's `per_run_state`: lambda, solved on the host, the perturbed T,
-    the label-DP release) as data in each run's state, not in its compiled program, so runs
-    that differ only in them train together on the engine's runs axis
-    (`training.training_group_key` decides). They stay in the run's identity."""
-    features = registry.registered_features()
-    return ("seed",) + tuple(f"algorithm.{k}" for f in features for k in f.per_run_state)
+    seed's draws; every method's and feature's hyperparameter declared `per_run=True`:
+    lambda, solved on the host, the perturbed T, the label-DP release, FedDisco's a and b) as
+    data in each run's state, not in its compiled program, so runs that differ only in them
+    train together on the engine's runs axis (`training.training_group_key` decides). They
+    stay in the run's identity."""
+    declared = [f.per_run_keys for f in registry.registered_features()]
+    declared += [per_run_fields(registry.get_method(m).hyperparameters)
+                 for m in registry.registered_methods()]
+    keys = dict.fromkeys(f"algorithm.{k}" for keys in declared for k in keys)
+    return PER_RUN_CONFIG_KEYS + tuple(keys)
 
 
 def per_run_state_presence_keys() -> tuple[str, ...]:
@@ -359,29 +374,39 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
     return _validate(config, check_paths=True)
 
 
-def _method_key_overrides(a: dict) -> dict:
+def _method_key_overrides(c: dict) -> dict:
     """algorithm.name given as a method key that stands for more (`fedprox_fedpals`, a variant
-    such as `fedpals_adaptive`): the keys it means, laid over the section."""
-    name = a["name"]
-    stands_for_more = set(registry.method_keys()) - set(registry.registered_methods())
-    if not isinstance(name, str) or name not in stands_for_more:
-        return a  # a method's own name, or not a method key (_choice names the problem)
-    a = dict(a)
-    for path, value in registry.method_overrides(name).items():
-        key = path.partition(".")[2]
-        if value is None:
+    such as `fedpals_adaptive`, a server optimiser in front: `fedadam_fedpals`): the keys it
+    means, laid over the config. A key that the config holds at its default is no
+    contradiction (every config holds the defaults: lam_schedule='fixed' beside
+    fedpals_adaptive's 'hypergradient'); another value is."""
+    name = c["algorithm"]["name"]
+    if not isinstance(name, str) or name in registry.registered_methods():
+        return c
+    try:
+        overrides = registry.method_overrides(name)
+    except ValueError:
+        return c  # not a method key: _choice names the problem, with the registered methods
+    c = {**c, "algorithm": dict(c["algorithm"]), "server": dict(c["server"])}
+    defaults = {f"algorithm.{key}": d for key, (d, _, _) in _algorithm_keys().items()}
+    defaults.update(flatten({"server": default_config().server.to_dict()}))
+    for path, value in overrides.items():
+        section, _, key = path.partition(".")
+        given = c[section].get(key)
+        if value is None or key == "name":
+            c[section][key] = value if key == "name" else given
             continue
-        if key != "name" and a.get(key) is not None and a[key] != value:
+        if given is not None and given != value and given != defaults.get(path):
             raise ConfigError(
-                f"config.algorithm.name={name!r} means algorithm.{key}={value!r}, but "
-                f"algorithm.{key}={a[key]!r} is set too; give one of them."
+                f"config.algorithm.name={name!r} means {path}={value!r}, but {path}={given!r} "
+                "is set too; give one of them."
             )
-        a[key] = value
-    return a
+        c[section][key] = value
+    return c
 
 
 def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
-    c = _merge(default_config().to_dict(), as_dict(config))
+    c = _method_key_overrides(_merge(default_config().to_dict(), as_dict(config)))
     r: dict[str, Any] = {}
     r["seed"] = _int("seed", c["seed"], 0, 2**32 - 1)
 
@@ -399,7 +424,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r["model"] = model
 
     # -- algorithm
-    r["algorithm"], owner = _algorithm_section(_method_key_overrides(c["algorithm"]))
+    r["algorithm"], owner = _algorithm_section(c["algorithm"])
 
     r["training"] = _training_section(c["training"], r["partition"]["num_clients"] - 1)
     r["server"] = _server_section(c["server"], owner)

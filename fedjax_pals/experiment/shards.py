@@ -273,7 +273,7 @@ def assign_shards(
 def split_sweep(config: Any, count: int) -> list[tuple[str, int, float]]:
     """(run name, shard, estimated cost) of every run of the sweep `config` split into `count`
     shards, in sweep order (what `--list --shard=i/N` shows). Reads no data."""
-    runs, _ = sweep_lib._runs(config)
+    runs = sweep_lib.expand(config).runs
     return [
         (run.name, shard, run_cost(run.resolved))
         for run, shard in zip(runs, assign_shards(runs, count))
@@ -510,8 +510,9 @@ def run_shard(
             origin = f" (from {', '.join(seen) or 'the scheduler array environment'})"
         shard = parse_shard(shard)
     workdir = os.fspath(workdir)
-    runs, _ = sweep_lib._runs(config)
-    sweep_lib._check_workdir(workdir)
+    expanded = sweep_lib.expand(config)
+    runs = list(expanded.runs)
+    sweep_lib.check_workdir(workdir)
     lease = None
     if is_main_process():
         os.makedirs(shards_dir(workdir), exist_ok=True)
@@ -524,6 +525,7 @@ def run_shard(
         plan = _plan_for(
             config, runs, workdir, shard, reshard=reshard, origin=origin, task_id=task_id
         )
+        expanded.record_imports(workdir)
         # Only this shard's runs are read and checked: the others are their shards' business.
         mine = [run for run, entry in zip(runs, plan["runs"]) if entry["shard"] == shard.index]
         previous = sweep_lib.previous_results(mine, workdir, overwrite=overwrite)
@@ -602,7 +604,9 @@ def collect_sweep(
     """
     workdir = os.fspath(workdir)
     recorded, plan = _recorded_config(workdir)
-    runs, sweep = sweep_lib._runs(recorded)
+    sweep_lib.import_recorded_modules(workdir)
+    expanded = sweep_lib.expand(recorded)
+    runs, sweep = list(expanded.runs), expanded.settings
     if config is not None:
         check = plan or {"config": recorded, "runs": [{"name": r.name} for r in runs]}
         _check_plan(check, config, runs, workdir)
@@ -614,7 +618,7 @@ def collect_sweep(
     missing: list[str] = []
     for i, run in enumerate(runs):
         results = sweep_lib.run_results(workdir, run)
-        if sweep_lib._finished(run, results):
+        if sweep_lib.is_finished(run, results):
             status[run.name] = "done"
             results_by_run[i] = results
             continue

@@ -29,6 +29,7 @@ import tempfile
 import types
 from typing import Any, Mapping, Sequence
 
+from fedjax_pals import extensions
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import shards as shards_lib
 from fedjax_pals.experiment import sweep as sweep_lib
@@ -58,14 +59,22 @@ class ShardJob:
     same call, which submitit requeues: the shard then resumes its runs from their checkpoints.
     """
 
-    def __init__(self, config: Mapping[str, Any], workdir: str, count: int):
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        workdir: str,
+        count: int,
+        imports: Sequence[extensions.ExtensionModule] = (),
+    ):
         self.config = dict(config)
         self.workdir = workdir
         self.count = count
+        self.imports = tuple(imports)  # the user's modules the runs need, imported first
 
     def __call__(self, index: int) -> dict[str, Any]:
         from fedjax_pals.runtime import configure_runtime
 
+        extensions.import_modules(self.imports)
         configure_runtime(cpu_devices="auto")
         return shards_lib.run_shard(
             self.config, self.workdir, shards_lib.Shard(index, self.count), quiet=True
@@ -107,12 +116,44 @@ class SweepSubmission:
         """Waits for every shard, then for the collect (submitting it now if the executor has no
         dependencies); returns the collect's summary (`collect_sweep`: runs, missing, markdown,
         files). Raises the collect job's error (e.g. SweepIncompleteError) if it failed."""
+        shard_errors = []
         for job in self.shard_jobs:
-            with contextlib.suppress(Exception):  # a failed shard is what the collect reports
+            try:
                 job.result()
+            except Exception as error:  # noqa: BLE001 - a failed shard is what the collect reports
+                shard_errors.append(_job_error(error))
         if self.collect_job is None:
             self.collect_job = self.executor.submit(CollectJob(self.workdir, self.allow_partial))
-        return self.collect_job.result()
+        try:
+            return self.collect_job.result()
+        except Exception as error:  # noqa: BLE001
+            # A module the shards could not import is the cause of the runs the collect misses.
+            for cause in shard_errors:
+                if isinstance(cause, extensions.ExtensionImportError):
+                    raise cause from None
+            raise _job_error(error) from None
+
+
+# Errors of the package that a job's trace may end with, re-raised here as one line.
+_KNOWN_JOB_ERRORS = {
+    "ExtensionImportError": extensions.ExtensionImportError,
+    "SweepIncompleteError": shards_lib.SweepIncompleteError,
+    "NoSweepError": shards_lib.NoSweepError,
+    "ConfigError": ConfigError,
+}
+
+
+def _job_error(error: BaseException) -> BaseException:
+    """The package's own error at the end of a failed job's trace (submitit reports it as a
+    FailedJobError holding the whole traceback as text), else `error` itself."""
+    if type(error).__name__ in _KNOWN_JOB_ERRORS:
+        return error
+    for line in reversed(str(error).splitlines()):
+        name, sep, message = line.strip().partition(": ")
+        known = _KNOWN_JOB_ERRORS.get(name.rpartition(".")[2]) if sep else None
+        if known is not None and name.startswith("fedjax_pals."):
+            return known(message)
+    return error
 
 
 def _array_id(jobs: Sequence[Any]) -> str:
@@ -170,7 +211,11 @@ def submit_sweep(
     submitit = _submitit()
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ConfigError(f"shards must be an integer >= 1, got {shards!r}.")
-    sweep_lib._runs(config)  # validates every run before anything is submitted
+    expanded = sweep_lib.expand(config)  # validates every run before anything is submitted
+    try:
+        extensions.check_portable(expanded.imports, "a shard job")
+    except extensions.ExtensionImportError as error:
+        raise ConfigError(str(error)) from None
     plan = shards_lib.read_plan(workdir)
     if plan is not None and plan.get("shards") != shards:
         raise ConfigError(
@@ -191,10 +236,12 @@ def submit_sweep(
     except (NameError, AssertionError, ValueError, TypeError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ConfigError(f"submitit refused the job parameters: {first}") from None
-    plain = config_lib.as_dict(config)
+    os.makedirs(workdir, exist_ok=True)
+    expanded.record_imports(workdir)  # for the collect job, and a collect by workdir
+    job = ShardJob(expanded.config, workdir, shards, expanded.imports)
     try:
         with _stderr_kept_back() as kept:
-            jobs = executor.map_array(ShardJob(plain, workdir, shards), range(shards))
+            jobs = executor.map_array(job, range(shards))
     except (OSError, RuntimeError, ValueError) as error:  # sbatch's own refusal, e.g.
         lines = [l for l in str(error).splitlines() if l.strip()]  # an invalid partition
         detail = next((l for l in lines if "error" in l.lower()), lines[0] if lines else "")

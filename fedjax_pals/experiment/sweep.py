@@ -72,6 +72,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
+from fedjax_pals import extensions
 from fedjax_pals.algorithms import registry
 from fedjax_pals.data import dataset_label, registered_partitions
 from fedjax_pals.experiment import config as config_lib
@@ -97,6 +98,8 @@ SWEEP_LOCK_FILE = ".sweep.lease"
 # Where a sharded sweep records its split (`shards.py`): an unsharded sweep refuses such a workdir.
 SHARDS_DIR = "shards"
 SHARD_PLAN = os.path.join(SHARDS_DIR, "plan.json")
+# The user's modules that the sweep's runs need (`ExpandedSweep.imports`).
+IMPORTS_FILE = "sweep_imports.json"
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
 # Keys that are not hyperparameters or task axes of a sweep (nor is the engine).
@@ -399,6 +402,50 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     return runs, sweep
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpandedSweep:
+    """A sweep config expanded: what the sweep, its shards, `submit_sweep` and `collect_sweep`
+    all read (`expand`).
+
+    config: the sweep config as nested dicts (with its `sweep` section).
+    runs: its runs, in sweep order, each validated.
+    settings: the validated `sweep` section, defaults filled in (plus `row_label` and
+      `row_axes`, the rows' task-axis values).
+    imports: the user's modules that its runs need (they registered its methods, features,
+      data set, ...; `fedjax_pals.extensions`), recorded in `<workdir>/sweep_imports.json`
+      so that a process that reads only the workdir (a shard job on another node, a collect)
+      imports them first.
+    """
+
+    config: dict
+    runs: tuple[SweepRun, ...]
+    settings: dict
+    imports: tuple[extensions.ExtensionModule, ...]
+
+    def record_imports(self, workdir: str) -> None:
+        """Writes `imports` to `<workdir>/sweep_imports.json` (process 0)."""
+        if is_main_process():
+            extensions.write_imports(os.path.join(workdir, IMPORTS_FILE), self.imports)
+
+
+def expand(config: Any) -> ExpandedSweep:
+    """The sweep config `config` expanded and validated (ConfigError naming the first bad
+    value; no data is read)."""
+    runs, settings = _runs(config)
+    keys = [run.method for run in runs]
+    configs = [c for run in runs for c in (run.config, run.resolved)]
+    imports = extensions.modules_for(configs, keys)
+    return ExpandedSweep(config_lib.as_dict(config), tuple(runs), settings, imports)
+
+
+def import_recorded_modules(workdir: str) -> tuple[extensions.ExtensionModule, ...]:
+    """Imports the user's modules that the sweep in `workdir` recorded (`ExpandedSweep.imports`)
+    and returns them; ExtensionImportError (one line) if one cannot be imported."""
+    modules = extensions.read_imports(os.path.join(workdir, IMPORTS_FILE))
+    extensions.import_modules(modules)
+    return modules
+
+
 def expand_sweep(config: Any) -> list[tuple[str, ml_collections.ConfigDict]]:
     """The runs of a sweep config, as (name, run config), each config validated.
 
@@ -412,7 +459,8 @@ def expand_sweep(config: Any) -> list[tuple[str, ml_collections.ConfigDict]]:
 # -- execution --------------------------------------------------------------------------------
 
 
-def _finished(run: SweepRun, results: Mapping[str, Any] | None) -> bool:
+def is_finished(run: SweepRun, results: Mapping[str, Any] | None) -> bool:
+    """The run's results.json is of its config and holds its last round."""
     return (
         results is not None
         and results.get("config_digest") == run.digest
@@ -521,7 +569,8 @@ def execute_runs(
         )
 
 
-def _check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str) -> None:
+    """Creates `<workdir>/runs` and checks that the workdir can be written (ConfigError)."""
     try:
         os.makedirs(os.path.join(workdir, "runs"), exist_ok=True)
         probe = os.path.join(workdir, f".write_probe.{os.getpid()}")
@@ -589,7 +638,7 @@ def execute_sweep_runs(
     on_status = on_status or (lambda name, status, error: None)
     todo = []
     for i in range(len(runs)):
-        if _finished(runs[i], previous[i]):
+        if is_finished(runs[i], previous[i]):
             status[runs[i].name] = "skipped"
             results_by_run[i] = previous[i]
             on_status(runs[i].name, "skipped", None)
@@ -702,8 +751,9 @@ def run_sweep(
        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
     workdir = os.fspath(workdir)
-    runs, sweep = _runs(config)
-    _check_workdir(workdir)
+    expanded = expand(config)
+    runs, sweep = list(expanded.runs), expanded.settings
+    check_workdir(workdir)
     lease = None
     if is_main_process():
         lease = locks.Lease(
@@ -722,7 +772,8 @@ def run_sweep(
                 os.remove(plan)
         previous = previous_results(runs, workdir, overwrite=overwrite)
         if is_main_process():
-            write_json(os.path.join(workdir, "sweep.json"), config_lib.as_dict(config))
+            write_json(os.path.join(workdir, "sweep.json"), expanded.config)
+        expanded.record_imports(workdir)
         status, errors, results_by_run = execute_sweep_runs(
             runs,
             previous,

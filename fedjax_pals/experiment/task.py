@@ -297,24 +297,38 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     )
 
 
+def server_weights(task: Task, state: Any = None) -> np.ndarray:
+    """The server weights alpha of `state` with every client taking part (None: the initial
+    state, round 1's weights). They move where the weighting's state does: AFL's lambda,
+    adaptive lambda, T re-estimated."""
+    partition, m = task.partition, task.partition.num_clients
+    if state is None:
+        state = init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), m)
+    alpha = task.algorithm.weighting.weights(
+        jnp.asarray(partition.client_label_dists, jnp.float32),
+        jnp.asarray(partition.client_sizes, jnp.float32), state, jnp.arange(m),
+    )
+    return np.asarray(alpha, np.float64)
+
+
 def task_summary(task: Task) -> dict:
     """What results.json records about the task: the data source, the partition, lambda, the
-    server weights alpha with every client taking part at the initial state (AFL's move from
-    round to round), their ESS, N, d(T, S), the participants per round and, under label DP,
-    the server's released S (`server_label_dists`)."""
-    partition, m = task.partition, task.partition.num_clients
-    sizes, dists = partition.client_sizes, partition.client_label_dists
-    initial = init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), m)
-    alpha = task.algorithm.weighting.weights(
-        jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32), initial, jnp.arange(m)
-    )
+    server weights alpha with every client taking part at the initial state (round 1's; the
+    run replaces `alpha` and `ess` by the weights in use at its end, keeping these as
+    `alpha_round_1` and `ess_round_1`), their ESS, N, d(T, S), the participants per round and,
+    under label DP, the server's released S (`server_label_dists`)."""
+    partition = task.partition
+    sizes = partition.client_sizes
+    alpha = server_weights(task)
     summary, released = partition.summary(), task.server_label_dists
     return {
         "dataset_source": task.dataset.source,
         "partition": summary,
         "lam": task.lam,
-        "alpha": np.asarray(alpha).tolist(),
+        "alpha": alpha.tolist(),
         "ess": float(effective_sample_size(alpha, sizes)),
+        "alpha_round_1": alpha.tolist(),
+        "ess_round_1": float(effective_sample_size(alpha, sizes)),
         "total_examples": int(np.sum(sizes)),
         "projection_distance": summary["projection_distance"],
         "clients_per_round": task.clients_per_round,

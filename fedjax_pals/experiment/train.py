@@ -41,7 +41,8 @@ from fedjax_pals.experiment.config import (
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
-from fedjax_pals.experiment.task import build_task, task_summary
+from fedjax_pals.experiment.task import build_task, server_weights, task_summary
+from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
 from fedjax_pals.runtime import is_main_process
@@ -271,6 +272,10 @@ class _PreparedRun:
             self.monitors = [
                 feature.monitor(hp, task) for feature, hp in task.features if feature.monitor
             ]
+            for monitor in self.monitors:
+                line = monitor.header()
+                if line:
+                    progress.write(f"  {line}")
             updates = [m.update_state for m in self.monitors if m.update_state is not None]
             self.run = TrainingRun(
                 task.algorithm,
@@ -293,10 +298,18 @@ class _PreparedRun:
             stack.close()
             raise
 
-    def results_of(self, history: TrainingHistory) -> dict:
+    def results_of(self, history: TrainingHistory, state: Any = None) -> dict:
+        """results.json: the header, the history, and the server weights of `state` (the
+        weights in use now; round 1's stay as alpha_round_1)."""
         best = history.best_val_index()
+        weights = {}
+        if state is not None and self.main:
+            alpha = server_weights(self.task, state)
+            sizes = np.asarray(self.task.partition.client_sizes, np.float64)
+            weights = {"alpha": alpha.tolist(), "ess": float(effective_sample_size(alpha, sizes))}
         return {
             **self.header,
+            **weights,
             **history.to_dict(),
             "final_target_accuracy": history.target_accuracy[-1],
             "final_target_macro_f1": history.target_macro_f1[-1],
@@ -348,6 +361,8 @@ class _PreparedRun:
             "target acc": percent(metrics["test"]["accuracy"]),
             "val acc": percent(metrics["val"]["accuracy"]),
         }
+        for monitor in self.monitors:
+            self._evaluated.update(monitor.progress(self.run.state))
 
     def _show_evaluation(self) -> None:
         evaluated, self._evaluated = getattr(self, "_evaluated", None), None
@@ -371,7 +386,8 @@ class _PreparedRun:
         self.writer.write_scalars(done, scalars)
         self.writer.flush()
         if self.main:
-            write_json(self.workdir.file(RESULTS_FILE), self.results_of(history))
+            results = self.results_of(history, self.run.state)
+            write_json(self.workdir.file(RESULTS_FILE), results)
 
     def finish(self, outcome) -> dict | BaseException:
         """Final results (results.json, curves.png) or the run's exception; closes its resources."""
@@ -381,7 +397,7 @@ class _PreparedRun:
                     ACTIVITY.run_ended(self.key)
                 return outcome
             state, history = outcome
-            results = self.results_of(history)
+            results = self.results_of(history, state)
             for monitor in self.monitors:
                 results.update(monitor.results(state))
             if self.main:

@@ -25,6 +25,8 @@ from typing import Callable
 
 import jax
 
+from fedjax_pals import extensions
+
 from fedjax_pals.engine.backends.base import (
     BoundHostBackend,
     HostBackend,
@@ -50,6 +52,7 @@ def register_backend(name: str, factory: Callable[..., TracedBackend | HostBacke
     if name in _REGISTRY:
         raise ValueError(f"backend {name!r} is already registered.")
     _REGISTRY[name] = factory
+    extensions.note_registration("backend", name)
 
 
 def backend_names() -> tuple[str, ...]:
