@@ -189,11 +189,12 @@ def registries_restored():
     from fedjax_pals import models
     from fedjax_pals.data import datasets
 
-    saved = (dict(registry._METHODS), dict(models.MODELS), dict(datasets._REGISTERED))
+    live = (registry._METHODS, models.MODELS, datasets._REGISTERED, fjp.extensions._REGISTRATIONS)
+    saved = tuple(dict(registered) for registered in live)
     yield
-    for live, before in zip((registry._METHODS, models.MODELS, datasets._REGISTERED), saved):
-        live.clear()
-        live.update(before)
+    for registered, before in zip(live, saved):
+        registered.clear()
+        registered.update(before)
 
 
 def test_the_example_fednova_update_normalises_by_local_steps(registries_restored):
@@ -754,3 +755,34 @@ def test_an_own_server_update_not_declared_warns_and_runs(registries_restored, t
                       match=r"method 'undeclared'.*owns_server_update=True.* 0\.3\.0"):
         task = fjp.build_task(config)
     assert task.algorithm.server_update is halved
+
+
+def test_a_user_method_that_lends_its_weights_combines_with_every_client_side_method(
+    registries_restored
+):
+    # lends_weighting is generic: "<client-side>_<lender>" keys and algorithm.weights both.
+    def inverse_size(hp, context):
+        def weights(label_dists, sizes, state, participants):
+            return (1.0 / sizes) / jnp.sum(1.0 / sizes)
+
+        return fjp.fedavg()._replace(weighting=fjp.Weighting("inverse", lambda: (), weights))
+
+    fjp.register_method(fjp.Method("inverse_size", "InvSize", inverse_size, lends_weighting=True))
+    keys = registry.method_keys()
+    for method in registry.client_side_methods():
+        assert f"{method}_inverse_size" in keys and f"{method}_fedpals" in keys
+    assert fjp.method_label("fedprox_inverse_size") == "FedProx+InvSize"
+    for how in ({"name": "fedprox_inverse_size"}, {"name": "fedprox", "weights": "inverse_size"}):
+        config = _synthetic()
+        for key, value in how.items():
+            config.algorithm[key] = value
+        resolved = fjp.validate_config(config)
+        assert (resolved.algorithm.name, resolved.algorithm.weights) == ("fedprox", "inverse_size")
+        assert resolved.algorithm.lam is None  # FedPALS' lambda is FedPALS' alone
+        task = fjp.build_task(resolved)
+        assert task.algorithm.name == "fedprox_inverse_size"
+        sizes = np.asarray(task.partition.client_sizes, np.float64)
+        alpha = fjp.experiment.task.server_weights(task)
+        np.testing.assert_allclose(alpha, (1 / sizes) / np.sum(1 / sizes), rtol=1e-6)
+    with pytest.raises(ValueError, match="only the client-side methods"):
+        registry.method_overrides("scaffold_inverse_size")

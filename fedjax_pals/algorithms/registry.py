@@ -13,14 +13,16 @@ A `Method` ties together what the rest of the package needs to know about a meth
 * `build(hyperparameters, context) -> FederatedAlgorithm`: the algorithm, given the run's
   `MethodContext` (the partition with the server's T, FedPALS' lambda, the weighting asked
   for by `algorithm.weights`);
-* `client_side`: the method changes only local training, so it combines with FedPALS' server
-  weights under the key `<name>_fedpals` ("FedProx+FedPALS");
+* `client_side`: the method changes only local training, so it combines with the server
+  weights of a method that lends them under the key `<name>_<lender>` ("fedprox_fedpals",
+  "FedProx+FedPALS");
 * `partition_transform`: how the method redraws the clients' data before training (the
   Oracle's resampling to T, FedPALS App. B.5);
 * `owns_server_update`: its server update is its own (SCAFFOLD's control variates, AFL's
   lambda), so no server optimiser replaces it (the config refuses, `with_server_optimizer`
   too); `lends_weighting`: its server weights serve the client-side methods too
-  (FedPALS: `algorithm.weights='fedpals'`).
+  (FedPALS: `algorithm.weights='fedpals'`, or the key `fedprox_fedpals`; a user's lender
+  alike), built with its default hyperparameters from the run's partition (and lambda).
 
 A `Feature` is what a run adds to its method, switched on by its own config keys (label DP,
 Table 2's perturbed T, adaptive lambda, T re-estimated, FedPALS' lambda by ESS; see `Feature`).
@@ -222,10 +224,10 @@ def make_algorithm(
             raise ValueError(f"{name!r} uses {overrides['algorithm.weights']}' weights; "
                              f"weights={weights!r} contradicts it.")
         weights = overrides["algorithm.weights"]
-    lenders = tuple(m for m, spec in _METHODS.items() if spec.lends_weighting)
-    if weights not in (None, "fedavg") + lenders:
-        raise ValueError(f"unknown weights {weights!r}; choose one of {('fedavg',) + lenders}.")
-    if weights in lenders and not method.client_side:
+    lending = lenders()
+    if weights not in (None, "fedavg") + lending:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {('fedavg',) + lending}.")
+    if weights in lending and not method.client_side:
         raise ValueError(
             f"{method.name} has its own server weights; weights={weights!r} applies only to "
             f"{client_side_methods()} (or use name={weights!r})."
@@ -233,10 +235,13 @@ def make_algorithm(
     if partition is not None and not isinstance(partition, FederatedPartition):
         raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
     weighting = None
-    if weights in lenders:
-        if partition is None or lam is None:
-            raise ValueError(f"{method.name} with weights={weights!r} needs partition=... and lam=....")
+    if weights in lending:
+        if partition is None:
+            raise ValueError(f"{method.name} with weights={weights!r} needs partition=....")
+        # The lender's builder says what else it needs (FedPALS: lam).
         weighting = get_method(weights).make(MethodContext(partition, lam)).weighting
+        # Named as its lender: the key of the combination is "<method>_<lender>".
+        weighting = weighting._replace(name=weights)
     return method.make(MethodContext(partition, lam, weighting), **hyperparameters)
 
 
@@ -303,11 +308,28 @@ def client_side_methods() -> tuple[str, ...]:
     return tuple(name for name, m in _METHODS.items() if m.client_side)
 
 
+def lenders() -> tuple[str, ...]:
+    """The methods whose server weights serve the client-side methods (`lends_weighting`)."""
+    return tuple(name for name, m in _METHODS.items() if m.lends_weighting)
+
+
 def method_keys() -> tuple[str, ...]:
-    """Every key a config may name as algorithm.name: methods, `<client-side>_fedpals`,
-    variants (a sweep may also put a server optimiser in front: `_server_optimizer_split`)."""
-    combined = tuple(f"{name}{FEDPALS_SUFFIX}" for name in client_side_methods())
+    """Every key a config may name as algorithm.name: methods, `<client-side>_<lender>`
+    (`fedprox_fedpals`), variants; a server optimiser may stand in front of any
+    (`_server_optimizer_split`)."""
+    combined = tuple(
+        f"{name}_{lender}" for lender in lenders() for name in client_side_methods()
+    )
     return registered_methods() + combined + tuple(_VARIANTS)
+
+
+def _lender_split(key: str) -> tuple[str, str] | None:
+    """(method, lender) of a key "<method>_<lender>" whose method is registered, else None."""
+    for lender in sorted(lenders(), key=len, reverse=True):
+        base = key[: -len(lender) - 1]
+        if key.endswith(f"_{lender}") and base in _METHODS:
+            return base, lender
+    return None
 
 
 def _unknown(name: Any) -> ValueError:
@@ -355,15 +377,15 @@ def method_overrides(key: str) -> dict[str, Any]:
         return {"algorithm.name": variant.method, "algorithm.weights": None, **variant.overrides}
     if key in _METHODS:
         return {"algorithm.name": key, "algorithm.weights": None}
-    if key.endswith(FEDPALS_SUFFIX):
-        base = key[: -len(FEDPALS_SUFFIX)]
-        if base in _METHODS and _METHODS[base].client_side:
-            return {"algorithm.name": base, "algorithm.weights": "fedpals"}
-        if base in _METHODS:
-            raise ValueError(
-                f"{key!r} combines FedPALS' weights with {base!r}, but only the client-side "
-                f"methods {list(client_side_methods())} combine."
-            )
+    split = _lender_split(key)
+    if split is not None:
+        base, lender = split
+        if _METHODS[base].client_side:
+            return {"algorithm.name": base, "algorithm.weights": lender}
+        raise ValueError(
+            f"{key!r} combines {_METHODS[lender].label}'s weights with {base!r}, but only the "
+            f"client-side methods {list(client_side_methods())} combine."
+        )
     raise _unknown(key)
 
 
@@ -377,8 +399,9 @@ def method_label(key: str) -> str:
         return _VARIANTS[key].label
     if key in _METHODS:
         return _METHODS[key].label
-    if key.endswith(FEDPALS_SUFFIX) and key[: -len(FEDPALS_SUFFIX)] in _METHODS:
-        return f"{_METHODS[key[: -len(FEDPALS_SUFFIX)]].label}+{_METHODS['fedpals'].label}"
+    split = _lender_split(key)
+    if split is not None:
+        return f"{_METHODS[split[0]].label}+{_METHODS[split[1]].label}"
     return key
 
 
@@ -404,7 +427,8 @@ class RunFacts:
     @property
     def reads_target(self) -> bool:
         """The server's weights read T and the S_i (FedPALS' weights, FedDisco)."""
-        return self.weights is not None or self.method.reads_target
+        lender = _METHODS.get(self.weights) if self.weights is not None else None
+        return (lender or self.method).reads_target
 
 
 # resolve({field: value checked by its declaration}, RunFacts) -> {field: resolved value}:
