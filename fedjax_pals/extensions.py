@@ -6,7 +6,8 @@ process that only reads what the run recorded does not: a sweep's shard jobs on 
 (`experiments.submit`, `experiments.sweep --shard`), `experiments.sweep --collect` by workdir.
 So every `register_*` of the package notes which module called it (`note_registration`), a
 sweep records the modules its runs need (`modules_for`, written to
-`<workdir>/sweep_imports.json` by `experiment.sweep`), and a job imports them again
+`<workdir>/sweep_imports.json` by `experiment.sweep`), a run those of its own config
+(`<run workdir>/imports.json`, read by `restore_run`), and a job imports them again
 (`import_modules`) before it reads the config.
 
 A module is recorded by its name, its file and the `sys.path` entry it was imported from, so
@@ -39,6 +40,9 @@ NAMED_BY = {
     "backend": ("engine.backend",),
 }
 IMPORTS_FORMAT = 1
+# A run's own record of the user modules its config needs (in its workdir, next to
+# results.json; written only when there are some): `restore_run` imports them.
+RUN_IMPORTS_FILE = "imports.json"
 
 
 class ExtensionImportError(ImportError):
@@ -54,7 +58,8 @@ class Registration:
     name: str
     module: str
     config_keys: tuple[str, ...] = ()  # "algorithm.nova_server_lr": the config keys it declares
-    file: str | None = None  # the module's file (a config file loaded by path is not in sys.modules)
+    # The module's file (a config file loaded by its path is not in sys.modules).
+    file: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name!r}"
@@ -154,7 +159,8 @@ def needed_registrations(
                      for j in range(i + 1, len(parts) + 1))
     needed = []
     for registration in registrations():
-        by_name = any(registration.name in values.get(path, ()) for path in NAMED_BY[registration.kind])
+        paths = NAMED_BY[registration.kind]
+        by_name = any(registration.name in values.get(path, ()) for path in paths)
         by_key = any(key in keys for key in registration.config_keys)
         by_method_key = registration.kind in ("method", "variant") and registration.name in named
         if by_name or by_key or by_method_key:
@@ -243,10 +249,9 @@ def import_modules(modules: Sequence[ExtensionModule]) -> None:
             ) from None
 
 
-def write_imports(path: str, modules: Sequence[ExtensionModule]) -> None:
-    from fedjax_pals.experiment.workdir import write_json
-
-    write_json(path, {"format": IMPORTS_FORMAT, "modules": [m.to_json() for m in modules]})
+def imports_record(modules: Sequence[ExtensionModule]) -> dict[str, Any]:
+    """What a sweep_imports.json or a run's imports.json holds (`read_imports` reads it)."""
+    return {"format": IMPORTS_FORMAT, "modules": [m.to_json() for m in modules]}
 
 
 def read_imports(path: str) -> tuple[ExtensionModule, ...]:

@@ -79,6 +79,7 @@ _FILE_COST = {
     },
     "integration": {
         "test_sweep.py": 325,
+        "test_composition.py": 110,
         "test_mesh.py": 262,
         "test_readme.py": 198,
         "test_shards.py": 136,

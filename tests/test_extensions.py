@@ -164,7 +164,7 @@ def test_a_damaged_record_of_imports_is_one_line(tmp_path):
 
 def test_the_record_round_trips(tmp_path):
     modules = (extensions.ExtensionModule("a.b", "/x/a/b.py", "/x", ("method 'm'", "model 'n'")),)
-    extensions.write_imports(str(tmp_path / "i.json"), modules)
+    (tmp_path / "i.json").write_text(json.dumps(extensions.imports_record(modules)))
     assert extensions.read_imports(str(tmp_path / "i.json")) == modules
 
 

@@ -26,6 +26,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from fedjax_pals import extensions
 from fedjax_pals.algorithms import ServerState, init_server_state
 from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer, DamagedCheckpointError
 from fedjax_pals.experiment.config import validate_config
@@ -105,6 +106,8 @@ def restore_run(
         whose checkpoint is damaged or was not kept (runs of fedjax_pals before it kept the
         best one).
       DatasetUnavailableError, TaskError: the data cannot be had to rebuild the task.
+      ExtensionImportError: a user module the run recorded (`imports.json`: its method, data
+        set, ...) cannot be imported.
     """
     if which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}.")
@@ -112,6 +115,9 @@ def restore_run(
     directory = os.path.join(path, CHECKPOINT_DIR)
     if not os.path.isdir(directory):
         raise CheckpointError(f"{path} holds no checkpoints ({directory} does not exist).")
+    # The user's modules the run's config names (its method, data set, ...), if it recorded any.
+    recorded = extensions.read_imports(os.path.join(path, extensions.RUN_IMPORTS_FILE))
+    extensions.import_modules(recorded)
     checkpointer = Checkpointer(directory, read_only=True)
     try:
         steps = checkpointer.steps()

@@ -425,7 +425,7 @@ class ExpandedSweep:
     def record_imports(self, workdir: str) -> None:
         """Writes `imports` to `<workdir>/sweep_imports.json` (process 0)."""
         if is_main_process():
-            extensions.write_imports(os.path.join(workdir, IMPORTS_FILE), self.imports)
+            write_json(os.path.join(workdir, IMPORTS_FILE), extensions.imports_record(self.imports))
 
 
 def expand(config: Any) -> ExpandedSweep:

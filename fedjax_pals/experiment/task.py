@@ -210,13 +210,18 @@ def build_task(config: Any) -> Task:
         features), model (logits not (batch, K)) or method (a server update that returns a
         state of another structure, shape or dtype) does not fit (named).
     """
-    config = validate_config(config)
+    return build_resolved_task(validate_config(config))
+
+
+def build_resolved_task(resolved: ml_collections.ConfigDict) -> Task:
+    """`build_task` of a config that `validate_config` has resolved already (not again: a
+    run resolves its config once)."""
     try:
-        return _build_task(config)
+        return _build_task(resolved)
     except TaskError:
         raise
     except ValueError as error:
-        raise TaskError(f"{config.dataset.name}, seed {config.seed}: {error}") from error
+        raise TaskError(f"{resolved.dataset.name}, seed {resolved.seed}: {error}") from error
 
 
 def _build_task(config: ml_collections.ConfigDict) -> Task:

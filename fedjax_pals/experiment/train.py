@@ -27,21 +27,22 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from fedjax_pals import extensions
 from fedjax_pals.algorithms import registry
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
     ConfigError,
     as_dict,
-    config_digest,
     per_run_state_keys,
     per_run_state_presence_keys,
+    resolved_config_digest,
     validate_config,
 )
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
-from fedjax_pals.experiment.task import build_task, server_weights, task_summary
+from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
 from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
@@ -65,6 +66,16 @@ def _read_results(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return results if isinstance(results, dict) else None
+
+
+def _resolve(config: Any) -> ml_collections.ConfigDict:
+    """The run's config validated and resolved: once per run (ConfigError for a sweep)."""
+    if _has_sweep(config):
+        raise ConfigError(
+            "config.sweep is set: this config describes a sweep of runs; run it with "
+            "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
+        )
+    return validate_config(config)
 
 
 def _has_sweep(config: Any) -> bool:
@@ -174,7 +185,7 @@ class _PreparedRun:
 
     def __init__(
         self,
-        config: Any,
+        resolved: ml_collections.ConfigDict,
         workdir,
         *,
         overwrite: bool,
@@ -183,15 +194,11 @@ class _PreparedRun:
         mlflow_experiment=None,
         run_name=None,
     ):
-        if _has_sweep(config):
-            raise ConfigError(
-                "config.sweep is set: this config describes a sweep of runs; run it with "
-                "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
-            )
         if not isinstance(overwrite, bool):
             raise TypeError(f"overwrite must be True or False, got {overwrite!r}.")
-        resolved = validate_config(config)
-        digest = config_digest(resolved)
+        # `resolved` is `_resolve`'s: the one resolution of the run's config, which the digest,
+        # the workdir and the task take as they are.
+        digest = resolved_config_digest(resolved)
         self.config, self.plain = resolved, as_dict(resolved)
         self.main = main = is_main_process()
         quiet = quiet or not main
@@ -210,13 +217,18 @@ class _PreparedRun:
                 ACTIVITY.run_saved(self.key, wd.check_reusable())
                 if wd.fallback_note and main:
                     logging.warning("%s", wd.fallback_note)
-            self.task = task = build_task(resolved)
+            self.task = task = build_resolved_task(resolved)
             if main and overwrite:
                 removed = wd.clear()
                 if removed and not quiet:
                     logging.info("overwrite: removed %s from %s", ", ".join(removed), wd.path)
             # Recorded before any is created: the record is what a later --overwrite deletes.
             wd.record(*OWN_FILES)
+            # The user's modules this config needs: restore_run in another process imports them.
+            modules = extensions.modules_for([self.plain])
+            if modules and main:
+                wd.record(extensions.RUN_IMPORTS_FILE)
+                write_json(wd.file(extensions.RUN_IMPORTS_FILE), extensions.imports_record(modules))
             _sync("fedjax_pals.train_and_evaluate.workdir_ready")
             checkpointer = wd.checkpointer()
             stack.callback(checkpointer.close)
@@ -461,9 +473,10 @@ def train_and_evaluate(
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
     ACTIVITY.reset()
+    resolved = _resolve(config)
     with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
         prepared = _PreparedRun(
-            config,
+            resolved,
             workdir,
             overwrite=overwrite,
             quiet=quiet,
@@ -573,13 +586,14 @@ def train_and_evaluate_many(
             on_done(index, outcome)
 
     groups: dict = {}
+    resolved: dict[int, ml_collections.ConfigDict] = {}
     for index, config in enumerate(configs):
         try:
-            key = structure_group_key(validate_config(config))
+            resolved[index] = _resolve(config)
         except Exception as error:  # noqa: BLE001 - reported in its place
             done(index, error)
             continue
-        groups.setdefault(key, []).append(index)
+        groups.setdefault(structure_group_key(resolved[index]), []).append(index)
     for indices in groups.values():
         for chunk in program_blocks(indices, max_runs_per_program):
             prepared = {}
@@ -587,7 +601,7 @@ def train_and_evaluate_many(
                 for index in chunk:
                     try:
                         prepared[index] = _PreparedRun(
-                            configs[index],
+                            resolved[index],
                             workdirs[index],
                             overwrite=overwrite,
                             quiet=quiet,
