@@ -41,7 +41,7 @@ def _no_task_is_built(monkeypatch):
     def build_task(config):
         raise AssertionError("the task was built (its data read) before MLflow was checked")
 
-    monkeypatch.setattr(train_lib, "build_task", build_task)
+    monkeypatch.setattr(train_lib, "build_resolved_task", build_task)
 
 CONFIG = {
     "dataset": {"name": "synthetic"},

@@ -574,3 +574,18 @@ def test_feddisco_s_a_and_b_are_per_run_keys():
     # In FedDisco's state (FedDiscoState), so a sweep over them is one program per rest.
     assert {"feddisco_a", "feddisco_b"} <= set(_per_run_keys())
     assert "feddisco_metric" not in _per_run_keys()  # it picks the function: compiled in
+
+
+def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
+    # The digest, the workdir and the task take the resolved config as it is.
+    from fedjax_pals.experiment import config as config_lib
+
+    calls = []
+    real = config_lib._validate
+    monkeypatch.setattr(
+        config_lib, "_validate", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    config = _config(rounds=1, eval_every=1)
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    assert len(calls) == 1
+    assert results["config_digest"] == fjp.config_digest(config)
