@@ -139,16 +139,23 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def needed_registrations(
-    configs: Sequence[Mapping[str, Any]], method_keys: Iterable[str] = ()
+    configs: Sequence[Mapping[str, Any]] = (),
+    method_keys: Iterable[str] = (),
+    *,
+    resolved: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Registration, ...]:
-    """The user registrations that `configs` need to validate again: each one whose name is the
-    value of one of its kind's `NAMED_BY` paths, whose config keys a config holds, or (methods
-    and variants) that one of `method_keys` names (a sweep's `sweep.methods`)."""
+    """The user registrations that these configs need to validate again: each one whose name
+    is the value of one of its kind's `NAMED_BY` paths, whose config keys a config holds (any
+    key of `configs`, as given: validation refuses a key it does not know; a key of a
+    `resolved` config only when set, as a resolved config holds every registered key, None
+    where unused), or (methods and variants) that one of `method_keys` names (a sweep's
+    `sweep.methods`)."""
     values: dict[str, set] = {}
     keys: set[str] = set()
-    for config in configs:
+    for config, given in [(c, True) for c in configs] + [(c, False) for c in resolved]:
         for path, value in _flat(config).items():
-            keys.add(path)
+            if given or value is not None:
+                keys.add(path)
             if isinstance(value, str):
                 values.setdefault(path, set()).add(value)
     named = set()
@@ -196,10 +203,13 @@ def describe(registrations_: Iterable[Registration]) -> tuple[ExtensionModule, .
 
 
 def modules_for(
-    configs: Sequence[Mapping[str, Any]], method_keys: Iterable[str] = ()
+    configs: Sequence[Mapping[str, Any]] = (),
+    method_keys: Iterable[str] = (),
+    *,
+    resolved: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[ExtensionModule, ...]:
-    """The user modules that `configs` (run configs, unresolved or resolved) need."""
-    return describe(needed_registrations(configs, method_keys))
+    """The user modules that these configs need (`needed_registrations`)."""
+    return describe(needed_registrations(configs, method_keys, resolved=resolved))
 
 
 def check_portable(modules: Sequence[ExtensionModule], where: str) -> None:

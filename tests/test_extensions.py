@@ -76,6 +76,10 @@ def test_a_sweep_records_the_modules_its_runs_need_with_the_path_to_import_them_
     # Named by nothing of the runs: not needed (its hyperparameter key is then absent too).
     plain = {"dataset": {"name": "synthetic"}, "algorithm": {"name": "fedavg"}}
     assert extensions.modules_for([plain]) == ()
+    # A resolved config holds every registered key (None where unused): not a need.
+    resolved = fjp.validate_config(plain).to_dict()
+    assert resolved["algorithm"][f"{prefix}_scale"] is None
+    assert extensions.modules_for(resolved=[resolved]) == ()
     # A config holding the method's key (a config made after the import) needs it.
     assert extensions.modules_for([{"algorithm": {f"{prefix}_scale": 1.0}}])[0].path == root
     # A method key that puts a server optimiser in front names it as well.
@@ -175,3 +179,17 @@ def test_the_record_round_trips(tmp_path):
 )
 def test_the_import_root_is_the_path_entry_that_finds_the_file(module, file, root):
     assert extensions._import_root(module, file) == root
+
+
+def test_a_sweep_of_built_in_methods_records_no_imports(user_module, tmp_path):
+    prefix, root, file = user_module
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=(f"{prefix}_method",)))
+    path = tmp_path / sweep_lib.IMPORTS_FILE
+    sweep_lib.expand(config).record_imports(str(tmp_path))
+    assert [m.module for m in extensions.read_imports(str(path))] == ["userpkg.ext"]
+    # The same workdir, now a sweep of FedAvg (a config that does not hold the user's key).
+    built_in = {"dataset": {"name": "synthetic"}, "sweep": {"seeds": (0,), "methods": ("fedavg",)}}
+    sweep_lib.expand(built_in).record_imports(str(tmp_path))
+    assert not path.exists()  # no stale record of the earlier sweep's modules

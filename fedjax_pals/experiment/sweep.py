@@ -423,18 +423,25 @@ class ExpandedSweep:
     imports: tuple[extensions.ExtensionModule, ...]
 
     def record_imports(self, workdir: str) -> None:
-        """Writes `imports` to `<workdir>/sweep_imports.json` (process 0)."""
-        if is_main_process():
-            write_json(os.path.join(workdir, IMPORTS_FILE), extensions.imports_record(self.imports))
+        """Writes `imports` to `<workdir>/sweep_imports.json` (process 0); a sweep of the
+        package's own methods only writes none (and removes an earlier sweep's)."""
+        if not is_main_process():
+            return
+        path = os.path.join(workdir, IMPORTS_FILE)
+        if self.imports:
+            write_json(path, extensions.imports_record(self.imports))
+        elif os.path.exists(path):
+            os.remove(path)
 
 
 def expand(config: Any) -> ExpandedSweep:
     """The sweep config `config` expanded and validated (ConfigError naming the first bad
     value; no data is read)."""
     runs, settings = _runs(config)
-    keys = [run.method for run in runs]
-    configs = [c for run in runs for c in (run.config, run.resolved)]
-    imports = extensions.modules_for(configs, keys)
+    imports = extensions.modules_for(
+        [run.config for run in runs], [run.method for run in runs],
+        resolved=[run.resolved for run in runs],
+    )
     return ExpandedSweep(config_lib.as_dict(config), tuple(runs), settings, imports)
 
 

@@ -225,7 +225,7 @@ class _PreparedRun:
             # Recorded before any is created: the record is what a later --overwrite deletes.
             wd.record(*OWN_FILES)
             # The user's modules this config needs: restore_run in another process imports them.
-            modules = extensions.modules_for([self.plain])
+            modules = extensions.modules_for(resolved=[self.plain])
             if modules and main:
                 wd.record(extensions.RUN_IMPORTS_FILE)
                 write_json(wd.file(extensions.RUN_IMPORTS_FILE), extensions.imports_record(modules))
