@@ -80,6 +80,13 @@ from fedjax_pals.algorithms.registry import (  # noqa: E402
     registered_methods,
 )
 
+# -- server optimisers (a method key's prefix: fedadam_fedpals)
+from fedjax_pals.server_optimizers import (  # noqa: E402
+    ServerOptimizer,
+    register_server_optimizer,
+    registered_server_optimizers,
+)
+
 # -- training a federation (library level)
 from fedjax_pals.engine import LocalTraining  # noqa: E402
 from fedjax_pals.training import TrainingDivergedError, TrainingHistory, run_training  # noqa: E402
@@ -161,6 +168,8 @@ __all__ = [
     "hyperparameter", "make_algorithm", "method_label", "register_method", "registered_methods",
     "Variant", "register_variant",
     "Feature", "Monitor", "RunFacts", "register_feature",
+    # server optimisers
+    "ServerOptimizer", "register_server_optimizer", "registered_server_optimizers",
     # training
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",
     "configure_runtime", "is_main_process",

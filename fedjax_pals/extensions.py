@@ -38,6 +38,7 @@ NAMED_BY = {
     "partition": ("partition.scheme",),
     "model": ("model",),
     "backend": ("engine.backend",),
+    "server_optimizer": ("server.optimizer",),
 }
 IMPORTS_FORMAT = 1
 # A run's own record of the user modules its config needs (in its workdir, next to

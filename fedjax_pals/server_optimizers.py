@@ -33,28 +33,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pals import _validation
+from fedjax_pals import _validation, extensions
 
 if TYPE_CHECKING:  # algorithms/base.py imports this module
     from fedjax_pals.algorithms.base import (
         ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate,
     )
 
-# `sgd` at learning rate 1 is the plain weighted average (today's server update).
+# The built-in server optimisers; `sgd` at learning rate 1 is the plain weighted average
+# (today's server update). `registered_server_optimizers()` adds a user's own.
 SERVER_OPTIMIZERS = ("sgd", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
-# The label of each server optimiser but `sgd`, the registry's prefix of a method key:
-# "fedadam_fedpals" is FedPALS with FedAdam's server step ("FedAdam+FedPALS"), a bare "fedadam"
-# FedAvg with it (Reddi et al.'s name for that method).
-SERVER_OPTIMIZER_LABELS = {
-    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedadagrad": "FedAdagrad",
-}
-ADAPTIVE = {"fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
+# The label of each registered server optimiser but `sgd`, the registry's prefix of a method
+# key: "fedadam_fedpals" is FedPALS with FedAdam's server step ("FedAdam+FedPALS"), a bare
+# "fedadam" FedAvg with it (Reddi et al.'s name for that method). Kept up to date by
+# `register_server_optimizer`.
+SERVER_OPTIMIZER_LABELS: dict[str, str] = {}
+# The config keys config.server.<key> a server optimiser may read (its `keys`).
+SERVER_KEYS = ("learning_rate", "momentum", "b1", "b2", "tau")
 # Reddi et al.'s defaults (Sec. 5 / App. D): b1 = 0.9, b2 = 0.99, tau tuned (1e-3 typical);
 # FedAvgM with momentum 0.9.
 DEFAULT_B1 = 0.9
@@ -102,26 +103,112 @@ def scale_by_fedopt(variant: str, b1: float, b2: float, tau: float) -> optax.Gra
     return optax.GradientTransformation(init, update)
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerOptimizer:
+    """A registered server optimiser: `server.optimizer = name` in a config, `<name>_<method>`
+    as a method key ("fedadam_fedpals"; a bare `name` is FedAvg with it).
+
+    build(**values) -> optax.GradientTransformation, given the values of its `keys` (config
+      keys server.<key>, among `SERVER_KEYS`; learning_rate always). It receives the
+      pseudo-gradient -sum_i alpha_i Delta_i (optax minimises) and its state lives in the run's
+      `ServerState.server_opt_state`.
+    label: how tables and figures name it ("FedAdam").
+    """
+
+    name: str
+    label: str
+    build: Callable[..., optax.GradientTransformation]
+    keys: tuple[str, ...] = ("learning_rate",)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier() or "_" in self.name:
+            raise ValueError(
+                "a server optimiser's name must be a Python identifier without '_' (it is the "
+                f"prefix of method keys such as fedadam_fedpals), got {self.name!r}."
+            )
+        if not callable(self.build):
+            raise TypeError(f"server optimiser {self.name!r}: build must be callable.")
+        unknown = sorted(set(self.keys) - set(SERVER_KEYS))
+        if unknown or "learning_rate" not in self.keys:
+            raise ValueError(
+                f"server optimiser {self.name!r}: keys must be among the config's server keys "
+                f"{list(SERVER_KEYS)} and include 'learning_rate', got {list(self.keys)}."
+            )
+
+
+_REGISTERED: dict[str, ServerOptimizer] = {}
+
+
+def register_server_optimizer(
+    optimizer: ServerOptimizer, *, replace: bool = False
+) -> ServerOptimizer:
+    """Registers `optimizer` under its name (config.server.optimizer, a method key's prefix)."""
+    if not isinstance(optimizer, ServerOptimizer):
+        raise TypeError(
+            "register_server_optimizer takes a fedjax_pals.server_optimizers.ServerOptimizer, "
+            f"got {type(optimizer).__name__}."
+        )
+    if optimizer.name in _REGISTERED and not replace:
+        raise ValueError(
+            f"a server optimiser {optimizer.name!r} is already registered; pass replace=True "
+            "to redefine it."
+        )
+    _REGISTERED[optimizer.name] = optimizer
+    if optimizer.name != "sgd":
+        SERVER_OPTIMIZER_LABELS[optimizer.name] = optimizer.label
+    extensions.note_registration("server_optimizer", optimizer.name)
+    server_optimizer.cache_clear()  # a name registered again builds anew
+    return optimizer
+
+
+def registered_server_optimizers() -> dict[str, ServerOptimizer]:
+    """The registered server optimisers, the built-in ones first."""
+    return dict(_REGISTERED)
+
+
 @functools.cache
 def server_optimizer(
     name: str, learning_rate: float = 1.0, *, momentum: float = DEFAULT_MOMENTUM,
     b1: float = DEFAULT_B1, b2: float = DEFAULT_B2, tau: float = DEFAULT_TAU,
 ) -> optax.GradientTransformation:
-    """The optax transformation of server optimiser `name` (see the module docstring).
+    """The optax transformation of server optimiser `name` (see the module docstring), from
+    the values of the keys it reads.
 
     Cached: equal arguments give the same object, so runs differing only in what lives in the
     state share one compiled round.
     """
-    if name not in SERVER_OPTIMIZERS:
-        raise ValueError(f"server optimizer must be one of {list(SERVER_OPTIMIZERS)}, got {name!r}.")
-    eta = _validation.check_positive("learning_rate", learning_rate)
-    if name == "sgd":
-        return optax.sgd(eta)
-    if name == "fedavgm":
-        return optax.sgd(eta, momentum=_check_decay("momentum", momentum))
-    b1, b2 = _check_decay("b1", b1), _check_decay("b2", b2)
-    tau = _validation.check_positive("tau", tau)
-    return optax.chain(scale_by_fedopt(ADAPTIVE[name], b1, b2, tau), optax.scale(-eta))
+    if name not in _REGISTERED:
+        raise ValueError(f"server optimizer must be one of {list(_REGISTERED)}, got {name!r}.")
+    given = dict(learning_rate=learning_rate, momentum=momentum, b1=b1, b2=b2, tau=tau)
+    registered = _REGISTERED[name]
+    return registered.build(**{key: given[key] for key in registered.keys})
+
+
+def _fedopt(variant: str):
+    def build(learning_rate, b1=DEFAULT_B1, b2=DEFAULT_B2, tau=DEFAULT_TAU):
+        eta = _validation.check_positive("learning_rate", learning_rate)
+        b1, b2 = _check_decay("b1", b1), _check_decay("b2", b2)
+        tau = _validation.check_positive("tau", tau)
+        return optax.chain(scale_by_fedopt(variant, b1, b2, tau), optax.scale(-eta))
+
+    return build
+
+
+for _optimizer in (
+    ServerOptimizer(
+        "sgd", "SGD", lambda learning_rate: optax.sgd(
+            _validation.check_positive("learning_rate", learning_rate))),
+    ServerOptimizer(
+        "fedavgm", "FedAvgM", lambda learning_rate, momentum: optax.sgd(
+            _validation.check_positive("learning_rate", learning_rate),
+            momentum=_check_decay("momentum", momentum)),
+        ("learning_rate", "momentum")),
+    ServerOptimizer("fedadam", "FedAdam", _fedopt("adam"), ("learning_rate", "b1", "b2", "tau")),
+    ServerOptimizer("fedyogi", "FedYogi", _fedopt("yogi"), ("learning_rate", "b1", "b2", "tau")),
+    ServerOptimizer("fedadagrad", "FedAdagrad", _fedopt("adagrad"), ("learning_rate", "b1", "tau")),
+):
+    register_server_optimizer(_optimizer, replace=True)
 
 
 def _check_decay(name: str, value: float) -> float:
@@ -195,7 +282,6 @@ def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
 
 
 # The name of each server optimiser in an algorithm's name ("FedAdam(eta=0.1,...)+fedpals").
-SERVER_OPTIMIZER_NAMES = {"sgd": "sgd", **SERVER_OPTIMIZER_LABELS}
 
 
 def with_server_optimizer(
@@ -226,6 +312,5 @@ def server_optimizer_for(
     given = {k: v for k, v in given.items() if v is not None}
     transformation = server_optimizer(optimizer, learning_rate, **given)
     settings = ",".join(f"{k}={v:g}" for k, v in dict(eta=learning_rate, **given).items())
-    return with_server_optimizer(
-        algorithm, transformation, f"{SERVER_OPTIMIZER_NAMES[optimizer]}({settings})"
-    )
+    label = "sgd" if optimizer == "sgd" else SERVER_OPTIMIZER_LABELS[optimizer]
+    return with_server_optimizer(algorithm, transformation, f"{label}({settings})")

@@ -377,3 +377,55 @@ def test_fedadam_fedpals_end_to_end_on_the_synthetic_task(tmp_path):
     assert max(float(jnp.max(jnp.abs(m))) for m in jax.tree_util.tree_leaves(state.server_opt_state[0].m)) > 0
     plain = fjp.train_and_evaluate({**config, "server": {}}, str(tmp_path / "plain"), quiet=True)
     assert plain["target_accuracy"] != results["target_accuracy"]
+
+
+@pytest.fixture
+def signsgd():
+    """A user's server optimiser, registered for one test: theta + eta sign(Delta)."""
+    optimizer = fjp.ServerOptimizer(
+        "signsgd", "SignSGD",
+        lambda learning_rate: optax.chain(optax.scale_by_sign(), optax.scale(-learning_rate)),
+    )
+    fjp.register_server_optimizer(optimizer)
+    yield optimizer
+    so._REGISTERED.pop("signsgd")
+    so.SERVER_OPTIMIZER_LABELS.pop("signsgd")
+    fjp.extensions.forget_registration("server_optimizer", "signsgd")
+    so.server_optimizer.cache_clear()
+
+
+def test_a_registered_server_optimizer_is_a_config_value_and_a_method_key_prefix(signsgd):
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.algorithm.name = "signsgd_fedpals"
+    config.server.learning_rate = 0.01
+    resolved = fjp.validate_config(config)
+    assert resolved.server.optimizer == "signsgd" and resolved.algorithm.name == "fedpals"
+    # It reads only its own key; the others resolve to None.
+    assert resolved.server.to_dict() == dict(
+        optimizer="signsgd", learning_rate=0.01, momentum=None, b1=None, b2=None, tau=None)
+    assert method_label("signsgd_fedpals") == "SignSGD+FedPALS"
+    assert method_label("signsgd") == "SignSGD"
+    task = fjp.build_task(resolved)
+    assert task.algorithm.name == "signsgd_fedpals"
+    # Its step, against NumPy: theta + eta sign(sum_i alpha_i Delta_i).
+    params, deltas, weights = _rounds(seed=int(np.random.default_rng().integers(1 << 30)),
+                                      num_rounds=2)
+    algorithm = so.with_server_optimizer(fjp.fedavg(), so.server_optimizer("signsgd", 0.01))
+    state = _run_updates(algorithm, params, deltas, weights)
+    for k in params:
+        expected = np.asarray(params[k], np.float64)
+        for round_deltas, alpha in zip(deltas, weights):
+            mean = np.tensordot(np.float64(alpha), np.float64(round_deltas[k]), axes=1)
+            expected = expected + 0.01 * np.sign(mean)
+        np.testing.assert_allclose(state.params[k], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_server_optimizer_reading_a_key_the_config_has_not_is_refused():
+    with pytest.raises(ValueError, match=r"keys must be among the config's server keys"):
+        fjp.ServerOptimizer("lion", "Lion", lambda learning_rate, beta: None,
+                            ("learning_rate", "beta"))
+    with pytest.raises(ValueError, match="without '_'"):
+        fjp.ServerOptimizer("my_opt", "Mine", lambda learning_rate: None)
+    with pytest.raises(ValueError, match="already registered"):
+        fjp.register_server_optimizer(so.registered_server_optimizers()["fedadam"])

@@ -75,7 +75,8 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     server.optimizer            sgd (default: theta + eta * weighted mean delta, today's server
                                 update at eta = 1) | fedavgm | fedadam | fedyogi | fedadagrad:
                                 Reddi et al.'s server optimisers on the weighted mean delta of
-                                any weighting (server_optimizers.py); not with scaffold / afl
+                                any weighting (server_optimizers.py) | a registered one
+                                (fjp.register_server_optimizer); not with scaffold / afl
     server.learning_rate        the server's eta, > 0
     server.momentum             FedAvgM's momentum, in [0, 1)
     server.b1, b2, tau          FedAdam / FedYogi / FedAdagrad's b1, b2 in [0, 1) (Adagrad: no
@@ -118,7 +119,7 @@ from fedjax_pals.algorithms.base import fedavg_weighting
 from fedjax_pals.hyperparameters import (
     hyperparameter_checks, hyperparameter_defaults, per_run_fields,
 )
-from fedjax_pals.server_optimizers import SERVER_OPTIMIZERS
+from fedjax_pals.server_optimizers import registered_server_optimizers
 
 # The method and feature hyperparameters that were config keys before the registry: in a run's
 # identity even when None (unused), so that the digests of recorded runs stay valid. Every
@@ -595,25 +596,18 @@ def _algorithm_section(a: dict) -> tuple[dict, str | None]:
     return resolved, owner
 
 
-# The server optimisers' keys (the others resolve to None).
-_SERVER_KEYS = {
-    "sgd": ("learning_rate",),
-    "fedavgm": ("learning_rate", "momentum"),
-    "fedadam": ("learning_rate", "b1", "b2", "tau"),
-    "fedyogi": ("learning_rate", "b1", "b2", "tau"),
-    "fedadagrad": ("learning_rate", "b1", "tau"),
-}
 def _server_section(s: dict, owner: str | None) -> dict:
     """The resolved `server` section: all None for the plain weighted average (sgd, eta = 1)."""
     # None: a resolved config's plain weighted average (validation is idempotent).
-    optimizer = _choice("server.optimizer", s["optimizer"], SERVER_OPTIMIZERS, optional=True)
+    optimizers = registered_server_optimizers()
+    optimizer = _choice("server.optimizer", s["optimizer"], tuple(optimizers), optional=True)
     if optimizer is None:
         optimizer = "sgd"
         s = {**s, "learning_rate": 1.0 if s["learning_rate"] is None else s["learning_rate"]}
     positive, decay = dict(low=0.0, low_open=True), dict(low=0.0, high=1.0, high_open=True)
     bounds = dict(learning_rate=positive, momentum=decay, b1=decay, b2=decay, tau=positive)
     values = {key: _maybe(_real, f"server.{key}", s[key], **b) for key, b in bounds.items()}
-    used = _SERVER_KEYS[optimizer]
+    used = optimizers[optimizer].keys  # the others resolve to None
     for key in used:
         if values[key] is None:
             raise ConfigError(
