@@ -237,7 +237,9 @@ class _PreparedRun:
             summary = task_summary(task)
             self.backend = resolve_backend(resolved.engine.backend, task.model)
             rounds = resolved.training.rounds
-            label = registry.method_label(method_key(resolved))
+            # The method key as a sweep names it ("fedprox_fedpals"), found once per run.
+            self.method = method_key(resolved)
+            label = registry.method_label(self.method)
             self.title = f"{label} on {task.partition.description}"
             previous = _read_results(wd.file(RESULTS_FILE)) if start_round else None
             segments, engine_warning = engine_segments(previous, start_round, self.backend)
@@ -271,7 +273,7 @@ class _PreparedRun:
                     first_step_compiles=True,
                 )
             )
-            hparams = {"method": method_key(self.plain), **self.plain}
+            hparams = {"method": self.method, **self.plain}
             writer.write_hparams(hparams, HPARAMS_METRICS, shown=HPARAMS_SHOWN)
             writer.write_layout(CHARTS)
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
@@ -415,7 +417,7 @@ class _PreparedRun:
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
-                    self.workdir.file("curves.png"), {method_key(self.config): results}, self.title
+                    self.workdir.file("curves.png"), {self.method: results}, self.title
                 )
                 # The run's files into its MLflow run (nothing without MLflow).
                 files = [self.workdir.file(n) for n in (RESULTS_FILE, "curves.png", HPARAMS_FILE)]
