@@ -57,16 +57,27 @@ def acquire(path: str, what: str, holder_kind: str = "process") -> int:
 # once it has seen no refresh for this long (a holder on the same host that has died is taken
 # over at once: filelock checks its pid).
 LEASE_SECONDS = 30.0
+# How long a taker waits for a holder on another host, in lease lifetimes: filelock takes a
+# lease over only once this process has itself watched it unrefreshed for a whole lifetime (on
+# its own clock), so a job requeued on another node must wait that long for its dead
+# predecessor's lease; the rest is a heartbeat's slack. A live holder is refused after it.
+REMOTE_WAIT_LEASES = 1.5
+
+
+def _lease_fields(path: str) -> dict[str, str]:
+    """The fields of a filelock marker file ("pid=...", "host=..." lines); {} if unreadable."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (l.partition("=") for l in lines) if _}
 
 
 def _lease_holder(path: str) -> str:
-    """The "<pid> on <host>" of a filelock marker file ("pid=..." and "host=..." lines)."""
-    try:
-        with open(path) as f:
-            fields = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
-    except OSError:
-        return "unknown"
-    return f"{fields.get('pid', '?').strip()} on {fields.get('host', '?').strip()}"
+    """The "<pid> on <host>" of a filelock marker file."""
+    fields = _lease_fields(path)
+    return f"{fields.get('pid', '?')} on {fields.get('host', '?')}" if fields else "unknown"
 
 
 class Lease:
@@ -106,14 +117,32 @@ class Lease:
 
         try:
             self._lease.acquire(timeout=wait_seconds)
+            return self
         except Timeout:
-            raise WorkdirLockedError(
-                f"{self.what} is in use by another process (process "
-                f"{_lease_holder(self.path)} holds {self.path}); wait for it to finish. A holder "
-                f"on another host that died is taken over {self._lease.lease_duration:g} s after "
-                "its last heartbeat."
-            ) from None
-        return self
+            pass
+        host = _lease_fields(self.path).get("host")
+        remote_wait = REMOTE_WAIT_LEASES * self._lease.lease_duration
+        if host not in (None, socket.gethostname()):
+            # A holder on another host: alive, or dead with its lease not yet expired (a shard
+            # requeued on another node finds its predecessor's). Wait for the expiry.
+            print(
+                f"note: {self.what} is held by process {_lease_holder(self.path)}; waiting up to "
+                f"{remote_wait:g} s: a holder on another host that died is taken over once its "
+                "lease expires.",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                self._lease.acquire(timeout=remote_wait)
+                return self
+            except Timeout:
+                pass
+        raise WorkdirLockedError(
+            f"{self.what} is in use by another process (process {_lease_holder(self.path)} "
+            f"holds {self.path}); wait for it to finish. A holder on this host that died is "
+            f"taken over at once, one on another host within {remote_wait:g} s of its last "
+            "heartbeat (this one still refreshes its lease)."
+        ) from None
 
     def release(self) -> None:
         self._lease.release()
