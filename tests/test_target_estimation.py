@@ -537,3 +537,31 @@ def test_an_unknown_target_run_at_its_defaults_estimates_t_before_every_round_an
     text = shown.out + shown.err
     assert "T unknown: re-estimated by constrained soft BBSE before every round from round 2" in text
     assert "T^ moved" in text or "T^ kept" in text
+
+
+def _four_round_unknown_target(rounds):
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.algorithm.name = "fedpals_unknown_t_bbse_constrained"
+    config.training.rounds = rounds
+    config.training.batch_size = 8
+    config.training.learning_rate = 1.0
+    return config
+
+
+def test_a_resumed_unknown_target_run_keeps_the_estimation_history_of_earlier_launches(tmp_path):
+    straight = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "a"), quiet=True)
+    keys = ("target_estimation_records", "target_estimation_history")
+    assert [r["round"] for r in straight["target_estimation_records"]] == [1, 2, 3]
+    # Two rounds, then the same workdir to four (a resume after round 2), then once more
+    # (the run found finished).
+    fjp.train_and_evaluate(_four_round_unknown_target(2), str(tmp_path / "b"), quiet=True)
+    resumed = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "b"), quiet=True)
+    again = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "b"), quiet=True)
+    for results in (resumed, again):
+        for key in keys:
+            assert [r["round"] for r in results[key]] == [r["round"] for r in straight[key]], key
+        np.testing.assert_allclose(
+            [r["target"] for r in results["target_estimation_records"] if r["used"]],
+            [r["target"] for r in straight["target_estimation_records"] if r["used"]], atol=1e-6,
+        )

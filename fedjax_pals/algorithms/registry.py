@@ -444,7 +444,8 @@ class Monitor:
     scalars(state) -> {name: value} logged at each evaluation (they override the run's own,
       e.g. "server/lambda"); results(state) -> entries of results.json at the end.
     header() -> a line shown when the run starts; progress(state) -> {name: text} for the
-      progress line at each evaluation.
+      progress line at each evaluation; resume(previous, start_round): a resumed run's
+      results.json so far, to report the rounds before this launch too.
     """
 
     update_state: Callable[[int, Callable[[], Any]], Any] | None = None
@@ -457,6 +458,10 @@ class Monitor:
     def progress(self, state: Any) -> dict:
         """{name: short text} for the progress line at each evaluation."""
         return {}
+
+    def resume(self, previous: Mapping[str, Any], start_round: int) -> None:
+        """Called when the run resumes after `start_round` rounds, with the results.json the
+        launches before wrote: take back what `results` reports of those rounds."""
 
     def scalars(self, state: Any) -> dict:
         return {}

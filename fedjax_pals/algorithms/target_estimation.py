@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -546,6 +546,17 @@ class TargetReestimation(registry.Monitor):
         )
         self.records.append(record)
         return with_target_label_dist(state, used)
+
+    def resume(self, previous: Mapping[str, Any], start_round: int) -> None:
+        """The re-estimations before round `start_round` and the evaluations up to it, as the
+        earlier launches recorded them (a re-estimation of round `start_round` itself, if one
+        was made before the kill, is made again)."""
+        self.records = [
+            r for r in previous.get("target_estimation_records") or () if r["round"] < start_round
+        ] + self.records
+        self.evaluations = [
+            e for e in previous.get("target_estimation_history") or () if e["round"] <= start_round
+        ] + self.evaluations
 
     def header(self) -> str:
         source = (

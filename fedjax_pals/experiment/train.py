@@ -287,6 +287,8 @@ class _PreparedRun:
                 feature.monitor(hp, task) for feature, hp in task.features if feature.monitor
             ]
             for monitor in self.monitors:
+                if previous:  # what the launches before this one recorded
+                    monitor.resume(previous, start_round)
                 line = monitor.header()
                 if line:
                     progress.write(f"  {line}")
