@@ -206,3 +206,56 @@ def test_the_natural_partition_and_a_user_scheme_train_and_run_the_protocol(
     (row,) = summary["table"]["rows"]
     assert row["row"] == "Writers one_class_target target_class=3"
     assert set(row["cells"]) == {"fedavg", "fedpals"}
+
+
+def _damaged(how):
+    """A scheme that builds the one-class-target partition, then damages it `how`."""
+
+    def build(values, context):
+        made = _one_class_target(values, context)
+        indices = np.array(made.client_indices)
+        counts = np.array(made.client_label_counts)
+        val = np.array(made.target_val_indices)
+        if how == "overlapping clients":
+            indices[1, 0] = indices[0, 0]
+            counts[1] = np.bincount(context.dataset.train.y[indices[1, : made.client_sizes[1]]],
+                                    minlength=K)
+        elif how == "a client holds target validation examples":
+            indices[0, 0] = val[0]
+            counts[0] = np.bincount(context.dataset.train.y[indices[0, : made.client_sizes[0]]],
+                                    minlength=K)
+        elif how == "an index out of range":
+            indices[2, 0] = len(context.dataset.train.y) + 5
+        elif how == "a negative index":
+            val[0] = -1
+        elif how == "counts that are not the labels held":
+            counts[0, 0] += 1
+            counts[0, 1] -= 1
+        return dataclasses.replace(made, client_indices=indices, client_label_counts=counts,
+                                   target_val_indices=val)
+
+    return build
+
+
+@pytest.mark.parametrize("how, message", [
+    ("overlapping clients", r"train example \d+ held by both client 0 and client 1"),
+    ("a client holds target validation examples",
+     r"train example \d+ held by both client 0 and the target's validation set"),
+    ("an index out of range", r"the clients' indices holding 605, outside the train split's \[0, 600\)"),
+    ("a negative index", r"target_val_indices holding -1, outside"),
+    ("counts that are not the labels held", r"client 0's label counts \[.*\], but the labels it "
+     r"holds count \[.*\]"),
+])
+def test_a_user_scheme_that_builds_no_partition_of_the_data_is_refused_naming_it(
+    registries_restored, how, message
+):
+    # JAX's gathers clamp an out-of-range index and NumPy wraps -1; FedPALS' weights read the
+    # counts: each of these trained silently before.
+    _register_writers()
+    fjp.register_partition(fjp.Partition("damaged", _damaged(how), OneClassTarget, _fit))
+    with pytest.raises(fjp.TaskError, match=r"partition scheme 'damaged': its build returned "
+                       + message):
+        fjp.build_task(_config(scheme="damaged", num_clients=5))
+    # The undamaged scheme builds.
+    _register_one_class_target()
+    fjp.build_task(_config(scheme="one_class_target", num_clients=5))

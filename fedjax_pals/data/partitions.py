@@ -920,7 +920,55 @@ class Partition:
                 f"partition scheme {self.name!r}: its build returned {what}, not a "
                 f"FederatedPartition of num_clients - 1 = {clients - 1} training clients."
             )
+        problem = partition_problem(made, dataset.train.y, dataset.test.y)
+        if problem is not None:
+            raise ValueError(f"partition scheme {self.name!r}: its build returned {problem}.")
         return made
+
+
+def partition_problem(
+    partition: FederatedPartition, train_labels: np.ndarray, test_labels: np.ndarray
+) -> str | None:
+    """What makes `partition` not a partition of these splits, or None: an index out of range
+    (JAX's gathers would clamp it, NumPy's wrap a negative one: silently another example), an
+    example two clients hold or a client holds beside the target's validation set or the
+    held-out share, or label counts that are not the labels held (FedPALS' weights come from
+    the counts)."""
+    train, test = np.asarray(train_labels), np.asarray(test_labels)
+    rows = [partition.client_example_indices(i) for i in range(partition.num_clients)]
+    parts = {"the clients' indices": np.concatenate(rows),
+             "target_val_indices": partition.target_val_indices,
+             "held_out_indices": partition.held_out_indices}
+    for name, indices in parts.items():
+        bad = indices[(indices < 0) | (indices >= len(train))]
+        if bad.size:
+            return f"{name} holding {int(bad[0])}, outside the train split's [0, {len(train)})"
+    test_indices = partition.target_test_indices
+    bad = test_indices[(test_indices < 0) | (test_indices >= len(test))]
+    if bad.size:
+        return (f"target_test_indices holding {int(bad[0])}, outside the test split's "
+                f"[0, {len(test)})")
+    owner = np.full(len(train), -1, np.int64)  # which part holds each train example
+    owners = [f"client {i}" for i in range(len(rows))] + ["the target's validation set",
+                                                          "the held-out share"]
+    parts_in_order = [*rows, partition.target_val_indices, partition.held_out_indices]
+    for part, indices in enumerate(parts_in_order):
+        unique, counts = np.unique(indices, return_counts=True)
+        if np.any(counts > 1):
+            return f"{owners[part]} holding train example {int(unique[counts > 1][0])} twice"
+        taken = owner[unique] >= 0
+        if np.any(taken):
+            example = int(unique[taken][0])
+            return (f"train example {example} held by both {owners[owner[example]]} and "
+                    f"{owners[part]}")
+        owner[unique] = part
+    k = partition.num_classes
+    for i, row in enumerate(rows):
+        held = np.bincount(train[row], minlength=k)[:k]
+        if not np.array_equal(held, partition.client_label_counts[i]):
+            return (f"client {i}'s label counts {partition.client_label_counts[i].tolist()}, but "
+                    f"the labels it holds count {held.tolist()}")
+    return None
 
 
 _PARTITIONS: dict[str, Partition] = {}
