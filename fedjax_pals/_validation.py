@@ -273,3 +273,39 @@ def check_choice(name: str, value: Any, choices, *, optional: bool = False) -> s
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"{name} must be {allowed}, got {value!r}{hint}.")
     return value
+
+
+def check_registered_name(kind: str, name: Any, *, reserved: tuple[str, ...] = ()) -> str:
+    """A registered name (a method's, a data set's, a partition scheme's, ...): a Python
+    identifier (it is a config value, a directory name and part of method keys)."""
+    if not isinstance(name, str) or not name.isidentifier() or name in reserved:
+        other = f" other than {' / '.join(map(repr, reserved))}" if reserved else ""
+        raise ValueError(f"a {kind}'s name must be a Python identifier{other}, got {name!r}.")
+    return name
+
+
+def check_hook(owner: str, hook: str, value: Any, signature: str, *, optional: bool = False,
+               keywords: tuple[str, ...] | None = None) -> None:
+    """`value` is callable as `signature` says (None allowed when `optional`): refused when it
+    is registered, not as a traceback when a run first calls it. `keywords`: the keyword
+    arguments it will be called with (checked against its signature where Python can read it)."""
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise TypeError(f"{owner}: {hook} must be callable {signature}, got {value!r}.")
+    if keywords is None:
+        return
+    import inspect
+
+    try:
+        parameters = inspect.signature(value)
+    except (TypeError, ValueError):  # a builtin or C extension: nothing to read
+        return
+    try:
+        parameters.bind(**{key: None for key in keywords})
+    except TypeError as error:
+        given = ", ".join(keywords) or "no arguments"
+        raise TypeError(
+            f"{owner}: {hook} {signature} is called with {given}, which its signature "
+            f"{parameters} does not take ({error})."
+        ) from None

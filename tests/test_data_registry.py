@@ -143,7 +143,7 @@ def test_a_partition_is_refused_at_registration_when_its_keys_do_not_fit(registr
         synthetic_delta: float = fjp.hyperparameter(0.1)
 
     with pytest.raises(ValueError, match="declared differently by data set 'synthetic'"):
-        fjp.register_dataset("delta", _one_class_target, num_classes=2, num_train=9,
+        fjp.register_dataset("delta", lambda synthetic_delta: None, num_classes=2, num_train=9,
                              images=False, hyperparameters=Delta)
     assert "delta" not in fjp.data.registered_datasets()
 
@@ -259,3 +259,36 @@ def test_a_user_scheme_that_builds_no_partition_of_the_data_is_refused_naming_it
     # The undamaged scheme builds.
     _register_one_class_target()
     fjp.build_task(_config(scheme="one_class_target", num_clients=5))
+
+
+@pytest.mark.parametrize("register, message", [
+    (lambda: fjp.register_partition({"name": "x"}), r"register_partition takes a fedjax_pals.Partition, got dict"),
+    (lambda: fjp.Partition("x", "not callable"), r"partition scheme 'x': build must be callable"),
+    (lambda: fjp.Partition("x", _one_class_target, fit=3), r"partition scheme 'x': fit must be callable"),
+    (lambda: fjp.Partition("my scheme", _one_class_target), r"a partition scheme's name must be a Python identifier"),
+    (lambda: fjp.Feature("f", "F", fjp.Hyperparameters, resolve=None),
+     r"feature 'f': resolve must be callable"),
+    (lambda: fjp.Feature("f", "F", fjp.Hyperparameters, lambda v, f: {}, prepare="x"),
+     r"feature 'f': prepare must be callable"),
+    (lambda: fjp.engine.register_backend("b", object()), r"backend 'b': factory must be callable"),
+    (lambda: fjp.engine.register_backend("my-backend", lambda **_: None),
+     r"a backend's name must be a Python identifier other than 'auto'"),
+    (lambda: fjp.engine.register_backend("b", lambda: None),
+     r"backend 'b': factory .* is called with chunk_size, steps_per_call"),
+    (lambda: fjp.register_dataset("needs_arg", lambda path: None, num_classes=2, num_train=9,
+                                  images=False),
+     r"data set 'needs_arg': load \(...\) -> Dataset is called with no arguments, which its "
+     r"signature \(path\) does not take"),
+])
+def test_a_registration_that_would_fail_when_a_run_calls_it_is_refused_when_registered(
+    registries_restored, register, message
+):
+    from fedjax_pals.engine import backends
+
+    before = dict(backends._REGISTRY)
+    try:
+        with pytest.raises((TypeError, ValueError), match=message):
+            register()
+    finally:
+        backends._REGISTRY.clear()
+        backends._REGISTRY.update(before)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from fedjax_pals import deprecation, extensions
+from fedjax_pals import _validation, deprecation, extensions
 from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
 from fedjax_pals.hyperparameters import (
@@ -131,11 +131,13 @@ class Method:
     lends_weighting: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(
-                f"a method's name must be a Python identifier (it is a config value and a "
-                f"directory name), got {self.name!r}."
-            )
+        _validation.check_registered_name("method", self.name)
+        _validation.check_hook(
+            f"method {self.name!r}", "build", self.build, "(hyperparameters, context) -> "
+            "FederatedAlgorithm")
+        _validation.check_hook(
+            f"method {self.name!r}", "partition_transform", self.partition_transform,
+            "(partition, train_labels, seed) -> FederatedPartition", optional=True)
         if self.name.endswith(FEDPALS_SUFFIX):
             raise ValueError(
                 f"a method's name must not end in {FEDPALS_SUFFIX!r} (reserved for a client-side "
@@ -523,8 +525,13 @@ class Feature:
     stage: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"a feature's name must be a Python identifier, got {self.name!r}.")
+        _validation.check_registered_name("feature", self.name)
+        owner = f"feature {self.name!r}"
+        _validation.check_hook(owner, "resolve", self.resolve, "(values, facts) -> dict")
+        for hook, signature in (("prepare", "(hp, context) -> MethodContext"),
+                                ("wrap", "(algorithm, hp, context) -> FederatedAlgorithm"),
+                                ("monitor", "(hp, task) -> Monitor")):
+            _validation.check_hook(owner, hook, getattr(self, hook), signature, optional=True)
         if self.stage is not None and self.stage not in FEATURE_STAGES:
             close = difflib.get_close_matches(str(self.stage), FEATURE_STAGES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

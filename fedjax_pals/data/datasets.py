@@ -494,10 +494,11 @@ class RegisteredDataset:
     check_counts: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"a data set's name must be a Python identifier, got {self.name!r}.")
-        if not callable(self.load):
-            raise TypeError(f"load must be callable () -> Dataset, got {self.load!r}.")
+        _validation.check_registered_name("data set", self.name)
+        _validation.check_hook(
+            f"data set {self.name!r}", "check_data_dir", self.check_data_dir, "(path) -> None",
+            optional=True,
+        )
         for key in ("num_classes", "num_train", "num_clients", "num_client_ids"):
             if getattr(self, key) is not None or key in ("num_classes", "num_train"):
                 object.__setattr__(self, key, _validation.check_integer(key, getattr(self, key), 1))
@@ -505,6 +506,12 @@ class RegisteredDataset:
             raise ValueError(f"label must be a non-empty string, got {self.label!r}.")
         object.__setattr__(self, "label", self.label or self.name)
         declared.check_declared(f"data set {self.name!r}", self.hyperparameters)
+        # The keywords `load_options` passes (the values do not matter to the check).
+        keywords = tuple(declared.hyperparameter_defaults(self.hyperparameters))
+        keywords += ("data_dir",) * (self.check_data_dir is not None)
+        keywords += ("download",) * bool(self.download) + ("seed",) * (self.num_clients is not None)
+        _validation.check_hook(f"data set {self.name!r}", "load", self.load, "(...) -> Dataset",
+                               keywords=keywords)
 
     def load_options(self, section: Mapping[str, Any], seed: int) -> tuple[tuple[str, Any], ...]:
         """The keyword arguments of `load` from the resolved config's dataset section."""

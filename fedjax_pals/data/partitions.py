@@ -898,7 +898,12 @@ class Partition:
     row: str | None = None
 
     def __post_init__(self) -> None:
-        declared.check_declared(f"partition scheme {self.name!r}", self.hyperparameters)
+        _validation.check_registered_name("partition scheme", self.name)
+        owner = f"partition scheme {self.name!r}"
+        _validation.check_hook(owner, "build", self.build, "(values, context) -> FederatedPartition")
+        _validation.check_hook(owner, "fit", self.fit, "(values, dataset) -> int | None",
+                               optional=True)
+        declared.check_declared(owner, self.hyperparameters)
 
     def values(self, section: Mapping[str, Any]) -> Any:
         """Its hyperparameters from a (resolved) partition section."""
@@ -977,6 +982,10 @@ DEFAULT_SCHEME = "sparsity"
 
 def register_partition(partition: Partition, *, replace: bool = False) -> Partition:
     """Registers a partition scheme under `partition.name` (config.partition.scheme)."""
+    if not isinstance(partition, Partition):
+        raise TypeError(
+            f"register_partition takes a fedjax_pals.Partition, got {type(partition).__name__}."
+        )
     if partition.name in _PARTITIONS and not replace:
         raise ValueError(f"a partition scheme {partition.name!r} is already registered.")
     owners = {name: p.hyperparameters for name, p in _PARTITIONS.items()}

@@ -25,7 +25,7 @@ from typing import Callable
 
 import jax
 
-from fedjax_pals import extensions
+from fedjax_pals import _validation, extensions
 
 from fedjax_pals.engine.backends.base import (
     BoundHostBackend,
@@ -45,10 +45,10 @@ _REGISTRY: dict[str, Callable[..., TracedBackend | HostBackend]] = {}
 def register_backend(name: str, factory: Callable[..., TracedBackend | HostBackend]) -> None:
     """Makes `name` a backend: `factory(chunk_size=..., steps_per_call=...)` (the engine's
     options, as keywords; take what you use, `**_` the rest) returns its object."""
-    if not isinstance(name, str) or not name or name == "auto":
-        raise ValueError(
-            f"a backend's name must be a non-empty string other than 'auto', got {name!r}."
-        )
+    _validation.check_registered_name("backend", name, reserved=("auto",))
+    _validation.check_hook(f"backend {name!r}", "factory", factory,
+                           "(chunk_size=..., steps_per_call=...) -> backend",
+                           keywords=("chunk_size", "steps_per_call"))
     if name in _REGISTRY:
         raise ValueError(f"backend {name!r} is already registered.")
     _REGISTRY[name] = factory
