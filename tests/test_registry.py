@@ -786,3 +786,34 @@ def test_a_user_method_that_lends_its_weights_combines_with_every_client_side_me
         np.testing.assert_allclose(alpha, (1 / sizes) / np.sum(1 / sizes), rtol=1e-6)
     with pytest.raises(ValueError, match="only the client-side methods"):
         registry.method_overrides("scaffold_inverse_size")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s._replace(params=jax.tree_util.tree_map(lambda p: p.astype(jnp.float16), s.params)),
+     r"a state whose params\[.*\] has shape .* float16 where the state it was given has .* "
+     r"float32"),
+    (lambda s: s._replace(params={"extra": jnp.zeros(2), **s.params}),
+     r"a state whose params\['extra'\] is new"),
+    (lambda s: s.params, r"dict, not a fedjax_pals.ServerState"),
+])
+def test_a_feature_s_update_state_of_another_structure_is_one_error_naming_it(
+    features_restored, tmp_path, change, message
+):
+    @dataclasses.dataclass(frozen=True)
+    class Nudge(fjp.Hyperparameters):
+        nudge: bool | None = fjp.hyperparameter(None, kind="bool", optional=True)
+
+    class NudgeMonitor(fjp.Monitor):
+        def update_state(self, round_index, state_of):
+            return change(state_of()) if round_index == 1 else None
+
+    fjp.register_feature(fjp.Feature(
+        "nudge", "Nudge", Nudge, lambda values, facts: dict(values), stage="algorithm",
+        monitor=lambda hp, task: NudgeMonitor()))
+    config = _synthetic()
+    config.training.rounds = 2
+    config.algorithm.nudge = True
+    with pytest.raises(ValueError, match=r"feature 'nudge': its Monitor.update_state returned "
+                       + message + r".*\(before round 2\)") as raised:
+        fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    assert "\n" not in str(raised.value)

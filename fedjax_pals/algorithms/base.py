@@ -310,6 +310,20 @@ def _tree_mismatch(what: str, got: PyTree, expected: PyTree) -> str | None:
     return None
 
 
+def state_mismatch(new: Any, state: ServerState) -> str | None:
+    """What makes `new` not a state of `state`'s structure, shapes and dtypes ("a state whose
+    params['w'] has shape ..."), or None; the round counter is the engine's and not compared."""
+    if not isinstance(new, ServerState):
+        return f"{type(new).__name__}, not a fedjax_pals.ServerState"
+    for field in ServerState._fields:
+        if field == "round":
+            continue
+        problem = _tree_mismatch(field, getattr(new, field), getattr(state, field))
+        if problem is not None:
+            return f"a state whose {problem}"
+    return None
+
+
 def round_shape_mismatch(
     algorithm: FederatedAlgorithm, params: Params, num_clients: int, num_participants: int,
     num_classes: int,
@@ -354,14 +368,9 @@ def round_shape_mismatch(
         initial_loss=vector(jnp.float32),
     )
     new = jax.eval_shape(algorithm.server_update, state, participants, outputs, weights)
-    if not isinstance(new, ServerState):
-        return f"its server update returns {type(new).__name__}, not a fedjax_pals.ServerState"
-    for field in ServerState._fields:
-        if field == "round":
-            continue
-        problem = _tree_mismatch(field, getattr(new, field), getattr(state, field))
-        if problem is not None:
-            return f"its server update returns a state whose {problem}"
+    problem = state_mismatch(new, state)
+    if problem is not None:
+        return f"its server update returns {problem}"
     evaluated = jax.eval_shape(algorithm.eval_params, state)
     problem = _tree_mismatch("params", evaluated, state.params)
     if problem is not None:

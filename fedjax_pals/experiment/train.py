@@ -29,6 +29,7 @@ from absl import logging
 
 from fedjax_pals import extensions
 from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
@@ -142,16 +143,27 @@ def _indexed(prefix: str, values) -> dict:
     return {f"{prefix}_{i:0{width}d}": v for i, v in enumerate(values)}
 
 
-def _chained(updates: list) -> Callable | None:
-    """One `TrainingRun` state update from the features' (None when there are none)."""
+def _chained(updates: list[tuple[str, Callable]]) -> Callable | None:
+    """One `TrainingRun` state update from the features' `(name, Monitor.update_state)` (None
+    when there are none). Each replacement is checked against the state it was given (its
+    structure, shapes and dtypes): another one would fail in the compiled round as a long
+    traceback naming neither the feature nor the leaf, and another dtype would train silently."""
     if not updates:
         return None
 
     def update(round_index, state_of):
         new = None
-        for one in updates:
-            replaced = one(round_index, state_of if new is None else (lambda s=new: s))
-            new = new if replaced is None else replaced
+        for name, one in updates:
+            given = state_of if new is None else (lambda s=new: s)
+            replaced = one(round_index, given)
+            if replaced is not None:
+                problem = state_mismatch(replaced, given())
+                if problem is not None:
+                    raise ValueError(
+                        f"feature {name!r}: its Monitor.update_state returned {problem} "
+                        f"(before round {round_index + 1})."
+                    )
+                new = replaced
         return new
 
     return update
@@ -283,16 +295,18 @@ class _PreparedRun:
                 f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
             )
             # The run's features at work while it trains, and what they report.
-            self.monitors = [
-                feature.monitor(hp, task) for feature, hp in task.features if feature.monitor
+            monitors = [
+                (feature.name, feature.monitor(hp, task))
+                for feature, hp in task.features if feature.monitor
             ]
+            self.monitors = [monitor for _, monitor in monitors]
             for monitor in self.monitors:
                 if previous:  # what the launches before this one recorded
                     monitor.resume(previous, start_round)
                 line = monitor.header()
                 if line:
                     progress.write(f"  {line}")
-            updates = [m.update_state for m in self.monitors if m.update_state is not None]
+            updates = [(name, m.update_state) for name, m in monitors if m.update_state is not None]
             self.run = TrainingRun(
                 task.algorithm,
                 task.model,
