@@ -80,6 +80,12 @@ flags.register_multi_flags_validator(
     "--shard and --collect do not go together: run the shards, then one --collect.",
 )
 flags.register_multi_flags_validator(
+    ["reshard", "collect"],
+    lambda f: not (f["reshard"] and f["collect"]),
+    "--reshard replaces the recorded split of shards that run (--shard) or of the whole sweep; "
+    "--collect reads the split as it is.",
+)
+flags.register_multi_flags_validator(
     ["allow_partial", "collect"],
     lambda f: f["collect"] or not f["allow_partial"],
     "--allow_partial applies to --collect only.",

@@ -467,6 +467,7 @@ def _sweep_main(*args):
         (["--shard=0/2", "--collect"], "do not go together"),
         (["--collect"], "holds no sweep"),
         (["--allow_partial"], "applies to --collect only"),
+        (["--collect", "--reshard"], "--collect reads the split as it is"),
     ],
 )
 def test_the_sweep_command_refuses_bad_shard_input_in_one_line(tmp_path, args, match):
@@ -583,3 +584,27 @@ def test_four_concurrent_shards_one_killed_and_rerun_collect_the_unsharded_table
     for name in victim:
         with open(os.path.join(sharded, "runs", name, "results.json")) as f:
             assert json.load(f)["rounds"] == list(range(1, 7))
+
+
+@pytest.mark.parametrize("text", ["[]", "{", '{"shards": 2}', '{"shards": 2, "runs": 5, "config": {}}',
+                                  '{"shards": 2, "runs": [{"name": "x", "shard": 7}], "config": {}}'])
+def test_a_damaged_plan_is_one_error_and_reshard_replaces_it(tmp_path, text, monkeypatch):
+    workdir = tmp_path / "w"
+    (workdir / "shards").mkdir(parents=True)
+    (workdir / "shards" / "plan.json").write_text(text)
+    config = _sweep_config(seeds=(0,), rates=(0.05,))
+    for damaged in (lambda: shards_lib.read_plan(str(workdir)),
+                    lambda: fjp.run_shard(config, str(workdir), "0/2", quiet=True),
+                    lambda: fjp.collect_sweep(str(workdir))):
+        with pytest.raises(fjp.ConfigError, match=r"plan.json.*--reshard \(reshard=True\) "
+                           r"replaces it once none of the sweep's shards runs") as raised:
+            damaged()
+        assert "\n" not in str(raised.value)
+    # --reshard replaces it (nothing trains here: the runs are the shard's business).
+    monkeypatch.setattr(
+        sweep_lib, "execute_sweep_runs",
+        lambda runs, previous, *a, **k: ({r.name: "done" for r in runs}, {}, {}),
+    )
+    fjp.run_shard(config, str(workdir), "0/2", quiet=True, reshard=True)
+    plan = shards_lib.read_plan(str(workdir))
+    assert plan["shards"] == 2 and len(plan["runs"]) == 2

@@ -319,8 +319,32 @@ def _read_json(path: str) -> dict | None:
 
 
 def read_plan(workdir: str) -> dict | None:
-    """The workdir's recorded split (plan.json), or None."""
-    return _read_json(plan_path(workdir))
+    """The workdir's recorded split (plan.json), or None when there is none.
+
+    Raises:
+      ConfigError: a plan.json that cannot be read or is not a plan (naming the remedy:
+        --reshard replaces it).
+    """
+    path = plan_path(workdir)
+    remedy = "--reshard (reshard=True) replaces it once none of the sweep's shards runs"
+    try:
+        plan = _read_json(path)
+    except ConfigError as error:
+        raise ConfigError(f"{error} {remedy[0].upper()}{remedy[1:]}.") from None
+    if plan is None and not os.path.exists(path):
+        return None
+    runs = plan.get("runs") if isinstance(plan, dict) else None
+    shards = plan.get("shards") if isinstance(plan, dict) else None
+    if (
+        not isinstance(plan, dict)
+        or not isinstance(plan.get("config"), dict)
+        or isinstance(shards, bool) or not isinstance(shards, int) or shards < 1
+        or not isinstance(runs, list)
+        or not all(isinstance(r, dict) and isinstance(r.get("name"), str)
+                   and isinstance(r.get("shard"), int) and 0 <= r["shard"] < shards for r in runs)
+    ):
+        raise ConfigError(f"{path} is damaged (not a plan of this package's shards); {remedy}.")
+    return plan
 
 
 def _now() -> str:
@@ -416,8 +440,8 @@ def _plan_for(
         f"the sweep workdir {os.path.abspath(workdir)} (an unsharded sweep runs in it)",
     ).acquire(wait_seconds=PLAN_LOCK_WAIT_SECONDS)
     try:
-        plan = read_plan(workdir)
-        if plan is None or reshard:
+        plan = None if reshard else read_plan(workdir)  # --reshard replaces even a damaged one
+        if plan is None:
             plan = _publish_plan(workdir, make_plan(config, runs, shard.count), replace=reshard)
         _check_plan(plan, config, runs, workdir)
         count = plan.get("shards")
