@@ -608,3 +608,15 @@ def test_a_damaged_plan_is_one_error_and_reshard_replaces_it(tmp_path, text, mon
     fjp.run_shard(config, str(workdir), "0/2", quiet=True, reshard=True)
     plan = shards_lib.read_plan(str(workdir))
     assert plan["shards"] == 2 and len(plan["runs"]) == 2
+
+
+def test_a_workdir_with_dot_dot_makes_nothing_outside_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        sweep_lib, "execute_sweep_runs",
+        lambda runs, previous, *a, **k: ({r.name: "done" for r in runs}, {}, {}),
+    )
+    config = _sweep_config(seeds=(0,), rates=(0.05,))
+    config.sweep.protocol = False
+    fjp.run_shard(config, str(tmp_path / "nope" / ".." / "sharded"), "0/2", quiet=True)
+    fjp.run_sweep(config, str(tmp_path / "nope2" / ".." / "whole"), quiet=True)
+    assert sorted(os.listdir(tmp_path)) == ["sharded", "whole"]

@@ -533,7 +533,7 @@ def run_shard(
             ]
             origin = f" (from {', '.join(seen) or 'the scheduler array environment'})"
         shard = parse_shard(shard)
-    workdir = os.fspath(workdir)
+    workdir = sweep_lib.sweep_workdir(workdir)
     expanded = sweep_lib.expand(config)
     runs = list(expanded.runs)
     sweep_lib.check_workdir(workdir)
@@ -626,7 +626,7 @@ def collect_sweep(
       SweepIncompleteError: some runs have not ended (naming them, their shards and statuses),
         unless `allow_partial`; the table then says it is partial and lists them.
     """
-    workdir = os.fspath(workdir)
+    workdir = sweep_lib.sweep_workdir(workdir)
     recorded, plan = _recorded_config(workdir)
     sweep_lib.import_recorded_modules(workdir)
     expanded = sweep_lib.expand(recorded)

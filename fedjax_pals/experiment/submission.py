@@ -216,6 +216,7 @@ def submit_sweep(
         extensions.check_portable(expanded.imports, "a shard job")
     except extensions.ExtensionImportError as error:
         raise ConfigError(str(error)) from None
+    workdir = sweep_lib.sweep_workdir(workdir)
     plan = shards_lib.read_plan(workdir)
     if plan is not None and plan.get("shards") != shards:
         raise ConfigError(

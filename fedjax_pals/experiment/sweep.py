@@ -576,6 +576,12 @@ def execute_runs(
         )
 
 
+def sweep_workdir(workdir: str | os.PathLike) -> str:
+    """The workdir as a sweep uses it: `~` expanded, `..` and `.` resolved by name (as a run's
+    workdir is), so that `x/nope/../w` makes no `x/nope`."""
+    return os.path.normpath(os.path.expanduser(os.fspath(workdir)))
+
+
 def check_workdir(workdir: str) -> None:
     """Creates `<workdir>/runs` and checks that the workdir can be written (ConfigError)."""
     try:
@@ -757,7 +763,7 @@ def run_sweep(
        "errors": {name: message},
        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
-    workdir = os.fspath(workdir)
+    workdir = sweep_workdir(workdir)
     expanded = expand(config)
     runs, sweep = list(expanded.runs), expanded.settings
     check_workdir(workdir)
