@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -280,7 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--port must be in [1, 65535], got {args.port}.")
     if not command:
         parser.error("no command to launch: put it after --, e.g. -- python -m experiments.run ...")
-    return launch(command, args.num_processes, args.port)
+    if shutil.which(command[0]) is None:  # else each child's start fails as a traceback
+        parser.error(f"cannot run {command[0]!r}: no such executable (on PATH, or at that path).")
+    try:
+        return launch(command, args.num_processes, args.port)
+    except OSError as error:  # e.g. it stopped being executable since the check
+        print(f"error: cannot run {command[0]!r}: {error.strerror or error}.", file=sys.stderr)
+        return 127
 
 
 if __name__ == "__main__":

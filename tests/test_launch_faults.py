@@ -82,6 +82,8 @@ def test_a_childs_usage_error_is_shown_and_not_answered_with_resume():
         (["--num_processes=2"], "no command to launch"),
         (["--num_processes=x", "--", "true"], "invalid int value: 'x'"),
         (["--port=70000", "--", "true"], "--port must be in [1, 65535]"),
+        (["--num_processes=2", "--", "/nonexistent/cmd"],
+         "cannot run '/nonexistent/cmd': no such executable"),
     ],
 )
 def test_bad_launch_flags_are_one_error_line(args, message):
