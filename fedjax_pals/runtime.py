@@ -18,6 +18,8 @@ host (CPU) devices and the distributed runtime are fixed when JAX initialises it
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 
 import jax
 from absl import logging
@@ -169,13 +171,51 @@ def _use_compilation_cache(directory: str | None) -> None:
         try:  # the user's own cache, readable and writable by them alone
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as error:
-            logging.warning("no persistent compilation cache (%s): %s", directory, error)
+            _cache_warning(directory, str(error))
             jax.config.update("jax_enable_compilation_cache", False)
             return
+    problem = compilation_cache_problem(directory)
+    if problem is not None:  # JAX would compile without caching, and say nothing
+        _cache_warning(directory, problem)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", directory)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # the user's wins
         jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
+
+
+# Less free space than this where the compilation cache lives: entries fail to be written.
+CACHE_MIN_FREE_BYTES = 64 * 2**20
+
+
+def compilation_cache_problem(directory: str) -> str | None:
+    """Why JAX could not write compiled programs into `directory`, or None: it is not a
+    directory, cannot be made or written, or its file system is (nearly) full."""
+    existing = directory
+    while not os.path.exists(existing):  # where it would be made
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            break
+        existing = parent
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        return "it is not a directory"
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} cannot be written"
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return None
+    if free < CACHE_MIN_FREE_BYTES:
+        return f"its file system has only {free / 2**20:.0f} MiB free"
+    return None
+
+
+def _cache_warning(directory: str, problem: str) -> None:
+    print(
+        f"warning: the compilation cache {directory} is not usable ({problem}): every launch "
+        "compiles its programs anew; pass --compilation_cache=DIR (another directory) or none.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # What a collective or the coordination service raises when another process has died.

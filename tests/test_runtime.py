@@ -119,6 +119,36 @@ def test_configure_runtime_points_jax_at_the_cache_or_turns_it_off(tmp_path, mon
             jax.config.update(key, value)
 
 
+def test_an_unusable_compilation_cache_is_one_warning_line(tmp_path, monkeypatch, capfd):
+    # JAX compiles without caching when it cannot write there, and says nothing: every launch
+    # then recompiles and the user never learns why.
+    import collections
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert runtime.compilation_cache_problem(str(afile)) == "it is not a directory"
+    assert runtime.compilation_cache_problem(str(afile / "below")) == f"{afile} cannot be written"
+    assert runtime.compilation_cache_problem(str(tmp_path / "new" / "cache")) is None
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(runtime.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 2**20))
+    assert runtime.compilation_cache_problem(str(tmp_path)) == "its file system has only 1 MiB free"
+    monkeypatch.undo()
+    import jax
+
+    saved = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
+    try:
+        runtime._use_compilation_cache(str(afile))
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved[0])
+        jax.config.update("jax_enable_compilation_cache", saved[1])
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"warning: the compilation cache {afile} is not usable (it is not a directory): every "
+        "launch compiles its programs anew; pass --compilation_cache=DIR (another directory) or "
+        "none."
+    ]
+
+
 @pytest.mark.integration
 def test_a_second_launch_loads_what_the_first_compiled_from_the_launchers_default_cache(tmp_path):
     # The launchers' path (experiments/flags.py, --compilation_cache left at 'auto'), with the
