@@ -103,15 +103,30 @@ def main(argv):
     except fjp.ConfigError as error:
         common.usage_error(str(error))
     jobs = submission.shard_jobs
-    print(
-        f"submitted {len(jobs)} shard(s) of {workdir} as array {submission.array_id} "
-        f"({_CLUSTER.value}): jobs {jobs[0].job_id} .. {jobs[-1].job_id}"
-    )
+    if _CLUSTER.value == "slurm":
+        print(
+            f"submitted {len(jobs)} shard(s) of {workdir} as array {submission.array_id}: jobs "
+            f"{jobs[0].job_id} .. {jobs[-1].job_id}"
+        )
+    else:  # no scheduler: processes (or this one), not a job array
+        where = "local processes" if _CLUSTER.value == "local" else "this process"
+        print(f"submitted {len(jobs)} shard(s) of {workdir} as {where}; waiting for them")
     if submission.collect_job is not None:
         print(f"collect: job {submission.collect_job.job_id} (after the array)")
+
+    def shard_done(index: int, outcome) -> None:
+        if isinstance(outcome, BaseException):
+            print(f"shard {index}/{len(jobs)}: failed: {' '.join(str(outcome).split())[:300]}")
+        else:
+            counts: dict[str, int] = {}
+            for status in outcome["runs"].values():
+                counts[status] = counts.get(status, 0) + 1
+            done = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+            print(f"shard {index}/{len(jobs)}: ended ({done})", flush=True)
+
     if _WAIT.value or _CLUSTER.value != "slurm":
         try:
-            summary = submission.wait()
+            summary = submission.wait(on_shard_done=shard_done)
         except (shards_lib.SweepIncompleteError, fjp.ConfigError) as error:
             raise SystemExit(f"error: {error}") from None
         if summary.get("markdown"):

@@ -149,6 +149,11 @@ def test_submit_on_the_local_executor_with_a_shard_preempted_collects_the_unshar
             submit.kill()
     assert submit.returncode == 0, output[-3000:]
     assert "submitted 2 shard(s)" in output and "Target test accuracy" in output
+    # A line per shard as it ends (the wait is hours on a real sweep), no job-array wording for
+    # local processes, no folder named by submitit's "%j" pattern.
+    assert "as local processes" in output and "as array" not in output
+    assert all(f"shard {i}/2: ended (" in output for i in range(2)), output[-3000:]
+    assert os.listdir(os.path.join(workdir, "submitit")) == ["local"]
     logs = "".join(
         open(path).read()
         for path in glob.glob(os.path.join(workdir, "submitit", "*", "*_log.err"))

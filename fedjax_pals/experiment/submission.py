@@ -26,8 +26,9 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 import types
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fedjax_pals import extensions
 from fedjax_pals.experiment import config as config_lib
@@ -37,6 +38,8 @@ from fedjax_pals.experiment import sweep as sweep_lib
 ConfigError = config_lib.ConfigError
 
 SUBMITIT_FOLDER = "submitit"
+# How often `SweepSubmission.wait` looks whether a shard's job has ended.
+SHARD_POLL_SECONDS = 1.0
 # Executors without job dependencies: the collect waits for the shards in `wait`.
 _NO_DEPENDENCIES = ("local", "debug")
 
@@ -112,16 +115,30 @@ class SweepSubmission:
         """The scheduler's id of the shards' job array (a Slurm job id)."""
         return _array_id(self.shard_jobs)
 
-    def wait(self) -> dict[str, Any]:
+    def wait(
+        self, on_shard_done: Callable[[int, dict | BaseException], None] | None = None
+    ) -> dict[str, Any]:
         """Waits for every shard, then for the collect (submitting it now if the executor has no
         dependencies); returns the collect's summary (`collect_sweep`: runs, missing, markdown,
-        files). Raises the collect job's error (e.g. SweepIncompleteError) if it failed."""
+        files). Raises the collect job's error (e.g. SweepIncompleteError) if it failed.
+
+        `on_shard_done(index, outcome)`: called as each shard's job ends, in the order they
+        end, with its summary (`run_shard`'s) or its error."""
         shard_errors = []
-        for job in self.shard_jobs:
-            try:
-                job.result()
-            except Exception as error:  # noqa: BLE001 - a failed shard is what the collect reports
-                shard_errors.append(_job_error(error))
+        pending = dict(enumerate(self.shard_jobs))
+        while pending:
+            finished = [i for i, job in pending.items() if job.done()]
+            if not finished:
+                time.sleep(SHARD_POLL_SECONDS)
+                continue
+            for index in finished:
+                try:
+                    outcome = pending.pop(index).result()
+                except Exception as error:  # noqa: BLE001 - what the collect reports
+                    outcome = _job_error(error)
+                    shard_errors.append(outcome)
+                if on_shard_done is not None:
+                    on_shard_done(index, outcome)
         if self.collect_job is None:
             self.collect_job = self.executor.submit(CollectJob(self.workdir, self.allow_partial))
         try:
@@ -225,7 +242,10 @@ def submit_sweep(
         )
     workdir = os.path.abspath(os.fspath(workdir))
     if executor is None:
-        folder = folder or os.path.join(workdir, SUBMITIT_FOLDER, "%j")
+        # A folder per Slurm job; local processes share one (their controller would make the
+        # pattern "%j" itself as a directory).
+        job_folder = "%j" if cluster not in _NO_DEPENDENCIES else str(cluster)
+        folder = folder or os.path.join(workdir, SUBMITIT_FOLDER, job_folder)
         try:
             executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
         except (ValueError, RuntimeError) as error:
@@ -249,6 +269,7 @@ def submit_sweep(
         raise ConfigError(f"the scheduler refused the job array: {detail.strip()}") from None
     if kept.text.strip():
         sys.stderr.write(kept.text)  # what sbatch said of a submission it accepted
+
     collect_job = None
     cluster_name = str(getattr(executor, "cluster", None) or type(executor).__name__.lower())
     if not any(name in cluster_name for name in _NO_DEPENDENCIES):
