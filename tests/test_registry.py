@@ -817,3 +817,19 @@ def test_a_feature_s_update_state_of_another_structure_is_one_error_naming_it(
                        + message + r".*\(before round 2\)") as raised:
         fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
     assert "\n" not in str(raised.value)
+
+
+def test_a_loader_returning_an_empty_split_is_refused_as_empty(no_training, tmp_path):
+    def load():
+        x, y = np.zeros((0, _FIT_DIM), np.float32), np.zeros(0, np.int32)
+        rng = np.random.default_rng(0)
+        test = fjp.LabeledSplit(rng.normal(size=(100, _FIT_DIM)).astype(np.float32),
+                                (np.arange(100) % _FIT_CLASSES).astype(np.int32))
+        return fjp.Dataset("empty_blobs", fjp.LabeledSplit(x, y), test, _FIT_CLASSES, "test")
+
+    fjp.register_dataset("empty_blobs", load, num_classes=_FIT_CLASSES, num_train=1000,
+                         images=False)
+    message = _refused(_fit_config("empty_blobs"), tmp_path)
+    # Not "register it with num_train=0", which register_dataset refuses.
+    assert message == ("data set 'empty_blobs': its loader returned an empty train split; a run "
+                       "needs examples to train on and a target to test on.")

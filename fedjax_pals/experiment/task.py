@@ -91,6 +91,12 @@ def _check_registered_dataset(
     registration before loading) and its features are finite (NaN or inf features end in a
     non-finite loss that reads as a learning rate too high)."""
     ids, own = dataset.client_ids, partition is not None  # own: the data set's own clients
+    for split_name in ("train", "test"):
+        if not own and len(getattr(dataset, split_name)) == 0:
+            raise TaskError(
+                f"data set {name!r}: its loader returned an empty {split_name} split; a run "
+                "needs examples to train on and a target to test on."
+            )
     facts = (
         ("num_classes", registered.num_classes, dataset.num_classes, "classes"),
         ("num_train", registered.num_train,
