@@ -283,10 +283,11 @@ def test_a_runs_result_line_is_in_percent_and_states_this_launchs_time():
     assert result_line(results, 95.3) == (
         "final target accuracy 85.2%; at best val (round 48) 85.6%; 95.3 s this launch"
     )
-    # Extended or resumed: this launch's time, and the total, labelled.
+    # Extended or resumed: this launch's time and where it began; one clock (two read as a
+    # contradiction: "65.3 s this launch (...; training over all launches 65.4 s)").
     assert result_line(results, 12.0, start_round=30) == (
-        "final target accuracy 85.2%; at best val (round 48) 85.6%; 12.0 s this launch "
-        "(resumed after round 30; training over all launches 41.6 s)"
+        "final target accuracy 85.2%; at best val (round 48) 85.6%; 12.0 s this launch, which "
+        "resumed after round 30"
     )
 
 

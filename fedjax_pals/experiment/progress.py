@@ -59,19 +59,16 @@ def duration(seconds: float) -> str:
 
 def result_line(results: dict, launch_seconds: float, start_round: int = 0) -> str:
     """A run's result in one line (what `experiments.run` ends with): its accuracies in percent,
-    as in the tables, and the time of this launch; when this launch began after round
-    `start_round` > 0 (a resume or an extension), also the training time over all launches
-    (results.json's `wall_seconds`), labelled so."""
+    as in the tables, and the time of this launch, with the round it began after when
+    `start_round` > 0 (a resume or an extension). One clock: the training time summed over
+    the launches is results.json's `wall_seconds`."""
     line = (
         f"final target accuracy {percent(results['final_target_accuracy'])}; at best val "
         f"(round {results['best_val_round']}) {percent(results['target_accuracy_at_best_val'])}; "
         f"{launch_seconds:.1f} s this launch"
     )
     if start_round:
-        line += (
-            f" (resumed after round {start_round}; training over all launches "
-            f"{float(results['wall_seconds']):.1f} s)"
-        )
+        line += f", which resumed after round {start_round}"
     return line
 
 
