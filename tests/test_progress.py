@@ -1,6 +1,7 @@
 """Progress: a tqdm bar with the latest metrics; quiet prints nothing."""
 
 import io
+import os
 
 import pytest
 
@@ -306,3 +307,23 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
         for signum, handler in saved.items():
             signal.signal(signum, handler)
         progress._Signals.installed = False
+
+
+@pytest.mark.parametrize("rows, columns, bar", [(24, 80, True), (0, 80, False), (24, 0, False)])
+def test_a_pty_without_rows_or_columns_gets_plain_lines_not_a_bar(rows, columns, bar):
+    # Some CI runners and `docker -t` give a pty of 0 rows: a bar there showed nothing at all.
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from fedjax_pals.experiment import progress
+
+    leader, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        with os.fdopen(os.dup(follower), "w") as stream:
+            assert progress._is_terminal(stream) is bar
+    finally:
+        os.close(leader)
+        os.close(follower)

@@ -73,16 +73,18 @@ def result_line(results: dict, launch_seconds: float, start_round: int = 0) -> s
 
 
 def _is_terminal(stream: TextIO) -> bool:
-    """A terminal that can show a bar: a tty with columns (a 0-column pty shows nothing)."""
+    """A terminal that can show a bar: a tty with columns and rows (a pty of 0 columns or 0
+    rows, as some CI runners and `docker -t` give, shows no bar: it gets plain lines)."""
     try:
         if not stream.isatty():
             return False
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
     try:
-        return os.get_terminal_size(stream.fileno()).columns > 0
+        size = os.get_terminal_size(stream.fileno())
     except (AttributeError, ValueError, OSError):  # a tty of unknown size: trust isatty
         return True
+    return size.columns > 0 and size.lines > 0
 
 
 class Progress:
