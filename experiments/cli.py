@@ -37,6 +37,27 @@ def parse_flags(argv: list[str]) -> list[str]:
         usage_error(str(error))
 
 
+# absl's help flags: it prints the help and exits with status 1, as for an error.
+HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-helpshort", "--helpfull", "-helpfull",
+              "--helpxml", "-helpxml", "-?")
+
+
+def asked_for_help(argv: list[str]) -> bool:
+    """A help flag before any `--` (what follows `--` is another command's)."""
+    before = argv[1: argv.index("--")] if "--" in argv else argv[1:]
+    return any(arg in HELP_FLAGS for arg in before)
+
+
+def run_app(main: Callable[[list[str]], object], **kwargs) -> None:
+    """`app.run(main, **kwargs)`, with status 0 after the help a user asked for."""
+    try:
+        app.run(main, **kwargs)
+    except SystemExit as exit_:
+        if exit_.code == 1 and asked_for_help(kwargs.get("argv") or sys.argv):
+            sys.exit(0)
+        raise
+
+
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)` with `parse_flags`; a positional argument is refused the same way
     (absl passes it to `main`, where it would be silently ignored)."""
@@ -46,7 +67,7 @@ def run(main: Callable[[list[str]], object]) -> None:
             usage_error(f"unexpected arguments {argv[1:]} (flags are written --name=value).")
         return main(argv)
 
-    app.run(checked_main, flags_parser=parse_flags)
+    run_app(checked_main, flags_parser=parse_flags)
 
 
 def _interval(low: float, high: float, include_low: bool, include_high: bool) -> str:

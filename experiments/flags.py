@@ -218,7 +218,7 @@ def run(main: Callable[[list[str]], object]) -> None:
                 sys.exit(f"error: {runtime.lost_peer_message(error)}")
             raise
 
-    app.run(checked_main, argv=argv, flags_parser=_parse_flags)
+    cli.run_app(checked_main, argv=argv, flags_parser=_parse_flags)
 
 
 def configure_runtime() -> None:
