@@ -327,3 +327,23 @@ def test_a_pty_without_rows_or_columns_gets_plain_lines_not_a_bar(rows, columns,
     finally:
         os.close(leader)
         os.close(follower)
+
+
+def test_without_a_terminal_a_line_carries_only_what_was_measured_at_its_round(
+    monkeypatch, capsys
+):
+    # Not round 2 under round 1's accuracy, not round 1 twice, no "ETA ?".
+    clock = _clock(monkeypatch)
+    with Progress(3, desc="fedpals seed 0", first_step_compiles=True) as bar:
+        clock.now += 40.0  # the compiling first round: no line of its own...
+        bar.update(1, loss=0.9)
+        bar.update(0, **{"target acc": "54.3%"})  # ...its evaluation's line is round 1's
+        clock.now += 35.0  # a round longer than the line interval: a line before its eval
+        bar.update(1, loss=0.5)
+        bar.update(0, **{"target acc": "89.1%"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "fedpals seed 0: round 1/3, target acc 54.3%, loss 0.9",
+        "fedpals seed 0: round 2/3, loss 0.5, ETA 0:35",
+        "fedpals seed 0: round 2/3, target acc 89.1%, loss 0.5, ETA 0:35",
+    ]

@@ -132,6 +132,7 @@ class Progress:
         self.desc, self.unit = desc, unit
         self.latest: dict[str, str] = {}
         self._evaluated: dict[str, None] = {}  # names given at evaluations (first in a line)
+        self._evaluated_at: int | None = None  # the step those values were measured at
         self._bar = None
         self._lines: TextIO | None = None  # where the plain lines go when there is no bar
         self._line_every = line_every
@@ -163,6 +164,7 @@ class Progress:
             self.latest.update({name: _format(value) for name, value in latest.items()})
             if not n:
                 self._evaluated.update(dict.fromkeys(latest))
+                self._evaluated_at = self.n
         restart = self._restart_after_first and n
         if restart:
             self._restart_after_first = False
@@ -179,7 +181,9 @@ class Progress:
                 self._bar.update(int(n))
         elif self._lines is not None:
             every = self._line_every
-            due = n and every is not None and _clock() - self._last_line >= every
+            # Not after the compiling first step: its rate is not known yet, and an evaluation
+            # of that step would print the same round again.
+            due = n and not restart and every is not None and _clock() - self._last_line >= every
             if (latest and not n) or due:
                 self._print_line()
 
@@ -194,11 +198,17 @@ class Progress:
         return duration((self.total - self.n) * (_clock() - self._start_time) / done)
 
     def line(self) -> str:
-        """The plain progress line: `<desc>: round r/R, <evaluation metrics>, <others>, ETA`."""
-        names = [*self._evaluated, *(k for k in self.latest if k not in self._evaluated)]
+        """The plain progress line: `<desc>: round r/R, <evaluation metrics>, <others>, ETA`;
+        the evaluation's metrics only on a line of the round they were measured at, the ETA
+        only once it is known."""
+        current = self._evaluated_at == self.n
+        names = [*(self._evaluated if current else ()),
+                 *(k for k in self.latest if k not in self._evaluated)]
         parts = [f"{self.unit} {self.n}/{self.total}"]
         parts += [f"{name} {self.latest[name]}" for name in names if name in self.latest]
-        parts.append(f"ETA {self.eta()}")
+        eta = self.eta()
+        if eta != "?":
+            parts.append(f"ETA {eta}")
         text = ", ".join(parts)
         return f"{self.desc}: {text}" if self.desc else text
 
