@@ -146,6 +146,20 @@ def _only_errors_in_the_log() -> None:
     logging.getLogger().setLevel(logging.ERROR)
 
 
+class _WarningLines(absl_logging.PythonFormatter):
+    """absl's log lines, but a warning is `warning: <message>`, one line, like the mains'
+    `error:` lines (not `W1128 01:06:41.232532 140453246696320 protocol.py:175] ...`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno == logging.WARNING:
+            return f"warning: {' '.join(record.getMessage().split())}"
+        return super().format(record)
+
+
+def _warnings_as_lines() -> None:
+    absl_logging.get_absl_handler().setFormatter(_WarningLines())
+
+
 def _show_launcher_flags_in_help() -> None:
     # absl's --help lists the key flags of the main module (keyed by sys.argv[0]); the flags
     # defined here are every main's own, so they belong in it, not only in --helpfull.
@@ -191,6 +205,7 @@ def run(main: Callable[[list[str]], object]) -> None:
     sys.argv = argv  # ml_collections reads the overrides from sys.argv
 
     def checked_main(args: list[str]):
+        _warnings_as_lines()
         if QUIET.value:
             _only_errors_in_the_log()
         elif absl_logging.get_verbosity() < absl_logging.DEBUG:

@@ -205,3 +205,17 @@ def test_the_measurement_commands_refuse_a_bad_flag_in_one_line_before_measuring
     line = _one_error_line(_main(f"experiments.benchmarks.{module}", *outputs, *args, timeout=60))
     assert expected in line
     assert not list(tmp_path.iterdir())
+
+
+def test_a_warning_is_a_warning_line_not_an_absl_log_line(tmp_path):
+    config = tmp_path / "grid_sweep.py"
+    config.write_text(
+        "import ml_collections\nimport fedjax_pals as fjp\n\n\ndef get_config():\n"
+        "    c = fjp.default_config()\n    c.dataset.name = 'synthetic'\n"
+        "    c.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=('fedprox',)))\n"
+        "    return c\n"
+    )
+    completed = _main("experiments.sweep", f"--config={config}", "--list")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    (line,) = [l for l in completed.stderr.splitlines() if "fedprox" in l]
+    assert line.startswith("warning: the sweep selects fedprox without the grid"), line
