@@ -275,12 +275,22 @@ def check_choice(name: str, value: Any, choices, *, optional: bool = False) -> s
     return value
 
 
-def check_registered_name(kind: str, name: Any, *, reserved: tuple[str, ...] = ()) -> str:
+def check_registered_name(
+    kind: str, name: Any, *, reserved: tuple[str, ...] = (), deprecated_until: str | None = None
+) -> str:
     """A registered name (a method's, a data set's, a partition scheme's, ...): a Python
-    identifier (it is a config value, a directory name and part of method keys)."""
+    identifier (it is a config value, a directory name and part of method keys).
+    `deprecated_until`: a non-empty string that is not an identifier only warns
+    (`fedjax_pals.deprecation`) until that version, where this kind accepted one before."""
     if not isinstance(name, str) or not name.isidentifier() or name in reserved:
         other = f" other than {' / '.join(map(repr, reserved))}" if reserved else ""
-        raise ValueError(f"a {kind}'s name must be a Python identifier{other}, got {name!r}.")
+        message = f"a {kind}'s name must be a Python identifier{other}, got {name!r}."
+        if deprecated_until and isinstance(name, str) and name.strip() and name not in reserved:
+            from fedjax_pals import deprecation
+
+            deprecation.warn(message, refused_in=deprecated_until)
+            return name
+        raise ValueError(message)
     return name
 
 

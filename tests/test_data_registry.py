@@ -265,14 +265,11 @@ def test_a_user_scheme_that_builds_no_partition_of_the_data_is_refused_naming_it
     (lambda: fjp.register_partition({"name": "x"}), r"register_partition takes a fedjax_pals.Partition, got dict"),
     (lambda: fjp.Partition("x", "not callable"), r"partition scheme 'x': build must be callable"),
     (lambda: fjp.Partition("x", _one_class_target, fit=3), r"partition scheme 'x': fit must be callable"),
-    (lambda: fjp.Partition("my scheme", _one_class_target), r"a partition scheme's name must be a Python identifier"),
     (lambda: fjp.Feature("f", "F", fjp.Hyperparameters, resolve=None),
      r"feature 'f': resolve must be callable"),
     (lambda: fjp.Feature("f", "F", fjp.Hyperparameters, lambda v, f: {}, prepare="x"),
      r"feature 'f': prepare must be callable"),
     (lambda: fjp.engine.register_backend("b", object()), r"backend 'b': factory must be callable"),
-    (lambda: fjp.engine.register_backend("my-backend", lambda **_: None),
-     r"a backend's name must be a Python identifier other than 'auto'"),
     (lambda: fjp.engine.register_backend("b", lambda: None),
      r"backend 'b': factory .* is called with chunk_size, steps_per_call"),
     (lambda: fjp.register_dataset("needs_arg", lambda path: None, num_classes=2, num_train=9,
@@ -289,6 +286,25 @@ def test_a_registration_that_would_fail_when_a_run_calls_it_is_refused_when_regi
     try:
         with pytest.raises((TypeError, ValueError), match=message):
             register()
+    finally:
+        backends._REGISTRY.clear()
+        backends._REGISTRY.update(before)
+
+
+def test_a_scheme_or_backend_name_that_is_not_an_identifier_warns_until_0_3(registries_restored):
+    # Accepted before 0.2.0: a deprecation warning first, then a refusal (CHANGELOG.md).
+    from fedjax_pals.engine import backends
+
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning,
+                      match=r"a partition scheme's name must be a Python identifier.*0\.3\.0"):
+        fjp.Partition("my scheme", _one_class_target)
+    before = dict(backends._REGISTRY)
+    try:
+        with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning,
+                          match=r"a backend's name must be a Python identifier"):
+            fjp.engine.register_backend("my-backend", lambda **_: None)
+        with pytest.raises(ValueError, match="other than 'auto'"):
+            fjp.engine.register_backend("auto", lambda **_: None)
     finally:
         backends._REGISTRY.clear()
         backends._REGISTRY.update(before)

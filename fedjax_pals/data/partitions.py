@@ -898,7 +898,9 @@ class Partition:
     row: str | None = None
 
     def __post_init__(self) -> None:
-        _validation.check_registered_name("partition scheme", self.name)
+        _validation.check_registered_name(
+            "partition scheme", self.name, deprecated_until="0.3.0"
+        )
         owner = f"partition scheme {self.name!r}"
         _validation.check_hook(owner, "build", self.build, "(values, context) -> FederatedPartition")
         _validation.check_hook(owner, "fit", self.fit, "(values, dataset) -> int | None",

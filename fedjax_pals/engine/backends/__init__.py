@@ -45,7 +45,9 @@ _REGISTRY: dict[str, Callable[..., TracedBackend | HostBackend]] = {}
 def register_backend(name: str, factory: Callable[..., TracedBackend | HostBackend]) -> None:
     """Makes `name` a backend: `factory(chunk_size=..., steps_per_call=...)` (the engine's
     options, as keywords; take what you use, `**_` the rest) returns its object."""
-    _validation.check_registered_name("backend", name, reserved=("auto",))
+    _validation.check_registered_name(
+        "backend", name, reserved=("auto",), deprecated_until="0.3.0"
+    )
     _validation.check_hook(f"backend {name!r}", "factory", factory,
                            "(chunk_size=..., steps_per_call=...) -> backend",
                            keywords=("chunk_size", "steps_per_call"))
