@@ -44,10 +44,10 @@ from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
-from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
 from fedjax_pals.runtime import is_main_process
+from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.training import TrainingHistory, TrainingRun, run_trainings, training_group_key
 
 
