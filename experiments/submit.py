@@ -105,8 +105,8 @@ def main(argv):
     jobs = submission.shard_jobs
     if _CLUSTER.value == "slurm":
         print(
-            f"submitted {len(jobs)} shard(s) of {workdir} as array {submission.array_id}: jobs "
-            f"{jobs[0].job_id} .. {jobs[-1].job_id}"
+            f"submitted {len(jobs)} shard(s) of {workdir} as array {submission.array_id} "
+            f"(slurm): jobs {jobs[0].job_id} .. {jobs[-1].job_id}"
         )
     else:  # no scheduler: processes (or this one), not a job array
         where = "local processes" if _CLUSTER.value == "local" else "this process"

@@ -7,10 +7,11 @@ data set that comes with its clients (`client_ids`, partition scheme `natural`) 
 partition scheme. One sweep config spans them (2 rows x 3 methods: every kind is in some
 run), and every path runs it: `experiments.run` and a run extended by more rounds,
 `experiments.sweep`, shards and a `--collect` by workdir alone from another directory,
-`experiments.submit --cluster=local`, `restore_run(...).evaluate()` in a fresh process, and a
-2-process launch. Each path's runs must equal the same run trained alone in this process
-(within float32 summation order: `LOSS_RTOL`); a restored model evaluates to the accuracy
-its run recorded, and an extended run keeps its first rounds bit for bit.
+`experiments.submit --cluster=local` and on Slurm where one runs (CI starts one),
+`restore_run(...).evaluate()` in a fresh process, and a 2-process launch. Each path's runs
+must equal the same run trained alone in this process (within float32 summation order:
+`LOSS_RTOL`); a restored model evaluates to the accuracy its run recorded, and an extended
+run keeps its first rounds bit for bit.
 """
 
 import json
@@ -264,7 +265,8 @@ def _assert_sweep_equals_alone(workdir, alone):
 
 # -- the paths ----------------------------------------------------------------------------------
 
-PATHS = ("sweep", "shards_and_collect_by_workdir", "submit_local", "two_processes")
+PATHS = ("sweep", "shards_and_collect_by_workdir", "submit_local", "submit_slurm",
+         "two_processes")
 
 
 @pytest.mark.integration
@@ -288,6 +290,16 @@ def test_a_sweep_of_every_extension_kind_equals_its_runs_alone(path, project, al
         collect = _command("-m", "experiments.sweep", f"--workdir={workdir}", "--collect",
                            cwd=tmp_path)
         assert collect.returncode == 0, collect.stderr[-3000:]
+    elif path == "submit_slurm":  # CI runs a single-node Slurm (scripts/slurm_local.sh)
+        from test_submission import _require_slurm, _wait_for_job
+
+        _require_slurm()
+        done = _command("-m", "experiments.submit", "--config=my_sweep.py",
+                        f"--workdir={workdir}", "--shards=2", "--timeout_min=20", cwd=project)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        words = done.stdout.split()
+        _wait_for_job(words[words.index("collect:") + 2])
+        assert (workdir / "table.json").exists(), sorted(os.listdir(workdir))
     elif path == "submit_local":
         done = _command("-m", "experiments.submit", "--config=my_sweep.py",
                         f"--workdir={workdir}", "--shards=2", "--cluster=local", cwd=project)
