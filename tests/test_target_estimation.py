@@ -522,13 +522,7 @@ def test_an_unknown_target_run_at_its_defaults_estimates_t_before_every_round_an
 ):
     # Four rounds with every other key at its default: T is re-estimated before rounds 2, 3
     # and 4 (not first at round 5, which made a short run FedAvg under FedPALS' name).
-    config = fjp.default_config()
-    config.dataset.name = "synthetic"
-    config.algorithm.name = "fedpals_unknown_t_bbse_constrained"
-    config.training.rounds = 4
-    config.training.batch_size = 8
-    config.training.learning_rate = 1.0
-    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=False)
+    results = fjp.train_and_evaluate(_unknown_target_at_defaults(4), str(tmp_path), quiet=False)
     records = results["target_estimation_records"]
     assert [r["round"] for r in records] == [1, 2, 3]
     assert any(r["used"] for r in records)
@@ -539,7 +533,8 @@ def test_an_unknown_target_run_at_its_defaults_estimates_t_before_every_round_an
     assert "T^ moved" in text or "T^ kept" in text
 
 
-def _four_round_unknown_target(rounds):
+def _unknown_target_at_defaults(rounds):
+    """The synthetic task with FedPALS' unknown-T variant, its target_* keys at their defaults."""
     config = fjp.default_config()
     config.dataset.name = "synthetic"
     config.algorithm.name = "fedpals_unknown_t_bbse_constrained"
@@ -550,14 +545,15 @@ def _four_round_unknown_target(rounds):
 
 
 def test_a_resumed_unknown_target_run_keeps_the_estimation_history_of_earlier_launches(tmp_path):
-    straight = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "a"), quiet=True)
+    run = lambda rounds, workdir: fjp.train_and_evaluate(  # noqa: E731
+        _unknown_target_at_defaults(rounds), str(tmp_path / workdir), quiet=True)
+    straight = run(4, "a")
     keys = ("target_estimation_records", "target_estimation_history")
     assert [r["round"] for r in straight["target_estimation_records"]] == [1, 2, 3]
     # Two rounds, then the same workdir to four (a resume after round 2), then once more
     # (the run found finished).
-    fjp.train_and_evaluate(_four_round_unknown_target(2), str(tmp_path / "b"), quiet=True)
-    resumed = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "b"), quiet=True)
-    again = fjp.train_and_evaluate(_four_round_unknown_target(4), str(tmp_path / "b"), quiet=True)
+    run(2, "b")
+    resumed, again = run(4, "b"), run(4, "b")
     for results in (resumed, again):
         for key in keys:
             assert [r["round"] for r in results[key]] == [r["round"] for r in straight[key]], key
