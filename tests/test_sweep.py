@@ -660,3 +660,21 @@ def test_the_default_row_label_names_each_partition_scheme():
         config = fjp.default_config()
         config.partition.scheme = scheme
         assert sweep_lib._default_row(config) == label
+
+
+def test_the_sweep_eta_is_not_printed_over_runs_that_ended_together(tmp_path, capsys):
+    # FedAvg's two seeds train in one program and end together: the first one's line has no
+    # ETA (it would count its group-mate as still to train), the group's last line has.
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.training.rounds = 1
+    config.sweep = ml_collections.ConfigDict(
+        dict(seeds=(0, 1), methods=("fedavg", "fedprox"), protocol=False)
+    )
+    fjp.run_sweep(config, str(tmp_path))
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("[")]
+    assert [l.split(":")[0] for l in lines] == [
+        "[1/4] fedavg/seed_0", "[2/4] fedavg/seed_1", "[3/4] fedprox/seed_0",
+        "[4/4] fedprox/seed_1",
+    ]
+    assert ["sweep ETA" in l for l in lines] == [False, True, False, False]

@@ -266,6 +266,9 @@ class Activity:
         self.sweep_total: int | None = None  # runs of the sweep (None: not a sweep)
         self.sweep_finished = 0  # runs of the sweep with results (skipped ones included)
         self.ended = 0  # runs that ended (with results or an error)
+        # Runs trained in one program with the run being reported, ended with it and reported
+        # after it (`train_and_evaluate_many`): a sweep's ETA is not over them.
+        self.ended_unreported = 0
         self.last_start = 0  # the round the last run that ended was resumed after (0: none)
 
     def name_runs(self, names: dict[str, str]) -> None:

@@ -558,7 +558,9 @@ def execute_runs(
                 bar.write(
                     f"[{bar.n}/{total}] {name}: target acc {percent(accuracy)} at best val "
                     f"(round {outcome.get('best_val_round')})"
-                    + (f", sweep ETA {bar.eta()}" if bar.n < total else "")
+                    # Once per group of runs that ended together: after its last report.
+                    + (f", sweep ETA {bar.eta()}"
+                       if bar.n < total and not ACTIVITY.ended_unreported else "")
                 )
             if on_done is not None:
                 on_done(index, outcome)

@@ -649,8 +649,15 @@ def train_and_evaluate_many(
                         for i in members:
                             done(i, error)
                         continue
-                    for i, outcome in zip(members, results):
-                        done(i, prepared[i].finish(outcome))
+                    # The whole group has ended: finished first, then reported, so that a
+                    # report knows which of its group-mates are still to come
+                    # (`ACTIVITY.ended_unreported`: no sweep ETA over runs already done).
+                    finished = [(i, prepared[i].finish(outcome))
+                                for i, outcome in zip(members, results)]
+                    for position, (i, outcome) in enumerate(finished):
+                        ACTIVITY.ended_unreported = len(finished) - position - 1
+                        done(i, outcome)
+                    ACTIVITY.ended_unreported = 0
             except BaseException:
                 # Interrupted (or a bug): every run of the chunk lets go of its lock and writer,
                 # as a killed process would; what they wrote stays and they resume from it.
