@@ -127,18 +127,6 @@ def registrations() -> tuple[Registration, ...]:
     return tuple(_REGISTRATIONS.values())
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    items = tree.items() if hasattr(tree, "items") else ()
-    for key, value in items:
-        path = f"{prefix}{key}"
-        if hasattr(value, "items"):
-            out.update(_flat(value, f"{path}."))
-        else:
-            out[path] = value
-    return out
-
-
 def needed_registrations(
     configs: Sequence[Mapping[str, Any]] = (),
     method_keys: Iterable[str] = (),
@@ -150,11 +138,11 @@ def needed_registrations(
     key of `configs`, as given: validation refuses a key it does not know; a key of a
     `resolved` config only when set, as a resolved config holds every registered key, None
     where unused), or (methods and variants) that one of `method_keys` names (a sweep's
-    `sweep.methods`)."""
+    `sweep.methods`). The configs come flattened (`experiment.config.flatten`: "a.b" keys)."""
     values: dict[str, set] = {}
     keys: set[str] = set()
     for config, given in [(c, True) for c in configs] + [(c, False) for c in resolved]:
-        for path, value in _flat(config).items():
+        for path, value in config.items():
             if given or value is not None:
                 keys.add(path)
             if isinstance(value, str):
@@ -209,7 +197,7 @@ def modules_for(
     *,
     resolved: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[ExtensionModule, ...]:
-    """The user modules that these configs need (`needed_registrations`)."""
+    """The user modules that these flattened configs need (`needed_registrations`)."""
     return describe(needed_registrations(configs, method_keys, resolved=resolved))
 
 

@@ -13,6 +13,7 @@ import fedjax_pals as fjp
 from fedjax_pals import extensions, models
 from fedjax_pals.algorithms import registry
 from fedjax_pals.experiment import sweep as sweep_lib
+from fedjax_pals.experiment.config import flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,15 +76,16 @@ def test_a_sweep_records_the_modules_its_runs_need_with_the_path_to_import_them_
     assert set(module.registers) == {f"method '{prefix}_method'", f"model '{prefix}_model'"}
     # Named by nothing of the runs: not needed (its hyperparameter key is then absent too).
     plain = {"dataset": {"name": "synthetic"}, "algorithm": {"name": "fedavg"}}
-    assert extensions.modules_for([plain]) == ()
+    assert extensions.modules_for([flatten(plain)]) == ()
     # A resolved config holds every registered key (None where unused): not a need.
     resolved = fjp.validate_config(plain).to_dict()
     assert resolved["algorithm"][f"{prefix}_scale"] is None
-    assert extensions.modules_for(resolved=[resolved]) == ()
+    assert extensions.modules_for(resolved=[flatten(resolved)]) == ()
     # A config holding the method's key (a config made after the import) needs it.
-    assert extensions.modules_for([{"algorithm": {f"{prefix}_scale": 1.0}}])[0].path == root
+    assert extensions.modules_for([{f"algorithm.{prefix}_scale": 1.0}])[0].path == root
     # A method key that puts a server optimiser in front names it as well.
-    assert extensions.modules_for([plain], [f"fedadam_{prefix}_method"])[0].module == "userpkg.ext"
+    assert extensions.modules_for(
+        [flatten(plain)], [f"fedadam_{prefix}_method"])[0].module == "userpkg.ext"
 
 
 def _import_in_child(modules, cwd):

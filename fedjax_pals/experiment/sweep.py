@@ -439,8 +439,8 @@ def expand(config: Any) -> ExpandedSweep:
     value; no data is read)."""
     runs, settings = _runs(config)
     imports = extensions.modules_for(
-        [run.config for run in runs], [run.method for run in runs],
-        resolved=[run.resolved for run in runs],
+        [config_lib.flatten(run.config) for run in runs], [run.method for run in runs],
+        resolved=[config_lib.flatten(run.resolved) for run in runs],
     )
     return ExpandedSweep(config_lib.as_dict(config), tuple(runs), settings, imports)
 

@@ -35,6 +35,7 @@ from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
     ConfigError,
     as_dict,
+    flatten,
     per_run_state_keys,
     per_run_state_presence_keys,
     resolved_config_digest,
@@ -237,7 +238,7 @@ class _PreparedRun:
             # Recorded before any is created: the record is what a later --overwrite deletes.
             wd.record(*OWN_FILES)
             # The user's modules this config needs: restore_run in another process imports them.
-            modules = extensions.modules_for(resolved=[self.plain])
+            modules = extensions.modules_for(resolved=[flatten(self.plain)])
             if modules and main:
                 wd.record(extensions.RUN_IMPORTS_FILE)
                 write_json(wd.file(extensions.RUN_IMPORTS_FILE), extensions.imports_record(modules))
