@@ -375,12 +375,13 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
     return _validate(config, check_paths=True)
 
 
-def _method_key_overrides(c: dict) -> dict:
+def _method_key_overrides(c: dict, defaults: dict) -> dict:
     """algorithm.name given as a method key that stands for more (`fedprox_fedpals`, a variant
     such as `fedpals_adaptive`, a server optimiser in front: `fedadam_fedpals`): the keys it
     means, laid over the config. A key that the config holds at its default is no
     contradiction (every config holds the defaults: lam_schedule='fixed' beside
-    fedpals_adaptive's 'hypergradient'); another value is."""
+    fedpals_adaptive's 'hypergradient'); another value is. `defaults`: `default_config()`
+    as nested dicts."""
     name = c["algorithm"]["name"]
     if not isinstance(name, str) or name in registry.registered_methods():
         return c
@@ -389,8 +390,7 @@ def _method_key_overrides(c: dict) -> dict:
     except ValueError:
         return c  # not a method key: _choice names the problem, with the registered methods
     c = {**c, "algorithm": dict(c["algorithm"]), "server": dict(c["server"])}
-    defaults = {f"algorithm.{key}": d for key, (d, _, _) in _algorithm_keys().items()}
-    defaults.update(flatten({"server": default_config().server.to_dict()}))
+    defaults = flatten(defaults)
     for path, value in overrides.items():
         section, _, key = path.partition(".")
         given = c[section].get(key)
@@ -407,7 +407,8 @@ def _method_key_overrides(c: dict) -> dict:
 
 
 def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
-    c = _method_key_overrides(_merge(default_config().to_dict(), as_dict(config)))
+    defaults = default_config().to_dict()
+    c = _method_key_overrides(_merge(defaults, as_dict(config)), defaults)
     r: dict[str, Any] = {}
     r["seed"] = _int("seed", c["seed"], 0, 2**32 - 1)
 
