@@ -331,15 +331,16 @@ def task_summary(task: Task) -> dict:
     partition = task.partition
     sizes = partition.client_sizes
     alpha = server_weights(task)
+    ess = float(effective_sample_size(alpha, sizes))
     summary, released = partition.summary(), task.server_label_dists
     return {
         "dataset_source": task.dataset.source,
         "partition": summary,
         "lam": task.lam,
         "alpha": alpha.tolist(),
-        "ess": float(effective_sample_size(alpha, sizes)),
+        "ess": ess,
         "alpha_round_1": alpha.tolist(),
-        "ess_round_1": float(effective_sample_size(alpha, sizes)),
+        "ess_round_1": ess,
         "total_examples": int(np.sum(sizes)),
         "projection_distance": summary["projection_distance"],
         "clients_per_round": task.clients_per_round,
