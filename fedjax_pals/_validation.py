@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedjax_pals import deprecation
+
 SUM_TOLERANCE = 1e-6
 
 
@@ -286,8 +288,6 @@ def check_registered_name(
         other = f" other than {' / '.join(map(repr, reserved))}" if reserved else ""
         message = f"a {kind}'s name must be a Python identifier{other}, got {name!r}."
         if deprecated_until and isinstance(name, str) and name.strip() and name not in reserved:
-            from fedjax_pals import deprecation
-
             deprecation.warn(message, refused_in=deprecated_until)
             return name
         raise ValueError(message)

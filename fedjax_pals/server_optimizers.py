@@ -122,13 +122,14 @@ class ServerOptimizer:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier() or "_" in self.name:
+        _validation.check_registered_name("server optimiser", self.name)
+        if "_" in self.name:
             raise ValueError(
                 "a server optimiser's name must be a Python identifier without '_' (it is the "
                 f"prefix of method keys such as fedadam_fedpals), got {self.name!r}."
             )
-        if not callable(self.build):
-            raise TypeError(f"server optimiser {self.name!r}: build must be callable.")
+        _validation.check_hook(f"server optimiser {self.name!r}", "build", self.build,
+                               "(**values) -> optax.GradientTransformation")
         unknown = sorted(set(self.keys) - set(SERVER_KEYS))
         if unknown or "learning_rate" not in self.keys:
             raise ValueError(
