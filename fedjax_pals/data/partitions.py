@@ -943,18 +943,14 @@ def partition_problem(
     the counts)."""
     train, test = np.asarray(train_labels), np.asarray(test_labels)
     rows = [partition.client_example_indices(i) for i in range(partition.num_clients)]
-    parts = {"the clients' indices": np.concatenate(rows),
-             "target_val_indices": partition.target_val_indices,
-             "held_out_indices": partition.held_out_indices}
-    for name, indices in parts.items():
-        bad = indices[(indices < 0) | (indices >= len(train))]
+    parts = (("the clients' indices", np.concatenate(rows), "train", len(train)),
+             ("target_val_indices", partition.target_val_indices, "train", len(train)),
+             ("held_out_indices", partition.held_out_indices, "train", len(train)),
+             ("target_test_indices", partition.target_test_indices, "test", len(test)))
+    for name, indices, split, size in parts:
+        bad = indices[(indices < 0) | (indices >= size)]
         if bad.size:
-            return f"{name} holding {int(bad[0])}, outside the train split's [0, {len(train)})"
-    test_indices = partition.target_test_indices
-    bad = test_indices[(test_indices < 0) | (test_indices >= len(test))]
-    if bad.size:
-        return (f"target_test_indices holding {int(bad[0])}, outside the test split's "
-                f"[0, {len(test)})")
+            return f"{name} holding {int(bad[0])}, outside the {split} split's [0, {size})"
     owner = np.full(len(train), -1, np.int64)  # which part holds each train example
     owners = [f"client {i}" for i in range(len(rows))] + ["the target's validation set",
                                                           "the held-out share"]

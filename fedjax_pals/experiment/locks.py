@@ -71,7 +71,8 @@ def _lease_fields(path: str) -> dict[str, str]:
             lines = f.read().splitlines()
     except OSError:
         return {}
-    return {key.strip(): value.strip() for key, _, value in (l.partition("=") for l in lines) if _}
+    fields = (line.partition("=") for line in lines)
+    return {key.strip(): value.strip() for key, sep, value in fields if sep}
 
 
 def _lease_holder(path: str) -> str:
