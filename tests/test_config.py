@@ -455,16 +455,17 @@ def test_every_method_key_is_an_algorithm_name_that_resolves_as_the_sweep_does(k
     assert fjp.config_digest(config) == run.digest
 
 
-def test_a_method_key_contradicted_by_a_key_set_to_another_value_is_refused():
+@pytest.mark.parametrize("key, path, value, meant", [
+    ("fedprox_fedpals", "algorithm.weights", "fedavg", "fedpals"),
+    ("fedadam_fedpals", "server.optimizer", "fedyogi", "fedadam"),
+])
+def test_a_method_key_contradicted_by_a_key_set_to_another_value_is_refused(
+    key, path, value, meant
+):
     config = fjp.default_config()
-    config.algorithm.name = "fedprox_fedpals"
-    config.algorithm.weights = "fedavg"
-    with pytest.raises(fjp.ConfigError, match=r"means algorithm.weights='fedpals', but "
-                       r"algorithm.weights='fedavg' is set too"):
-        fjp.validate_config(config)
-    config = fjp.default_config()
-    config.algorithm.name = "fedadam_fedpals"
-    config.server.optimizer = "fedyogi"
-    with pytest.raises(fjp.ConfigError, match=r"means server.optimizer='fedadam', but "
-                       r"server.optimizer='fedyogi'"):
+    config.algorithm.name = key
+    section, leaf = path.split(".")
+    config[section][leaf] = value
+    with pytest.raises(fjp.ConfigError, match=rf"means {path}='{meant}', but "
+                       rf"{path}='{value}' is set too"):
         fjp.validate_config(config)
