@@ -95,8 +95,10 @@ from fedjax_pals.runtime import configure_runtime, is_main_process  # noqa: E402
 # -- experiments: configs, tasks, workdirs, sweeps and the paper's protocol, restore
 from fedjax_pals.experiment.config import (  # noqa: E402
     ConfigError,
+    ResolvedConfig,
     config_digest,
     default_config,
+    resolve_config,
     validate_config,
 )
 from fedjax_pals.experiment.task import Task, TaskError, build_task  # noqa: E402
@@ -174,7 +176,8 @@ __all__ = [
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",
     "configure_runtime", "is_main_process",
     # experiments
-    "ConfigError", "config_digest", "default_config", "validate_config", "Task", "TaskError",
+    "ConfigError", "ResolvedConfig", "config_digest", "default_config", "resolve_config",
+    "validate_config", "Task", "TaskError",
     "build_task", "train_and_evaluate", "train_and_evaluate_many", "expand_sweep", "run_sweep",
     "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",

@@ -428,7 +428,8 @@ def _every_method_key():
 
     keys = list(registry.method_keys())
     keys += [registry.server_optimizer_key(o, k)
-             for o in SERVER_OPTIMIZER_LABELS for k in ("fedavg", "fedpals", "fedprox_fedpals")]
+             for o in SERVER_OPTIMIZER_LABELS
+             for k in ("fedavg", "fedpals", "fedprox", "fedrs", "fedprox_fedpals")]
     return keys
 
 
@@ -453,6 +454,8 @@ def test_every_method_key_is_an_algorithm_name_that_resolves_as_the_sweep_does(k
     ((run,), _) = sweep_lib._runs(base)
     assert resolved.to_dict() == run.resolved
     assert fjp.config_digest(config) == run.digest
+    # The key a run records (hparams' "method", its title) is the key it was given.
+    assert fjp.resolve_config(config).method == key
 
 
 @pytest.mark.parametrize("key, path, value, meant", [
@@ -469,3 +472,26 @@ def test_a_method_key_contradicted_by_a_key_set_to_another_value_is_refused(
     with pytest.raises(fjp.ConfigError, match=rf"means {path}='{meant}', but "
                        rf"{path}='{value}' is set too"):
         fjp.validate_config(config)
+
+
+def test_a_resolved_config_holds_the_digest_and_the_method_key_it_was_given():
+    from fedjax_pals.algorithms import registry
+
+    config = {"dataset": {"name": "synthetic"}, "algorithm": {"name": "fedprox_fedpals"}}
+    resolved = fjp.resolve_config(config)
+    assert resolved.digest == fjp.config_digest(config)
+    assert resolved.config.to_dict() == resolved.plain == fjp.validate_config(config).to_dict()
+    assert (resolved.method, resolved.imports) == ("fedprox_fedpals", None)
+    assert resolved.label == registry.method_label("fedprox_fedpals")
+    assert fjp.resolve_config(resolved) is resolved  # taken as it is, not resolved again
+    # Two keys that mean the same run (a user's variant with a built-in's settings): the run
+    # is named by the key it was given.
+    fjp.register_variant(fjp.Variant("fedpals_again", "FedPALS (again)", "fedpals", {}))
+    try:
+        again = fjp.resolve_config({**config, "algorithm": {"name": "fedpals_again"}})
+        assert again.method == "fedpals_again"
+        assert fjp.resolve_config({**config, "algorithm": {"name": "fedpals"}}).method == "fedpals"
+    finally:
+        registry._VARIANTS.pop("fedpals_again")
+    with pytest.raises(fjp.ConfigError, match="config.sweep is set"):
+        fjp.resolve_config({**config, "sweep": {"seeds": (0, 1)}})

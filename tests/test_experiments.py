@@ -116,7 +116,7 @@ def test_the_command_line_reports_a_bad_value_in_one_line_and_writes_nothing(tmp
 def test_a_second_launch_on_a_busy_workdir_fails_at_once(tmp_path):
     config = _config_file("synthetic")
     resolved = fjp.validate_config(config)
-    with Workdir(tmp_path, resolved, fjp.config_digest(resolved)):
+    with Workdir(tmp_path, fjp.resolve_config(resolved)):
         completed = _main(
             "experiments.run", "--config=configs/synthetic.py", f"--workdir={tmp_path}", timeout=120
         )

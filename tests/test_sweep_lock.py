@@ -83,10 +83,12 @@ def test_a_run_held_by_another_process_is_busy_not_failed(tmp_path, monkeypatch)
 
 
 def test_a_run_workdir_lock_names_pid_and_host(tmp_path):
-    resolved = fjp.validate_config(_sweep_config())
+    one_run = _sweep_config().to_dict()
+    del one_run["sweep"]
+    resolved = fjp.resolve_config(one_run)
     from fedjax_pals.experiment.workdir import Workdir
 
-    with Workdir(tmp_path, resolved, "d"):
+    with Workdir(tmp_path, resolved):
         holder = f"{os.getpid()} on {socket.gethostname()}"
         with pytest.raises(fjp.WorkdirLockedError, match=holder):
-            Workdir(tmp_path, resolved, "d").open()
+            Workdir(tmp_path, resolved).open()

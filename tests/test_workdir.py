@@ -124,19 +124,28 @@ SYNTHETIC = {
 
 def _resolved(**training):
     config = {**SYNTHETIC, "training": {**SYNTHETIC["training"], **training}}
-    resolved = fjp.validate_config(config)
-    return config, resolved, fjp.config_digest(resolved)
+    resolved = fjp.resolve_config(config)
+    return config, resolved, resolved.digest
+
+
+def test_the_pre_0_2_workdir_form_still_opens_the_same_run_and_warns(tmp_path):
+    _, resolved, digest = _resolved()
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning, match="resolve_config"):
+        old = Workdir(tmp_path, resolved.config, digest)
+    assert old.identity == Workdir(tmp_path, resolved).identity
+    with pytest.raises(TypeError, match="takes a ResolvedConfig"):
+        Workdir(tmp_path, resolved.config)
 
 
 def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_holder(tmp_path):
     _, resolved, digest = _resolved()
-    with Workdir(tmp_path, resolved, digest):
+    with Workdir(tmp_path, resolved):
         with pytest.raises(
             fjp.WorkdirLockedError,
             match=rf"in use by another run \(process {os.getpid()} on \S+ holds",
         ):
-            Workdir(tmp_path, resolved, digest).open()
-    Workdir(tmp_path, resolved, digest).open().close()  # released on close
+            Workdir(tmp_path, resolved).open()
+    Workdir(tmp_path, resolved).open().close()  # released on close
 
     # A process that holds the lock and is killed leaves the workdir usable.
     holder = subprocess.Popen(
@@ -147,8 +156,8 @@ def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_hold
                 import sys, time
                 import fedjax_pals as fjp
                 from fedjax_pals.experiment.workdir import Workdir
-                resolved = fjp.validate_config({SYNTHETIC!r})
-                Workdir({str(tmp_path)!r}, resolved, fjp.config_digest(resolved)).open()
+                resolved = fjp.resolve_config({SYNTHETIC!r})
+                Workdir({str(tmp_path)!r}, resolved).open()
                 print("locked", flush=True)
                 time.sleep(600)
                 """),
@@ -159,17 +168,17 @@ def test_a_second_writer_of_a_workdir_fails_fast_and_the_lock_dies_with_its_hold
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(fjp.WorkdirLockedError, match=rf"process {holder.pid} on \S+ holds"):
-            Workdir(tmp_path, resolved, digest).open()
+            Workdir(tmp_path, resolved).open()
     finally:
         holder.kill()
         holder.wait()
-    Workdir(tmp_path, resolved, digest).open().close()
+    Workdir(tmp_path, resolved).open().close()
 
 
 def test_a_locked_workdir_stops_a_launch_before_data_loading(tmp_path, monkeypatch):
     config, resolved, digest = _resolved()
     monkeypatch.setattr(task_lib, "load_data", lambda *a: pytest.fail("data loading was reached"))
-    with Workdir(tmp_path, resolved, digest):
+    with Workdir(tmp_path, resolved):
         with pytest.raises(fjp.WorkdirLockedError, match="in use by another run"):
             fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
 
@@ -335,7 +344,7 @@ def _record(directory):
 def workdir(tmp_path):
     """An empty workdir, locked as the main process of a run locks it."""
     _, resolved, digest = _resolved()
-    with Workdir(tmp_path / "run", resolved, digest) as opened:
+    with Workdir(tmp_path / "run", resolved) as opened:
         yield opened
 
 
@@ -416,7 +425,7 @@ def test_a_run_killed_while_recording_leaves_a_record_that_still_works(workdir):
 
 def test_only_the_process_holding_the_lock_records(tmp_path):
     _, resolved, digest = _resolved()
-    other = Workdir(tmp_path, resolved, digest, lock=False).open()  # a process other than 0
+    other = Workdir(tmp_path, resolved, lock=False).open()  # a process other than 0
     other.record("results.json")
     assert not os.path.exists(other.file(workdir_lib.RECORD_FILE))
     with pytest.raises(ValueError, match="by name"):

@@ -30,9 +30,11 @@ from fedjax_pals.experiment.submission import submit_sweep
 # -- EXP-CORE: config, task, workdir, checkpoints, train_and_evaluate -------------------------
 from fedjax_pals.experiment.config import (
     ConfigError,
+    ResolvedConfig,
     config_differences,
     config_digest,
     default_config,
+    resolve_config,
     validate_config,
 )
 from fedjax_pals.experiment.checkpoints import (
@@ -53,7 +55,8 @@ __all__ = [
     "merge_tables", "protocol_grid", "protocol_table", "select_method", "table_markdown",
     "write_protocol_report", "SweepRun", "execute_runs", "expand_sweep", "run_sweep",
     "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",
-    "ConfigError", "config_differences", "config_digest", "default_config", "validate_config",
+    "ConfigError", "ResolvedConfig", "config_differences", "config_digest", "default_config",
+    "resolve_config", "validate_config",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "Task", "TaskError",
     "build_task", "Workdir", "WorkdirError", "WorkdirLockedError", "train_and_evaluate",
 ]

@@ -97,6 +97,7 @@ files are and how they got there do not change the data set; results.json record
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -109,7 +110,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from fedjax_pals import _validation, models
+from fedjax_pals import _validation, extensions, models
 from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
 
 # The method registry, with the methods that ship with the package registered.
@@ -674,6 +675,84 @@ def resolved_config_digest(resolved: Any) -> str:
     digests hundreds of runs)."""
     payload = json.dumps(config_identity(resolved), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ResolvedConfig:
+    """One run's config resolved once (`resolve_config`), with what every part of the run reads
+    from it: the workdir its identity, the task its values, the writers its method key.
+
+    Attributes:
+      config: `validate_config`'s resolved ConfigDict (locked sections).
+      plain: the same as nested dicts (results.json's and hparams.json's "config").
+      digest: `config_digest` (the run's identity, 16 hex digits).
+      method: the method key as a sweep names it: "fedprox_fedpals" where algorithm.name is
+        "fedprox" with FedPALS' weights, "fedadam_fedpals" under server.optimizer="fedadam".
+      label: the method's display name (registry.method_label).
+      imports: `extensions.imports_record` of the user modules whose registrations the config
+        names (None: only built-in ones), which a process restoring the run imports first.
+    """
+
+    config: ml_collections.ConfigDict
+    plain: dict
+    digest: str
+    method: str
+    label: str
+    imports: dict | None
+
+
+def resolve_config(config: Any) -> ResolvedConfig:
+    """`validate_config` of one run's config and what a run derives from it, computed here once
+    (ConfigError for a bad config, or for a sweep's: one with a `sweep` section)."""
+    if isinstance(config, ResolvedConfig):
+        return config
+    given = as_dict(config)
+    if given.get("sweep"):
+        raise ConfigError(
+            "config.sweep is set: this config describes a sweep of runs; run it with "
+            "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
+        )
+    resolved = _validate(given, check_paths=True)
+    plain = resolved.to_dict()
+    flat = flatten(plain)
+    method = _method_key(flat, given.get("algorithm", {}).get("name"))
+    modules = extensions.modules_for(resolved=[flat])
+    return ResolvedConfig(
+        config=resolved,
+        plain=plain,
+        digest=resolved_config_digest(plain),
+        method=method,
+        label=registry.method_label(method),
+        imports=extensions.imports_record(modules) if modules else None,
+    )
+
+
+def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
+    """The method key of a resolved, flattened config as a sweep names it: `named` (the
+    algorithm.name the config was given) where it is a key whose config keys the config holds,
+    else the most specific registered key (server-optimiser prefix included) that it holds (a
+    key's None leaves its value to the config: `fedprox` is FedProx under either weighting)."""
+
+    def holds(key: str) -> dict | None:
+        try:
+            overrides = registry.method_overrides(key)
+        except ValueError:
+            return None
+        sets = {p: v for p, v in overrides.items() if v is not None}
+        return sets if all(flat.get(p) == v for p, v in sets.items()) else None
+
+    if isinstance(named, str) and holds(named) is not None:
+        return named
+    keys = registry.method_keys()
+    optimizer = flat.get("server.optimizer")
+    if optimizer not in (None, "sgd"):
+        keys = (optimizer, *(f"{optimizer}_{key}" for key in keys))
+    best, most = flat.get("algorithm.name"), -1
+    for key in keys:
+        sets = holds(key)
+        if sets is not None and len(sets) > most:
+            best, most = key, len(sets)
+    return best
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
-from fedjax_pals.experiment.config import validate_config
+from fedjax_pals.experiment.config import ResolvedConfig, validate_config
 from fedjax_pals.models import Model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
@@ -149,11 +149,12 @@ def _abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[Any, An
     return jax.eval_shape(init_and_apply, key, x)
 
 
-def _check_model_fits(model_name: str, model: Model, dataset_name: str, dataset: Dataset) -> None:
+def _check_model_fits(model_name: str, model: Model, dataset_name: str, dataset: Dataset) -> Any:
     """The model's logits are (batch, K) for the data set's inputs and K classes: more logits
-    train silently (argmax may pick a class that does not exist), fewer give a NaN loss."""
+    train silently (argmax may pick a class that does not exist), fewer give a NaN loss.
+    Returns the model's params as shapes and dtypes (`jax.ShapeDtypeStruct`s)."""
     k = dataset.num_classes
-    _, logits = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
+    params, logits = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
     shape = tuple(logits.shape) if hasattr(logits, "shape") else None
     if shape is None or len(shape) != 2 or shape[0] != 1:
         got = type(logits).__name__ if shape is None else f"shape {shape}"
@@ -171,6 +172,7 @@ def _check_model_fits(model_name: str, model: Model, dataset_name: str, dataset:
             f"model {model_name!r} was built for data set {dataset_name!r}'s {k} classes but its "
             f"Model says num_classes={model.num_classes} (evaluation counts that many classes)."
         )
+    return params
 
 
 def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPartition]:
@@ -205,7 +207,8 @@ class TaskError(ValueError):
 
 
 def build_task(config: Any) -> Task:
-    """Builds the run of `config` (validated and resolved first, see `validate_config`).
+    """Builds the run of `config` (validated and resolved first, see `validate_config`; a
+    `ResolvedConfig` is taken as it is).
 
     Raises:
       ConfigError: a bad config (before anything is loaded).
@@ -216,6 +219,8 @@ def build_task(config: Any) -> Task:
         features), model (logits not (batch, K)) or method (a server update that returns a
         state of another structure, shape or dtype) does not fit (named).
     """
+    if isinstance(config, ResolvedConfig):
+        return build_resolved_task(config.config)
     return build_resolved_task(validate_config(config))
 
 
@@ -235,7 +240,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     dataset, partition = load_data(config)
     _check_target_sets(partition)
     model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
-    _check_model_fits(config.model, model, config.dataset.name, dataset)
+    params = _check_model_fits(config.model, model, config.dataset.name, dataset)
     method = registry.get_method(a.name)
     training_partition = partition
     if method.partition_transform is not None:
@@ -278,12 +283,10 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         if feature.wrap is not None:
             algorithm = feature.wrap(algorithm, hp, context)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
-        key, optimizer = algorithm.name, config.server.optimizer  # the method key, e.g. fedpals
-        algorithm = server_optimizer_for(algorithm, **config.server.to_dict())
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
-        algorithm = algorithm._replace(name=registry.server_optimizer_key(optimizer, key))
+        name = registry.server_optimizer_key(config.server.optimizer, algorithm.name)
+        algorithm = server_optimizer_for(algorithm, **config.server.to_dict())._replace(name=name)
     t = config.training
-    params, _ = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
     clients = training_partition.num_clients
     problem = round_shape_mismatch(
         algorithm, params, clients, min(t.clients_per_round, clients), dataset.num_classes

@@ -2,7 +2,7 @@
 
 The order of work is chosen so that every mistake costs as little as possible:
 
-1. the config is validated and resolved (milliseconds, no data: `validate_config`);
+1. the config is validated and resolved, once (milliseconds, no data: `resolve_config`);
 2. the workdir is created, checked writable and locked; a run it already holds must have
    the same config (else refused, naming the differing keys, unless `overwrite`);
 3. the task is built (data, partition, lambda, algorithm, model: `build_task`), so data
@@ -27,25 +27,22 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from fedjax_pals import extensions
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
-    ConfigError,
+    ResolvedConfig,
     as_dict,
-    flatten,
     per_run_state_keys,
     per_run_state_presence_keys,
-    resolved_config_digest,
-    validate_config,
+    resolve_config,
 )
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
 from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
-from fedjax_pals.experiment.workdir import OWN_FILES, RESULTS_FILE, Workdir, write_json
+from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
 from fedjax_pals.runtime import is_main_process
 from fedjax_pals.server_weights import effective_sample_size
@@ -68,22 +65,6 @@ def _read_results(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return results if isinstance(results, dict) else None
-
-
-def _resolve(config: Any) -> ml_collections.ConfigDict:
-    """The run's config validated and resolved: once per run (ConfigError for a sweep)."""
-    if _has_sweep(config):
-        raise ConfigError(
-            "config.sweep is set: this config describes a sweep of runs; run it with "
-            "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
-        )
-    return validate_config(config)
-
-
-def _has_sweep(config: Any) -> bool:
-    if isinstance(config, ml_collections.ConfigDict):
-        return "sweep" in config and bool(config.sweep)
-    return isinstance(config, dict) and bool(config.get("sweep"))
 
 
 # TensorBoard charts (Custom Scalars) whose curves share one plot: tag regexes, matched at a
@@ -117,25 +98,6 @@ HPARAMS_SHOWN = (
 CHANGED_ONLY = r"server/(alpha|ess|lambda|projection_distance|target_estimate.*)"
 # Per-client (per-class) scalars of alpha (of T's estimate) for at most this many clients.
 PER_CLIENT_SCALARS = 20
-
-
-def method_key(resolved: Any) -> str:
-    """The method key of a resolved config as a sweep names it (`fedprox_fedpals`, not its
-    algorithm.name `fedprox`): the most specific registered key whose config keys it has."""
-    flat = flatten_hparams(as_dict(resolved) if not isinstance(resolved, dict) else resolved)
-    keys = registry.method_keys()
-    optimizer = flat.get("server.optimizer")
-    if optimizer not in (None, "sgd"):
-        keys = (optimizer, *(f"{optimizer}_{key}" for key in keys))
-    best, most = flat.get("algorithm.name"), -1
-    for key in keys:
-        try:
-            overrides = registry.method_overrides(key)
-        except ValueError:
-            continue
-        if len(overrides) > most and all(flat.get(p) == v for p, v in overrides.items()):
-            best, most = key, len(overrides)
-    return best
 
 
 def _indexed(prefix: str, values) -> dict:
@@ -198,7 +160,7 @@ class _PreparedRun:
 
     def __init__(
         self,
-        resolved: ml_collections.ConfigDict,
+        config: Any,
         workdir,
         *,
         overwrite: bool,
@@ -209,10 +171,10 @@ class _PreparedRun:
     ):
         if not isinstance(overwrite, bool):
             raise TypeError(f"overwrite must be True or False, got {overwrite!r}.")
-        # `resolved` is `_resolve`'s: the one resolution of the run's config, which the digest,
-        # the workdir and the task take as they are.
-        digest = resolved_config_digest(resolved)
-        self.config, self.plain = resolved, as_dict(resolved)
+        # The one resolution of the run's config (a ResolvedConfig is taken as it is), which
+        # the workdir, the task and the writers take as they are.
+        self.resolved = resolved = resolve_config(config)
+        self.config = resolved.config
         self.main = main = is_main_process()
         quiet = quiet or not main
         if main and mlflow_tracking_uri is not None:
@@ -221,46 +183,39 @@ class _PreparedRun:
             mlflow_writer.check_store(mlflow_tracking_uri)
         self.stack = stack = contextlib.ExitStack()
         try:
-            self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, digest, lock=main))
+            self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, lock=main))
             # What an interrupted command says of this run (`progress.interruption_message`).
             self.key = wd.path
-            ACTIVITY.run_prepared(self.key, os.fspath(workdir), resolved.training.rounds)
+            ACTIVITY.run_prepared(self.key, os.fspath(workdir), self.config.training.rounds)
             if not overwrite:
                 # Every process reads (and so raises) alike: their orbax barriers line up.
                 ACTIVITY.run_saved(self.key, wd.check_reusable())
                 if wd.fallback_note and main:
                     logging.warning("%s", wd.fallback_note)
-            self.task = task = build_resolved_task(resolved)
+            self.task = task = build_resolved_task(self.config)
             if main and overwrite:
                 removed = wd.clear()
                 if removed and not quiet:
                     logging.info("overwrite: removed %s from %s", ", ".join(removed), wd.path)
             # Recorded before any is created: the record is what a later --overwrite deletes.
-            wd.record(*OWN_FILES)
-            # The user's modules this config needs: restore_run in another process imports them.
-            modules = extensions.modules_for(resolved=[flatten(self.plain)])
-            if modules and main:
-                wd.record(extensions.RUN_IMPORTS_FILE)
-                write_json(wd.file(extensions.RUN_IMPORTS_FILE), extensions.imports_record(modules))
+            wd.record_launch()
             _sync("fedjax_pals.train_and_evaluate.workdir_ready")
             checkpointer = wd.checkpointer()
             stack.callback(checkpointer.close)
             start_round = checkpointer.check_identity() or 0
             ACTIVITY.run_starts(self.key, start_round)
             summary = task_summary(task)
-            self.backend = resolve_backend(resolved.engine.backend, task.model)
-            rounds = resolved.training.rounds
-            # The method key as a sweep names it ("fedprox_fedpals"), found once per run.
-            self.method = method_key(resolved)
-            label = registry.method_label(self.method)
-            self.title = f"{label} on {task.partition.description}"
+            self.backend = resolve_backend(self.config.engine.backend, task.model)
+            rounds = self.config.training.rounds
+            self.method = resolved.method  # as a sweep names it ("fedprox_fedpals")
+            self.title = f"{resolved.label} on {task.partition.description}"
             previous = _read_results(wd.file(RESULTS_FILE)) if start_round else None
             segments, engine_warning = engine_segments(previous, start_round, self.backend)
             if engine_warning and main:
                 logging.warning("%s: %s", wd.path, engine_warning)
             self.header = {
-                "config": self.plain,
-                "config_digest": digest,
+                "config": resolved.plain,
+                "config_digest": resolved.digest,
                 **summary,
                 "backend": self.backend,
                 "engine": segments,  # the backend and devices each round ran on
@@ -277,18 +232,18 @@ class _PreparedRun:
                     changed_only=CHANGED_ONLY,
                 )
             )
+            hparams = {"method": self.method, **resolved.plain}
+            writer.write_hparams(hparams, HPARAMS_METRICS, shown=HPARAMS_SHOWN)
+            writer.write_layout(CHARTS)
             self.progress = progress = stack.enter_context(
                 Progress(
                     rounds,
-                    desc=f"{resolved.algorithm.name} seed {resolved.seed}",
+                    desc=f"{self.config.algorithm.name} seed {self.config.seed}",
                     initial=start_round,
                     quiet=quiet,
                     first_step_compiles=True,
                 )
             )
-            hparams = {"method": self.method, **self.plain}
-            writer.write_hparams(hparams, HPARAMS_METRICS, shown=HPARAMS_SHOWN)
-            writer.write_layout(CHARTS)
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
                 f"{self.title}: lam={lam} ESS={summary['ess']:.0f}/{summary['total_examples']} "
@@ -315,8 +270,8 @@ class _PreparedRun:
                 task.partition,
                 task.training,
                 rounds=rounds,
-                seed=resolved.seed,
-                eval_every=resolved.training.eval_every,
+                seed=self.config.seed,
+                eval_every=self.config.training.eval_every,
                 clients_per_round=task.clients_per_round,
                 checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
@@ -492,10 +447,9 @@ def train_and_evaluate(
       TrainingDivergedError: the training loss became non-finite or exploded.
     """
     ACTIVITY.reset()
-    resolved = _resolve(config)
     with diskspace.run_writes(workdir):  # a full disk: one error naming the path and space
         prepared = _PreparedRun(
-            resolved,
+            config,
             workdir,
             overwrite=overwrite,
             quiet=quiet,
@@ -605,14 +559,14 @@ def train_and_evaluate_many(
             on_done(index, outcome)
 
     groups: dict = {}
-    resolved: dict[int, ml_collections.ConfigDict] = {}
+    resolved: dict[int, ResolvedConfig] = {}
     for index, config in enumerate(configs):
         try:
-            resolved[index] = _resolve(config)
+            resolved[index] = resolve_config(config)
         except Exception as error:  # noqa: BLE001 - reported in its place
             done(index, error)
             continue
-        groups.setdefault(structure_group_key(resolved[index]), []).append(index)
+        groups.setdefault(structure_group_key(resolved[index].config), []).append(index)
     for indices in groups.values():
         for chunk in program_blocks(indices, max_runs_per_program):
             prepared = {}

@@ -27,6 +27,7 @@ the older one (one warning line says so).
 from __future__ import annotations
 
 import json
+import copy
 import os
 import shutil
 import tempfile
@@ -34,9 +35,10 @@ from typing import Any
 
 from absl import logging
 
+from fedjax_pals import deprecation, extensions
 from fedjax_pals.experiment.checkpoints import Checkpointer, identity_differences
 from fedjax_pals.experiment import diskspace, locks
-from fedjax_pals.experiment.config import as_dict
+from fedjax_pals.experiment.config import ResolvedConfig
 # Defined in errors.py (locks raises WorkdirLockedError too); importable from here as before.
 from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError
 
@@ -145,16 +147,42 @@ class Workdir:
 
     Args:
       path: the directory (created if missing).
-      config: the run's resolved config; digest: its `config_digest`.
+      resolved: the run's `ResolvedConfig` (`resolve_config`): its config and digest.
       lock: take the workdir's lock (the main process does; the others only read).
+
+    `Workdir(path, config, digest)` (a resolved ConfigDict and its `config_digest`), the form
+    before 0.2.0, still works and warns; 0.3.0 will refuse it.
     """
 
-    def __init__(self, path: str | os.PathLike, config: Any, digest: str, *, lock: bool = True):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        resolved: ResolvedConfig | Any,
+        digest: str | None = None,
+        *,
+        lock: bool = True,
+    ):
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise WorkdirError(f"workdir must be a non-empty path, got {path!r}.")
         self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        self.config = as_dict(config)
-        self.digest = digest
+        if isinstance(resolved, ResolvedConfig):
+            if digest is not None:
+                raise TypeError("Workdir(path, resolved): the digest is the ResolvedConfig's.")
+            self.config, self.digest = resolved.plain, resolved.digest
+            self.imports = resolved.imports
+        else:
+            if digest is None:
+                raise TypeError(
+                    "Workdir(path, resolved) takes a ResolvedConfig (fjp.experiment."
+                    f"resolve_config), got {type(resolved).__name__}."
+                )
+            deprecation.warn(
+                "Workdir(path, config, digest) is deprecated: pass the ResolvedConfig of "
+                "fjp.experiment.resolve_config(config), which holds both.",
+                refused_in="0.3.0",
+            )
+            plain = resolved.to_dict() if hasattr(resolved, "to_dict") else copy.deepcopy(resolved)
+            self.config, self.digest, self.imports = plain, digest, None
         self._want_lock = lock
         self._lock_fd: int | None = None
         # `check_reusable`'s line about a damaged checkpoint it fell back from (None: none).
@@ -213,6 +241,15 @@ class Workdir:
         )
 
     # -- the record of what the run created ---------------------------------------------------
+
+    def record_launch(self) -> None:
+        """Records the files every launch of the run writes (`OWN_FILES`) and writes its
+        imports.json where its config needs a user's modules (`restore_run` in another process
+        imports them first); before any other file is created (see `record`)."""
+        self.record(*OWN_FILES)
+        if self.imports and self._lock_fd is not None:
+            self.record(extensions.RUN_IMPORTS_FILE)
+            write_json(self.file(extensions.RUN_IMPORTS_FILE), self.imports)
 
     def record(self, *names: str) -> None:
         """Adds `names` (entries of the workdir) to its record of what the run created, before
