@@ -13,14 +13,32 @@ solve_time, flower) call `run` here, so that their `--help` lists their own flag
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
+import types
 from typing import Callable, Iterable
 
 from absl import app, flags
 
 # Exit status of a command-line mistake (absl's own for a flag error, argparse's too).
 USAGE_ERROR_STATUS = 2
+
+
+def lazy_import(name: str) -> types.ModuleType:
+    """`import name` (a top-level package), run at the first use of one of its attributes
+    (`importlib.util.LazyLoader`): a main's `--help` prints without importing fedjax_pals,
+    and with it JAX (seconds; half a minute on a loaded machine)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def usage_error(message: str) -> None:

@@ -17,8 +17,9 @@ import time
 
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import flags as common
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _TABLES = flags.DEFINE_list("tables", None, "Sweep workdirs (or table.json files) to merge.")
 _TITLE = flags.DEFINE_string("title", "Table 1: target test accuracy", "Caption of the table.")

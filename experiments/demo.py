@@ -23,8 +23,9 @@ _STARTED = time.monotonic()  # the demo's elapsed time counts its imports too
 import json  # noqa: E402
 import os  # noqa: E402
 
-import fedjax_pals as fjp  # noqa: E402
 from experiments import flags as common  # noqa: E402
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.py")
 _CONFIG = common.define_config_file("config", _DEMO_CONFIG, "The demo's sweep config.")

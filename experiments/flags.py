@@ -36,10 +36,9 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-import fedjax_pals as fjp
-from fedjax_pals import runtime
-from fedjax_pals.experiment import progress
 from experiments import cli, config_args
+
+fjp = cli.lazy_import("fedjax_pals")  # imported (with JAX) at its first use, after --help
 
 WORKDIR = flags.DEFINE_string(
     "workdir", None, "Working directory: checkpoints/, results.json, metrics, TensorBoard, plots."
@@ -96,18 +95,21 @@ cli.check_number(NUM_PROCESSES, 1)
 cli.check_number(PROCESS_ID, 0)
 cli.require_value(COMPILATION_CACHE, "directory, 'auto' or 'none'")
 
-# What the library raises for a user's mistake: shown as one line, without a traceback.
-USER_ERRORS = tuple(
-    getattr(fjp, name)
-    for name in (
-        "ConfigError",
-        "TaskError",
-        "WorkdirError",
-        "CheckpointError",
-        "DatasetUnavailableError",
-        "TrainingDivergedError",
-    )
-) + (fjp.experiment.mlflow_writer.MlflowError,)
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What the library raises for a user's mistake: shown as one line, without a traceback."""
+    return tuple(
+        getattr(fjp, name)
+        for name in (
+            "ConfigError",
+            "TaskError",
+            "WorkdirError",
+            "CheckpointError",
+            "DatasetUnavailableError",
+            "TrainingDivergedError",
+        )
+    ) + (fjp.experiment.mlflow_writer.MlflowError,)
 
 
 # The command-line conventions (one `error:` line, exit status 2), shared with the benchmarks.
@@ -127,6 +129,10 @@ def define_config_file(name: str, default: str | None, help_string: str) -> flag
         f"{help_string} Override any key with --{name}.<key path>=<value>; the keys and their "
         "meaning: fedjax_pals/experiment/config.py (README, 'Launching experiments')."
     )
+    if default is not None and cli.asked_for_help(sys.argv):
+        # ml_collections loads a default config file here, and a config file imports the
+        # package (and JAX): the help names the file instead.
+        help_string, default = f"{help_string} (default: {default})", None
     return config_flags.DEFINE_config_file(name, default, help_string)
 
 
@@ -184,14 +190,15 @@ def _say_required_in_help() -> None:
 
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
-    from fedjax_pals.experiment import config as config_lib
-    from fedjax_pals.experiment import sweep as sweep_lib
-
     _show_launcher_flags_in_help()
     argv = list(sys.argv)
     new_keys: dict[str, dict] = {}
-    schema_paths = set(config_lib.flatten(config_lib.default_config()))
-    for name, default in _CONFIG_FLAGS.items():
+    # The help needs neither the config schema nor the package (nor JAX): printed at once.
+    checks = _CONFIG_FLAGS if not cli.asked_for_help(argv) else {}
+    if checks:
+        config_lib, sweep_lib = fjp.experiment.config, fjp.experiment.sweep
+        schema_paths = set(config_lib.flatten(config_lib.default_config()))
+    for name, default in checks.items():
         try:
             argv, new_keys[name] = config_args.check_config_argv(
                 argv,
@@ -218,6 +225,7 @@ def run(main: Callable[[list[str]], object]) -> None:
             usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
+        progress = fjp.experiment.progress
         progress.handle_signals()  # SIGINT and SIGTERM: one line (below), 130 / 143
         try:
             return main(args)
@@ -229,8 +237,8 @@ def run(main: Callable[[list[str]], object]) -> None:
         except fjp.ExtensionImportError as error:  # a recorded user module is not importable
             usage_error(str(error))
         except Exception as error:
-            if runtime.is_lost_peer_error(error):  # a peer died: one line, not a traceback
-                sys.exit(f"error: {runtime.lost_peer_message(error)}")
+            if fjp.runtime.is_lost_peer_error(error):  # a peer died: one line, no traceback
+                sys.exit(f"error: {fjp.runtime.lost_peer_message(error)}")
             raise
 
     cli.run_app(checked_main, argv=argv, flags_parser=_parse_flags)
@@ -251,8 +259,8 @@ def configure_runtime() -> None:
         )
     except ValueError as error:  # flags that do not fit together: a command-line mistake
         usage_error(str(error))
-    if progress.signals_handled():
-        progress.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
+    if fjp.experiment.progress.signals_handled():
+        fjp.experiment.progress.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
 
 
 def _signal_of(error: KeyboardInterrupt) -> int:
@@ -276,7 +284,7 @@ def user_errors():
     """Turns the library's errors about the user's input into `error: <message>` and exit 1."""
     try:
         yield
-    except USER_ERRORS as error:
+    except _user_errors() as error:
         sys.exit(f"error: {error}")
 
 

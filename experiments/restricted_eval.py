@@ -27,13 +27,12 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import flags as common
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _SWEEPS = flags.DEFINE_list("sweeps", None, "Sweep workdirs whose runs to re-evaluate.")
 _METHODS = flags.DEFINE_list("methods", ["fedrs", "fedavg"], "Method directories under runs/.")
@@ -67,6 +66,9 @@ def restricted_accuracies(logits: np.ndarray, labels: np.ndarray, target, alphas
 
 
 def evaluate_run(run_dir: str, alphas) -> dict:
+    import jax  # here, not at the top: --help prints without JAX
+    import jax.numpy as jnp
+
     with open(os.path.join(run_dir, "results.json")) as f:
         results = json.load(f)
     task, params = _final_params(run_dir)

@@ -21,10 +21,9 @@ _STARTED = time.monotonic()  # this launch's time counts its imports too
 
 from absl import flags  # noqa: E402
 
-import fedjax_pals as fjp  # noqa: E402
 from experiments import flags as common  # noqa: E402
-from fedjax_pals.experiment import progress  # noqa: E402
-from fedjax_pals.experiment.progress import result_line  # noqa: E402
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _CONFIG = common.define_config_file("config", None, "Config file (configs/*.py).")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -46,7 +45,8 @@ def main(argv):
     if not fjp.is_main_process():  # --quiet silences progress and logs, not the results
         return
     # This launch's time; after a resume or an extension, the training time of all launches too.
-    print(result_line(results, time.monotonic() - _STARTED, progress.ACTIVITY.last_start))
+    progress = fjp.experiment.progress
+    print(progress.result_line(results, time.monotonic() - _STARTED, progress.ACTIVITY.last_start))
     common.print_written(common.WORKDIR.value, started)
 
 

@@ -20,10 +20,9 @@ import time
 
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import flags as common
-from fedjax_pals.experiment import shards as shards_lib
-from fedjax_pals.experiment import submission as submission_lib
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _CONFIG = common.define_config_file("config", None, "Sweep config file (configs/*.py).")
 _SHARDS = flags.DEFINE_integer("shards", None, "N: array tasks, each running one shard.", lower_bound=1)
@@ -127,7 +126,7 @@ def main(argv):
     if _WAIT.value or _CLUSTER.value != "slurm":
         try:
             summary = submission.wait(on_shard_done=shard_done)
-        except (shards_lib.SweepIncompleteError, fjp.ConfigError) as error:
+        except (fjp.experiment.shards.SweepIncompleteError, fjp.ConfigError) as error:
             raise SystemExit(f"error: {error}") from None
         if summary.get("markdown"):
             print(f"\n{summary['markdown']}\n")
@@ -135,7 +134,7 @@ def main(argv):
     else:
         print(
             f"when the collect has run: {workdir}/table.md; progress: {workdir}/shards/*.json, "
-            f"logs: {submission_lib.SUBMITIT_FOLDER}/ in the workdir"
+            f"logs: {fjp.experiment.submission.SUBMITIT_FOLDER}/ in the workdir"
         )
     # submitit's LocalJob objects kill their processes when collected at interpreter exit.
     del submission, jobs

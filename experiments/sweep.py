@@ -33,9 +33,9 @@ import time
 
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import flags as common
-from fedjax_pals.experiment import shards as shards_lib
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _CONFIG = common.define_config_file(
     "config", None, "Sweep config file (configs/*.py); optional with --collect."
@@ -47,7 +47,7 @@ _SHARD = flags.DEFINE_string(
     "shard",
     None,
     "Run only shard <index>/<count> of the sweep (0-based, e.g. 3/8), or 'auto': the task of "
-    f"a scheduler's array job ({'; '.join(shards_lib.SCHEDULERS)}).",
+    "a Slurm or Grid Engine array job (fedjax_pals.experiment.shards.SCHEDULERS).",
 )
 _COLLECT = flags.DEFINE_boolean(
     "collect",
@@ -67,8 +67,8 @@ _RESHARD = flags.DEFINE_boolean(
 def _check_shard(value) -> bool:
     if value is not None:
         try:
-            shards_lib.parse_shard(value)
-        except shards_lib.ShardError as error:
+            fjp.experiment.shards.parse_shard(value)
+        except fjp.experiment.shards.ShardError as error:
             raise flags.ValidationError(str(error)) from None
     return True
 
@@ -92,14 +92,14 @@ flags.register_multi_flags_validator(
 )
 
 
-def _list(shard: shards_lib.Shard | None) -> None:
+def _list(shard: fjp.experiment.shards.Shard | None) -> None:
     with common.user_errors():
         if shard is None:
             names = [name for name, _ in fjp.expand_sweep(_CONFIG.value)]
             print("\n".join(names))
             print(f"{len(names)} runs")
             return
-        split = shards_lib.split_sweep(_CONFIG.value, shard.count)
+        split = fjp.experiment.shards.split_sweep(_CONFIG.value, shard.count)
     mine = [(name, cost) for name, s, cost in split if s == shard.index]
     for name, cost in mine:
         print(f"{name}  (cost {cost:.3g})")
@@ -116,9 +116,9 @@ def _collect(workdir: str, started: float) -> None:
         summary = fjp.collect_sweep(
             workdir, _CONFIG.value, allow_partial=_ALLOW_PARTIAL.value
         )
-    except shards_lib.NoSweepError as error:
+    except fjp.experiment.shards.NoSweepError as error:
         common.usage_error(str(error))
-    except shards_lib.SweepIncompleteError as error:
+    except fjp.experiment.shards.SweepIncompleteError as error:
         raise SystemExit(f"error: {error}") from None
     except fjp.ConfigError as error:
         raise SystemExit(f"error: {error}") from None
@@ -160,7 +160,7 @@ def _run_shard(workdir: str) -> None:
 
 def main(argv):
     del argv  # a stray argument is refused by common.run
-    shard = shards_lib.parse_shard(_SHARD.value) if _SHARD.value is not None else None
+    shard = fjp.experiment.shards.parse_shard(_SHARD.value) if _SHARD.value is not None else None
     if _LIST.value:
         if _CONFIG.value is None:
             common.usage_error("--config is required (the sweep to list).")

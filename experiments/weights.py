@@ -21,8 +21,9 @@ import time
 import numpy as np
 from absl import flags
 
-import fedjax_pals as fjp
 from experiments import flags as common
+
+fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
 _CONFIG = common.define_config_file("config", None, "Run config file (configs/*.py).")
 _FRACTIONS = flags.DEFINE_list(

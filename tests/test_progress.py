@@ -2,6 +2,10 @@
 
 import io
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -270,6 +274,46 @@ def test_a_signal_during_a_write_takes_effect_once_the_write_is_whole(signal_han
     assert written == ["the whole checkpoint"]
     assert caught.value.signum == signal.SIGTERM and caught.value.exit_status == 143
     assert progress.exit_status(KeyboardInterrupt()) == 130
+
+
+@pytest.mark.parametrize("finalizer", ["__del__", "weakref.finalize"])
+def test_a_signal_that_lands_in_a_finalizer_still_stops_the_command(finalizer):
+    # The garbage collector runs finalizers (JAX's among them) between any two bytecodes; an
+    # Interrupted raised inside one was printed as "Exception ignored in ..." and lost.
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time, weakref
+        from fedjax_pals.experiment import progress
+
+        def finalize():
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:  # the handler runs here, inside the finalizer
+                pass
+
+        class WithDel:
+            def __del__(self):
+                finalize()
+
+        class Plain:
+            pass
+
+        progress.handle_signals()
+        try:
+            if {finalizer!r} == "__del__":
+                held = WithDel()
+            else:
+                held = Plain()
+                weakref.finalize(held, finalize)
+            del held
+            time.sleep(60)  # not interrupted: "not interrupted" after a minute
+            print("not interrupted")
+        except progress.Interrupted as error:
+            print("interrupted", error.signum)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.strip() == f"interrupted {int(signal.SIGINT)}", done.stderr
+    assert "Exception ignored" not in done.stderr
 
 
 def test_a_runs_result_line_is_in_percent_and_states_this_launchs_time():

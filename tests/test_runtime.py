@@ -189,6 +189,35 @@ print("hits", len(hits), jax.config.jax_compilation_cache_dir)
     assert oct(cache.stat().st_mode & 0o777) == "0o700"  # the user's own cache
 
 
+_HELP_PROBE = """
+import runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as exit_:
+    code = exit_.code
+print("exit", code, "imported", [m for m in ("jax", "fedjax_pals.experiment") if m in sys.modules],
+      file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("main", [
+    "run", "sweep", "demo", "submit", "compare", "weights", "unknown_target_report",
+    "restricted_eval",
+])
+def test_a_mains_help_exits_0_before_jax_is_imported(main):
+    # The JAX import is seconds (half a minute on a loaded machine) before the help otherwise.
+    completed = subprocess.run(
+        [sys.executable, "-c", _HELP_PROBE, f"experiments.{main}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert "--" in completed.stdout and "flags:" in completed.stdout, completed.stderr[-2000:]
+    assert completed.stderr.strip().splitlines()[-1] == "exit 0 imported []", completed.stderr
+
+
 def test_the_launchers_help_says_which_flags_are_required_and_shows_no_none_default():
     completed = subprocess.run(
         [sys.executable, "-m", "experiments.run", "--help"],

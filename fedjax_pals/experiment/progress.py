@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Iterator, TextIO
 
 import numpy as np
@@ -396,14 +397,36 @@ class _Signals:
     installed = False
 
 
+# A signal that lands in a finalizer is delivered again this much later (`_on_signal`).
+REDELIVERY_SECONDS = 0.05
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether the main thread is running a finalizer (a `__del__`, a `weakref.finalize`
+    callback), which the garbage collector may start between any two bytecodes: an exception
+    raised there is printed as "Exception ignored in ..." with its traceback and dropped."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _on_signal(signum: int, frame) -> None:
-    del frame
     if _Signals.raised is not None or _Signals.pending is not None:
         # A second signal while the first one unwinds (or waits for a write): stop at once.
         print(interruption_message(signum), file=sys.stderr, flush=True)
         os._exit(128 + signum)
     if _Signals.deferring:
         _Signals.pending = signum  # raised when the write ends (`uninterrupted`)
+        return
+    if _in_finalizer(frame):
+        # Raised here, the interrupt would be a traceback and then lost (the run would go on):
+        # the signal comes again once the finalizer is done.
+        timer = threading.Timer(REDELIVERY_SECONDS, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
         return
     _Signals.raised = signum
     raise Interrupted(signum)
