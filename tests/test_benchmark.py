@@ -680,10 +680,11 @@ def test_flower_benchmark_imports_without_defining_flags_when_flower_is_installe
 
 class _FakeGroup:
     """A ChildGroup that answers at once; `interrupt_at` raises KeyboardInterrupt (Ctrl-C) when
-    that case's first round is asked for."""
+    round `interrupt_round` (default: the first) of that case is asked for."""
 
     made: list = []
     interrupt_at: str | None = None
+    interrupt_round: int = 0
 
     def __init__(self, devices, processes, model, num_clients, settings, workdir):
         self.devices, self.processes = devices, processes
@@ -694,7 +695,7 @@ class _FakeGroup:
     def ask_all(self, command):
         if command["cmd"] == "add":
             return [{"resolved_backend": command["case"]["backend"], "is_default": False}]
-        if command["case"] == _FakeGroup.interrupt_at:
+        if command["case"] == _FakeGroup.interrupt_at and command["r"] == _FakeGroup.interrupt_round:
             raise KeyboardInterrupt
         return [_measure(0.5 if command["r"] == 0 else 0.01, compile_s=0.4 * (command["r"] == 0))]
 
@@ -710,6 +711,7 @@ def fake_workers(monkeypatch):
     monkeypatch.setattr(bench, "ChildGroup", _FakeGroup)
     monkeypatch.setattr(_FakeGroup, "made", [])
     monkeypatch.setattr(_FakeGroup, "interrupt_at", None)
+    monkeypatch.setattr(_FakeGroup, "interrupt_round", 0)
     return _FakeGroup
 
 
@@ -721,10 +723,16 @@ def test_run_benchmark_says_case_k_of_n_and_hands_over_the_result_after_every_ca
     lines, updates = [], []
     result = bench.run_benchmark(cases, FAKE_SETTINGS, log=lines.append, on_update=updates.append)
     starts = [line for line in lines if line.startswith("case ")]
-    assert [s.split(" (")[0] for s in starts] == ["case 1/4", "case 2/4", "case 3/4", "case 4/4"]
-    assert all(case.name in s for case, s in zip(cases, starts))
-    # "left" once a case has finished (its pace, not the warm-ups', which come first)
-    assert "elapsed" in starts[0] and "left" not in starts[0] and "left" in starts[-1]
+    assert starts == [f"case {k}/4 started: {case.name}" for k, case in enumerate(cases, 1)]
+    # After each (model, M), whose cases finish together: what is done, what is left, and the
+    # time left at the pace of the finished cases (none once all are done).
+    finished = [line for line in lines if line.startswith("finished ")]
+    assert [f.split(" (")[0] for f in finished] == [
+        "finished 2/4 cases, 2 to go", "finished 4/4 cases, 0 to go"
+    ]
+    assert "elapsed, about" in finished[0] and " left)" in finished[0]
+    assert "left" not in finished[1]
+    assert lines.index(finished[0]) < lines.index(starts[2])
     # One update per finished case, each a whole JSON object marked partial, growing.
     assert [u["cases_done"] for u in updates] == [1, 2, 3, 4]
     assert all(u["partial"] and u["cases_total"] == 4 for u in updates)
@@ -748,6 +756,24 @@ def test_a_stopped_run_benchmark_kills_its_workers_and_its_partial_result_has_th
     assert [r["num_clients"] for r in updates[-1]["results"]] == [2, 2]
     stopped = [g for g in fake_workers.made if g.killed]
     assert stopped and all(g.closed for g in fake_workers.made)
+
+
+def test_a_benchmark_stopped_in_its_timed_rounds_keeps_the_rounds_each_case_had(fake_workers):
+    # The timed rounds of a (model, M)'s cases are interleaved: stopped among them, no case
+    # had finished, and nothing was kept although every case had measured rounds.
+    cases = bench.benchmark_cases(["logistic_regression"], [2, 4], ["auto"])
+    settings = dataclasses.replace(FAKE_SETTINGS, rounds=4, max_fast_rounds=4)
+    fake_workers.interrupt_at, fake_workers.interrupt_round = cases[3].name, 2
+    updates = []
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_benchmark(cases, settings, log=lambda msg: None, on_update=updates.append)
+    rows = updates[-1]["results"]
+    assert updates[-1]["cases_done"] == 4 and [r["num_clients"] for r in rows] == [2, 2, 4, 4]
+    assert not any(r.get("stopped_early") for r in rows[:2])
+    # Round 2 of the second case at M = 4 was the one stopped: its group-mate had had it.
+    assert [r["timed_rounds"] for r in rows[2:]] == [2, 1]
+    assert all(r["stopped_early"] and r["planned_timed_rounds"] == 4 for r in rows[2:])
+    assert all(r["status"] == "ok" for r in rows)
 
 
 def test_the_budget_is_the_cases_times_the_per_case_budget():

@@ -484,6 +484,9 @@ def test_a_resolved_config_holds_the_digest_and_the_method_key_it_was_given():
     assert (resolved.method, resolved.imports) == ("fedprox_fedpals", None)
     assert resolved.label == registry.method_label("fedprox_fedpals")
     assert fjp.resolve_config(resolved) is resolved  # taken as it is, not resolved again
+    # The most specific key, whatever the spelling: fedprox under FedPALS' weights.
+    spelled = {"name": "fedprox", "weights": "fedpals"}
+    assert fjp.resolve_config({**config, "algorithm": spelled}).method == "fedprox_fedpals"
     # Two keys that mean the same run (a user's variant with a built-in's settings): the run
     # is named by the key it was given.
     fjp.register_variant(fjp.Variant("fedpals_again", "FedPALS (again)", "fedpals", {}))

@@ -1678,7 +1678,10 @@ def format_duration(seconds: float) -> str:
 
 
 class _Progress:
-    """`case k/N` lines as cases start, and the partial result after every finished case."""
+    """A `case k/N started` line as each case starts its warm-up; after each finished case,
+    the partial result, and once the cases of a problem (one model and M, whose timed rounds
+    are interleaved, so that they finish together) have all finished, a `finished k/N` line
+    with the time left at the pace so far."""
 
     def __init__(self, total: int, log: Callable[[str], None], on_case_done: Callable[[], None]):
         self.total, self.log, self.on_case_done = total, log, on_case_done
@@ -1688,17 +1691,20 @@ class _Progress:
 
     def begin(self, case: BenchmarkCase) -> None:
         self.begun += 1
-        elapsed = time.perf_counter() - self.started
-        timing = f"{format_duration(elapsed)} elapsed"
-        if self.done:  # the finished cases' mean pace (a case's warm-up runs long before its
-            # timed rounds, which come after every warm-up of its problem)
-            left = elapsed / self.done * (self.total - self.done)
-            timing += f", about {format_duration(left)} left"
-        self.log(f"case {self.begun}/{self.total} ({timing}): {case.name}")
+        self.log(f"case {self.begun}/{self.total} started: {case.name}")
 
     def finished(self) -> None:
         self.done += 1
         self.on_case_done()
+
+    def report(self) -> None:
+        """The `finished k/N` line: what is done, what remains, and the time left."""
+        elapsed = time.perf_counter() - self.started
+        left = self.total - self.done
+        timing = f"{format_duration(elapsed)} elapsed"
+        if left:  # the finished cases' mean pace
+            timing += f", about {format_duration(elapsed / self.done * left)} left"
+        self.log(f"finished {self.done}/{self.total} cases, {left} to go ({timing})")
 
 
 def run_benchmark(
@@ -1715,10 +1721,12 @@ def run_benchmark(
     first-round params vs the first case at `settings.check_clients`), "fastest",
     "total_seconds", "markdown_table", and "partial" (False), "cases_done", "cases_total".
 
-    `log` gets a `case k/N` line as each case starts. `on_update(result)` is called after
-    every finished case with the result so far (the same keys, "partial": True, the rows of
-    the cases done so far; no parity): write it, and a stopped benchmark leaves what it
-    measured. On KeyboardInterrupt or SystemExit (a SIGTERM turned into one) the child
+    `log` gets a `case k/N started` line as each case starts and a `finished k/N` line (with
+    the time left) after each problem. `on_update(result)` is called after every finished
+    case with the result so far (the same keys, "partial": True, the rows of the cases done
+    so far; no parity): write it, and a stopped benchmark leaves what it measured; a case
+    stopped in its timed rounds is a row of the rounds it had (stopped_early: True,
+    planned_timed_rounds). On KeyboardInterrupt or SystemExit (a SIGTERM turned into one) the child
     processes are killed at once; every child also dies with this process (PR_SET_PDEATHSIG:
     strictly, with the thread that calls `run_benchmark`, so call it from one that lives as
     long as the benchmark, e.g. the main thread).
@@ -1949,10 +1957,21 @@ def _run_problem(
         if not isinstance(error, Exception):  # Ctrl-C, SIGTERM: kill the children, not wait
             for group in groups.values():
                 group.kill()
+            # What the stopped cases measured is kept: each case with a timed round is a row
+            # (the median of the rounds it had), marked stopped_early.
+            for a in active:
+                if a.rounds and not any(r.get("_case") == a.case.name for r in records):
+                    row = summarize_case(
+                        a.case, a.first, a.rounds, a.info, settings,
+                        predicted_round_s=a.predicted_round_s,
+                    )
+                    row.update(_case=a.case.name, stopped_early=True, planned_timed_rounds=a.target)
+                    record(row)
         raise
     finally:
         for group in groups.values():
             group.close()
+    progress.report()
 
 
 def _machine_info(child_infos: Mapping[str, Any], load_start: list[float]) -> dict:

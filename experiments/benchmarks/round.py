@@ -20,9 +20,11 @@ win). With several --runs, a second table gives the runs axis' gain: client-step
 runs trained together (every run's steps counted) over one run's.
 
 It says up front how long it may take (cases x --max_seconds_per_case, a case's budget),
-prints `case k/N` as each case starts, and rewrites --output after every finished case
-("partial": true, "cases_done" of "cases_total"; false when it is complete): a benchmark
-stopped by Ctrl-C or SIGTERM keeps what it measured, says so in one line, and its worker
+prints `case k/N started` as each case starts and `finished k/N, R to go` with the time
+left after each model and M, and rewrites --output after every finished case ("partial":
+true, "cases_done" of "cases_total"; false when it is complete): a benchmark stopped by
+Ctrl-C or SIGTERM keeps what it measured (a case stopped in its timed rounds is the median
+of those it had, marked stopped_early), says so in one line, and its worker
 processes die with it (at once, also when it is SIGKILLed).
 
 A mistake in the command line is one `error:` line on stderr and exit status 2.
@@ -210,8 +212,9 @@ def main(argv):
         f"# measuring takes up to about {budget} "
         f"({len(cases)} cases x --max_seconds_per_case={settings.max_seconds_per_case:g} s; a "
         "case predicted to take longer is skipped), plus starting the worker processes "
-        f"({bench.process_groups(cases)} sets, seconds each); each `case k/N` line below says "
-        f"the time left at the pace so far. {_OUTPUT.value} is rewritten after every case.",
+        f"({bench.process_groups(cases)} sets, seconds each); a `finished k/N` line after each "
+        "model and M says the time left at the pace so far. "
+        f"{_OUTPUT.value} is rewritten after every case.",
         flush=True,
     )
 
@@ -225,11 +228,12 @@ def main(argv):
             }
         return result
 
-    written = {"done": 0}
+    written = {"done": 0, "stopped_early": 0}
 
     def write_partial(result: dict) -> None:
         write_result(_OUTPUT.value, with_workload(result))
         written["done"] = result["cases_done"]
+        written["stopped_early"] = sum(bool(r.get("stopped_early")) for r in result["results"])
 
     _stop_on_sigterm()
     try:
@@ -238,10 +242,14 @@ def main(argv):
         )
     except KeyboardInterrupt as stopped:
         how = str(stopped) or "SIGINT"
+        early = written["stopped_early"]
         where = (
-            f"{_OUTPUT.value} holds the {written['done']} finished case(s) (\"partial\": true)"
+            f"{_OUTPUT.value} holds the {written['done']} finished case(s) (\"partial\": true"
+            + (f"; {early} of them stopped early: the median of fewer timed rounds than planned, "
+               "stopped_early: true" if early else "")
+            + ")"
             if written["done"]
-            else "no case had finished: nothing was written"
+            else "no case had measured a timed round: nothing was written"
         )
         print(f"\nstopped by {how} after {written['done']} of {len(cases)} cases; {where}.")
         sys.exit(128 + getattr(signal.Signals, how, signal.SIGINT).value)

@@ -728,10 +728,12 @@ def resolve_config(config: Any) -> ResolvedConfig:
 
 
 def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
-    """The method key of a resolved, flattened config as a sweep names it: `named` (the
-    algorithm.name the config was given) where it is a key whose config keys the config holds,
-    else the most specific registered key (server-optimiser prefix included) that it holds (a
-    key's None leaves its value to the config: `fedprox` is FedProx under either weighting)."""
+    """The method key of a resolved, flattened config as a sweep names it: the most specific
+    registered key (server-optimiser prefix included) whose config keys the config holds (a
+    key's None leaves its value to the config: `fedprox` is FedProx under either weighting,
+    `fedprox_fedpals` the more specific one under FedPALS' weights); among equally specific
+    ones (a user's variant with a built-in's settings), `named`, the algorithm.name the config
+    was given."""
 
     def holds(key: str) -> dict | None:
         try:
@@ -741,8 +743,6 @@ def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
         sets = {p: v for p, v in overrides.items() if v is not None}
         return sets if all(flat.get(p) == v for p, v in sets.items()) else None
 
-    if isinstance(named, str) and holds(named) is not None:
-        return named
     keys = registry.method_keys()
     optimizer = flat.get("server.optimizer")
     if optimizer not in (None, "sgd"):
@@ -752,7 +752,8 @@ def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
         sets = holds(key)
         if sets is not None and len(sets) > most:
             best, most = key, len(sets)
-    return best
+    given = holds(named) if isinstance(named, str) else None
+    return named if given is not None and len(given) == most else best
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
