@@ -225,15 +225,15 @@ def run(main: Callable[[list[str]], object]) -> None:
             usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
-        progress = fjp.experiment.progress
-        progress.handle_signals()  # SIGINT and SIGTERM: one line (below), 130 / 143
+        interruption = fjp.experiment.interruption
+        interruption.handle_signals()  # SIGINT and SIGTERM: one line (below), 130 / 143
         try:
             return main(args)
         except KeyboardInterrupt as error:  # Ctrl-C, SIGTERM: where it stopped, not a traceback
             if not _secondary_process():  # the other processes of a launch: only the status
-                print(progress.interruption_message(_signal_of(error)), file=sys.stderr)
+                print(interruption.interruption_message(_signal_of(error)), file=sys.stderr)
                 sys.stderr.flush()
-            sys.exit(progress.exit_status(error))
+            sys.exit(interruption.exit_status(error))
         except fjp.ExtensionImportError as error:  # a recorded user module is not importable
             usage_error(str(error))
         except Exception as error:
@@ -259,8 +259,8 @@ def configure_runtime() -> None:
         )
     except ValueError as error:  # flags that do not fit together: a command-line mistake
         usage_error(str(error))
-    if fjp.experiment.progress.signals_handled():
-        fjp.experiment.progress.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
+    if fjp.experiment.interruption.signals_handled():
+        fjp.experiment.interruption.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
 
 
 def _signal_of(error: KeyboardInterrupt) -> int:

@@ -45,8 +45,8 @@ def main(argv):
     if not fjp.is_main_process():  # --quiet silences progress and logs, not the results
         return
     # This launch's time; after a resume or an extension, the training time of all launches too.
-    progress = fjp.experiment.progress
-    print(progress.result_line(results, time.monotonic() - _STARTED, progress.ACTIVITY.last_start))
+    last_start = fjp.experiment.interruption.ACTIVITY.last_start
+    print(fjp.experiment.progress.result_line(results, time.monotonic() - _STARTED, last_start))
     common.print_written(common.WORKDIR.value, started)
 
 

@@ -490,11 +490,24 @@ def test_a_resolved_config_holds_the_digest_and_the_method_key_it_was_given():
     # Two keys that mean the same run (a user's variant with a built-in's settings): the run
     # is named by the key it was given.
     fjp.register_variant(fjp.Variant("fedpals_again", "FedPALS (again)", "fedpals", {}))
+    # A user's variant that sets keys to their defaults besides a built-in's (as
+    # configs/beyond_unknown_target.py's unknown_t_bbse_in_sample): no more specific than it.
+    in_sample = {"algorithm.target_estimation": "bbse", "algorithm.target_holdout": 0.0,
+                 "algorithm.target_damping": 1.0}
+    fjp.register_variant(fjp.Variant("bbse_again", "BBSE (again)", "fedpals", in_sample))
     try:
         again = fjp.resolve_config({**config, "algorithm": {"name": "fedpals_again"}})
         assert again.method == "fedpals_again"
         assert fjp.resolve_config({**config, "algorithm": {"name": "fedpals"}}).method == "fedpals"
+        for key in ("fedpals_unknown_t_bbse", "bbse_again"):
+            named = {**config, "algorithm": {"name": key, "lam": 0.1}}
+            assert fjp.resolve_config(named).method == key
+        spelled = {"name": "fedpals", "target_estimation": "bbse", "lam": 0.1}
+        assert fjp.resolve_config({**config, "algorithm": spelled}).method == (
+            "fedpals_unknown_t_bbse"  # the first registered of the two
+        )
     finally:
         registry._VARIANTS.pop("fedpals_again")
+        registry._VARIANTS.pop("bbse_again")
     with pytest.raises(fjp.ConfigError, match="config.sweep is set"):
         fjp.resolve_config({**config, "sweep": {"seeds": (0, 1)}})

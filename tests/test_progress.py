@@ -2,10 +2,6 @@
 
 import io
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -194,128 +190,6 @@ def test_on_screen_accuracies_are_percentages_like_the_tables():
 # -- what an interrupted command says ---------------------------------------------------------
 
 
-def test_the_interruption_line_names_the_round_reached_and_the_round_it_resumes_from():
-    import signal
-
-    from fedjax_pals.experiment.progress import Activity, interruption_message
-
-    activity = Activity()
-    assert interruption_message(signal.SIGINT, activity) == (
-        "interrupted (SIGINT); the same command starts again."  # nothing began
-    )
-    activity.reset()  # as train_and_evaluate begins
-    assert interruption_message(signal.SIGINT, activity) == (
-        "interrupted (SIGINT) before training began; the same command starts again."
-    )
-    activity.run_prepared("/abs/runs/a", "runs/a", 50)
-    activity.run_saved("/abs/runs/a", 20)
-    assert interruption_message(signal.SIGTERM, activity) == (
-        "interrupted (SIGTERM) before round 21/50 of runs/a; the same command resumes from "
-        "round 20 (the last checkpoint)."
-    )
-    activity.run_training(["/abs/runs/a"])
-    activity.run_round("/abs/runs/a", 26)
-    assert interruption_message(signal.SIGINT, activity) == (
-        "interrupted (SIGINT) in round 27/50 of runs/a; the same command resumes from round 20 "
-        "(the last checkpoint)."
-    )
-
-
-def test_an_interrupted_sweep_names_its_run_and_how_many_runs_finished():
-    import signal
-
-    from fedjax_pals.experiment.progress import Activity, interruption_message
-
-    activity = Activity()
-    activity.reset()  # as a sweep's execute_runs begins
-    activity.sweep_started(8, 3)
-    activity.name_runs({"/w/runs/fedavg/seed_1": "fedavg/seed_1"})
-    assert interruption_message(signal.SIGINT, activity) == (
-        "interrupted (SIGINT) with 3 of 8 runs finished; the same command resumes the sweep."
-    )
-    activity.run_prepared("/w/runs/fedavg/seed_1", "/w/runs/fedavg/seed_1", 4)
-    activity.run_training(["/w/runs/fedavg/seed_1"])
-    activity.run_round("/w/runs/fedavg/seed_1", 1)
-    activity.sweep_run_finished()
-    assert interruption_message(signal.SIGTERM, activity) == (
-        "interrupted (SIGTERM) in round 2/4 of run fedavg/seed_1, with 4 of 8 runs finished; "
-        "the same command resumes the sweep, this run from round 0 (no checkpoint yet)."
-    )
-
-
-@pytest.fixture
-def signal_handlers():
-    """`handle_signals` for one test; the process's own handlers back afterwards."""
-    import signal
-
-    from fedjax_pals.experiment import progress
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress.handle_signals()
-    yield progress
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-    progress._Signals.raised = progress._Signals.pending = None
-    progress._Signals.installed = False
-
-
-def test_a_signal_during_a_write_takes_effect_once_the_write_is_whole(signal_handlers):
-    import os
-    import signal
-
-    progress = signal_handlers
-    written = []
-    with pytest.raises(progress.Interrupted) as caught:
-        with progress.uninterrupted():
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):  # the handler runs between bytecodes: it is well past now
-                pass
-            written.append("the whole checkpoint")
-    assert written == ["the whole checkpoint"]
-    assert caught.value.signum == signal.SIGTERM and caught.value.exit_status == 143
-    assert progress.exit_status(KeyboardInterrupt()) == 130
-
-
-@pytest.mark.parametrize("finalizer", ["__del__", "weakref.finalize"])
-def test_a_signal_that_lands_in_a_finalizer_still_stops_the_command(finalizer):
-    # The garbage collector runs finalizers (JAX's among them) between any two bytecodes; an
-    # Interrupted raised inside one was printed as "Exception ignored in ..." and lost.
-    script = textwrap.dedent(f"""
-        import os, signal, sys, time, weakref
-        from fedjax_pals.experiment import progress
-
-        def finalize():
-            os.kill(os.getpid(), signal.SIGINT)
-            deadline = time.monotonic() + 0.3
-            while time.monotonic() < deadline:  # the handler runs here, inside the finalizer
-                pass
-
-        class WithDel:
-            def __del__(self):
-                finalize()
-
-        class Plain:
-            pass
-
-        progress.handle_signals()
-        try:
-            if {finalizer!r} == "__del__":
-                held = WithDel()
-            else:
-                held = Plain()
-                weakref.finalize(held, finalize)
-            del held
-            time.sleep(60)  # not interrupted: "not interrupted" after a minute
-            print("not interrupted")
-        except progress.Interrupted as error:
-            print("interrupted", error.signum)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300)
-    assert done.stdout.strip() == f"interrupted {int(signal.SIGINT)}", done.stderr
-    assert "Exception ignored" not in done.stderr
-
-
 def test_a_runs_result_line_is_in_percent_and_states_this_launchs_time():
     from fedjax_pals.experiment.progress import result_line
 
@@ -334,23 +208,6 @@ def test_a_runs_result_line_is_in_percent_and_states_this_launchs_time():
         "final target accuracy 85.2%; at best val (round 48) 85.6%; 12.0 s this launch, which "
         "resumed after round 30"
     )
-
-
-def test_a_signal_the_process_was_started_ignoring_stays_ignored():
-    import signal
-
-    from fedjax_pals.experiment import progress
-
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` in a script starts cmd
-        progress.handle_signals()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGTERM) is progress._on_signal
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-        progress._Signals.installed = False
 
 
 @pytest.mark.parametrize("rows, columns, bar", [(24, 80, True), (0, 80, False), (24, 0, False)])

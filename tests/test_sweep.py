@@ -394,7 +394,7 @@ def test_an_interrupted_sweep_names_its_run_and_the_same_call_resumes_it(
 ):
     import signal
 
-    from fedjax_pals.experiment import progress
+    from fedjax_pals.experiment import interruption
     from fedjax_pals.experiment import train as train_lib
 
     config = _sweep_config(seeds=(0,), methods=("fedavg", "fedpals"))
@@ -410,14 +410,14 @@ def test_an_interrupted_sweep_names_its_run_and_the_same_call_resumes_it(
             trained.append((len(made), done))
             on_round(done, loss)
             if second and done == 3:  # Ctrl-C while the second run trains its round 4
-                raise progress.Interrupted(signal.SIGINT)
+                raise interruption.Interrupted(signal.SIGINT)
 
         return real(*args, on_round=hook, **kwargs)
 
     monkeypatch.setattr(train_lib, "TrainingRun", training_run)
-    with pytest.raises(progress.Interrupted):
+    with pytest.raises(interruption.Interrupted):
         fjp.run_sweep(config, str(tmp_path), quiet=True)
-    assert progress.interruption_message(signal.SIGINT) == (
+    assert interruption.interruption_message(signal.SIGINT) == (
         "interrupted (SIGINT) in round 4/4 of run fedpals/seed_0, with 1 of 2 runs finished; "
         "the same command resumes the sweep, this run from round 2 (the last checkpoint)."
     )

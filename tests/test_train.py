@@ -458,7 +458,7 @@ def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_
 ):
     import signal
 
-    from fedjax_pals.experiment import progress
+    from fedjax_pals.experiment import interruption, progress
 
     _, expected = uninterrupted
     workdir = str(tmp_path / "run")
@@ -468,14 +468,14 @@ def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_
         def hook(done, loss):
             on_round(done, loss)
             if done == 3:  # SIGTERM while round 4 trains (as `handle_signals` raises it)
-                raise progress.Interrupted(signal.SIGTERM)
+                raise interruption.Interrupted(signal.SIGTERM)
 
         return real(*args, on_round=hook, **kwargs)
 
     monkeypatch.setattr(train_lib, "TrainingRun", interrupted_after_round_3)
-    with pytest.raises(progress.Interrupted):
+    with pytest.raises(interruption.Interrupted):
         fjp.train_and_evaluate(_config(), workdir)  # not quiet: stderr is no terminal here
-    assert progress.interruption_message(signal.SIGTERM) == (
+    assert interruption.interruption_message(signal.SIGTERM) == (
         f"interrupted (SIGTERM) in round 4/6 of {workdir}; the same command resumes from round 2 "
         "(the last checkpoint)."
     )
@@ -488,7 +488,7 @@ def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_
     resumed = fjp.train_and_evaluate(_config(), workdir, quiet=True)
     assert trained == [3, 4, 5, 6]
     assert resumed["target_accuracy"] == expected["target_accuracy"]
-    assert progress.ACTIVITY.last_start == 2  # what experiments.run's last line says
+    assert interruption.ACTIVITY.last_start == 2  # what experiments.run's last line says
 
 
 @pytest.mark.parametrize("max_runs", [1, 3, 16])
@@ -589,3 +589,11 @@ def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
     results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
     assert len(calls) == 1
     assert results["config_digest"] == fjp.config_digest(config)
+    # A sweep validates each grid point's config when it is expanded (one for all its seeds),
+    # and its runs take them as they are: fewer validations than runs.
+    calls.clear()
+    sweep = {**_config(rounds=1, eval_every=1),
+             "sweep": {"seeds": (0, 1), "methods": ("fedavg", "fedpals")}}
+    summary = fjp.run_sweep(sweep, str(tmp_path / "sweep"), quiet=True)
+    assert len(summary["runs"]) == 4 and set(summary["runs"].values()) == {"done"}
+    assert len(calls) < 4

@@ -2,7 +2,7 @@
 cluster), metrics, plots."""
 
 # -- EXP-SWEEP: metric writer, progress bar, plots ---------------------------------------------
-from fedjax_pals.experiment import mlflow_writer
+from fedjax_pals.experiment import interruption, mlflow_writer
 from fedjax_pals.experiment.writers import MetricWriter, flatten_hparams, read_metrics
 from fedjax_pals.experiment.progress import Progress
 from fedjax_pals.experiment.plots import (
@@ -49,7 +49,7 @@ from fedjax_pals.experiment.train import train_and_evaluate
 
 # fmt: off
 __all__ = [
-    "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress",
+    "interruption", "mlflow_writer", "MetricWriter", "flatten_hparams", "read_metrics", "Progress",
     "plot_accuracy_vs_distance", "plot_comparison", "plot_curves", "plot_weights_vs_ess",
     "PAPER_METHODS", "PAPER_TABLE_1", "RunRecord", "best_val_point",
     "merge_tables", "protocol_grid", "protocol_table", "select_method", "table_markdown",

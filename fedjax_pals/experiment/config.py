@@ -97,6 +97,7 @@ files are and how they got there do not change the data set; results.json record
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -178,6 +179,9 @@ def per_run_state_presence_keys() -> tuple[str, ...]:
 
 
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
+# The sections of a config (the rest are top-level values: seed, model).
+_SECTIONS = ("dataset", "partition", "algorithm", "training", "server", "engine")
+
 MAX_ROUNDS = 1_000_000
 
 
@@ -238,7 +242,7 @@ def default_config() -> ml_collections.ConfigDict:
         dict(optimizer="sgd", learning_rate=1.0, momentum=0.9, b1=0.9, b2=0.99, tau=1e-3)
     )
     config.engine = ml_collections.ConfigDict(dict(backend="auto", chunk_size=64))
-    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
+    for section in _SECTIONS:
         config[section].lock()
     return config
 
@@ -247,7 +251,10 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def as_dict(config: Any) -> dict:
-    """A ConfigDict or nested mapping as plain nested dicts (FieldReferences resolved)."""
+    """A ConfigDict, a `ResolvedConfig` or a nested mapping as plain nested dicts
+    (FieldReferences resolved)."""
+    if isinstance(config, ResolvedConfig):
+        return copy.deepcopy(config.plain)
     if isinstance(config, ml_collections.ConfigDict):
         return config.to_dict()
     if isinstance(config, Mapping):
@@ -442,7 +449,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     )
 
     resolved = ml_collections.ConfigDict(r)
-    for section in ("dataset", "partition", "algorithm", "training", "server", "engine"):
+    for section in _SECTIONS:
         resolved[section].lock()
     return resolved
 
@@ -713,27 +720,40 @@ def resolve_config(config: Any) -> ResolvedConfig:
             "fjp.run_sweep (python -m experiments.sweep), or delete config.sweep for one run."
         )
     resolved = _validate(given, check_paths=True)
-    plain = resolved.to_dict()
+    return resolved_config_of(resolved.to_dict(), given.get("algorithm", {}).get("name"))
+
+
+def resolved_config_of(plain: Mapping[str, Any], method: Any = None) -> ResolvedConfig:
+    """The `ResolvedConfig` of a config that `validate_config` has resolved already, as nested
+    dicts (a sweep's runs: validated once per grid point when the sweep is expanded), not
+    validated again. `method`: the method key the run was named by (`_method_key`)."""
+    plain = copy.deepcopy(dict(plain))
     flat = flatten(plain)
-    method = _method_key(flat, given.get("algorithm", {}).get("name"))
+    key = _method_key(flat, method)
     modules = extensions.modules_for(resolved=[flat])
+    config = ml_collections.ConfigDict(plain)
+    for section in _SECTIONS:
+        config[section].lock()
     return ResolvedConfig(
-        config=resolved,
+        config=config,
         plain=plain,
         digest=resolved_config_digest(plain),
-        method=method,
-        label=registry.method_label(method),
+        method=key,
+        label=registry.method_label(key),
         imports=extensions.imports_record(modules) if modules else None,
     )
 
 
 def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
     """The method key of a resolved, flattened config as a sweep names it: the most specific
-    registered key (server-optimiser prefix included) whose config keys the config holds (a
-    key's None leaves its value to the config: `fedprox` is FedProx under either weighting,
-    `fedprox_fedpals` the more specific one under FedPALS' weights); among equally specific
-    ones (a user's variant with a built-in's settings), `named`, the algorithm.name the config
-    was given."""
+    registered key (server-optimiser prefix included) whose config keys the config holds, a
+    key's None leaving its value to the config. Specific = the keys it sets to other than their
+    defaults: `fedprox` is FedProx under either weighting, `fedprox_fedpals` the more specific
+    one under FedPALS' weights; a user's variant that sets a key to its default
+    (`target_holdout=0`) is not more specific than the built-in it copies. Among equally
+    specific ones, `named` (the algorithm.name the config was given), else the first
+    registered."""
+    defaults = flatten(default_config())
 
     def holds(key: str) -> dict | None:
         try:
@@ -741,7 +761,9 @@ def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
         except ValueError:
             return None
         sets = {p: v for p, v in overrides.items() if v is not None}
-        return sets if all(flat.get(p) == v for p, v in sets.items()) else None
+        if not all(flat.get(p) == v for p, v in sets.items()):
+            return None
+        return {p: v for p, v in sets.items() if defaults.get(p, v) != v or p == "algorithm.name"}
 
     keys = registry.method_keys()
     optimizer = flat.get("server.optimizer")

@@ -79,7 +79,8 @@ from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import train as train_lib
 from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import protocol as protocol_lib
-from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent
+from fedjax_pals.experiment.interruption import ACTIVITY
+from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.workdir import RESULTS_FILE, WorkdirLockedError, write_json
 from fedjax_pals.runtime import is_main_process
 
@@ -495,10 +496,11 @@ def execute_runs(
     over the runs and one line per run as it ends (`[k/N] <name>: target acc ...`). A failed
     run does not stop the others: its exception is returned in its place (and its traceback
     written to `<workdir>/error.txt`). KeyboardInterrupt stops the sweep (the runs' locks are
-    released; `progress.interruption_message` says where it stopped).
+    released; `interruption.interruption_message` says where it stopped).
 
     Args:
-      configs: run configs (ConfigDicts or nested mappings, without a `sweep` section).
+      configs: run configs (ConfigDicts or nested mappings, without a `sweep` section, or
+        `ResolvedConfig`s).
       workdirs: one directory per run.
       quiet: no progress bar.
       overwrite: passed to `train_and_evaluate` (replace a run of another config).
@@ -674,7 +676,8 @@ def execute_sweep_runs(
         on_status(name, status[name], errors.get(name))
 
     outcomes = execute_runs(
-        [runs[i].config for i in todo],
+        # Resolved when the sweep was expanded: each run's config is not validated again.
+        [config_lib.resolved_config_of(runs[i].resolved, runs[i].method) for i in todo],
         [run_dir(workdir, runs[i]) for i in todo],
         quiet=quiet,
         overwrite=overwrite,

@@ -40,7 +40,8 @@ from fedjax_pals.experiment.config import (
 )
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.plots import plot_curves
-from fedjax_pals.experiment.progress import ACTIVITY, Progress, percent, uninterrupted
+from fedjax_pals.experiment.interruption import ACTIVITY, uninterrupted
+from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
@@ -184,7 +185,7 @@ class _PreparedRun:
         self.stack = stack = contextlib.ExitStack()
         try:
             self.workdir = wd = stack.enter_context(Workdir(workdir, resolved, lock=main))
-            # What an interrupted command says of this run (`progress.interruption_message`).
+            # What an interrupted command says of this run (`interruption.interruption_message`).
             self.key = wd.path
             ACTIVITY.run_prepared(self.key, os.fspath(workdir), self.config.training.rounds)
             if not overwrite:
