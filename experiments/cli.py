@@ -76,9 +76,25 @@ def run_app(main: Callable[[list[str]], object], **kwargs) -> None:
         raise
 
 
+def show_main_flags_in_help(main: Callable) -> None:
+    """absl's --help shows the docstring of the program's main module and the flags it keys by
+    sys.argv[0]: run as `python -m experiments.sweep` that is the module that defined them, but
+    run as the `fedjax-pals-sweep` command it is the command's script, and the usage text and
+    the flags of `main`'s module would not show."""
+    module = getattr(main, "__module__", None)
+    if module and module != "__main__":
+        for flag in flags.FLAGS.get_flags_for_module(module):
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+        # absl's usage text is the docstring of __main__: the command's script has none.
+        script = sys.modules.get("__main__")
+        if script is not None and not getattr(script, "__doc__", None):
+            script.__doc__ = sys.modules[module].__doc__
+
+
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)` with `parse_flags`; a positional argument is refused the same way
     (absl passes it to `main`, where it would be silently ignored)."""
+    show_main_flags_in_help(main)
 
     def checked_main(argv: list[str]):
         if len(argv) > 1:

@@ -17,7 +17,7 @@ import time
 
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -62,5 +62,10 @@ def main(argv):
     common.print_written(common.WORKDIR.value, started)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-compare` command (`python -m experiments.compare`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

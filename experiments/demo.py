@@ -23,7 +23,7 @@ _STARTED = time.monotonic()  # the demo's elapsed time counts its imports too
 import json  # noqa: E402
 import os  # noqa: E402
 
-from experiments import flags as common  # noqa: E402
+from . import flags as common  # noqa: E402
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -139,5 +139,10 @@ def holds_another_config(config, workdir: str) -> bool:
     return False
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-demo` command (`python -m experiments.demo`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -36,7 +36,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from experiments import cli, config_args
+from . import cli, config_args
 
 fjp = cli.lazy_import("fedjax_pals")  # imported (with JAX) at its first use, after --help
 
@@ -190,6 +190,7 @@ def _say_required_in_help() -> None:
 
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
+    cli.show_main_flags_in_help(main)
     _show_launcher_flags_in_help()
     argv = list(sys.argv)
     new_keys: dict[str, dict] = {}

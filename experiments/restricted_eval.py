@@ -30,7 +30,7 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -144,5 +144,10 @@ def main(argv):
     common.print_written(workdir, started)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-restricted-eval` command (`python -m experiments.restricted_eval`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -21,7 +21,7 @@ _STARTED = time.monotonic()  # this launch's time counts its imports too
 
 from absl import flags  # noqa: E402
 
-from experiments import flags as common  # noqa: E402
+from . import flags as common  # noqa: E402
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -50,5 +50,10 @@ def main(argv):
     common.print_written(common.WORKDIR.value, started)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-run` command (`python -m experiments.run`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

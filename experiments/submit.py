@@ -20,7 +20,7 @@ import time
 
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -141,5 +141,10 @@ def main(argv):
     gc.collect()
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-submit` command (`python -m experiments.submit`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

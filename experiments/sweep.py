@@ -33,7 +33,7 @@ import time
 
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -206,5 +206,10 @@ def main(argv):
         )
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-sweep` command (`python -m experiments.sweep`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

@@ -30,7 +30,7 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -191,8 +191,13 @@ def main(argv):
     common.print_written(workdir, started)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-unknown-target-report` command (`python -m experiments.unknown_target_report`)."""
     # Defined here, not on import: tests import `report` beside other mains' flags.
     flags.DEFINE_list("sweeps", None, "Sweep workdirs of configs/beyond_unknown_target.py.")
     flags.mark_flags_as_required(["sweeps", "workdir"])
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

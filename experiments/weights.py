@@ -21,7 +21,7 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import flags as common
+from . import flags as common
 
 fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help prints at once
 
@@ -129,5 +129,10 @@ def alpha_table(description, sizes, record, unreachable, dists, target) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-weights` command (`python -m experiments.weights`)."""
     common.run(main)
+
+
+if __name__ == "__main__":
+    entry()

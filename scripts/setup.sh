@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set-up shared by the README's two commands: the Fashion-MNIST files (Debian),
-# a virtual environment in .venv with the pinned stack, the package installed.
+# a virtual environment in .venv with the pinned stack, the package installed
+# (FEDJAX_PALS_VENV=dir: another one, e.g. CI's of Python 3.13).
 # Idempotent: a second run only checks and returns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VENV=${FEDJAX_PALS_VENV:-.venv}
 
 FMNIST_DIR=/usr/share/datasets/fashion-mnist
 if [ ! -e "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
@@ -20,17 +22,35 @@ if [ ! -e "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
   fi
 fi
 
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-  echo "[setup] error: needs Python 3.11 ($PYTHON is $("$PYTHON" --version 2>&1));" \
-       "set PYTHON=/path/to/python3.11" >&2
-  exit 1
+# A supported interpreter (pyproject's requires-python: 3.11 to 3.13): $PYTHON if set, else
+# python3 if it is one (Debian 13's is 3.13, Ubuntu 24.04's 3.12), else the first of
+# python3.11, python3.12, python3.13 on PATH.
+supported() { "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' \
+                2>/dev/null; }
+if [ -n "${PYTHON:-}" ]; then
+  if ! supported "$PYTHON"; then
+    echo "[setup] error: needs Python 3.11, 3.12 or 3.13 (PYTHON=$PYTHON is" \
+         "$("$PYTHON" --version 2>&1))" >&2
+    exit 1
+  fi
+else
+  for candidate in python3 python3.11 python3.12 python3.13; do
+    if command -v "$candidate" >/dev/null 2>&1 && supported "$candidate"; then
+      PYTHON=$candidate
+      break
+    fi
+  done
+  if [ -z "${PYTHON:-}" ]; then
+    echo "[setup] error: needs Python 3.11, 3.12 or 3.13 (python3 is" \
+         "$(python3 --version 2>&1)); install one, or set PYTHON=/path/to/python3.x" >&2
+    exit 1
+  fi
 fi
-if [ ! -x .venv/bin/python ]; then
-  if ! "$PYTHON" -m venv .venv 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       apt-get install -y -qq python3-venv >/dev/null
-      "$PYTHON" -m venv .venv
+      "$PYTHON" -m venv "$VENV"
     else
       echo "[setup] error: '$PYTHON -m venv' failed; install python3-venv." >&2
       exit 1
@@ -38,23 +58,23 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 
-stamp=".venv/.installed-$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)"
+stamp="$VENV/.installed-$(cat pyproject.toml requirements/lock.txt | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
-  echo "[setup] installing the pinned stack into .venv (first time: about a minute;" \
-       "log in .venv/install.log)"
-  if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip &&
-         .venv/bin/python -m pip install --disable-pip-version-check --no-compile \
-             -c requirements/lock.txt -e ".[test]"; } > .venv/install.log 2>&1; then
-    tail -n 30 .venv/install.log >&2
-    echo "[setup] error: pip install failed; the whole log is .venv/install.log" >&2
+  echo "[setup] installing the pinned stack into $VENV (first time: about a minute;" \
+       "log in $VENV/install.log)"
+  if ! { "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip &&
+         "$VENV/bin/python" -m pip install --disable-pip-version-check --no-compile \
+             -c requirements/lock.txt -e ".[test]"; } > "$VENV/install.log" 2>&1; then
+    tail -n 30 "$VENV/install.log" >&2
+    echo "[setup] error: pip install failed; the whole log is $VENV/install.log" >&2
     exit 1
   fi
   # pip byte-compiles one file after another (half of the install's time, 33 of 65 s on 2
   # cores with pip's cache warm); compileall does it on every core (20 s). A file that does not
   # compile (a package's Python 2 test data) is skipped, as pip skips it.
-  .venv/bin/python -m compileall -q -j 0 \
-    "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-    >> .venv/install.log 2>&1 || true
-  rm -f .venv/.installed-*
+  "$VENV/bin/python" -m compileall -q -j 0 \
+    "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+    >> "$VENV/install.log" 2>&1 || true
+  rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.benchmarks import harness as bench
+from . import harness as bench
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,7 +403,7 @@ def _define_flags():
 
 def main(argv, f) -> None:
     del argv
-    from experiments import cli
+    from .. import cli
 
     try:
         settings = bench.BenchmarkSettings(
@@ -508,7 +508,7 @@ def main(argv, f) -> None:
 def entry() -> None:
     """Defines the flags and runs `main` (flags are not defined on a plain import, which
     the Ray actors do to unpickle the client function)."""
-    from experiments import cli
+    from .. import cli
 
     f = _define_flags()
     # Checked while absl parses: a mistake is one `error:` line before Ray starts.
@@ -526,6 +526,6 @@ def entry() -> None:
 
 if __name__ == "__main__":
     # Run from the importable module, so the client function pickles by reference.
-    from experiments.benchmarks import flower
+    import importlib
 
-    flower.entry()
+    importlib.import_module(__spec__.name).entry()

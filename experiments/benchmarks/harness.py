@@ -76,7 +76,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 import fedjax_pals as fjp
-from experiments.benchmarks import memory
+from . import memory
 
 BASELINE = "baseline_loop"
 """The name of the plain-loop reference in the `backend` column."""
@@ -121,7 +121,7 @@ if sys.platform.startswith("linux"):
         pass
     if str(os.getppid()) != os.environ.get("{_PARENT_ENV_VAR}", str(os.getppid())):
         os._exit(1)
-import experiments.benchmarks.harness as b
+import {__name__} as b
 b.worker_main()
 """
 # Environment variables that change JAX's device count or collectives: cleared in

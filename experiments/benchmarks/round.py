@@ -47,8 +47,8 @@ import sys
 
 from absl import flags
 
-from experiments import cli
-from experiments.benchmarks import harness as bench
+from .. import cli
+from . import harness as bench
 
 _BACKENDS_LIST = bench.available_backends()
 
@@ -277,5 +277,10 @@ def main(argv):
     print(f"# total {result['total_seconds']:.0f}s; wrote {_OUTPUT.value}")
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-benchmark-round` command (`python -m experiments.benchmarks.round`)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    entry()

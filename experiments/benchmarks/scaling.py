@@ -57,8 +57,8 @@ import time
 import numpy as np
 from absl import flags
 
-from experiments import cli
-from experiments.benchmarks import memory
+from .. import cli
+from . import memory
 
 _CURVES = flags.DEFINE_list(
     "curves",
@@ -634,7 +634,7 @@ def runs_split(runs: int, num_clients: int, pairs: int, devices: str) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from experiments.benchmarks import harness as bench
+    from . import harness as bench
 
     settings = bench.BenchmarkSettings()
     model = bench.make_model("lenet")
@@ -831,5 +831,10 @@ def main(argv):
     )
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-benchmark-scaling` command (`python -m experiments.benchmarks.scaling`)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    entry()

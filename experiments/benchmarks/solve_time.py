@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 import fedjax_pals as fjp
-from experiments import cli
+from .. import cli
 
 _NUM_CLIENTS = flags.DEFINE_list(
     "num_clients", ["10", "100", "1000", "10000", "100000"], "Numbers of clients M."
@@ -214,5 +214,10 @@ def main(argv):
     print(f"wrote {output}, {', '.join(paths)}")
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `fedjax-pals-benchmark-solve-time` command (`python -m experiments.benchmarks.solve_time`)."""
     cli.run(main)
+
+
+if __name__ == "__main__":
+    entry()

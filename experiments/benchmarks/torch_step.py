@@ -79,7 +79,7 @@ def _jax_cases(steps: int) -> dict:
     import numpy as np
 
     import fedjax_pals as fjp
-    from experiments.benchmarks.harness import BaselineLoop
+    from .harness import BaselineLoop
     from fedjax_pals.models import Model, _LeNet
 
     model = fjp.lenet(INPUT_SHAPE, NUM_CLASSES)
