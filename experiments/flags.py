@@ -127,7 +127,7 @@ def define_config_file(name: str, default: str | None, help_string: str) -> flag
     _CONFIG_FLAGS[name] = default
     help_string = (
         f"{help_string} Override any key with --{name}.<key path>=<value>; the keys and their "
-        "meaning: fedjax_pals/experiment/config.py (README, 'Launching experiments')."
+        "meaning: fedjax_pals/experiment/config.py (docs/guide/running.md)."
     )
     if default is not None and cli.asked_for_help(sys.argv):
         # ml_collections loads a default config file here, and a config file imports the

@@ -13,8 +13,7 @@ the Table-1-shaped table and writes <workdir>/table.md, table.json, comparison.p
 figures the config names. `--list` prints the runs without running them. Sweep keys:
 fedjax_pals/experiment/sweep.py; selection rule: fedjax_pals/experiment/protocol.py.
 
-One sweep over many jobs and hosts (a workdir on a shared file system; README, "Sweeps on a
-cluster"):
+One sweep over many jobs and hosts (a workdir on a shared file system; docs/guide/cluster.md):
 
   python -m experiments.sweep --config=C --workdir=W --shard=3/8     # shard 3 of 8 (0-based)
   python -m experiments.sweep --config=C --workdir=W --shard=auto    # in a Slurm / SGE array

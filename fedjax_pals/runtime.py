@@ -60,9 +60,11 @@ def configure_runtime(
         divided among the local processes started by `python -m fedjax_pals.launch`), or None
         (JAX's default, one). Once JAX has started, "auto" keeps the devices there are, and an
         int must equal their number.
-      coordinator_address, num_processes, process_id: `jax.distributed.initialize` settings;
-        giving any of them starts the distributed runtime. When none is given they are read from
-        the environment that `fedjax_pals.launch` sets.
+      coordinator_address: `jax.distributed.initialize`'s coordinator host:port. Giving it,
+        `num_processes` or `process_id` starts the distributed runtime; when none of the three
+        is given they are read from the environment that `fedjax_pals.launch` sets.
+      num_processes: the number of processes of the distributed runtime.
+      process_id: this process's index among them.
       distributed: True to start it with JAX's auto-detection (SLURM, TPU pods, Open MPI); None
         starts it only when the settings above are given.
       compilation_cache: JAX's persistent compilation cache: a directory, "auto"

@@ -631,9 +631,10 @@ def fedpals_weights(
       client_sizes: n, shape (M,), all > 0.
       lam: the trade-off lam >= 0. `jnp.inf` returns FedAvg (Proposition 2).
       solver: "active_set" (the default) or "projected_gradient" (above).
-      max_iter, tol: the projected gradient's iteration budget and stopping tolerance (an
-        integer >= 1, a finite number > 0). Checked for either solver; the active-set
-        method, which stops on the KKT conditions, uses neither.
+      max_iter: the projected gradient's iteration budget, an integer >= 1.
+      tol: the projected gradient's stopping tolerance, a finite number > 0. Both are checked
+        for either solver; the active-set method, which stops on the KKT conditions, uses
+        neither.
 
     Returns:
       alpha, shape (M,), on the simplex.

@@ -1,19 +1,23 @@
-"""README.md as a test: every command of its shell blocks runs, shortened, and must succeed.
+"""README.md and the docs pages as a test: every command of their shell blocks runs,
+shortened, and must succeed.
+
+The pages are README.md, then those of mkdocs.yml's nav in its order (their blocks share one
+user directory in that order, as a reader going through them would).
 
 A shell block is a fenced block tagged ```bash (or sh, shell, console). Each one runs as one
 bash script (so `cd` and `source` carry from line to line, as in a terminal), from the
 repository root with the set-up's venv activated, each command shortened by the generic rules
 of `shorten`: training commands get `--config.training.rounds=1` (and one seed for sweeps),
 every `--workdir` / `--output` / `file://$PWD/` path is moved into a temporary directory shared
-by the whole file (so blocks that share a workdir in the README share it here, as for a user),
+by the whole file (so blocks that share a workdir in the pages share it here, as for a user),
 long commands get their short form. A command that is not shortened or skipped below runs as
-written: a new README command is run by default. Commands that cannot run here are listed in
+written: a new command in a page is run by default. Commands that cannot run here are listed in
 SKIPPED with the reason, and an entry that no longer matches any command fails the test.
 
 An untagged block that looks like commands (starts with `python`, `bash`, ...) fails: tag it
 ```bash so that it is run. ```python blocks are not run (the extension's are excerpts of
-examples/extending/, which tests/test_registry.py runs, and the README's extension block runs
-it from the example's directory).
+examples/extending/, which tests/test_registry.py runs, and the extension block of
+docs/extending.md runs it from the example's directory).
 """
 
 from __future__ import annotations
@@ -34,6 +38,18 @@ pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
+
+
+def _doc_pages() -> list[str]:
+    """README.md and the pages of mkdocs.yml's nav, in order, relative to the repository."""
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        nav = f.read().split("\nnav:", 1)[1]
+    return ["README.md"] + [
+        os.path.join("docs", page) for page in re.findall(r":\s*(\S+\.md)\s*$", nav, re.M)
+    ]
+
+
+DOC_PAGES = _doc_pages()
 VENV = os.path.join(ROOT, ".venv")
 SHELL_TAGS = ("bash", "sh", "shell", "console")
 # What a command line looks like (for untagged blocks, which must not hold any).
@@ -79,8 +95,13 @@ SWEEPS = re.compile(r"experiments\.(sweep|demo)\b|scripts/demo\.sh\b")
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    line: int  # of README.md, 1-based: where the command starts
+    line: int  # of its page, 1-based: where the command starts
     text: str  # continuation lines joined, comments removed
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +109,7 @@ class Block:
     line: int  # of the opening fence
     tag: str
     body: str
+    page: str = "README.md"  # relative to the repository
 
     def commands(self) -> list[Command]:
         commands, pending, start = [], "", None
@@ -103,7 +125,7 @@ class Block:
             text = _strip_comment(pending + line)
             pending = ""
             if text:
-                commands.append(Command(start, text))
+                commands.append(Command(start, text, self.page))
             start = None
         return commands
 
@@ -121,19 +143,26 @@ def _strip_comment(text: str) -> str:
     return text.strip()
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
+def readme_blocks(text: str | None = None, page: str = "README.md") -> list[Block]:
+    """The fenced blocks of `text` (default: the file `page`)."""
     if text is None:
-        with open(README) as f:
+        with open(os.path.join(ROOT, page)) as f:
             text = f.read()
     blocks = []
     for match in re.finditer(r"^```([\w+-]*)[^\n]*\n(.*?)^```", text, re.M | re.S):
         line = text.count("\n", 0, match.start()) + 1
-        blocks.append(Block(line, match.group(1).lower(), match.group(2)))
+        blocks.append(Block(line, match.group(1).lower(), match.group(2), page))
     return blocks
 
 
+def doc_blocks() -> list[Block]:
+    """The fenced blocks of README.md and every docs page, in `DOC_PAGES` order."""
+    return [block for page in DOC_PAGES for block in readme_blocks(page=page)]
+
+
 def shell_blocks(text: str | None = None) -> list[Block]:
-    return [b for b in readme_blocks(text) if b.tag in SHELL_TAGS]
+    blocks = readme_blocks(text) if text is not None else doc_blocks()
+    return [b for b in blocks if b.tag in SHELL_TAGS]
 
 
 def skip_reason(command: str) -> str | None:
@@ -183,9 +212,9 @@ def block_script(block: Block, tmp: str) -> tuple[str, list[str]]:
     for command in block.commands():
         reason = skip_reason(command.text)
         if reason:
-            skipped.append(f"README.md:{command.line}: {command.text}\n    skipped: {reason}")
+            skipped.append(f"{command.where}: {command.text}\n    skipped: {reason}")
             continue
-        lines.append(f"echo {shlex.quote(f'+ README.md:{command.line}: {command.text}')}")
+        lines.append(f"echo {shlex.quote(f'+ {command.where}: {command.text}')}")
         line = shorten(command.text, tmp)
         if TRAINERS.search(command.text) and FASHION_MNIST.search(command.text):
             line = f"XLA_FLAGS={shlex.quote(_user_xla_flags())} {line}"
@@ -228,30 +257,31 @@ def _mlflow_runs(command: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory):
-    """One directory for every block, in README order (a user's runs/, shared by blocks)."""
+    """One directory for every block, in the pages' order (a user's runs/, shared by blocks)."""
     return str(tmp_path_factory.mktemp("readme"))
 
 
 BLOCKS = shell_blocks()
 
 
-def test_the_readme_has_shell_blocks_and_no_untagged_commands():
-    assert len(BLOCKS) >= 4, "README.md's ```bash blocks were not found"
-    for block in readme_blocks():
+def test_the_docs_have_shell_blocks_and_no_untagged_commands():
+    assert len(DOC_PAGES) >= 8 and "docs/guide/running.md" in DOC_PAGES
+    assert len(BLOCKS) >= 4, "the ```bash blocks of README.md and docs/ were not found"
+    for block in doc_blocks():
         if block.tag in SHELL_TAGS or block.tag == "python":
             continue
         for offset, line in enumerate(block.body.splitlines()):
             assert not COMMAND_LINE.match(line), (
-                f"README.md:{block.line + 1 + offset} looks like a command in a block tagged "
+                f"{block.page}:{block.line + 1 + offset} looks like a command in a block tagged "
                 f"{block.tag or 'nothing'}: tag the block ```bash so that this test runs it"
             )
 
 
-def test_every_skipped_command_is_still_in_the_readme():
+def test_every_skipped_command_is_still_in_the_docs():
     commands = [c.text for b in BLOCKS for c in b.commands()]
     for pattern in SKIPPED:
         assert any(re.search(pattern, c) for c in commands), (
-            f"SKIPPED[{pattern!r}] matches no README command any more: remove it"
+            f"SKIPPED[{pattern!r}] matches no command of README.md or docs/ any more: remove it"
         )
 
 
@@ -295,8 +325,8 @@ def test_commands_are_parsed_and_shortened_as_intended(tmp_path, monkeypatch):
     assert "--output=/t/results/b.json" in bench and "--num_clients=10" in bench
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{b.line}" for b in BLOCKS])
-def test_the_readme_block_runs(block, user_dir):
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])
+def test_the_docs_block_runs(block, user_dir):
     _needs(block)
     script, skipped = block_script(block, user_dir)
     if script.strip() == "set -e":
@@ -306,12 +336,12 @@ def test_the_readme_block_runs(block, user_dir):
         timeout=900,
     )
     output = (done.stdout + done.stderr)[-6000:]
-    assert done.returncode == 0, f"README.md:{block.line}: exit status {done.returncode}\n{output}"
+    assert done.returncode == 0, f"{block.page}:{block.line}: exit status {done.returncode}\n{output}"
     for command in block.commands():
         if "--mlflow_tracking_uri=file://" in command.text and not skip_reason(command.text):
             runs = _mlflow_runs(shorten(command.text, user_dir))
             assert runs, (
-                f"README.md:{command.line} logged no MLflow run (a workdir of finished runs "
+                f"{command.where} logged no MLflow run (a workdir of finished runs "
                 f"logs nothing):\n{output}"
             )
     if skipped:
@@ -342,10 +372,10 @@ def test_scripts_test_sh_succeeds_when_one_pass_selects_nothing_and_fails_when_b
     assert "no test selected" in nothing.stderr
 
 
-def test_the_readme_sweep_config_of_the_extension_is_the_example_s(tmp_path):
-    """README's my_sweep.py is examples/extending/my_sweep.py (which the extension block runs),
-    docstring aside: the same sweep."""
-    (block,) = [b for b in readme_blocks() if b.tag == "python" and "# my_sweep.py" in b.body]
+def test_the_docs_sweep_config_of_the_extension_is_the_example_s(tmp_path):
+    """docs/extending.md's my_sweep.py is examples/extending/my_sweep.py (which the extension
+    block runs), docstring aside: the same sweep."""
+    (block,) = [b for b in doc_blocks() if b.tag == "python" and "# my_sweep.py" in b.body]
     (tmp_path / "my_sweep.py").write_text(block.body)
     example = os.path.join(ROOT, "examples", "extending")
     code = (

@@ -4,7 +4,7 @@
 `FederatedAlgorithm`, `combine`); each method module defines its pieces, the notes on where it
 differs from its reference implementation, and its registration in `fedjax_pals.algorithms.registry`
 (hyperparameters, grid, label, builder), in the order of the imports below. A user's method is
-one module of theirs written the same way (README, "Extending fedjax_pals").
+one module of theirs written the same way (docs/extending.md).
 """
 
 from fedjax_pals.algorithms.base import (

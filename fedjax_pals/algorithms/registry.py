@@ -35,8 +35,8 @@ and a label, and `method_overrides(key)` gives its config keys.
 
 A user's method or feature is one module of theirs: define the hyperparameters and the
 builder (the hooks), call `register_method(Method(...))` (`register_feature(Feature(...))`) at
-import time, and name it in a config file that imports the module (README, "Extending
-fedjax_pals"; examples/extending/my_extension.py has one of each).
+import time, and name it in a config file that imports the module (docs/extending.md;
+examples/extending/my_extension.py has one of each).
 """
 
 from __future__ import annotations

@@ -519,7 +519,7 @@ def run_shard(
 
     Returns:
       {"shard": "i/N", "runs": {name: status} of this shard's runs, "errors": {name: message},
-       "total_runs": runs in the sweep, "files": {"record": path}}.
+        "total_runs": runs in the sweep, "files": {"record": path}}.
     """
     origin, task_id = "", None
     if isinstance(shard, str):

@@ -765,8 +765,8 @@ def run_sweep(
 
     Returns:
       {"runs": {name: "done" | "skipped" | "diverged" | "unreachable" | "failed" | "busy"},
-       "errors": {name: message},
-       "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
+        "errors": {name: message},
+        "table": the protocol table (or None), "markdown": its text (or None), "files": {...}}.
     """
     workdir = sweep_workdir(workdir)
     expanded = expand(config)

@@ -3,7 +3,7 @@
 `build_task(config)` does, in order: load the data set, draw the label-shift partition,
 choose FedPALS' lambda (directly, or from an ESS fraction by bisection, App. B.3), build the
 algorithm, the model and the local training. Every error of the data, and of a user's extension
-that does not fit (README, "Extending fedjax_pals"), surfaces here, before any training, as one
+that does not fit (docs/extending.md), surfaces here, before any training, as one
 line naming it (`build_task`'s Raises).
 """
 

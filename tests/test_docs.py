@@ -1,0 +1,74 @@
+"""README.md and docs/: every name of the package and every repository path they mention exists.
+
+The site's own build (`mkdocs build --strict`, in .ci/run) checks its links and docstrings; the
+code blocks run in tests/test_readme.py. Here: `fjp.<name>` / `fedjax_pals.<name>` (in code or
+in prose) resolves to an attribute of the package, and a path into the repository
+(`fedjax_pals/...`, `configs/...`, `scripts/...`, ..., `BUILD_NOTES.md`) exists.
+"""
+
+import importlib
+import os
+import re
+
+import pytest
+
+from test_readme import DOC_PAGES, ROOT
+
+# `fjp.a.b` or `fedjax_pals.a.b` (not a file name: fedjax_pals.py, nor part of another name).
+NAME = re.compile(r"(?<![\w/.-])(fjp|fedjax_pals)((?:\.[A-Za-z_]\w*)+)(?![\w/-])")
+# A path that starts at a top-level entry of the repository.
+TOP = ("fedjax_pals/", "experiments/", "configs/", "examples/", "scripts/", "tests/", "docs/",
+       "requirements/", ".ci/")
+TOP_FILES = ("README.md", "BUILD_NOTES.md", "CHANGELOG.md", "REPRODUCTION.md", "pyproject.toml",
+             "mkdocs.yml")
+PATH = re.compile(r"(?<![\w/.$~-])((?:%s)[\w./-]*|(?:%s))(?![\w*<{-])" % (
+    "|".join(re.escape(t) for t in TOP), "|".join(re.escape(f) for f in TOP_FILES)))
+
+
+# Mentions that look like names of the package and are not.
+NOT_NAMES = {"workdir": "the MLflow tag fedjax_pals.workdir (docs/guide/running.md)"}
+
+
+def _text(page: str) -> str:
+    with open(os.path.join(ROOT, page)) as f:
+        return f.read()
+
+
+def _resolves(dotted: str) -> bool:
+    import fedjax_pals
+
+    obj = fedjax_pals
+    for i, part in enumerate(dotted.split(".")):
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:  # a submodule not imported by the package's __init__
+            obj = importlib.import_module("fedjax_pals." + ".".join(dotted.split(".")[: i + 1]))
+        except ImportError:
+            return False
+    return True
+
+
+def names_of(text: str) -> set[str]:
+    return {match.group(2)[1:].rstrip(".") for match in NAME.finditer(text)}
+
+
+def paths_of(text: str) -> set[str]:
+    return {match.group(1).rstrip(".,;:") for match in PATH.finditer(text)}
+
+
+def test_the_patterns_find_names_and_paths_and_leave_the_rest():
+    text = ("`fjp.fedpals_weights(S, T)` and fedjax_pals.experiment.shards; see "
+            "fedjax_pals/experiment/config.py, `configs/*.py`, BUILD_NOTES.md and runs/demo/.")
+    assert names_of(text) == {"fedpals_weights", "experiment.shards"}
+    assert paths_of(text) == {"fedjax_pals/experiment/config.py", "BUILD_NOTES.md"}
+    assert not _resolves("no_such_name") and _resolves("experiment.shards.collect_sweep")
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
+def test_every_name_and_path_a_page_mentions_exists(page):
+    text = _text(page)
+    missing = sorted(n for n in names_of(text) if n not in NOT_NAMES and not _resolves(n))
+    assert not missing, f"{page} names what fedjax_pals does not have: {missing}"
+    gone = sorted(p for p in paths_of(text) if not os.path.exists(os.path.join(ROOT, p)))
+    assert not gone, f"{page} mentions paths the repository does not hold: {gone}"
