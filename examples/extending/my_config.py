@@ -1,6 +1,6 @@
 r"""One FedNova run on the blobs data set with the MLP, all three from my_extension.py.
 
-  python -m experiments.run --config=my_config.py --workdir=runs/fednova
+  python -m fedjax_pals_experiments.run --config=my_config.py --workdir=runs/fednova
 """
 
 import fedjax_pals as fjp

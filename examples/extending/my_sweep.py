@@ -1,6 +1,6 @@
 r"""FedNova beside FedPALS and FedAvg on blobs, two seeds, with the selection protocol.
 
-  python -m experiments.sweep --config=my_sweep.py --workdir=runs/my_sweep
+  python -m fedjax_pals_experiments.sweep --config=my_sweep.py --workdir=runs/my_sweep
 """
 
 import ml_collections
