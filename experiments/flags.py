@@ -32,7 +32,7 @@ import signal
 import sys
 from typing import Callable
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 

@@ -10,8 +10,6 @@ import pytest
 
 
 def test_the_interruption_line_names_the_round_reached_and_the_round_it_resumes_from():
-    import signal
-
     from fedjax_pals.experiment.interruption import Activity, interruption_message
 
     activity = Activity()
@@ -37,8 +35,6 @@ def test_the_interruption_line_names_the_round_reached_and_the_round_it_resumes_
 
 
 def test_an_interrupted_sweep_names_its_run_and_how_many_runs_finished():
-    import signal
-
     from fedjax_pals.experiment.interruption import Activity, interruption_message
 
     activity = Activity()
@@ -61,8 +57,6 @@ def test_an_interrupted_sweep_names_its_run_and_how_many_runs_finished():
 @pytest.fixture
 def signal_handlers():
     """`handle_signals` for one test; the process's own handlers back afterwards."""
-    import signal
-
     from fedjax_pals.experiment import interruption
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -75,9 +69,6 @@ def signal_handlers():
 
 
 def test_a_signal_during_a_write_takes_effect_once_the_write_is_whole(signal_handlers):
-    import os
-    import signal
-
     interruption = signal_handlers
     written = []
     with pytest.raises(interruption.Interrupted) as caught:
@@ -133,8 +124,6 @@ def test_a_signal_that_lands_in_a_finalizer_still_stops_the_command(finalizer):
 
 
 def test_a_signal_the_process_was_started_ignoring_stays_ignored():
-    import signal
-
     from fedjax_pals.experiment import interruption
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

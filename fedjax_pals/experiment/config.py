@@ -178,10 +178,10 @@ def per_run_state_presence_keys() -> tuple[str, ...]:
     return tuple(f"algorithm.{k}" for f in features for k in f.per_run_presence)
 
 
-# An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 # The sections of a config (the rest are top-level values: seed, model).
 _SECTIONS = ("dataset", "partition", "algorithm", "training", "server", "engine")
 
+# An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 MAX_ROUNDS = 1_000_000
 
 

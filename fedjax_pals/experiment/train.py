@@ -27,7 +27,6 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
@@ -44,7 +43,7 @@ from fedjax_pals.experiment.interruption import ACTIVITY, uninterrupted
 from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
-from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter, flatten_hparams
+from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter
 from fedjax_pals.runtime import is_main_process
 from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.training import TrainingHistory, TrainingRun, run_trainings, training_group_key
@@ -174,7 +173,7 @@ class _PreparedRun:
             raise TypeError(f"overwrite must be True or False, got {overwrite!r}.")
         # The one resolution of the run's config (a ResolvedConfig is taken as it is), which
         # the workdir, the task and the writers take as they are.
-        self.resolved = resolved = resolve_config(config)
+        resolved = resolve_config(config)
         self.config = resolved.config
         self.main = main = is_main_process()
         quiet = quiet or not main

@@ -27,7 +27,6 @@ the older one (one warning line says so).
 from __future__ import annotations
 
 import json
-import copy
 import os
 import shutil
 import tempfile
@@ -38,7 +37,7 @@ from absl import logging
 from fedjax_pals import deprecation, extensions
 from fedjax_pals.experiment.checkpoints import Checkpointer, identity_differences
 from fedjax_pals.experiment import diskspace, locks
-from fedjax_pals.experiment.config import ResolvedConfig
+from fedjax_pals.experiment.config import ResolvedConfig, as_dict
 # Defined in errors.py (locks raises WorkdirLockedError too); importable from here as before.
 from fedjax_pals.experiment.errors import WorkdirError, WorkdirLockedError
 
@@ -181,8 +180,7 @@ class Workdir:
                 "fjp.experiment.resolve_config(config), which holds both.",
                 refused_in="0.3.0",
             )
-            plain = resolved.to_dict() if hasattr(resolved, "to_dict") else copy.deepcopy(resolved)
-            self.config, self.digest, self.imports = plain, digest, None
+            self.config, self.digest, self.imports = as_dict(resolved), digest, None
         self._want_lock = lock
         self._lock_fd: int | None = None
         # `check_reusable`'s line about a damaged checkpoint it fell back from (None: none).
