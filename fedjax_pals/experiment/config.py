@@ -729,18 +729,16 @@ def resolved_config_of(plain: Mapping[str, Any], method: Any = None) -> Resolved
     validated again. `method`: the method key the run was named by (`_method_key`)."""
     plain = copy.deepcopy(dict(plain))
     flat = flatten(plain)
-    key = _method_key(flat, method)
-    modules = extensions.modules_for(resolved=[flat])
+    digest = resolved_config_digest(plain)
     config = ml_collections.ConfigDict(plain)
     for section in _SECTIONS:
         config[section].lock()
+    key = _method_key(flat, method)
+    label = registry.method_label(key)
+    modules = extensions.modules_for(resolved=[flat])
+    imports = extensions.imports_record(modules) if modules else None
     return ResolvedConfig(
-        config=config,
-        plain=plain,
-        digest=resolved_config_digest(plain),
-        method=key,
-        label=registry.method_label(key),
-        imports=extensions.imports_record(modules) if modules else None,
+        config=config, plain=plain, digest=digest, method=key, label=label, imports=imports
     )
 
 
