@@ -237,8 +237,33 @@ def model_from_flax(
     )
 
 
-def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model:
-    """The registered model `name` for inputs of `input_shape` and `num_classes` classes."""
+@functools.lru_cache(maxsize=32)
+def abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[chex.ArrayTree, jax.Array]:
+    """The model's params and its output for a batch of one example, traced, never computed
+    (`jax.eval_shape`: `jax.ShapeDtypeStruct`s); cached: the runs of a sweep share their Model."""
+    key = jax.eval_shape(jax.random.PRNGKey, 0)
+    x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+
+    def init_and_apply(key, x):
+        params = model.init(key)
+        return params, model.apply(params, x)
+
+    return jax.eval_shape(init_and_apply, key, x)
+
+
+def make_model(
+    name: str, input_shape: Sequence[int], num_classes: int, *, data: str | None = None
+) -> Model:
+    """The registered model `name` for inputs of `input_shape` and `num_classes` classes.
+
+    What its builder returns is checked, traced on one example (nothing is computed): a
+    `Model` whose logits are (batch, num_classes) and whose `num_classes` says so. More logits
+    train silently (argmax may pick a class that does not exist), fewer give a NaN loss.
+    `data` names the data set in the messages ("data set 'cifar10'").
+
+    Raises:
+      ValueError: an unknown name, or a builder whose model does not fit (named).
+    """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")
     model = MODELS[name](input_shape, num_classes)
@@ -249,5 +274,25 @@ def make_model(name: str, input_shape: Sequence[int], num_classes: int) -> Model
             f"model {name!r}: its builder returned {type(model).__name__}, not a "
             f"fedjax_pals.Model; make one from a flax module with "
             f"fjp.model_from_flax({name!r}, module, input_shape, num_classes)."
+        )
+    k, of = num_classes, "the inputs" if data is None else f"data set {data!r}"
+    _, logits = abstract_model(model, tuple(input_shape))
+    shape = tuple(logits.shape) if hasattr(logits, "shape") else None
+    if shape is None or len(shape) != 2 or shape[0] != 1:
+        got = type(logits).__name__ if shape is None else f"shape {shape}"
+        raise ValueError(
+            f"model {name!r} returns {got} for a batch of one example of {of}; it must return "
+            f"logits of shape (batch, {k})."
+        )
+    has = "the data" if data is None else f"data set {data!r}"
+    if shape[1] != k:
+        raise ValueError(
+            f"model {name!r} outputs {shape[1]} logits but {has} has {k} classes; give its "
+            "last layer the num_classes its builder is passed."
+        )
+    if model.num_classes != k:
+        raise ValueError(
+            f"model {name!r} was built for {of}'s {k} classes but its Model says "
+            f"num_classes={model.num_classes} (evaluation counts that many classes)."
         )
     return model

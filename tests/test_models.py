@@ -147,3 +147,33 @@ def test_a_registered_builder_returning_no_model_is_refused_naming_it_and_the_ty
         "model 'bare_module': its builder returned Dense, not a fedjax_pals.Model; make one from "
         "a flax module with fjp.model_from_flax('bare_module', module, input_shape, num_classes)."
     )
+
+
+@pytest.mark.parametrize(
+    "logits, message",
+    [
+        (7, "model 'misfit' outputs 7 logits but data set 'blobs' has 3 classes"),
+        (None, "model 'misfit' returns shape (1, 2, 3) for a batch of one example of data set "
+               "'blobs'; it must return logits of shape (batch, 3)."),
+    ],
+)
+def test_make_model_refuses_a_builder_whose_logits_do_not_fit_the_classes(logits, message):
+    import flax.linen as nn
+
+    from fedjax_pals import models
+
+    class Misfit(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            if logits is None:  # a batch of (2, 3) maps instead of 3 logits
+                return nn.Dense(6)(x).reshape((x.shape[0], 2, 3))
+            return nn.Dense(logits)(x)
+
+    fjp.register_model("misfit", lambda shape, k: fjp.model_from_flax("misfit", Misfit(), shape, k))
+    try:
+        with pytest.raises(ValueError) as raised:
+            fjp.make_model("misfit", (4,), 3, data="blobs")
+        assert fjp.make_model("logistic_regression", (4,), 3, data="blobs").num_classes == 3
+    finally:
+        models.MODELS.pop("misfit")
+    assert str(raised.value).startswith(message)

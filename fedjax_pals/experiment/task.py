@@ -24,7 +24,7 @@ from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, r
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
-from fedjax_pals.models import Model, make_model
+from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
 
@@ -135,46 +135,6 @@ def _check_registered_dataset(
         )
 
 
-@functools.lru_cache(maxsize=32)
-def _abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """The model's params and its output for a batch of one example, traced, never computed
-    (`jax.eval_shape`); cached: the runs of a sweep share their Model."""
-    key = jax.eval_shape(jax.random.PRNGKey, 0)
-    x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
-
-    def init_and_apply(key, x):
-        params = model.init(key)
-        return params, model.apply(params, x)
-
-    return jax.eval_shape(init_and_apply, key, x)
-
-
-def _check_model_fits(model_name: str, model: Model, dataset_name: str, dataset: Dataset) -> Any:
-    """The model's logits are (batch, K) for the data set's inputs and K classes: more logits
-    train silently (argmax may pick a class that does not exist), fewer give a NaN loss.
-    Returns the model's params as shapes and dtypes (`jax.ShapeDtypeStruct`s)."""
-    k = dataset.num_classes
-    params, logits = _abstract_model(model, tuple(dataset.train.x.shape[1:]))
-    shape = tuple(logits.shape) if hasattr(logits, "shape") else None
-    if shape is None or len(shape) != 2 or shape[0] != 1:
-        got = type(logits).__name__ if shape is None else f"shape {shape}"
-        raise TaskError(
-            f"model {model_name!r} returns {got} for a batch of one example of data set "
-            f"{dataset_name!r}; it must return logits of shape (batch, {k})."
-        )
-    if shape[1] != k:
-        raise TaskError(
-            f"model {model_name!r} outputs {shape[1]} logits but data set {dataset_name!r} has "
-            f"{k} classes; give its last layer the num_classes its builder is passed."
-        )
-    if model.num_classes != k:
-        raise TaskError(
-            f"model {model_name!r} was built for data set {dataset_name!r}'s {k} classes but its "
-            f"Model says num_classes={model.num_classes} (evaluation counts that many classes)."
-        )
-    return params
-
-
 def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPartition]:
     """The data set and its label-shift partition, as the resolved config describes.
 
@@ -239,8 +199,12 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     a = config.algorithm
     dataset, partition = load_data(config)
     _check_target_sets(partition)
-    model = make_model(config.model, dataset.train.x.shape[1:], dataset.num_classes)
-    params = _check_model_fits(config.model, model, config.dataset.name, dataset)
+    input_shape = tuple(dataset.train.x.shape[1:])
+    try:
+        model = make_model(config.model, input_shape, dataset.num_classes, data=config.dataset.name)
+    except ValueError as error:  # the model's own message, as it is
+        raise TaskError(str(error)) from None
+    params, _ = abstract_model(model, input_shape)
     method = registry.get_method(a.name)
     training_partition = partition
     if method.partition_transform is not None:
