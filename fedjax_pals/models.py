@@ -139,8 +139,9 @@ def _from_flax(
     return Model(name, init, apply, num_classes, is_convolutional)
 
 
-# The builders are cached so that equal arguments give the same Model object:
-# the round engine's compilation cache is keyed on it.
+# The builders are cached so that equal arguments give the same Model object: the round
+# engine keys its programs on the model's structure, but an equal object also spares
+# `abstract_model`'s trace and jit's own caches a second entry.
 def logistic_regression(input_shape: Sequence[int], num_classes: int) -> Model:
     """Multinomial logistic regression (the synthetic task, App. C.4)."""
     return _logistic_regression(tuple(int(d) for d in input_shape), int(num_classes))

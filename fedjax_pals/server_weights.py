@@ -539,8 +539,9 @@ def _solve_fedpals(
 
 def _lipschitz_bound(dists: jax.Array, sizes: jax.Array, lam: jax.Array) -> jax.Array:
     # The Hessian of eq. 8 is 2 (S S^T + lam diag(1/n)); ||S S^T||_2 = ||S^T S||_2, a K x K
-    # eigenproblem, so no M x M matrix is formed.
-    gram_norm = jnp.linalg.eigvalsh(dists.T @ dists)[-1]
+    # eigenproblem, so no M x M matrix is formed; through _linalg, as every LAPACK call here
+    # (vmapped over runs on several host devices, a batched call can deadlock XLA's CPU pool).
+    gram_norm = _linalg.eigh(dists.T @ dists)[0][-1]
     return 2.0 * (gram_norm + lam * jnp.max(1.0 / sizes))
 
 

@@ -81,3 +81,25 @@ def test_weights_vmapped_over_runs_on_two_devices_at_once_do_not_deadlock():
         pytest.fail("concurrent vmapped FedPALS solves on two host devices hung (> 120 s)")
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.strip().endswith("done")
+
+
+def test_every_traced_lapack_call_of_the_package_goes_through_linalg():
+    """jnp.linalg's decompositions and solves (LAPACK on the CPU) are called through
+    `_linalg` only, whose wrappers are unbatched under vmap (NumPy's, on the host, are not
+    traced and may stay)."""
+    import glob
+    import re
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fedjax_pals")
+    lapack = re.compile(
+        r"\b(jnp|jax\.numpy|jax\.scipy)\.linalg\.(svd|solve|eigh|eigvalsh|eig|qr|inv|lstsq|"
+        r"cholesky|lu|pinv|matrix_rank|det|slogdet|cho_solve|lu_solve)\b")
+    calls = []
+    for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        if os.path.basename(path) == "_linalg.py":
+            continue
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if lapack.search(line.split("#")[0]):
+                    calls.append(f"{os.path.relpath(path, root)}:{number}: {line.strip()}")
+    assert not calls, "call these through fedjax_pals/_linalg.py:\n" + "\n".join(calls)

@@ -5,8 +5,8 @@ or another number of devices. The numbers then agree to float32 rounding, not to
 reductions run in another order). results.json records, as `engine`, the segments of rounds
 and what ran them:
 
-    "engine": [{"first_round": 1, "backend": "cpu_shard", "devices": 2, "processes": 1},
-               {"first_round": 7, "backend": "vmap", "devices": 1, "processes": 1}]
+    "engine": [{"first_round": 1, "backend": "host_loop", "devices": 2, "processes": 1},
+               {"first_round": 7, "backend": "vmap_scan", "devices": 1, "processes": 1}]
 
 round r ran on the last segment whose first_round <= r. A resume that changes the engine adds a
 segment and says so in one warning line.
