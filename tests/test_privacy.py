@@ -333,3 +333,14 @@ def test_the_private_marginals_sweep_validates_and_runs_with_tiny_overrides(tmp_
     assert set(outcome["runs"].values()) == {"done"}, outcome["runs"]
     # FedPALS at two lambdas per epsilon; FedAvg once (it does not read S).
     assert len(outcome["runs"]) == 2 * 2 + 1
+
+
+def test_label_dp_with_an_estimated_target_is_refused_before_data_is_read():
+    # T's estimator reads the clients' exact label counts: the release would not bound what
+    # the server learns of them.
+    config = _synthetic_config(label_dp_epsilon=1.0, target_estimation="bbse", lam=0.0)
+    with pytest.raises(fjp.ConfigError, match="label_dp_epsilon is set, but algorithm."
+                       "target_estimation reads the clients' exact label distributions"):
+        fjp.validate_config(config)
+    fjp.validate_config(_synthetic_config(label_dp_epsilon=1.0))  # each alone is accepted
+    fjp.validate_config(_synthetic_config(target_estimation="bbse", lam=0.0))

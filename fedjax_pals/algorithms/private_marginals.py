@@ -87,6 +87,14 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
         values["label_dp_epsilon"], values["label_dp_mechanism"], values["label_dp_delta"]
     )
     private = facts.reads_target and epsilon is not None
+    if private and facts.section.get("target_estimation") is not None:
+        # T's estimator starts from and regularises towards the clients' exact label counts:
+        # the release would not be all the server learns of them.
+        raise ValueError(
+            "config.algorithm.label_dp_epsilon is set, but algorithm.target_estimation reads "
+            "the clients' exact label distributions, which label DP keeps from the server; "
+            "use one or the other."
+        )
     for key, value, needed in (
         ("label_dp_mechanism", mechanism, private),
         ("label_dp_delta", delta, private and mechanism == "gaussian"),
