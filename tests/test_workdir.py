@@ -331,7 +331,7 @@ def test_overwrite_keeps_a_users_own_tensorboard_directory_and_event_files(finis
         os.path.basename(p) for p in glob.glob(str(workdir / "events.out.tfevents.*"))
     } - {os.path.basename(name) for name in USERS_OWN}
     assert set(_record(workdir)) == {
-        *("checkpoints", "results.json", "curves.png"),
+        *("checkpoints", "results.json", "curves.png", "curves.pdf"),
         *("metrics.jsonl", "metrics.csv", "hparams.json", new_events),
     }
 
@@ -355,6 +355,7 @@ RUNS_FIXED_FILES = (
     "metrics.csv",
     "hparams.json",
     "curves.png",
+    "curves.pdf",
     "checkpoint.msgpack",
 )
 

@@ -46,8 +46,9 @@ RECORD_FILE = ".run-files"
 CHECKPOINT_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
 CURVES_FILE = "curves.png"
+CURVES_PDF = "curves.pdf"  # plots.py writes the same figure as a vector PDF beside the PNG
 # What `train` writes itself (the metric writer records its own files as it creates them).
-OWN_FILES = (CHECKPOINT_DIR, RESULTS_FILE, CURVES_FILE)
+OWN_FILES = (CHECKPOINT_DIR, RESULTS_FILE, CURVES_FILE, CURVES_PDF)
 # What `overwrite` deletes whether recorded or not (the record may predate the workdir): the
 # paths a new run writes over, and checkpoint.msgpack (fedjax_pals <= 0.1's single-file
 # checkpoint, which `check_reusable` refuses). Not event files nor `tensorboard/` (module doc).
