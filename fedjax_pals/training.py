@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -77,7 +77,8 @@ def sample_participants(
 
 # Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
 # `choice` without replacement), so the same seed gives the same clients as in every run
-# recorded so far; above it, `np.random.Generator.choice` (O(m); timings in BUILD_NOTES.md).
+# recorded so far; above it, `np.random.Generator.choice` (O(m); timings in
+# docs/decisions/0009-client-sampling-in-o-m.md).
 PERMUTATION_SAMPLING_MAX_CLIENTS = 4096
 
 

@@ -15,7 +15,6 @@ import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals.experiment import shards as shards_lib
-from fedjax_pals.experiment import submission as submission_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # CI starts a single-node Slurm (scripts/slurm_local.sh) and sets this: the Slurm test must run.

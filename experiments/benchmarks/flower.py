@@ -446,7 +446,7 @@ def main(argv, f) -> None:
 
         out["versions"] = {"flwr": flwr.__version__, "ray": ray.__version__}
     except ImportError as e:
-        raise app.UsageError(f"{e}: install the extra (see this module's docstring).") from None
+        cli.usage_error(f"{e}: install the extra (see this module's docstring).")
     if f["compare"].value:
         cases = bench.benchmark_cases([model], sizes, ["auto"])
         log(f"# the loop and the engine's default at M = {sizes} (child processes)")

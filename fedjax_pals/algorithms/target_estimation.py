@@ -628,9 +628,10 @@ _SOURCE_SAMPLE_STREAM = 0x5EED
 # Per-class scalars of T^ for at most this many classes.
 _PER_CLASS_SCALARS = 20
 # The defaults are the best row of the ablation on Table 1's C = 3 row, seeds 0-7
-# (REPRODUCTION.md, BUILD_NOTES.md): constrained soft BBSE on 5,000 of the clients' training
-# examples, undamped, 92.6 +- 4.5 (known T: 93.5); a 10 % held-out share gave 90.5 +- 6.7
-# there, and 84.8 against 83.3 in-sample on C = 2 (known T: 84.6).
+# (REPRODUCTION.md, docs/decisions/0032-unknown-t-defaults-in-sample-undamped.md): constrained
+# soft BBSE on 5,000 of the clients' training examples, undamped, 92.6 +- 4.5 (known T: 93.5);
+# a 10 % held-out share gave 90.5 +- 6.7 there, and 84.8 against 83.3 in-sample on C = 2
+# (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
 DEFAULT_DAMPING = 1.0
 
@@ -678,7 +679,7 @@ class UnknownTarget(Hyperparameters):
 
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
-    estimator, every = values["target_estimation"], values["target_estimation_every"]
+    estimator = values["target_estimation"]
     estimates = facts.weights == "fedpals" and estimator is not None
     if estimates and facts.section["ess_fraction"] is not None:
         raise ValueError(
