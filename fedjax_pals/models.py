@@ -63,7 +63,7 @@ class _LeNet(nn.Module):
 
 # ----------------------------------------------------------------------------
 # The LeNet's forward pass on the CPU: the same function of the same parameters,
-# formulated for XLA's CPU backend (BUILD_NOTES.md, "A faster client step on CPU").
+# formulated for XLA's CPU backend (docs/decisions/0008-lenet-step-on-cpu.md).
 #
 # XLA:CPU runs flax's NHWC convolutions with 1 and 6 input channels through Eigen at a few
 # GFLOP/s, and the input gradient of the second one (a padded convolution) is slower still; the
@@ -231,7 +231,8 @@ def model_from_flax(
     """A `Model` from a flax.linen Module whose __call__(x) returns (B, num_classes) logits.
 
     convolutional=True tells the engine's backend choice that the model convolves: on a CPU
-    it then trains clients one at a time (vmapped convolutions are slow there, BUILD_NOTES.md).
+    it then trains clients one at a time (vmapped convolutions are slow there,
+    docs/decisions/0003-backend-chosen-per-platform-and-model.md).
     """
     return _from_flax(
         name, module, tuple(int(d) for d in input_shape), int(num_classes), bool(convolutional)

@@ -33,7 +33,7 @@ COMPILATION_CACHE_OFF = ("none", "off")
 # default is 1 s, measured on the machine at hand: on a fast, quiet one the demo's mid-sized
 # programs compile in under that and would be compiled at every launch. 0 keeps every program
 # (the demo: 102 entries, 1.3 MB, against 20 at 1 s, whose second launch still compiled 82
-# programs: BUILD_NOTES.md, "Compiling once across launches").
+# programs: docs/decisions/0017-persistent-compilation-cache.md).
 CACHE_MIN_COMPILE_SECONDS = 0.0
 
 

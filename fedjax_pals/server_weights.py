@@ -35,7 +35,8 @@ DEFAULT_SOLVER = "active_set"
 # ||alpha_(k+1) - alpha_k||_2. In float32 that step jitters at rounding level (1e-8 to 1e-6 in
 # the problems measured), so both phases nearly always run their max_iter steps: a tolerance
 # of 1e-7 stopped 0.035 off a lam = 0 minimiser (M = 20 > K = 5, S S^T singular, the steps
-# near the minimiser tiny; BUILD_NOTES.md). The active-set method uses neither.
+# near the minimiser tiny; docs/decisions/0030-projected-gradient-selectable.md). The
+# active-set method uses neither.
 DEFAULT_MAX_ITER = 5000
 DEFAULT_TOL = 1e-9
 # _active_set: at most this many clients join the dual phase's face (it is normally right,
@@ -183,7 +184,7 @@ def _face_newton_step(
 
     def gram_svd(f_t):
         # F F^T = U diag(sigma^2) U^T (K x K), V = F^T U / sigma: squares F's condition
-        # number, so only sigma above sqrt(16 eps K) sigma_max count (see _active_set).
+        # number, so only sigma above sqrt(eps K) sigma_max count (w > eps K w_max).
         w, u = _linalg.eigh(f_t.T @ f_t)
         w, u = w[::-1], u[:, ::-1]
         keep = w > eps * num_classes * w[0]
@@ -578,9 +579,10 @@ def _solve_fedpals_projected_gradient(
     # (a fixed point, up to rounding). Accelerated alone, jaxopt can stop at a vertex that is
     # not optimal: its stopping test ||alpha_(k+1) - alpha_k|| is 0 when momentum overshoots a
     # face and the projection lands twice on the same vertex (4 of 144 small random problems
-    # at lam <= 1e-3 N, objective up to 2.4e-4 too high; BUILD_NOTES.md). Without momentum
-    # that test is the gradient mapping, 0 only at the minimiser: plain projected gradient
-    # finishes from where the accelerated run stopped.
+    # at lam <= 1e-3 N, objective up to 2.4e-4 too high;
+    # docs/decisions/0030-projected-gradient-selectable.md). Without momentum that test is the
+    # gradient mapping, 0 only at the minimiser: plain projected gradient finishes from where
+    # the accelerated run stopped.
     alpha = run(run(fedavg, True), False)
     return jnp.where(jnp.isinf(lam), fedavg, alpha)
 
@@ -612,7 +614,8 @@ def fedpals_weights(
        joins it, until the KKT conditions hold to float32 rounding.
 
     At M = 10,000, K = 10 this takes 0.01-0.3 s on a 2-core CPU, at M = 100,000 0.1-2 s
-    (lam = 0 is the slowest: the active set drops a client per step; BUILD_NOTES.md).
+    (lam = 0 is the slowest: the active set drops a client per step;
+    docs/measurements/solver.md, "The active set, today's default").
 
     solver="projected_gradient" solves the same eq. 8 with the design card's solver instead,
     `jaxopt.ProjectedGradient` with `jaxopt.projection.projection_simplex`:
@@ -624,7 +627,8 @@ def fedpals_weights(
     only at the minimiser), each for at most max_iter steps and until ||alpha_(k+1) -
     alpha_k||_2 <= tol; O(M K + M log M) a step (the projection sorts). On the tests' problems
     it reaches the default's minimiser to float32 rounding; it is 3-700x slower, and at lam = 0
-    with M >> K (not strongly convex) the default budget can fall short (BUILD_NOTES.md).
+    with M >> K (not strongly convex) the default budget can fall short
+    (docs/measurements/solver.md, "Active set against projected gradient").
 
     Args:
       client_label_dists: S, shape (M, K); row i is client i's label distribution.

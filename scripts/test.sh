@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suite (integration tests included), after the same set-up as the demo.
 #
-# How it fits the 15-minute budget on 2 cores (BUILD_NOTES.md, "Test suite"): nearly all of
-# its time is XLA compiling small programs, so
+# How it fits the 15-minute budget on 2 cores (docs/measurements/suite_time.md, "Where the
+# time goes"): nearly all of its time is XLA compiling small programs, so
 # * two pytest workers (pytest-xdist, one file per worker at a time);
 # * JAX's persistent compilation cache, shared by the workers and by the child processes the
 #   command-line tests start (a program compiled once is loaded, not compiled, elsewhere);
@@ -12,8 +12,8 @@
 #   experiments run at XLA's default; set FEDJAX_PALS_TEST_XLA_DEFAULT=1 to test it too;
 # * tests/conftest.py, with -O0: XLA:CPU's legacy emitters (its fusion emitters took most of
 #   the compile time), every program into the cache (not only those of 1 s), and the
-#   costliest test files handed to the workers first (BUILD_NOTES.md, "Test suite time
-#   (issue 29)").
+#   costliest test files handed to the workers first (docs/measurements/suite_time.md,
+#   "2026-11-26 and 27: issue 29's cuts").
 # The quick tests and the integration tests run as two pytest invocations: one process that
 # had compiled every program of the whole suite once aborted inside XLA's compiler.
 # FEDJAX_PALS_VENV picks the virtual environment (scripts/setup.sh), FEDJAX_PALS_TEST_PASSES

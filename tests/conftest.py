@@ -24,9 +24,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # and CI set it; FEDJAX_PALS_TEST_XLA_DEFAULT=1 leaves XLA at its defaults and this too). The
 # fusion emitters take most of the compile time of the suite's small programs: FedPALS'
 # solver compiles in 0.8 s instead of 2.5 s, a synthetic FedPALS run in 6.3 CPU s instead of
-# 10.1, with bit-identical losses (BUILD_NOTES.md, "Test suite time (issue 29)"). The flag is
-# XLA's of jaxlib 0.10 (the pinned stack); XLA aborts on a flag it does not know, so another
-# jaxlib gets the flags as they were given. Child processes inherit XLA_FLAGS.
+# 10.1, with bit-identical losses (docs/decisions/0089-legacy-emitters-for-test-programs.md).
+# The flag is XLA's of jaxlib 0.10 (the pinned stack); XLA aborts on a flag it does not know,
+# so another jaxlib gets the flags as they were given. Child processes inherit XLA_FLAGS.
 _O0_FLAG = "--xla_backend_optimization_level=0"  # scripts/test.sh's
 _FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 # The flags of the suite's fast-compile mode, which no user runs with (tests/test_readme.py runs
@@ -45,9 +45,9 @@ if (
 # the other worker runs out of work (the suite's wall time on 2 cores is that of the busier
 # worker). xdist's own order (most tests first) started tests/test_shards.py, one test of
 # 2 minutes, near the end of the integration pass. The numbers are each file's cold cost in
-# CPU seconds on the 2-core CI machine (BUILD_NOTES.md, "Test suite time (issue 29)"); a file
-# not listed runs after those listed, in collection order. Any order is correct: this only
-# balances the workers.
+# CPU seconds on the 2-core CI machine (docs/decisions/0088-costliest-test-files-first.md); a
+# file not listed runs after those listed, in collection order. Any order is correct: this
+# only balances the workers.
 _FILE_COST = {
     "quick": {
         "test_server_weights.py": 158,

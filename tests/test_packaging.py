@@ -80,3 +80,13 @@ def test_every_console_script_names_the_entry_function_of_a_main():
                    for node in tree.body), name
         # Named after its module: fedjax-pals-unknown-target-report, -benchmark-solve-time.
         assert name == "fedjax-pals-" + main.replace("benchmarks.", "benchmark-").replace("_", "-")
+
+
+def test_one_version_in_pyproject_the_package_and_the_changelog_s_newest_entry():
+    import re
+
+    import fedjax_pals as fjp
+
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        newest = re.search(r"^## (\d+\.\d+\.\d+)\b", f.read(), re.M).group(1)
+    assert _pyproject()["project"]["version"] == fjp.__version__ == newest

@@ -15,9 +15,11 @@ written: a new command in a page is run by default. Commands that cannot run her
 SKIPPED with the reason, and an entry that no longer matches any command fails the test.
 
 An untagged block that looks like commands (starts with `python`, `bash`, ...) fails: tag it
-```bash so that it is run. ```python blocks are not run (the extension's are excerpts of
-examples/extending/, which tests/test_registry.py runs, and the extension block of
-docs/extending.md runs it from the example's directory).
+```bash so that it is run. Every ```python block runs too (`test_the_python_blocks_run`): a
+block whose first line is `# <name>.py` is a module of the reader's (written under that name
+beside the others, imported in page order; a config module's `get_config()` is called and a
+single run's config trained for one round); any other block is a script, run with its
+`rounds=N` shortened to one round.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def _doc_pages() -> list[str]:
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
         nav = f.read().split("\nnav:", 1)[1]
     return ["README.md"] + [
-        os.path.join("docs", page) for page in re.findall(r":\s*(\S+\.md)\s*$", nav, re.M)
+        os.path.join("docs", page)
+        for page in re.findall(r"(?:^\s*-|:)\s*(\S+\.md)\s*$", nav, re.M)
     ]
 
 
@@ -87,8 +90,9 @@ SKIPPED = {
 TRAINERS = re.compile(r"experiments\.(run|sweep|demo)\b|scripts/demo\.sh\b")
 # Commands that train LeNet on Fashion-MNIST spend their time running it, not compiling it:
 # they run at XLA's defaults, as a user has them (the suite's fast-compile flags make LeNet
-# train about twice as slowly: BUILD_NOTES.md). Every other command compiles more than it runs
-# and keeps the suite's flags, as the suite's own child processes do.
+# train about twice as slowly: docs/decisions/0089-legacy-emitters-for-test-programs.md).
+# Every other command compiles more than it runs and keeps the suite's flags, as the suite's
+# own child processes do.
 FASHION_MNIST = re.compile(r"configs/(default|demo)\.py\b|scripts/demo\.sh\b|experiments\.demo\b")
 SWEEPS = re.compile(r"experiments\.(sweep|demo)\b|scripts/demo\.sh\b")
 
@@ -264,11 +268,18 @@ def user_dir(tmp_path_factory):
 BLOCKS = shell_blocks()
 
 
+# Pages that record what was run at a commit (decisions, measurements): a ```text block there
+# may hold the command lines of the record, with their output; it is not an instruction to run.
+RECORD_PAGES = ("docs/decisions/", "docs/measurements/")
+
+
 def test_the_docs_have_shell_blocks_and_no_untagged_commands():
     assert len(DOC_PAGES) >= 8 and "docs/guide/running.md" in DOC_PAGES
     assert len(BLOCKS) >= 4, "the ```bash blocks of README.md and docs/ were not found"
     for block in doc_blocks():
         if block.tag in SHELL_TAGS or block.tag == "python":
+            continue
+        if block.tag == "text" and block.page.startswith(RECORD_PAGES):
             continue
         for offset, line in enumerate(block.body.splitlines()):
             assert not COMMAND_LINE.match(line), (
@@ -323,6 +334,64 @@ def test_commands_are_parsed_and_shortened_as_intended(tmp_path, monkeypatch):
     )
     bench = shorten("python -m experiments.benchmarks.round --output=results/b.json", "/t")
     assert "--output=/t/results/b.json" in bench and "--num_clients=10" in bench
+
+
+PYTHON_BLOCKS = [b for b in doc_blocks() if b.tag == "python"]
+MODULE_HEADER = re.compile(r"^# (\w+)\.py\b")
+
+
+def python_script(blocks: list[Block], tmp: str) -> str:
+    """One Python script that runs `blocks` as the test does (see the module docstring):
+    modules are written into `tmp` and imported; scripts run, their rounds shortened."""
+    lines = ["import importlib, os, sys", f"sys.path.insert(0, {tmp!r})", f"os.chdir({tmp!r})",
+             "import fedjax_pals as fjp"]
+    for block in blocks:
+        where = f"{block.page}:{block.line}"
+        header = MODULE_HEADER.match(block.body)
+        lines.append(f"print({('+ ' + where)!r}, flush=True)")
+        if header:
+            name = header.group(1)
+            with open(os.path.join(tmp, f"{name}.py"), "w") as f:
+                f.write(block.body)
+            lines += [
+                f"module = importlib.import_module({name!r})",
+                "if hasattr(module, 'get_config'):",
+                "    config = module.get_config()",
+                "    if 'sweep' not in config:",
+                "        config.training.rounds = 1",
+                f"        fjp.train_and_evaluate(config, os.path.join({tmp!r}, 'runs', {name!r}),"
+                " quiet=True)",
+            ]
+        else:
+            body = re.sub(r"\brounds(\s*=\s*)\d+", r"rounds\g<1>1", block.body)
+            lines.append(f"exec(compile({body!r}, {where!r}, 'exec'), {{}})")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_python_blocks_are_found_and_shortened(tmp_path):
+    pages = {b.page for b in PYTHON_BLOCKS}
+    assert {"docs/library.md", "docs/extending.md"} <= pages
+    modules = [MODULE_HEADER.match(b.body).group(1) for b in PYTHON_BLOCKS
+               if MODULE_HEADER.match(b.body)]
+    assert modules[:3] == ["my_extension", "my_config", "my_sweep"], modules
+    script = python_script(
+        readme_blocks("```python\nrun(rounds=10)\nconfig.training.rounds = 40\n```\n"),
+        str(tmp_path))
+    assert "run(rounds=1)" in script and "config.training.rounds = 1" in script
+    assert "rounds=10" not in script and "= 40" not in script
+
+
+def test_the_python_blocks_run(tmp_path):
+    """Every ```python block of the docs, in page order, in one process (as a reader pasting
+    them into one session and saving the modules would)."""
+    script = python_script(PYTHON_BLOCKS, str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
+        cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert os.path.exists(tmp_path / "runs" / "my_config" / "results.json")
+    assert os.path.exists(tmp_path / "runs" / "fmnist_c3_ess50" / "results.json")
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:{b.line}" for b in BLOCKS])

@@ -12,7 +12,8 @@ conv 5x5 1->6, ReLU, max-pool 2, conv 5x5 6->16, ReLU, max-pool 2, dense
 * `plain_loop`: the benchmark's plain loop step (`BaselineLoop`, the ratio's
   reference in experiments/benchmarks/round.py), one step per call.
 * `flax_nhwc`: the plain loop's step with flax's own `_LeNet.apply` (NHWC
-  `lax.conv`), the formulation the engine used before (BUILD_NOTES.md).
+  `lax.conv`), the formulation the engine used before
+  (docs/decisions/0008-lenet-step-on-cpu.md).
 * `torch_channels_last`, `torch_nchw`: the same step in PyTorch eager, 1 thread
   (`torch.set_num_threads(1)`, OMP_WAIT_POLICY=PASSIVE), channels_last
   (oneDNN) and NCHW memory formats.

@@ -46,7 +46,7 @@ from fedjax_pals.models import Model
 
 # A traced round splits its clients over a mesh of D devices only from this many clients per
 # device: below it, one device's work is too small to pay for the split and the all-reduce
-# (BUILD_NOTES.md).
+# (docs/decisions/0005-clients-axis-over-a-mesh.md).
 MIN_CLIENTS_PER_DEVICE = 128
 
 

@@ -12,7 +12,8 @@ Each backend is a small unit computing the same numbers
   `steps_per_call` local steps unrolled per jitted call. The CPU default for
   convolutional models.
 
-"auto" picks the backend measured fastest on the platform (BUILD_NOTES.md).
+"auto" picks the backend measured fastest on the platform
+(docs/decisions/0003-backend-chosen-per-platform-and-model.md).
 
 A backend is one file (a class implementing `TracedBackend` or `HostBackend`,
 base.py) plus one `register_backend(name, factory)` entry; the engine has one
@@ -72,7 +73,8 @@ BACKENDS = backend_names()
 
 
 def default_backend(model: Model, platform: str | None = None) -> str:
-    """The backend measured fastest for this model on this platform (BUILD_NOTES.md)."""
+    """The backend measured fastest for this model on this platform
+    (docs/decisions/0003-backend-chosen-per-platform-and-model.md)."""
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return "vmap_scan"

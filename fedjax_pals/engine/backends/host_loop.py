@@ -7,7 +7,8 @@ the clients (of every run of the round) are dealt round-robin to the mesh's devi
 device is a lane, and dispatches to the lanes are interleaved so that, with several host devices
 (`jax_num_cpu_devices`) or processes, the cores work at once. The default is one step a call: on a
 2-core CPU an unrolled 2-step call ran 3-7 % slower per step than two 1-step calls, alone on one
-core and in the lanes alike (BUILD_NOTES.md), so fewer dispatches did not pay for themselves.
+core and in the lanes alike (docs/decisions/0016-one-step-per-call.md), so fewer dispatches did
+not pay for themselves.
 
 The (run, participant) pairs are dealt in order: pair i goes to lane i mod D (D devices of the mesh,
 in every process), as its lane's (i // D)-th client. Each lane writes its clients' results into a
