@@ -124,6 +124,7 @@ from fedjax_pals.extensions import ExtensionImportError  # noqa: E402
 
 # The submodules, as attributes (fjp.engine.round_engine, fjp.experiment.plots, ...).
 from fedjax_pals import (  # noqa: E402,F401
+    accounting,
     algorithms,
     calibration,
     data,

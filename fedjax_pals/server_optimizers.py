@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -285,19 +285,34 @@ def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
 # The name of each server optimiser in an algorithm's name ("FedAdam(eta=0.1,...)+fedpals").
 
 
+def _replacing_plain_average(update: Any, new: ServerUpdate) -> ServerUpdate | None:
+    """`update` with its plain weighted average replaced by `new`, looking through wrappers
+    that transform the updates before an `inner` server update (DP on updates'
+    `PrivateUpdates`: a frozen dataclass with an `inner` field); None when there is none."""
+    if update == WeightedAverageUpdate():
+        return new
+    if dataclasses.is_dataclass(update) and "inner" in {f.name for f in dataclasses.fields(update)}:
+        inner = _replacing_plain_average(update.inner, new)
+        return None if inner is None else dataclasses.replace(update, inner=inner)
+    return None
+
+
 def with_server_optimizer(
     algorithm: FederatedAlgorithm, optimizer: optax.GradientTransformation, label: str = "opt"
 ) -> FederatedAlgorithm:
     """`algorithm` with its plain weighted average (`WeightedAverageUpdate()`) replaced by
-    `optimizer` on the server; SCAFFOLD's and AFL's server updates are their own: refused."""
-    if algorithm.server_update != WeightedAverageUpdate():
+    `optimizer` on the server (inside a wrapper such as DP on updates, which then feeds the
+    optimiser its noised aggregate); SCAFFOLD's and AFL's server updates are their own:
+    refused."""
+    update = _replacing_plain_average(algorithm.server_update, optimizer_update(optimizer))
+    if update is None:
         raise ValueError(
             f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "
             "has a server update of its own (SCAFFOLD's control variates, AFL's lambda)."
         )
     return algorithm._replace(
         name=f"{label}+{algorithm.name}",
-        server_update=optimizer_update(optimizer),
+        server_update=update,
         server_optimizer=optimizer,
     )
 

@@ -80,3 +80,20 @@ def test_every_name_and_path_a_page_mentions_exists(page):
     assert not missing, f"{page} names what fedjax_pals does not have: {missing}"
     gone = sorted(p for p in paths_of(text) if not os.path.exists(os.path.join(ROOT, p)))
     assert not gone, f"{page} mentions paths the repository does not hold: {gone}"
+
+
+def test_the_decisions_index_lists_every_decision_once_with_its_date():
+    directory = os.path.join(ROOT, "docs", "decisions")
+    index = _text("docs/decisions/index.md")
+    pages = sorted(p for p in os.listdir(directory) if re.match(r"\d{4}-.*\.md$", p))
+    assert len(pages) >= 90
+    for page in pages:
+        text = _text(f"docs/decisions/{page}")
+        number = page[:4]
+        assert text.startswith(f"# {number}. "), f"{page}: its title must start '# {number}. '"
+        date = re.search(r"^Date: (\d{4}-\d{2}-\d{2}) · Status: ", text, re.M)
+        assert date, f"{page}: no 'Date: YYYY-MM-DD · Status: ...' line"
+        rows = [line for line in index.splitlines() if line.startswith(f"| {number} | [")]
+        assert len(rows) == 1 and f"]({page}) | {date.group(1)} |" in rows[0], (
+            f"index row of {page}: {rows}")
+    assert len({p[:4] for p in pages}) == len(pages), "two decisions share a number"

@@ -516,6 +516,10 @@ _PER_RUN_SETTINGS = {
     "feddisco_b": {"name": "feddisco"},
     "label_dp_mechanism": {"label_dp_epsilon": 1.0},
     "label_dp_delta": {"label_dp_epsilon": 1.0, "label_dp_mechanism": "gaussian"},
+    "dp_clip_norm": {"dp_noise_multiplier": 1.0},
+    "dp_noise_multiplier": {"dp_clip_norm": 1.0},
+    "dp_delta": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 1.0},
+    "dp_target_epsilon": {"dp_clip_norm": 1.0},
     **{key: {"target_estimation": "bbse_constrained"} for key in (
         "target_estimation_every", "target_estimation_rho", "target_gate_sigma_min",
         "target_gate_min_recall", "target_damping")},

@@ -42,6 +42,9 @@ from fedjax_pals.algorithms.fedlc import (
 # and last lambda (searched by ESS on what the others set).
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
 from fedjax_pals.algorithms.private_marginals import ServerLabelDistsState, with_server_label_dists
+from fedjax_pals.algorithms.private_updates import (
+    PrivateUpdates, PrivateUpdatesState, clip_updates, with_private_updates,
+)
 from fedjax_pals.algorithms.adaptive_lambda import (
     DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, AdaptiveLambdaState, adaptive_fedpals,
     lam_report, validation_hypergradient,
@@ -72,8 +75,9 @@ __all__ = [
     "FedDiscoHyperparameters", "FedDiscoState", "feddisco", "feddisco_discrepancy",
     "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU", "FEDLC_MIN_COUNT",
     "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
-    # beyond the paper: DP label marginals, adaptive lambda, unknown T
-    "ServerLabelDistsState", "with_server_label_dists", "DEFAULT_HYPER_LEARNING_RATE",
+    # beyond the paper: DP label marginals and updates, adaptive lambda, unknown T
+    "ServerLabelDistsState", "with_server_label_dists", "PrivateUpdates", "PrivateUpdatesState",
+    "clip_updates", "with_private_updates", "DEFAULT_HYPER_LEARNING_RATE",
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
     "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation", "bbse_confusion",
     "bbse_label_dist", "em_label_dist", "estimate_target_label_dist", "model_probabilities",

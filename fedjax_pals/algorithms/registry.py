@@ -83,7 +83,8 @@ class MethodContext:
       or None: the exact S_i of `partition`.
     target_validation: the target validation split (inputs, labels).
     dataset: the run's `Dataset` (its train split's labels, e.g. to hold examples out).
-    model: the run's `Model`; rounds, seed: the run's.
+    model: the run's `Model`; rounds, seed: the run's; clients_per_round: the participants a
+      round (at most the training clients; None: every client).
     lam_floor: a lambda that the ESS search cannot reach (or 0) starts at the lower end of its
       range instead of failing (a schedule that moves lambda from there).
     """
@@ -97,6 +98,7 @@ class MethodContext:
     model: Any = None
     rounds: int | None = None
     seed: int = 0
+    clients_per_round: int | None = None
     lam_floor: bool = False
 
     @property

@@ -222,6 +222,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         model=model,
         rounds=config.training.rounds,
         seed=config.seed,
+        clients_per_round=min(config.training.clients_per_round, training_partition.num_clients),
     )
     features = tuple(
         (feature, hp)

@@ -1,0 +1,142 @@
+"""The privacy accountant of DP on model updates: epsilon spent over rounds, and the noise a
+target epsilon needs (`dp-accounting`'s RDP and PLD accountants).
+
+What is accounted (user-level DP, McMahan et al., "Learning Differentially Private Recurrent
+Language Models", ICLR 2018): each round, every participant's model update is clipped to L2
+norm C and the server adds N(0, (sigma * C * max_i alpha_i)^2 I) to the weighted aggregate
+sum_i alpha_i clip(Delta_i) (`fedjax_pals.algorithms.private_updates`). The unit of privacy is
+one client's whole data set.
+
+* **Every client takes part** (`clients_per_round == num_clients`): neighbouring federations
+  differ by adding or removing one client; with the weights fixed, that moves the aggregate by
+  alpha_i ||clip(Delta_i)|| <= C max_i alpha_i, so each round is the Gaussian mechanism with
+  noise multiplier sigma (std / sensitivity), composed over the rounds
+  (`GaussianDpEvent(sigma)`, `ADD_OR_REMOVE_ONE`).
+* **A fixed number m of M clients per round**, drawn without replacement (the engine's
+  sampling): amplification by subsampling holds for neighbours that *replace* one client
+  (Balle, Barthe & Gaboardi, NeurIPS 2018; Wang, Balle & Kasiviswanathan, AISTATS 2019).
+  Replacing one clipped update moves the aggregate by up to 2 C max_i alpha_i, so the
+  mechanism's multiplier is sigma / 2 (`SampledWithoutReplacementDpEvent(M, m,
+  GaussianDpEvent(sigma / 2))`, `REPLACE_ONE`; RDP only: dp-accounting's PLD accountant has
+  no such event). Epsilons of the two cases are for different neighbouring relations.
+* The weights alpha are treated as public: FedPALS' server knows every S_i and T (with label
+  DP on, their release, which `fedjax_pals.privacy` accounts for separately; the two
+  guarantees compose: epsilon_S + epsilon_updates under basic composition).
+
+Conversions to (epsilon, delta) are dp-accounting's; `rdp` is the default (the tighter `pld`
+for full participation).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+ACCOUNTANTS = ("rdp", "pld")
+
+
+def _check(noise_multiplier: float, rounds: int, num_clients: int, clients_per_round: int,
+           delta: float | None = None) -> None:
+    if not noise_multiplier > 0 or not math.isfinite(noise_multiplier):
+        raise ValueError(f"the noise multiplier must be > 0 and finite, got {noise_multiplier!r}.")
+    if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 0:
+        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}.")
+    if not 1 <= clients_per_round <= num_clients:
+        raise ValueError(
+            f"clients_per_round must be in [1, num_clients={num_clients}], got {clients_per_round}."
+        )
+    if delta is not None and not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
+
+
+def _event(noise_multiplier: float, rounds: int, num_clients: int, clients_per_round: int):
+    import dp_accounting
+
+    if clients_per_round == num_clients:
+        one = dp_accounting.GaussianDpEvent(noise_multiplier)
+        relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    else:
+        one = dp_accounting.SampledWithoutReplacementDpEvent(
+            num_clients, clients_per_round, dp_accounting.GaussianDpEvent(noise_multiplier / 2)
+        )
+        relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    return dp_accounting.SelfComposedDpEvent(one, int(rounds)), relation
+
+
+def _accountant(kind: str, relation):
+    from dp_accounting import pld, rdp
+
+    if kind == "rdp":
+        return rdp.RdpAccountant(neighboring_relation=relation)
+    if kind == "pld":
+        return pld.PLDAccountant(neighboring_relation=relation)
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}.")
+
+
+@functools.lru_cache(maxsize=4096)
+def updates_epsilon(
+    noise_multiplier: float, rounds: int, delta: float, *, num_clients: int,
+    clients_per_round: int, accountant: str = "rdp",
+) -> float:
+    """The epsilon (at `delta`) that `rounds` rounds of DP on updates spend (module docstring);
+    0 for no round, inf where the accountant gives no finite bound."""
+    _check(noise_multiplier, rounds, num_clients, clients_per_round, delta)
+    if rounds == 0:
+        return 0.0
+    event, relation = _event(noise_multiplier, rounds, num_clients, clients_per_round)
+    counter = _accountant(accountant, relation)
+    if not counter.supports(event):
+        raise ValueError(
+            f"the {accountant} accountant cannot account for sampling {clients_per_round} of "
+            f"{num_clients} clients without replacement; use accountant='rdp'."
+        )
+    counter.compose(event)
+    return float(counter.get_epsilon(delta))
+
+
+def rounds_within(
+    target_epsilon: float, noise_multiplier: float, rounds: int, delta: float, *,
+    num_clients: int, clients_per_round: int, accountant: str = "rdp",
+) -> int:
+    """The most rounds (at most `rounds`) whose epsilon stays within `target_epsilon`."""
+    spent = functools.partial(
+        updates_epsilon, noise_multiplier, delta=delta, num_clients=num_clients,
+        clients_per_round=clients_per_round, accountant=accountant,
+    )
+    low, high = 0, int(rounds)  # spent(low) <= target; epsilon grows with the rounds
+    if spent(high) <= target_epsilon:
+        return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if spent(mid) <= target_epsilon else (low, mid)
+    return low
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float, rounds: int, delta: float, *, num_clients: int,
+    clients_per_round: int, accountant: str = "rdp", rtol: float = 1e-3,
+) -> float:
+    """The smallest noise multiplier (to relative accuracy `rtol`, on the private side) whose
+    `rounds` rounds spend at most `target_epsilon` at `delta`.
+
+    Raises:
+      ValueError: a target no noise multiplier up to 1e4 reaches in these rounds.
+    """
+    if not target_epsilon > 0 or not math.isfinite(target_epsilon):
+        raise ValueError(f"the target epsilon must be > 0 and finite, got {target_epsilon!r}.")
+    spent = functools.partial(
+        updates_epsilon, rounds=int(rounds), delta=delta, num_clients=num_clients,
+        clients_per_round=clients_per_round, accountant=accountant,
+    )
+    low, high = 1e-2, 1e4
+    if spent(high) > target_epsilon:
+        raise ValueError(
+            f"no noise multiplier up to {high:g} keeps {rounds} rounds within epsilon "
+            f"{target_epsilon:g} at delta {delta:g}: raise the target or train fewer rounds."
+        )
+    if spent(low) <= target_epsilon:
+        return low
+    while high / low > 1 + rtol:  # bisection in log sigma; epsilon falls as sigma grows
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if spent(mid) <= target_epsilon else (mid, high)
+    return high

@@ -1,0 +1,330 @@
+"""User-level differential privacy on model updates: clipped updates, a noised aggregate.
+
+DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language Models",
+ICLR 2018), for any method whose server update is a weighted average (FedAvg, FedPALS and its
+variants, a client-side method with FedPALS' weights, a server optimiser after the noise):
+
+    Delta_i' = Delta_i * min(1, C / ||Delta_i||_2)                      (each participant)
+    Delta    = sum_i alpha_i Delta_i' + z,   z ~ N(0, (sigma * C * max_i alpha_i)^2 I)
+
+||.||_2 is over the whole update (every leaf of the params pytree). With the weights fixed,
+adding or removing one client moves sum_i alpha_i Delta_i' by at most C max_i alpha_i, its L2
+sensitivity, so z is the Gaussian mechanism with noise multiplier sigma: the noise a given
+epsilon needs grows as FedPALS' weights concentrate on few clients (a small ESS).
+`fedjax_pals.accounting` turns sigma, the rounds and the client sampling into epsilon.
+
+The noise is drawn inside the jitted round from the run's own stream (the seed's, folded with
+the round counter): a resumed run draws what an uninterrupted one would. C, sigma and that key
+are per-run data in `ServerState.algorithm_state` (a `PrivateUpdatesState` holding the
+method's own state in `.inner`), so runs that differ only in them share one compiled round.
+
+The feature `dp_updates` is on when `algorithm.dp_clip_norm` is set: `dp_noise_multiplier`
+gives sigma, or `dp_target_epsilon` (at `dp_delta`) calibrates it before training; with both,
+a run whose rounds would spend more than the target is refused, naming the last round within
+it. A method with a server update of its own (SCAFFOLD, AFL, adaptive lambda's hypergradient
+step) is refused: its update is not a weighted average to clip and noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_pals import accounting
+from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.base import (
+    ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state,
+)
+from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
+from fedjax_pals.server_optimizers import WeightedAverageUpdate
+
+# The run's random stream for the noise of DP on updates (one of its own).
+DP_UPDATES_STREAM = 0xD9D0
+
+
+class PrivateUpdatesState(NamedTuple):
+    """DP on updates' per-run data: the method's own algorithm state, C, sigma, the noise key."""
+
+    inner: Any
+    clip_norm: jax.Array  # () float32, C
+    noise_multiplier: jax.Array  # () float32, sigma
+    key: jax.Array  # the run's noise key; round r draws with fold_in(key, r)
+
+    _built_by = "fjp.algorithms.with_private_updates (algorithm.dp_clip_norm)"
+
+
+def clip_updates(deltas: Any, clip_norm: jax.Array) -> tuple[Any, jax.Array]:
+    """Each update of `deltas` (leaves stacked on a leading axis of m) scaled to L2 norm at
+    most `clip_norm`, its norm taken over every leaf; unchanged where it is within. Returns the
+    clipped deltas and the (m,) norms before clipping."""
+    leaves = jax.tree_util.tree_leaves(deltas)
+    squares = sum(
+        jnp.sum(jnp.square(leaf.astype(jnp.float32)).reshape(leaf.shape[0], -1), axis=1)
+        for leaf in leaves
+    )
+    norms = jnp.sqrt(squares)
+    scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny))
+
+    def clip(leaf):
+        return leaf * scale.reshape((-1,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map(clip, deltas), norms
+
+
+def aggregate_noise_std(weights: jax.Array, clip_norm: jax.Array,
+                        noise_multiplier: jax.Array) -> jax.Array:
+    """sigma * C * max_i alpha_i: the noise's std for the round's weights (module docstring)."""
+    return noise_multiplier * clip_norm * jnp.max(weights)
+
+
+def gaussian_like(tree: Any, key: jax.Array, std: jax.Array) -> Any:
+    """N(0, std^2) noise shaped as `tree` (one key per leaf)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(key, len(leaves))
+    noise = [
+        (std * jax.random.normal(k, jnp.shape(leaf), jnp.float32)).astype(jnp.result_type(leaf))
+        for k, leaf in zip(keys, leaves)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, noise)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateUpdates:
+    """The server update `inner` (a weighted average) on clipped updates, its aggregate noised.
+
+    z is added to every participant's clipped update scaled by 1 / sum_i alpha_i, so that any
+    update linear in sum_i alpha_i Delta_i (the plain average, a server optimiser's
+    pseudo-gradient) receives sum_i alpha_i Delta_i' + z exactly. A value (equal `inner`: one
+    compiled round); `with_server_optimizer` replaces a plain-average `inner` by the optimiser.
+    """
+
+    inner: ServerUpdate
+
+    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
+        dp = find_state(state.algorithm_state, PrivateUpdatesState)
+        clipped, _ = clip_updates(outputs.deltas, dp.clip_norm)
+        std = aggregate_noise_std(weights, dp.clip_norm, dp.noise_multiplier)
+        noise = gaussian_like(state.params, jax.random.fold_in(dp.key, state.round), std)
+        total = jnp.sum(weights)
+        total = jnp.where(total > 0, total, 1.0)
+
+        def spread(delta, z):
+            return delta + (z / total.astype(z.dtype))[None]
+
+        deltas = jax.tree_util.tree_map(spread, clipped, noise)
+        return self.inner(state, participants, outputs._replace(deltas=deltas), weights)
+
+
+def with_private_updates(
+    algorithm: FederatedAlgorithm, clip_norm: float, noise_multiplier: float, seed: int
+) -> FederatedAlgorithm:
+    """`algorithm` with user-level DP on its updates (module docstring): clip norm C,
+    noise multiplier sigma, the noise drawn from `seed`'s own stream.
+
+    Raises:
+      ValueError: C <= 0, sigma < 0, or a server update that is not the plain weighted
+        average (a method that owns its update).
+    """
+    clip_norm, noise_multiplier = float(clip_norm), float(noise_multiplier)
+    if not clip_norm > 0 or not np.isfinite(clip_norm):
+        raise ValueError(f"the clip norm must be > 0 and finite, got {clip_norm!r}.")
+    if not noise_multiplier >= 0 or not np.isfinite(noise_multiplier):
+        raise ValueError(f"the noise multiplier must be >= 0 and finite, got {noise_multiplier!r}.")
+    if not isinstance(algorithm.server_update, WeightedAverageUpdate):
+        raise ValueError(
+            f"DP on updates clips and noises a weighted average of the updates, but "
+            f"{algorithm.name!r} has a server update of its own."
+        )
+    inner_init = algorithm.init_algorithm_state
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), DP_UPDATES_STREAM)
+
+    def init(params, num_clients):
+        return PrivateUpdatesState(
+            inner_init(params, num_clients), jnp.float32(clip_norm),
+            jnp.float32(noise_multiplier), key,
+        )
+
+    return algorithm._replace(
+        server_update=PrivateUpdates(algorithm.server_update), init_algorithm_state=init
+    )
+
+
+# -- the feature -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateUpdatesHyperparameters(Hyperparameters):
+    dp_clip_norm: float | None = hyperparameter(
+        None, low=0.0, low_open=True, optional=True,
+        why=" (None: no DP on the model updates)",
+        doc="None (no DP on updates) or C, the L2 norm each client's update is clipped to",
+        per_run=True,
+    )
+    dp_noise_multiplier: float | None = hyperparameter(
+        None, low=0.0, optional=True,
+        doc="sigma: the aggregate's noise std is sigma * C * max_i alpha_i",
+        per_run=True,
+    )
+    dp_delta: float | None = hyperparameter(
+        1e-5, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        doc="the delta of DP on updates' (epsilon, delta)",
+        per_run=True,
+    )
+    dp_target_epsilon: float | None = hyperparameter(
+        None, low=0.0, low_open=True, optional=True,
+        doc="the epsilon (at dp_delta) to calibrate sigma to, or the budget sigma must keep",
+        per_run=True,
+    )
+
+
+_KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon")
+
+
+def _resolve(values: dict, facts: registry.RunFacts) -> dict:
+    if values["dp_clip_norm"] is None:
+        return {key: None for key in _KEYS}
+    name = facts.method.name
+    if facts.method.owns_server_update:
+        raise ValueError(
+            f"config.algorithm.dp_clip_norm is set, but {name}'s server update is its own, not "
+            "a weighted average of the updates that DP on updates can clip and noise."
+        )
+    if facts.section.get("lam_schedule") not in (None, "fixed"):
+        raise ValueError(
+            "config.algorithm.dp_clip_norm is set, but algorithm.lam_schedule="
+            f"{facts.section['lam_schedule']!r} steps lambda in the server update, which DP on "
+            "updates does not account for; use lam_schedule='fixed'."
+        )
+    if values["dp_noise_multiplier"] is None and values["dp_target_epsilon"] is None:
+        raise ValueError(
+            "config.algorithm.dp_clip_norm is set, but neither algorithm.dp_noise_multiplier "
+            "nor algorithm.dp_target_epsilon: give sigma, or the epsilon to calibrate it to."
+        )
+    if values["dp_delta"] is None:
+        raise ValueError("config.algorithm.dp_delta is None, but DP on updates needs it.")
+    return dict(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatesBudget:
+    """What DP on updates spends: sigma (given or calibrated) and the clients' sampling."""
+
+    noise_multiplier: float
+    delta: float
+    num_clients: int
+    clients_per_round: int
+    calibrated: bool
+
+    def epsilon(self, rounds: int) -> float:
+        if self.noise_multiplier == 0:
+            return float("inf") if rounds else 0.0
+        return accounting.updates_epsilon(
+            self.noise_multiplier, int(rounds), self.delta, num_clients=self.num_clients,
+            clients_per_round=self.clients_per_round,
+        )
+
+
+def budget(hp: PrivateUpdatesHyperparameters, context: registry.MethodContext) -> UpdatesBudget:
+    """sigma for the run: `dp_noise_multiplier`, or calibrated to `dp_target_epsilon` over the
+    run's rounds; with both, ValueError when the rounds would spend more than the target."""
+    num_clients = int(context.partition.num_clients)
+    per_round = int(min(context.clients_per_round or num_clients, num_clients))
+    rounds = int(context.rounds)
+    common = dict(num_clients=num_clients, clients_per_round=per_round)
+    sigma, target = hp.dp_noise_multiplier, hp.dp_target_epsilon
+    if sigma is None:
+        sigma = accounting.calibrate_noise_multiplier(target, rounds, hp.dp_delta, **common)
+        return UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True)
+    found = UpdatesBudget(float(sigma), hp.dp_delta, num_clients, per_round, calibrated=False)
+    if target is not None and found.epsilon(rounds) > target:
+        within = (
+            0 if sigma == 0 else
+            accounting.rounds_within(target, sigma, rounds, hp.dp_delta, **common)
+        )
+        raise ValueError(
+            f"algorithm.dp_noise_multiplier={sigma:g} spends epsilon "
+            f"{found.epsilon(rounds):.4g} at delta {hp.dp_delta:g} over the run's {rounds} "
+            f"rounds, more than algorithm.dp_target_epsilon={target:g}: the budget holds "
+            f"through round {within}. Train at most {within} rounds, raise the noise, or "
+            "leave dp_noise_multiplier unset to calibrate it."
+        )
+    return found
+
+
+def _wrap(
+    algorithm: FederatedAlgorithm, hp: PrivateUpdatesHyperparameters,
+    context: registry.MethodContext,
+) -> FederatedAlgorithm:
+    spent = budget(hp, context)
+    return with_private_updates(algorithm, hp.dp_clip_norm, spent.noise_multiplier, context.seed)
+
+
+class UpdatesPrivacyMonitor(registry.Monitor):
+    """Reports DP on updates: sigma, C and the epsilon spent through each evaluated round."""
+
+    def __init__(self, hp: PrivateUpdatesHyperparameters, spent: UpdatesBudget):
+        self.hp, self.spent = hp, spent
+        self.evaluations: list[dict] = []
+
+    def _round(self, state) -> int:
+        return int(np.asarray(state.round))
+
+    def header(self) -> str:
+        s = self.spent
+        how = (f"calibrated to epsilon {self.hp.dp_target_epsilon:g}" if s.calibrated
+               else "given")
+        sampling = (
+            "every client each round" if s.clients_per_round == s.num_clients
+            else f"{s.clients_per_round} of {s.num_clients} clients a round, without replacement"
+        )
+        return (
+            f"DP on updates: clip C={self.hp.dp_clip_norm:g}, noise multiplier "
+            f"sigma={s.noise_multiplier:.4g} ({how}), delta={s.delta:g}, {sampling}"
+        )
+
+    def progress(self, state) -> dict:
+        return {"eps": f"{self.spent.epsilon(self._round(state)):.3g}"}
+
+    def scalars(self, state) -> dict:
+        done = self._round(state)
+        epsilon = self.spent.epsilon(done)
+        self.evaluations.append({"round": done, "dp_epsilon": epsilon})
+        return {"privacy/dp_epsilon": epsilon}
+
+    def resume(self, previous, start_round: int) -> None:
+        self.evaluations = [
+            e for e in previous.get("dp_evaluations", []) if e["round"] <= start_round
+        ]
+
+    def results(self, state) -> dict:
+        return {
+            "dp_epsilon": self.spent.epsilon(self._round(state)),
+            "dp_delta": self.spent.delta,
+            "dp_noise_multiplier": self.spent.noise_multiplier,
+            "dp_clip_norm": float(self.hp.dp_clip_norm),
+            "dp_evaluations": self.evaluations,
+        }
+
+
+def _monitor(hp: PrivateUpdatesHyperparameters, task: Any) -> UpdatesPrivacyMonitor:
+    context = registry.MethodContext(
+        partition=task.partition, rounds=int(task.config.training.rounds),
+        clients_per_round=task.clients_per_round,
+    )
+    return UpdatesPrivacyMonitor(hp, budget(hp, context))
+
+
+registry.register_feature(
+    registry.Feature(
+        "dp_updates", "DP on updates", PrivateUpdatesHyperparameters, _resolve,
+        wrap=_wrap, monitor=_monitor, stage="algorithm",
+        per_run_presence=("dp_clip_norm",),
+        description="user-level DP on model updates: clipped updates, a noised aggregate "
+        "(DP-FedAvg), accounted by dp-accounting",
+    ),
+    replace=True,
+)

@@ -1,0 +1,212 @@
+"""DP on model updates (fedjax_pals/algorithms/private_updates.py): clipping, the noise, the
+sensitivity, the feature's config keys, and a run's epsilon, resume and programs."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import fedjax_pals as fjp
+from fedjax_pals import accounting
+from fedjax_pals.algorithms import private_updates
+from fedjax_pals.algorithms.base import ClientOutputs
+
+RNG = np.random.default_rng()  # fresh inputs each run; the tolerances hold for any
+
+
+def _deltas(m, scales):
+    """A params-shaped pytree of m stacked updates, update i of norm about scales[i]."""
+    tree = {"w": RNG.normal(size=(m, 3, 4)), "b": RNG.normal(size=(m, 4))}
+    norms = np.sqrt(sum(np.sum(v.reshape(m, -1) ** 2, axis=1) for v in tree.values()))
+    return {k: v * (np.asarray(scales) / norms).reshape((-1,) + (1,) * (v.ndim - 1))
+            for k, v in tree.items()}
+
+
+def test_clipping_bounds_every_norm_and_leaves_the_small_updates_as_they_are():
+    m, clip = 9, float(RNG.uniform(0.5, 2.0))
+    scales = RNG.uniform(0.1, 3.0, size=m) * clip
+    scales[0], scales[1] = clip * 0.999, clip * 1.001  # both sides of the edge
+    deltas64 = _deltas(m, scales)
+    clipped, norms = private_updates.clip_updates(
+        jax.tree_util.tree_map(jnp.float32, deltas64), jnp.float32(clip))
+    norms64 = np.sqrt(sum(np.sum(v.reshape(m, -1) ** 2, axis=1) for v in deltas64.values()))
+    np.testing.assert_allclose(norms, norms64, rtol=1e-5)
+    factor = np.minimum(1.0, clip / norms64)  # the float64 reference
+    for name, leaf in clipped.items():
+        expected = deltas64[name] * factor.reshape((-1,) + (1,) * (leaf.ndim - 1))
+        np.testing.assert_allclose(leaf, expected, rtol=2e-6, atol=1e-7)
+    after = np.sqrt(sum(np.sum(np.asarray(v, np.float64).reshape(m, -1) ** 2, axis=1)
+                        for v in clipped.values()))
+    assert np.all(after <= clip * (1 + 1e-6))
+    inside = norms64 <= clip
+    for name, leaf in clipped.items():  # unclipped ones are the float32 input, bit for bit
+        np.testing.assert_array_equal(np.asarray(leaf)[inside],
+                                      np.float32(deltas64[name])[inside])
+
+
+def _state(params, clip, sigma, seed=0, round_=0):
+    algorithm = private_updates.with_private_updates(fjp.fedavg(), clip, sigma, seed)
+    state = fjp.algorithms.init_server_state(algorithm, params, 5)
+    return algorithm, state._replace(round=jnp.int32(round_))
+
+
+def _outputs(deltas):
+    m = jax.tree_util.tree_leaves(deltas)[0].shape[0]
+    return ClientOutputs(deltas=deltas, client_states=(), train_loss=jnp.zeros(m),
+                         num_steps=jnp.ones(m, jnp.int32), initial_loss=jnp.zeros(m))
+
+
+@pytest.mark.parametrize("weights_kind", ["fedavg", "fedpals"])
+def test_the_aggregate_noise_is_gaussian_with_std_sigma_c_max_alpha(weights_kind):
+    m, clip, sigma = 4, 0.7, 1.3
+    if weights_kind == "fedavg":
+        sizes = RNG.integers(50, 200, size=m)
+        weights = sizes / sizes.sum()
+    else:  # FedPALS' weights concentrate: a random point of the simplex with one large weight
+        weights = RNG.dirichlet(np.full(m, 0.3))
+    weights = jnp.asarray(weights, jnp.float32)
+    params = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
+    zero = jax.tree_util.tree_map(lambda p: jnp.zeros((m, *p.shape)), params)
+    algorithm, state = _state(params, clip, sigma)
+    participants = jnp.arange(m)
+
+    @jax.jit
+    def noise_at(round_):
+        new = algorithm.server_update(state._replace(round=round_), participants,
+                                      _outputs(zero), weights)
+        return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree_util.tree_leaves(new.params)])
+
+    draws = np.concatenate([np.asarray(noise_at(jnp.int32(r)), np.float64) for r in range(200)])
+    std = sigma * clip * float(np.max(np.asarray(weights, np.float64)))
+    # 200 rounds x 35 coordinates: a KS test of N(0, std^2) at the 1e-4 level (the draws are
+    # fresh each run; a false alarm is one run in 10,000).
+    assert stats.kstest(draws / std, "norm").pvalue > 1e-4
+    # and the mean within 5 standard errors of 0
+    assert abs(draws.mean()) < 5 * std / np.sqrt(draws.size)
+
+
+def test_moving_one_clients_update_moves_the_aggregate_by_at_most_the_sensitivity():
+    m, clients, clip = 6, 10, float(RNG.uniform(0.2, 3.0))
+    params = {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}
+    algorithm, state = _state(params, clip, 0.0)  # noiseless: the aggregate itself
+    participants = jnp.asarray(RNG.choice(clients, size=m, replace=False))  # partial
+    for _ in range(5):
+        weights = jnp.asarray(RNG.dirichlet(np.full(m, 0.5)), jnp.float32)
+        deltas = jax.tree_util.tree_map(jnp.float32, _deltas(m, RNG.uniform(0.1, 4.0, m) * clip))
+        i = int(RNG.integers(m))
+        move = jax.tree_util.tree_map(jnp.float32, _deltas(1, [clip]))  # a vector of norm C
+        moved = jax.tree_util.tree_map(lambda d, v: d.at[i].add(v[0]), deltas, move)
+        a = algorithm.server_update(state, participants, _outputs(deltas), weights).params
+        b = algorithm.server_update(state, participants, _outputs(moved), weights).params
+        shift = np.sqrt(sum(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2)
+                            for x, y in zip(jax.tree_util.tree_leaves(a),
+                                            jax.tree_util.tree_leaves(b))))
+        sensitivity = clip * float(np.max(np.asarray(weights, np.float64)))
+        assert shift <= sensitivity * (1 + 1e-5)
+    # The worst case reaches it: the heaviest client's update from 0 to far outside the ball.
+    top = int(np.argmax(np.asarray(weights)))
+    zero = jax.tree_util.tree_map(jnp.zeros_like, deltas)
+    far = jax.tree_util.tree_map(lambda d, v: d.at[top].set(3 * v[0]), zero, move)
+    a = algorithm.server_update(state, participants, _outputs(zero), weights).params
+    b = algorithm.server_update(state, participants, _outputs(far), weights).params
+    shift = np.sqrt(sum(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2)
+                        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))))
+    np.testing.assert_allclose(shift, sensitivity, rtol=1e-5)
+
+
+def _synthetic(rounds=3, **algorithm):
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.training.rounds = rounds
+    for key, value in algorithm.items():
+        config.algorithm[key] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(dp_clip_norm=0.0), "dp_clip_norm"),
+        (dict(dp_clip_norm=1.0, dp_noise_multiplier=-0.5), "dp_noise_multiplier"),
+        (dict(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_delta=1.0), "dp_delta"),
+        (dict(dp_clip_norm=1.0), "neither algorithm.dp_noise_multiplier nor"),
+        (dict(name="scaffold", dp_clip_norm=1.0, dp_noise_multiplier=1.0),
+         "scaffold's server update is its own"),
+        (dict(name="afl", dp_clip_norm=1.0, dp_noise_multiplier=1.0),
+         "afl's server update is its own"),
+        (dict(lam_schedule="hypergradient", lam=0.1, dp_clip_norm=1.0, dp_noise_multiplier=1.0),
+         "steps lambda in the server update"),
+    ],
+)
+def test_bad_settings_are_refused_before_data_is_read(settings, message):
+    with pytest.raises(fjp.ConfigError, match=message):
+        fjp.validate_config(_synthetic(**settings))
+
+
+def test_a_budget_the_rounds_would_exceed_is_refused_naming_the_last_round_within_it():
+    config = _synthetic(rounds=50, dp_clip_norm=1.0, dp_noise_multiplier=1.0,
+                        dp_target_epsilon=10.0)
+    within = accounting.rounds_within(10.0, 1.0, 50, 1e-5, num_clients=2, clients_per_round=2)
+    with pytest.raises(fjp.TaskError, match=f"the budget holds through round {within}\\. "):
+        fjp.build_task(config)
+
+
+def test_a_target_epsilon_calibrates_sigma_and_composes_with_a_server_optimizer():
+    config = _synthetic(rounds=20, name="fedadam_fedpals", dp_clip_norm=0.5,
+                        dp_target_epsilon=4.0)
+    config.server.learning_rate = 0.1
+    task = fjp.build_task(config)
+    update = task.algorithm.server_update
+    assert isinstance(update, private_updates.PrivateUpdates)
+    assert not isinstance(update.inner, fjp.server_optimizers.WeightedAverageUpdate)
+    state = fjp.algorithms.init_server_state(task.algorithm, task.model.init(
+        jax.random.PRNGKey(0)), task.partition.num_clients)
+    dp = fjp.algorithms.find_state(state.algorithm_state, private_updates.PrivateUpdatesState)
+    sigma = float(dp.noise_multiplier)
+    common = dict(num_clients=2, clients_per_round=2)
+    assert accounting.updates_epsilon(sigma, 20, 1e-5, **common) <= 4.0
+    assert accounting.updates_epsilon(sigma * 0.99, 20, 1e-5, **common) > 4.0
+
+
+def test_unset_keys_leave_a_run_without_dp_and_its_digest_unchanged():
+    plain = fjp.resolve_config(_synthetic())
+    explicit = _synthetic(dp_clip_norm=None, dp_noise_multiplier=None, dp_target_epsilon=None)
+    assert fjp.resolve_config(explicit).digest == plain.digest
+    assert not isinstance(fjp.build_task(plain).algorithm.server_update,
+                          private_updates.PrivateUpdates)
+
+
+def test_a_run_records_its_epsilon_and_a_resumed_one_is_bit_identical(tmp_path):
+    settings = dict(dp_clip_norm=0.5, dp_noise_multiplier=1.1)
+    whole = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "whole",
+                                   quiet=True)
+    fjp.train_and_evaluate(_synthetic(rounds=2, **settings), tmp_path / "parts", quiet=True)
+    resumed = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "parts",
+                                     quiet=True)
+    for key in ("train_loss", "target_accuracy", "val_accuracy", "alpha"):
+        assert resumed[key] == whole[key], key  # the noise included: bit for bit
+    spent = [accounting.updates_epsilon(1.1, r, 1e-5, num_clients=2, clients_per_round=2)
+             for r in (1, 2, 3, 4)]
+    assert resumed["dp_epsilon"] == whole["dp_epsilon"] == spent[-1]  # not 2 + 4 rounds
+    assert [e["dp_epsilon"] for e in resumed["dp_evaluations"]] == spent
+    with open(tmp_path / "whole" / "results.json") as f:
+        assert json.load(f)["dp_noise_multiplier"] == 1.1
+
+
+def test_runs_trained_together_on_the_runs_axis_draw_the_noise_they_draw_alone(tmp_path):
+    # Differing only in per-run DP settings (one program: tests/test_train.py's generated
+    # per-run cases), each run's noise comes from its own state.
+    from fedjax_pals.experiment import train as train_lib
+
+    configs = [_synthetic(rounds=2, dp_clip_norm=c, dp_noise_multiplier=s)
+               for c, s in ((0.5, 1.0), (1.0, 0.3), (2.0, 0.0))]
+    together = train_lib.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(3)])
+    alone = fjp.train_and_evaluate(configs[1], tmp_path / "alone", quiet=True)
+    # to float32 rounding: the runs axis sums in another order (test_train.py's tolerances)
+    np.testing.assert_allclose(together[1]["train_loss"], alone["train_loss"], rtol=1e-5)
+    np.testing.assert_allclose(together[1]["target_accuracy"], alone["target_accuracy"],
+                               atol=1e-3)
+    assert together[2]["dp_epsilon"] == float("inf")  # sigma = 0: no privacy
