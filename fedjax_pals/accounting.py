@@ -20,8 +20,8 @@ one client's whole data set.
   GaussianDpEvent(sigma / 2))`, `REPLACE_ONE`; RDP only: dp-accounting's PLD accountant has
   no such event). Epsilons of the two cases are for different neighbouring relations.
 * The weights alpha are treated as public: FedPALS' server knows every S_i and T (with label
-  DP on, their release, which `fedjax_pals.privacy` accounts for separately; the two
-  guarantees compose: epsilon_S + epsilon_updates under basic composition).
+  DP on, their release, which `fedjax_pals.privacy` accounts for per example, not per client:
+  no combined epsilon is computed).
 
 Conversions to (epsilon, delta) are dp-accounting's; `rdp` is the default (the tighter `pld`
 for full participation).

@@ -210,3 +210,58 @@ def test_runs_trained_together_on_the_runs_axis_draw_the_noise_they_draw_alone(t
     np.testing.assert_allclose(together[1]["target_accuracy"], alone["target_accuracy"],
                                atol=1e-3)
     assert together[2]["dp_epsilon"] == float("inf")  # sigma = 0: no privacy
+
+
+# -- adaptive clipping ---------------------------------------------------------------------------
+
+
+def _dp_state(clip, quantile, rate, count_std=0.0):
+    return private_updates.PrivateUpdatesState(
+        (), jnp.float32(clip), jnp.float32(1.0), jax.random.PRNGKey(0), jnp.float32(quantile),
+        jnp.float32(rate), jnp.float32(count_std))
+
+
+def test_the_clip_norm_steps_geometrically_towards_the_quantile():
+    norms = RNG.lognormal(size=20)
+    clip, quantile = float(RNG.uniform(0.5, 2.0)), float(RNG.uniform(0.1, 0.9))
+    got = private_updates.adapted_clip_norm(jnp.asarray(norms, jnp.float32),
+                                            _dp_state(clip, quantile, 0.2), jax.random.PRNGKey(1))
+    within = np.mean(norms <= clip)  # the float64 reference, noiseless count
+    np.testing.assert_allclose(float(got), clip * np.exp(-0.2 * (within - quantile)), rtol=1e-6)
+    # Iterated on fixed norms, C settles where a share gamma of them is within it.
+    c = jnp.float32(clip)
+    for _ in range(400):
+        c = private_updates.adapted_clip_norm(jnp.asarray(norms, jnp.float32),
+                                              _dp_state(float(c), quantile, 0.2),
+                                              jax.random.PRNGKey(1))
+    share = np.mean(norms <= float(c))
+    assert abs(share - quantile) <= 1.5 / len(norms) + 1e-9
+    fixed = private_updates.adapted_clip_norm(jnp.asarray(norms, jnp.float32),
+                                              _dp_state(clip, quantile, 0.0, 3.0),
+                                              jax.random.PRNGKey(2))
+    assert float(fixed) == np.float32(clip)  # step 0: C fixed, whatever the count's noise
+
+
+def test_the_updates_multiplier_leaves_room_for_the_count():
+    sigma, count_std = float(RNG.uniform(0.5, 2.0)), 5.0
+    updates = private_updates.updates_noise_multiplier(sigma, count_std)
+    np.testing.assert_allclose(updates**-2 + (2 * count_std) ** -2, sigma**-2, rtol=1e-12)
+    assert updates > sigma
+    with pytest.raises(ValueError, match="alone spends a noise multiplier of 10"):
+        private_updates.updates_noise_multiplier(10.0, count_std)
+
+
+def test_an_adaptive_run_records_its_clip_norms_and_resumes_bit_identically(tmp_path):
+    settings = dict(dp_clip_norm=0.05, dp_noise_multiplier=0.1, dp_clip_quantile=0.5)
+    whole = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "whole",
+                                   quiet=True)
+    fjp.train_and_evaluate(_synthetic(rounds=2, **settings), tmp_path / "parts", quiet=True)
+    resumed = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "parts",
+                                     quiet=True)
+    clips = [e["dp_clip_norm"] for e in whole["dp_evaluations"]]
+    assert len(set(clips)) > 1 and clips[0] != 0.05  # it moved from the initial C
+    assert [e["dp_clip_norm"] for e in resumed["dp_evaluations"]] == clips
+    assert resumed["train_loss"] == whole["train_loss"]
+    with pytest.raises(fjp.TaskError, match="alone spends a noise multiplier of 0.2"):
+        fjp.build_task(_synthetic(dp_clip_norm=0.05, dp_noise_multiplier=1.0,
+                                  dp_clip_quantile=0.5))

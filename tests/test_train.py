@@ -520,6 +520,8 @@ _PER_RUN_SETTINGS = {
     "dp_noise_multiplier": {"dp_clip_norm": 1.0},
     "dp_delta": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 1.0},
     "dp_target_epsilon": {"dp_clip_norm": 1.0},
+    # adaptive clipping's count spends 2 sigma_b = 0.2 of the synthetic task's 2 participants
+    "dp_clip_quantile": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 0.1},
     **{key: {"target_estimation": "bbse_constrained"} for key in (
         "target_estimation_every", "target_estimation_rho", "target_gate_sigma_min",
         "target_gate_min_recall", "target_damping")},

@@ -21,8 +21,11 @@ method's own state in `.inner`), so runs that differ only in them share one comp
 The feature `dp_updates` is on when `algorithm.dp_clip_norm` is set: `dp_noise_multiplier`
 gives sigma, or `dp_target_epsilon` (at `dp_delta`) calibrates it before training; with both,
 a run whose rounds would spend more than the target is refused, naming the last round within
-it. A method with a server update of its own (SCAFFOLD, AFL, adaptive lambda's hypergradient
-step) is refused: its update is not a weighted average to clip and noise.
+it. With `dp_clip_quantile` gamma, C adapts each round towards the gamma-quantile of the update
+norms from a privatised count (Andrew et al., "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021), within the same sigma. A method with a server update of its own
+(SCAFFOLD, AFL, adaptive lambda's hypergradient step) is refused: its update is not a
+weighted average to clip and noise.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 from fedjax_pals import accounting
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import (
-    ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state,
+    ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state, replace_state,
 )
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 from fedjax_pals.server_optimizers import WeightedAverageUpdate
@@ -46,13 +49,24 @@ from fedjax_pals.server_optimizers import WeightedAverageUpdate
 DP_UPDATES_STREAM = 0xD9D0
 
 
+# Adaptive clipping's constants (Andrew et al., NeurIPS 2021, their defaults): the clip norm's
+# geometric step and the clipped count's noise std as a share of the participants.
+CLIP_LEARNING_RATE = 0.2
+COUNT_STD_PER_PARTICIPANT = 1 / 20
+
+
 class PrivateUpdatesState(NamedTuple):
-    """DP on updates' per-run data: the method's own algorithm state, C, sigma, the noise key."""
+    """DP on updates' per-run data: the method's own algorithm state, C (this round's), the
+    updates' noise multiplier, the noise key, and adaptive clipping's quantile, step and
+    count noise (step 0: C fixed)."""
 
     inner: Any
     clip_norm: jax.Array  # () float32, C
-    noise_multiplier: jax.Array  # () float32, sigma
+    noise_multiplier: jax.Array  # () float32, sigma of the updates (sigma_Delta when adaptive)
     key: jax.Array  # the run's noise key; round r draws with fold_in(key, r)
+    clip_quantile: jax.Array  # () float32, gamma (unused at step 0)
+    clip_learning_rate: jax.Array  # () float32, eta_C; 0: C fixed
+    count_std: jax.Array  # () float32, sigma_b of the clipped count
 
     _built_by = "fjp.algorithms.with_private_updates (algorithm.dp_clip_norm)"
 
@@ -106,9 +120,10 @@ class PrivateUpdates:
 
     def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
-        clipped, _ = clip_updates(outputs.deltas, dp.clip_norm)
+        noise_key, count_key = jax.random.split(jax.random.fold_in(dp.key, state.round))
+        clipped, norms = clip_updates(outputs.deltas, dp.clip_norm)
         std = aggregate_noise_std(weights, dp.clip_norm, dp.noise_multiplier)
-        noise = gaussian_like(state.params, jax.random.fold_in(dp.key, state.round), std)
+        noise = gaussian_like(state.params, noise_key, std)
         total = jnp.sum(weights)
         total = jnp.where(total > 0, total, 1.0)
 
@@ -116,18 +131,54 @@ class PrivateUpdates:
             return delta + (z / total.astype(z.dtype))[None]
 
         deltas = jax.tree_util.tree_map(spread, clipped, noise)
-        return self.inner(state, participants, outputs._replace(deltas=deltas), weights)
+        new = self.inner(state, participants, outputs._replace(deltas=deltas), weights)
+        clip_norm = adapted_clip_norm(norms, dp, count_key)
+        return new._replace(algorithm_state=replace_state(
+            new.algorithm_state, PrivateUpdatesState, clip_norm=clip_norm))
+
+
+def adapted_clip_norm(norms: jax.Array, dp: PrivateUpdatesState, key: jax.Array) -> jax.Array:
+    """Next round's C (Andrew et al., NeurIPS 2021): C exp(-eta (b - gamma)), b the privatised
+    share of the m updates within C, b = (sum_i (1[||Delta_i|| <= C] - 1/2) + N(0, sigma_b^2))
+    / m + 1/2 (the shifted count has sensitivity 1/2). At eta = 0, C itself."""
+    m = norms.shape[0]
+    count = jnp.sum((norms <= dp.clip_norm).astype(jnp.float32) - 0.5)
+    share = (count + dp.count_std * jax.random.normal(key, (), jnp.float32)) / m + 0.5
+    return dp.clip_norm * jnp.exp(-dp.clip_learning_rate * (share - dp.clip_quantile))
+
+
+def updates_noise_multiplier(noise_multiplier: float, count_std: float) -> float:
+    """sigma_Delta, the updates' own multiplier when the clipped count is released too: the
+    two Gaussian queries together are one of multiplier sigma when
+    sigma^-2 = sigma_Delta^-2 + (2 sigma_b)^-2 (Andrew et al., Thm. 1). ValueError when
+    sigma >= 2 sigma_b (the count alone spends the budget)."""
+    if noise_multiplier == 0:
+        return 0.0
+    rest = noise_multiplier**-2 - (2 * count_std) ** -2
+    if not rest > 0:
+        raise ValueError(
+            f"adaptive clipping releases a clipped count with noise std {count_std:g} (the "
+            f"participants / 20), which alone spends a noise multiplier of {2 * count_std:g}: "
+            f"the total {noise_multiplier:g} must be smaller. Use fixed clipping "
+            "(dp_clip_quantile unset) or more clients per round."
+        )
+    return float(rest**-0.5)
 
 
 def with_private_updates(
-    algorithm: FederatedAlgorithm, clip_norm: float, noise_multiplier: float, seed: int
+    algorithm: FederatedAlgorithm, clip_norm: float, noise_multiplier: float, seed: int,
+    *, clip_quantile: float | None = None, participants: int | None = None,
 ) -> FederatedAlgorithm:
     """`algorithm` with user-level DP on its updates (module docstring): clip norm C,
-    noise multiplier sigma, the noise drawn from `seed`'s own stream.
+    noise multiplier sigma (of the whole round's release), the noise drawn from `seed`'s own
+    stream. With `clip_quantile` gamma, C is the initial clip norm and adapts each round
+    towards the gamma-quantile of the update norms (Andrew et al., NeurIPS 2021; step
+    `CLIP_LEARNING_RATE`, the count's noise std `participants` / 20, the updates' multiplier
+    lowered so that the round stays a release of multiplier sigma).
 
     Raises:
-      ValueError: C <= 0, sigma < 0, or a server update that is not the plain weighted
-        average (a method that owns its update).
+      ValueError: C <= 0, sigma < 0, gamma outside (0, 1), a sigma the count alone would
+        spend, or a server update that is not the plain weighted average.
     """
     clip_norm, noise_multiplier = float(clip_norm), float(noise_multiplier)
     if not clip_norm > 0 or not np.isfinite(clip_norm):
@@ -139,13 +190,23 @@ def with_private_updates(
             f"DP on updates clips and noises a weighted average of the updates, but "
             f"{algorithm.name!r} has a server update of its own."
         )
+    quantile, rate, count_std, updates_sigma = 0.5, 0.0, 0.0, noise_multiplier
+    if clip_quantile is not None:
+        quantile = float(clip_quantile)
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"the clip quantile must be in (0, 1), got {clip_quantile!r}.")
+        if participants is None or participants < 1:
+            raise ValueError("adaptive clipping needs the participants a round (>= 1).")
+        rate, count_std = CLIP_LEARNING_RATE, COUNT_STD_PER_PARTICIPANT * participants
+        updates_sigma = updates_noise_multiplier(noise_multiplier, count_std)
     inner_init = algorithm.init_algorithm_state
     key = jax.random.fold_in(jax.random.PRNGKey(seed), DP_UPDATES_STREAM)
 
     def init(params, num_clients):
         return PrivateUpdatesState(
             inner_init(params, num_clients), jnp.float32(clip_norm),
-            jnp.float32(noise_multiplier), key,
+            jnp.float32(updates_sigma), key, jnp.float32(quantile), jnp.float32(rate),
+            jnp.float32(count_std),
         )
 
     return algorithm._replace(
@@ -179,9 +240,16 @@ class PrivateUpdatesHyperparameters(Hyperparameters):
         doc="the epsilon (at dp_delta) to calibrate sigma to, or the budget sigma must keep",
         per_run=True,
     )
+    dp_clip_quantile: float | None = hyperparameter(
+        None, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        why=" (None: the clip norm stays dp_clip_norm)",
+        doc="adaptive clipping: the quantile of the update norms the clip norm follows",
+        per_run=True,
+    )
 
 
-_KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon")
+_KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon",
+         "dp_clip_quantile")
 
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
@@ -260,7 +328,10 @@ def _wrap(
     context: registry.MethodContext,
 ) -> FederatedAlgorithm:
     spent = budget(hp, context)
-    return with_private_updates(algorithm, hp.dp_clip_norm, spent.noise_multiplier, context.seed)
+    return with_private_updates(
+        algorithm, hp.dp_clip_norm, spent.noise_multiplier, context.seed,
+        clip_quantile=hp.dp_clip_quantile, participants=spent.clients_per_round,
+    )
 
 
 class UpdatesPrivacyMonitor(registry.Monitor):
@@ -281,19 +352,31 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             "every client each round" if s.clients_per_round == s.num_clients
             else f"{s.clients_per_round} of {s.num_clients} clients a round, without replacement"
         )
+        clip = (
+            f"clip C={self.hp.dp_clip_norm:g}" if self.hp.dp_clip_quantile is None else
+            f"clip from C={self.hp.dp_clip_norm:g} towards the {self.hp.dp_clip_quantile:g} "
+            "quantile of the update norms (adaptive)"
+        )
         return (
-            f"DP on updates: clip C={self.hp.dp_clip_norm:g}, noise multiplier "
-            f"sigma={s.noise_multiplier:.4g} ({how}), delta={s.delta:g}, {sampling}"
+            f"DP on updates: {clip}, noise multiplier sigma={s.noise_multiplier:.4g} ({how}), "
+            f"delta={s.delta:g}, {sampling}"
         )
 
+    def _clip_norm(self, state) -> float:
+        dp = find_state(state.algorithm_state, PrivateUpdatesState)
+        return float(np.asarray(dp.clip_norm))
+
     def progress(self, state) -> dict:
-        return {"eps": f"{self.spent.epsilon(self._round(state)):.3g}"}
+        shown = {"eps": f"{self.spent.epsilon(self._round(state)):.3g}"}
+        if self.hp.dp_clip_quantile is not None:
+            shown["C"] = f"{self._clip_norm(state):.3g}"
+        return shown
 
     def scalars(self, state) -> dict:
         done = self._round(state)
-        epsilon = self.spent.epsilon(done)
-        self.evaluations.append({"round": done, "dp_epsilon": epsilon})
-        return {"privacy/dp_epsilon": epsilon}
+        epsilon, clip = self.spent.epsilon(done), self._clip_norm(state)
+        self.evaluations.append({"round": done, "dp_epsilon": epsilon, "dp_clip_norm": clip})
+        return {"privacy/dp_epsilon": epsilon, "privacy/dp_clip_norm": clip}
 
     def resume(self, previous, start_round: int) -> None:
         self.evaluations = [
@@ -305,7 +388,8 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             "dp_epsilon": self.spent.epsilon(self._round(state)),
             "dp_delta": self.spent.delta,
             "dp_noise_multiplier": self.spent.noise_multiplier,
-            "dp_clip_norm": float(self.hp.dp_clip_norm),
+            "dp_clip_norm": float(self.hp.dp_clip_norm),  # the initial C when adaptive
+            "dp_clip_quantile": self.hp.dp_clip_quantile,
             "dp_evaluations": self.evaluations,
         }
 
