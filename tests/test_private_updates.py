@@ -150,8 +150,10 @@ def test_a_budget_the_rounds_would_exceed_is_refused_naming_the_last_round_withi
     config = _synthetic(rounds=50, dp_clip_norm=1.0, dp_noise_multiplier=1.0,
                         dp_target_epsilon=10.0)
     within = accounting.rounds_within(10.0, 1.0, 50, 1e-5, num_clients=2, clients_per_round=2)
-    with pytest.raises(fjp.TaskError, match=f"the budget holds through round {within}\\. "):
-        fjp.build_task(config)
+    with pytest.raises(fjp.ConfigError, match=f"the budget holds through round {within}\\. "):
+        fjp.validate_config(config)  # before any data is read
+    with pytest.raises(fjp.ConfigError, match="dp_target_epsilon=1e-06: no noise multiplier"):
+        fjp.validate_config(_synthetic(rounds=10**5, dp_clip_norm=1.0, dp_target_epsilon=1e-6))
 
 
 def test_a_target_epsilon_calibrates_sigma_and_composes_with_a_server_optimizer():
@@ -262,6 +264,7 @@ def test_an_adaptive_run_records_its_clip_norms_and_resumes_bit_identically(tmp_
     assert len(set(clips)) > 1 and clips[0] != 0.05  # it moved from the initial C
     assert [e["dp_clip_norm"] for e in resumed["dp_evaluations"]] == clips
     assert resumed["train_loss"] == whole["train_loss"]
-    with pytest.raises(fjp.TaskError, match="alone spends a noise multiplier of 0.2"):
-        fjp.build_task(_synthetic(dp_clip_norm=0.05, dp_noise_multiplier=1.0,
-                                  dp_clip_quantile=0.5))
+    with pytest.raises(fjp.ConfigError, match="dp_clip_quantile is set, but adaptive clipping "
+                       "releases a clipped count with noise std 0.1 .* noise multiplier of 0.2"):
+        fjp.validate_config(_synthetic(dp_clip_norm=0.05, dp_noise_multiplier=1.0,
+                                       dp_clip_quantile=0.5))

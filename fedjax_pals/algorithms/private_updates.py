@@ -274,6 +274,10 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
         )
     if values["dp_delta"] is None:
         raise ValueError("config.algorithm.dp_delta is None, but DP on updates needs it.")
+    if facts.rounds is not None and facts.training_clients is not None:
+        # The budget against the run's rounds and clients, before any data is read.
+        budget_for(PrivateUpdatesHyperparameters(**values), facts.training_clients,
+                   facts.clients_per_round or facts.training_clients, facts.rounds)
     return dict(values)
 
 
@@ -297,30 +301,52 @@ class UpdatesBudget:
 
 
 def budget(hp: PrivateUpdatesHyperparameters, context: registry.MethodContext) -> UpdatesBudget:
-    """sigma for the run: `dp_noise_multiplier`, or calibrated to `dp_target_epsilon` over the
-    run's rounds; with both, ValueError when the rounds would spend more than the target."""
+    """`budget_for` the run of `context` (its training clients, participants and rounds)."""
     num_clients = int(context.partition.num_clients)
     per_round = int(min(context.clients_per_round or num_clients, num_clients))
-    rounds = int(context.rounds)
+    return budget_for(hp, num_clients, per_round, int(context.rounds))
+
+
+def budget_for(hp: PrivateUpdatesHyperparameters, num_clients: int, per_round: int,
+               rounds: int) -> UpdatesBudget:
+    """sigma for a run of `rounds` rounds of `per_round` of `num_clients` clients:
+    `dp_noise_multiplier`, or calibrated to `dp_target_epsilon`. ValueError (naming the key)
+    when no sigma reaches the target, when the rounds would spend more than the target, or
+    when adaptive clipping's count alone would spend sigma."""
     common = dict(num_clients=num_clients, clients_per_round=per_round)
     sigma, target = hp.dp_noise_multiplier, hp.dp_target_epsilon
     if sigma is None:
-        sigma = accounting.calibrate_noise_multiplier(target, rounds, hp.dp_delta, **common)
-        return UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True)
+        try:
+            sigma = accounting.calibrate_noise_multiplier(target, rounds, hp.dp_delta, **common)
+        except ValueError as error:
+            raise ValueError(f"config.algorithm.dp_target_epsilon={target:g}: {error}") from None
+        found = UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True)
+        _check_adaptive(hp, found)
+        return found
     found = UpdatesBudget(float(sigma), hp.dp_delta, num_clients, per_round, calibrated=False)
+    _check_adaptive(hp, found)
     if target is not None and found.epsilon(rounds) > target:
         within = (
             0 if sigma == 0 else
             accounting.rounds_within(target, sigma, rounds, hp.dp_delta, **common)
         )
         raise ValueError(
-            f"algorithm.dp_noise_multiplier={sigma:g} spends epsilon "
+            f"config.algorithm.dp_noise_multiplier={sigma:g} spends epsilon "
             f"{found.epsilon(rounds):.4g} at delta {hp.dp_delta:g} over the run's {rounds} "
             f"rounds, more than algorithm.dp_target_epsilon={target:g}: the budget holds "
             f"through round {within}. Train at most {within} rounds, raise the noise, or "
             "leave dp_noise_multiplier unset to calibrate it."
         )
     return found
+
+
+def _check_adaptive(hp: PrivateUpdatesHyperparameters, spent: UpdatesBudget) -> None:
+    if hp.dp_clip_quantile is not None:
+        try:
+            updates_noise_multiplier(
+                spent.noise_multiplier, COUNT_STD_PER_PARTICIPANT * spent.clients_per_round)
+        except ValueError as error:
+            raise ValueError(f"config.algorithm.dp_clip_quantile is set, but {error}") from None
 
 
 def _wrap(

@@ -422,11 +422,15 @@ class RunFacts:
     """What a feature's `resolve` may read of the run: its method, whose server weights it
     uses (`weights`: "fedpals" for FedPALS and FedProx+FedPALS; None for a method's own
     weights, FedAvg's n_i / N included), and its `algorithm` section with every key checked
-    by its declaration (not yet resolved)."""
+    by its declaration (not yet resolved); the run's resolved `rounds`, its training clients
+    and their participants a round (None where the caller has no run, e.g. a sweep's grid)."""
 
     method: Method
     weights: str | None
     section: Mapping[str, Any]
+    rounds: int | None = None
+    training_clients: int | None = None
+    clients_per_round: int | None = None
 
     @property
     def reads_target(self) -> bool:

@@ -433,10 +433,11 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         )
     r["model"] = model
 
-    # -- algorithm
-    r["algorithm"], owner = _algorithm_section(c["algorithm"])
-
     r["training"] = _training_section(c["training"], r["partition"]["num_clients"] - 1)
+    # -- algorithm (its features may check themselves against the run's rounds and clients)
+    r["algorithm"], owner = _algorithm_section(
+        c["algorithm"], r["training"], r["partition"]["num_clients"] - 1)
+
     r["server"] = _server_section(c["server"], owner)
 
     # -- engine
@@ -571,7 +572,9 @@ def _weights(a: dict, method: registry.Method) -> str | None:
     return (weights or _FEDAVG_WEIGHTS) if method.client_side else None
 
 
-def _algorithm_section(a: dict) -> tuple[dict, str | None]:
+def _algorithm_section(
+    a: dict, training: dict | None = None, training_clients: int | None = None
+) -> tuple[dict, str | None]:
     """The resolved `algorithm` section, and what owns the run's server update (for the
     server optimiser's check: "algorithm.name='scaffold'", "lam_schedule='hypergradient'")
     or None. The method's and the features' keys are checked by their own declarations
@@ -584,7 +587,12 @@ def _algorithm_section(a: dict) -> tuple[dict, str | None]:
         key: None if a[key] is None else _config_check(check, f"algorithm.{key}", a[key])
         for key, (_, check, _) in _algorithm_keys().items()
     }
-    facts = registry.RunFacts(method, None if lending == _FEDAVG_WEIGHTS else lending, section)
+    facts = registry.RunFacts(
+        method, None if lending == _FEDAVG_WEIGHTS else lending, section,
+        rounds=None if training is None else training["rounds"],
+        training_clients=training_clients,
+        clients_per_round=None if training is None else training["clients_per_round"],
+    )
     resolved = dict(name=algorithm, weights=weights)
     # The registered methods' hyperparameters: None (unused) unless the run's method's.
     for key, (default, _, users) in registry.hyperparameter_fields().items():
