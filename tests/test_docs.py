@@ -97,3 +97,11 @@ def test_the_decisions_index_lists_every_decision_once_with_its_date():
         assert len(rows) == 1 and f"]({page}) | {date.group(1)} |" in rows[0], (
             f"index row of {page}: {rows}")
     assert len({p[:4] for p in pages}) == len(pages), "two decisions share a number"
+
+
+def test_the_readme_is_a_landing_page_with_one_figure():
+    # What it is, a figure, the two commands, the entry points, links into the site: the rest
+    # lives on the site's pages.
+    text = _text("README.md")
+    assert len(text.splitlines()) <= 150
+    assert len(re.findall(r"!\[[^\]]+\]\(docs/[^)]+\.png\)", text)) == 1
