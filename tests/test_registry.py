@@ -833,3 +833,25 @@ def test_a_loader_returning_an_empty_split_is_refused_as_empty(no_training, tmp_
     # Not "register it with num_train=0", which register_dataset refuses.
     assert message == ("data set 'empty_blobs': its loader returned an empty train split; a run "
                        "needs examples to train on and a target to test on.")
+
+
+def test_a_client_side_method_with_fedpals_weights_takes_fedpals_own_keys():
+    # fedprox_fedpals' weights are FedPALS': its weights_solver applies (it was resolved to
+    # None and the exact solver ran, silently).
+    import importlib
+
+    fedpals_lib = importlib.import_module("fedjax_pals.algorithms.fedpals")
+
+    config = {"dataset": {"name": "synthetic"}, "training": {"rounds": 1},
+              "algorithm": {"name": "fedprox_fedpals", "weights_solver": "projected_gradient"}}
+    resolved = fjp.validate_config(config)
+    assert resolved.algorithm.weights_solver == "projected_gradient"
+    task = fjp.build_task(resolved)
+    assert task.algorithm.weighting.weights is fedpals_lib._fedpals_weights_with(
+        "projected_gradient")
+    plain = fjp.build_task({**config, "algorithm": {"name": "fedprox_fedpals"}})
+    assert plain.algorithm.weighting.weights is not task.algorithm.weighting.weights
+    # FedAvg's weights borrow nothing: the key resolves to None there.
+    fedprox = fjp.validate_config({**config, "algorithm": {
+        "name": "fedprox", "weights_solver": "projected_gradient"}})
+    assert fedprox.algorithm.weights_solver is None

@@ -210,9 +210,10 @@ def make_algorithm(
         T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
       lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
       weights: the weighting of a client-side method: None or "fedavg" (FedAvg), or a method
-        whose weights serve client-side methods (`lends_weighting`: "fedpals"), built with
-        its default hyperparameters from the same partition and lam.
-      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu.
+        whose weights serve client-side methods (`lends_weighting`: "fedpals"), built from the
+        same partition and lam with its own hyperparameters among `hyperparameters`.
+      **hyperparameters: the method's own (`get_method(name).hyperparameters`), e.g. prox_mu,
+        and with a lender's weights the lender's (FedPALS' weights_solver).
 
     Raises:
       ValueError: an unknown name, weighting or hyperparameter, or a missing or bad argument.
@@ -238,15 +239,22 @@ def make_algorithm(
         )
     if partition is not None and not isinstance(partition, FederatedPartition):
         raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
-    weighting = None
+    weighting, own = None, dict(hyperparameters)
     if weights in lending:
         if partition is None:
             raise ValueError(f"{method.name} with weights={weights!r} needs partition=....")
+        lender = get_method(weights)
+        # The lender's own keys build its weights (FedPALS' weights_solver); the method's
+        # build the rest (a key both declare goes to both).
+        lent = {k: v for k, v in hyperparameters.items()
+                if k in hyperparameter_checks(lender.hyperparameters)}
+        own = {k: v for k, v in hyperparameters.items()
+               if k not in lent or k in hyperparameter_checks(method.hyperparameters)}
         # The lender's builder says what else it needs (FedPALS: lam).
-        weighting = get_method(weights).make(MethodContext(partition, lam)).weighting
+        weighting = lender.make(MethodContext(partition, lam), **lent).weighting
         # Named as its lender: the key of the combination is "<method>_<lender>".
         weighting = weighting._replace(name=weights)
-    return method.make(MethodContext(partition, lam, weighting), **hyperparameters)
+    return method.make(MethodContext(partition, lam, weighting), **own)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -594,12 +594,14 @@ def _algorithm_section(
         clients_per_round=None if training is None else training["clients_per_round"],
     )
     resolved = dict(name=algorithm, weights=weights)
-    # The registered methods' hyperparameters: None (unused) unless the run's method's.
+    # The registered methods' hyperparameters: None (unused) unless the run's method's, or
+    # those of the method whose weights it borrows (fedprox_fedpals: FedPALS' weights_solver).
     for key, (default, _, users) in registry.hyperparameter_fields().items():
+        used = algorithm in users or lending in users
         # A hyperparameter declared with default None is optional (FedPALS' weights_solver).
-        if algorithm in users and section[key] is None and default is not None:
+        if used and section[key] is None and default is not None:
             raise ConfigError(f"config.algorithm.{key} is None, but {algorithm} needs it.")
-        resolved[key] = section[key] if algorithm in users else None
+        resolved[key] = section[key] if used else None
     owner = f"algorithm.name={algorithm!r}" if method.owns_server_update else None
     for feature in registry.registered_features():
         try:
