@@ -268,3 +268,29 @@ def test_an_adaptive_run_records_its_clip_norms_and_resumes_bit_identically(tmp_
                        "releases a clipped count with noise std 0.1 .* noise multiplier of 0.2"):
         fjp.validate_config(_synthetic(dp_clip_norm=0.05, dp_noise_multiplier=1.0,
                                        dp_clip_quantile=0.5))
+
+
+def test_an_interrupted_run_keeps_what_its_features_reported_before_the_kill(tmp_path,
+                                                                             monkeypatch):
+    from fedjax_pals.experiment import train as train_lib
+
+    settings = dict(dp_clip_norm=0.5, dp_noise_multiplier=1.1)
+    whole = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "whole",
+                                   quiet=True)
+    real = train_lib._PreparedRun._on_evaluation
+
+    def killed_after_round_3(self, done, metrics, history):
+        real(self, done, metrics, history)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_lib._PreparedRun, "_on_evaluation", killed_after_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "killed", quiet=True)
+    with open(tmp_path / "killed" / "results.json") as f:
+        assert [e["round"] for e in json.load(f)["dp_evaluations"]] == [1, 2, 3]
+    monkeypatch.setattr(train_lib._PreparedRun, "_on_evaluation", real)
+    resumed = fjp.train_and_evaluate(_synthetic(rounds=4, **settings), tmp_path / "killed",
+                                     quiet=True)
+    assert resumed["dp_evaluations"] == whole["dp_evaluations"]
+    assert resumed["train_loss"] == whole["train_loss"]

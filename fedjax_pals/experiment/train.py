@@ -373,6 +373,10 @@ class _PreparedRun:
         self.writer.flush()
         if self.main:
             results = self.results_of(history, self.run.state)
+            # What the features report so far too: a run killed after this evaluation resumes
+            # with their records (`Monitor.resume`), not without them.
+            for monitor in self.monitors:
+                results.update(monitor.results(self.run.state))
             write_json(self.workdir.file(RESULTS_FILE), results)
 
     def finish(self, outcome) -> dict | BaseException:
