@@ -458,7 +458,8 @@ class Monitor:
     update_state(round_index, state_of) -> a new ServerState or None: called before each
       round (`TrainingRun(update_state=...)`), e.g. T re-estimated from the global model.
     scalars(state) -> {name: value} logged at each evaluation (they override the run's own,
-      e.g. "server/lambda"); results(state) -> entries of results.json at the end.
+      e.g. "server/lambda"); results(state) -> entries of results.json (pure: written at
+      every evaluation and at the end).
     header() -> a line shown when the run starts; progress(state) -> {name: text} for the
       progress line at each evaluation; resume(previous, start_round): a resumed run's
       results.json so far, to report the rounds before this launch too.
