@@ -164,12 +164,12 @@ def test_submit_on_the_local_executor_with_a_shard_preempted_collects_the_unshar
         assert json.load(f) == unsharded_table
 
 
-@functools.cache  # once per process: without a controller, sinfo waits 9 s before it fails
 # Node states of a node that takes jobs: busy ones too (another test's jobs may hold every
 # CPU of CI's single node for a while; a job submitted then waits its turn in the queue).
 _UP_STATES = {"idle", "mixed", "allocated", "completing", "planned"}
 
 
+@functools.cache  # once per process: without a controller, sinfo waits 9 s before it fails
 def _slurm_up() -> bool:
     if shutil.which("sinfo") is None:
         return False
