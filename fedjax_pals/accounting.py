@@ -73,6 +73,19 @@ def _accountant(kind: str, relation):
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}.")
 
 
+@functools.lru_cache(maxsize=256)
+def _one_round_rdp(noise_multiplier: float, num_clients: int, clients_per_round: int):
+    """(orders, RDP of one round at each order): RDP composes by addition, so r rounds are r
+    times one round's (what dp-accounting's self-composition computes, without recomputing
+    the subsampled Gaussian's RDP, ~0.3 s, for every round count)."""
+    import numpy as np
+
+    event, relation = _event(noise_multiplier, 1, num_clients, clients_per_round)
+    counter = _accountant("rdp", relation)
+    counter.compose(event)
+    return tuple(counter._orders), np.asarray(counter._rdp, np.float64)
+
+
 @functools.lru_cache(maxsize=4096)
 def updates_epsilon(
     noise_multiplier: float, rounds: int, delta: float, *, num_clients: int,
@@ -83,6 +96,11 @@ def updates_epsilon(
     _check(noise_multiplier, rounds, num_clients, clients_per_round, delta)
     if rounds == 0:
         return 0.0
+    if accountant == "rdp":
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        orders, rdp = _one_round_rdp(float(noise_multiplier), num_clients, clients_per_round)
+        return float(rdp_privacy_accountant.compute_epsilon(orders, int(rounds) * rdp, delta)[0])
     event, relation = _event(noise_multiplier, rounds, num_clients, clients_per_round)
     counter = _accountant(accountant, relation)
     if not counter.supports(event):

@@ -115,6 +115,11 @@ FEDDISCO_FEDLC="--config.training.rounds=10 \
 ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
+# DP on the model updates (issue 46): the config holds the budget (40 rounds, 3 seeds, 75 runs:
+# 49 min on 2 cores, planned for at most 75); its report gives every ESS fraction's accuracy
+# against epsilon and the figure.
+ARGS[beyond_private_updates]=""
+RAW[beyond_private_updates_report]="experiments.dp_updates_report --sweep=$ROOT/beyond_private_updates"
 # The config holds the budget (10 rounds, 8 seeds) and the ablation's rows.
 ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
@@ -133,9 +138,9 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
        beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
-       beyond_fedavgm_c2 beyond_private_marginals num_clients_fig9c local_epochs_fig8b
+       beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc
-       beyond_server_optimizers)
+       beyond_server_optimizers beyond_private_updates_report)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.

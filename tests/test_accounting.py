@@ -127,3 +127,23 @@ def test_bad_input_is_refused_naming_it(kwargs, message):
     with pytest.raises(ValueError, match=message):
         accounting.updates_epsilon(
             args.pop("noise_multiplier"), args.pop("rounds"), args.pop("delta"), **args)
+
+
+@pytest.mark.parametrize("clients_per_round", [40, 400])
+def test_rounds_times_one_rounds_rdp_is_dp_accountings_self_composition(clients_per_round):
+    import dp_accounting
+    from dp_accounting import rdp
+
+    sigma, rounds, delta = float(RNG.uniform(0.8, 3.0)), int(RNG.integers(2, 200)), 1e-5
+    got = accounting.updates_epsilon(sigma, rounds, delta, num_clients=400,
+                                     clients_per_round=clients_per_round)
+    if clients_per_round == 400:
+        one = dp_accounting.GaussianDpEvent(sigma)
+        relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    else:
+        one = dp_accounting.SampledWithoutReplacementDpEvent(
+            400, clients_per_round, dp_accounting.GaussianDpEvent(sigma / 2))
+        relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    whole = rdp.RdpAccountant(neighboring_relation=relation).compose(
+        dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(delta)
+    np.testing.assert_allclose(got, whole, rtol=1e-9)

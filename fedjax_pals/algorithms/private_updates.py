@@ -402,7 +402,10 @@ class UpdatesPrivacyMonitor(registry.Monitor):
         done = self._round(state)
         epsilon, clip = self.spent.epsilon(done), self._clip_norm(state)
         self.evaluations.append({"round": done, "dp_epsilon": epsilon, "dp_clip_norm": clip})
-        return {"privacy/dp_epsilon": epsilon, "privacy/dp_clip_norm": clip}
+        scalars = {"privacy/dp_clip_norm": clip}
+        if np.isfinite(epsilon):  # sigma = 0 spends epsilon = inf: nothing to chart
+            scalars["privacy/dp_epsilon"] = epsilon
+        return scalars
 
     def resume(self, previous, start_round: int) -> None:
         self.evaluations = [
