@@ -285,15 +285,17 @@ class _PreparedRun:
             raise
 
     def results_of(self, history: TrainingHistory, state: Any = None) -> dict:
-        """results.json: the header, the history, and the server weights of `state` (the
-        weights in use now; round 1's stay as alpha_round_1)."""
+        """results.json: the header, the history, the server weights of `state` (the
+        weights in use now; round 1's stay as alpha_round_1) and what the run's features
+        report of it (written at every evaluation too: a run killed after one resumes with
+        their records, `Monitor.resume`)."""
         best = history.best_val_index()
         weights = {}
         if state is not None and self.main:
             alpha = server_weights(self.task, state)
             sizes = np.asarray(self.task.partition.client_sizes, np.float64)
             weights = {"alpha": alpha.tolist(), "ess": float(effective_sample_size(alpha, sizes))}
-        return {
+        results = {
             **self.header,
             **weights,
             **history.to_dict(),
@@ -303,6 +305,10 @@ class _PreparedRun:
             "target_accuracy_at_best_val": history.target_accuracy[best],
             "target_macro_f1_at_best_val": history.target_macro_f1[best],
         }
+        if state is not None:
+            for monitor in self.monitors:
+                results.update(monitor.results(state))
+        return results
 
     def _on_round(self, done: int, loss: float) -> None:
         with uninterrupted():  # a round's metrics are written whole
@@ -372,12 +378,7 @@ class _PreparedRun:
         self.writer.write_scalars(done, scalars)
         self.writer.flush()
         if self.main:
-            results = self.results_of(history, self.run.state)
-            # What the features report so far too: a run killed after this evaluation resumes
-            # with their records (`Monitor.resume`), not without them.
-            for monitor in self.monitors:
-                results.update(monitor.results(self.run.state))
-            write_json(self.workdir.file(RESULTS_FILE), results)
+            write_json(self.workdir.file(RESULTS_FILE), self.results_of(history, self.run.state))
 
     def finish(self, outcome) -> dict | BaseException:
         """Final results (results.json, curves.png) or the run's exception; closes its resources."""
@@ -388,8 +389,6 @@ class _PreparedRun:
                 return outcome
             state, history = outcome
             results = self.results_of(history, state)
-            for monitor in self.monitors:
-                results.update(monitor.results(state))
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
