@@ -32,21 +32,19 @@ from __future__ import annotations
 import functools
 import math
 
+from fedjax_pals import _validation
+
 ACCOUNTANTS = ("rdp", "pld")
 
 
 def _check(noise_multiplier: float, rounds: int, num_clients: int, clients_per_round: int,
            delta: float | None = None) -> None:
-    if not noise_multiplier > 0 or not math.isfinite(noise_multiplier):
-        raise ValueError(f"the noise multiplier must be > 0 and finite, got {noise_multiplier!r}.")
-    if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 0:
-        raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}.")
-    if not 1 <= clients_per_round <= num_clients:
-        raise ValueError(
-            f"clients_per_round must be in [1, num_clients={num_clients}], got {clients_per_round}."
-        )
-    if delta is not None and not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}.")
+    _validation.check_number("the noise multiplier", noise_multiplier, low=0.0, low_open=True)
+    _validation.check_integer("rounds", rounds, 0)
+    _validation.check_integer("clients_per_round", clients_per_round, 1, num_clients,
+                              why=" (the participants of num_clients)")
+    if delta is not None:
+        _validation.check_number("delta", delta, low=0.0, high=1.0, low_open=True, high_open=True)
 
 
 def _event(noise_multiplier: float, rounds: int, num_clients: int, clients_per_round: int):
@@ -140,8 +138,7 @@ def calibrate_noise_multiplier(
     Raises:
       ValueError: a target no noise multiplier up to 1e4 reaches in these rounds.
     """
-    if not target_epsilon > 0 or not math.isfinite(target_epsilon):
-        raise ValueError(f"the target epsilon must be > 0 and finite, got {target_epsilon!r}.")
+    _validation.check_number("the target epsilon", target_epsilon, low=0.0, low_open=True)
     spent = functools.partial(
         updates_epsilon, rounds=int(rounds), delta=delta, num_clients=num_clients,
         clients_per_round=clients_per_round, accountant=accountant,

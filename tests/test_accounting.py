@@ -114,10 +114,10 @@ def test_rounds_within_is_the_last_round_inside_the_budget():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(noise_multiplier=0.0), "noise multiplier must be > 0"),
+        (dict(noise_multiplier=0.0), "noise multiplier must be a finite number > 0"),
         (dict(rounds=-1), "rounds must be an integer >= 0"),
-        (dict(delta=1.0), r"delta must be in \(0, 1\)"),
-        (dict(clients_per_round=11), r"clients_per_round must be in \[1, num_clients=10\]"),
+        (dict(delta=1.0), r"delta must be a number in \(0, 1\)"),
+        (dict(clients_per_round=11), r"clients_per_round must be an integer in \[1, 10\] \(the participants of num_clients\)"),
         (dict(accountant="moments"), "accountant must be one of"),
     ],
 )

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pals import accounting
+from fedjax_pals import _validation, accounting
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state, replace_state,
@@ -180,11 +180,8 @@ def with_private_updates(
       ValueError: C <= 0, sigma < 0, gamma outside (0, 1), a sigma the count alone would
         spend, or a server update that is not the plain weighted average.
     """
-    clip_norm, noise_multiplier = float(clip_norm), float(noise_multiplier)
-    if not clip_norm > 0 or not np.isfinite(clip_norm):
-        raise ValueError(f"the clip norm must be > 0 and finite, got {clip_norm!r}.")
-    if not noise_multiplier >= 0 or not np.isfinite(noise_multiplier):
-        raise ValueError(f"the noise multiplier must be >= 0 and finite, got {noise_multiplier!r}.")
+    clip_norm = _validation.check_number("the clip norm", clip_norm, low=0.0, low_open=True)
+    noise_multiplier = _validation.check_number("the noise multiplier", noise_multiplier, low=0.0)
     if not isinstance(algorithm.server_update, WeightedAverageUpdate):
         raise ValueError(
             f"DP on updates clips and noises a weighted average of the updates, but "
@@ -192,9 +189,8 @@ def with_private_updates(
         )
     quantile, rate, count_std, updates_sigma = 0.5, 0.0, 0.0, noise_multiplier
     if clip_quantile is not None:
-        quantile = float(clip_quantile)
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"the clip quantile must be in (0, 1), got {clip_quantile!r}.")
+        quantile = _validation.check_number("the clip quantile", clip_quantile, low=0.0,
+                                            high=1.0, low_open=True, high_open=True)
         if participants is None or participants < 1:
             raise ValueError("adaptive clipping needs the participants a round (>= 1).")
         rate, count_std = CLIP_LEARNING_RATE, COUNT_STD_PER_PARTICIPANT * participants
