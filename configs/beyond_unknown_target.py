@@ -41,6 +41,8 @@ import ml_collections
 import fedjax_pals as fjp
 
 DAMPING = 0.5
+WARMUP = 3  # FedAvg's model through round 3 (of 10) before the first estimate
+SHRINKAGE = 0.25  # every client keeps at least a quarter of its FedAvg weight
 # Explicit, so that the rows are what they were when measured whatever the defaults become.
 UNDAMPED = {"algorithm.target_damping": 1.0}
 IN_SAMPLE = {"algorithm.target_holdout": 0.0, **UNDAMPED}
@@ -59,6 +61,19 @@ ABLATION = {
         {**HELD_OUT, "algorithm.target_damping": DAMPING}),
     "unknown_t_bbse_constrained_in_sample": (
         "FedPALS, T^ by constrained soft BBSE (in-sample)", "bbse_constrained", IN_SAMPLE),
+    # Issue 45's remedies for the feedback loop, each on the default row (in-sample, undamped).
+    "unknown_t_warmup3": (
+        "FedPALS, T^ after 3 FedAvg rounds", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_warmup_rounds": WARMUP}),
+    "unknown_t_shrunk": (
+        f"FedPALS, T^ shrunk {SHRINKAGE:g} to the clients' aggregate", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_shrinkage": SHRINKAGE}),
+    "unknown_t_warmup3_shrunk": (
+        f"FedPALS, T^ after 3 FedAvg rounds, shrunk {SHRINKAGE:g}", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_warmup_rounds": WARMUP,
+         "algorithm.target_shrinkage": SHRINKAGE}),
+    "unknown_t_em_output_prior": (
+        "FedPALS, T^ by EM, mean-output prior (in-sample)", "em_output_prior", IN_SAMPLE),
 }
 for _name, (_label, _estimator, _overrides) in ABLATION.items():
     # replace=True: a launcher may load this file more than once.

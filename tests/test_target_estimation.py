@@ -363,6 +363,10 @@ def test_unknown_target_config_is_resolved_and_checked():
         fjp.validate_config(_unknown_target_config(target_holdout=0.6))
     with pytest.raises(fjp.ConfigError, match="target_damping"):
         fjp.validate_config(_unknown_target_config(target_damping=0.0))
+    with pytest.raises(fjp.ConfigError, match="target_warmup_rounds"):
+        fjp.validate_config(_unknown_target_config(target_warmup_rounds=-1))
+    with pytest.raises(fjp.ConfigError, match="target_shrinkage"):
+        fjp.validate_config(_unknown_target_config(target_shrinkage=1.0))
     # Off for known T, so known-T configs (and their digests) are as before.
     assert fedavg.algorithm.target_holdout is None and fedavg.algorithm.target_damping is None
 
@@ -515,6 +519,82 @@ def test_damping_averages_the_estimates_from_the_start():
     np.testing.assert_allclose(state.weighting_state.target_label_dist, current, atol=1e-7)
     truth = damped.truth
     assert damped.records[-1]["target_l1_error"] == pytest.approx(np.abs(current - truth).sum())
+
+
+def test_a_warmup_trains_fedavgs_rounds_before_the_first_estimate():
+    # every = 2, warm-up 3: re-estimated before rounds 3 and 5 (not 2, 4, 6); until round 3
+    # the weights use the clients' aggregate, so the first estimate moves T from the start.
+    warm, state, start = _reestimation(warmup=3)
+    assert [r["round"] for r in warm.records] == [3, 5]
+    first = np.asarray(warm.records[0]["target"])
+    assert warm.records[0]["target_change_l1"] == pytest.approx(np.abs(first - start).sum())
+    np.testing.assert_allclose(
+        state.weighting_state.target_label_dist, warm.records[-1]["target"], atol=1e-7
+    )
+    # Without a warm-up the schedule is every `every` rounds from round `every`.
+    dataset, partition, model, _, _, algorithm = _synthetic_fedpals()
+    plain = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=3, seed=0, warmup=0
+    )
+    assert [r for r in range(12) if plain.reestimates_before(r)] == [3, 6, 9]
+    late = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=3, seed=0, warmup=1
+    )
+    assert [r for r in range(12) if late.reestimates_before(r)] == [1, 4, 7, 10]
+    assert "from round 2" in late.header() and "FedAvg's weights" in late.header()
+
+
+def test_shrinkage_keeps_a_fixed_share_of_the_clients_aggregate_in_every_estimate():
+    # T = (1 - s) T^ + s A with A = sum_i n_i S_i / N: at lambda = 0 every client keeps a
+    # share of its FedAvg weight whatever the estimate says; with damping the shrunk estimate
+    # is what T moves towards.
+    shrunk, state, start = _reestimation(shrinkage=0.25)
+    assert shrunk.records and all(r["used"] for r in shrunk.records)
+    for record in shrunk.records:
+        expected = 0.75 * np.asarray(record["estimate"]) + 0.25 * start
+        np.testing.assert_allclose(record["target"], expected, atol=1e-12)
+    np.testing.assert_allclose(
+        state.weighting_state.target_label_dist, shrunk.records[-1]["target"], atol=1e-7
+    )
+    both, _, _ = _reestimation(shrinkage=0.5, damping=0.5)
+    current = start
+    for record in both.records:
+        current = 0.5 * current + 0.5 * (0.5 * np.asarray(record["estimate"]) + 0.5 * start)
+        np.testing.assert_allclose(record["target"], current, atol=1e-12)
+    with pytest.raises(ValueError, match="shrinkage"):
+        _reestimation(shrinkage=1.0)
+    with pytest.raises(ValueError, match="warmup"):
+        _reestimation(warmup=-1)
+
+
+def test_em_with_the_mean_output_prior_is_the_likelihood_maximum_under_that_prior(data):
+    # "em_output_prior": EM on the model's own posteriors, the source prior taken as their
+    # mean on the labeled source data (not the labels' counts). Checked against the fixed point
+    # and the concave likelihood sum_x log sum_y T(y) / P(y) p(y|x), P that mean, in float64.
+    target_probs, source_probs, source_labels = data[0][:4000], data[1][:3000], data[2][:3000]
+    estimate = target_estimation.estimate_target_label_dist(
+        target_probs, method="em_output_prior", source_probs=source_probs,
+        source_labels=source_labels,
+    )
+    prior = source_probs.mean(axis=0)
+    reweighted = target_probs * (estimate / prior)[None, :]
+    reweighted /= reweighted.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(reweighted.mean(axis=0), estimate, atol=1e-8)
+
+    def log_likelihood(t):
+        return np.sum(np.log(target_probs @ (t / prior)))
+
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        direction = rng.normal(size=3)
+        direction -= direction.mean()
+        other = estimate + 1e-3 * direction / np.linalg.norm(direction)
+        assert log_likelihood(other) <= log_likelihood(estimate) + 1e-9
+    # The labels' prior gives another estimate (the two priors differ on this sample).
+    with_labels = target_estimation.estimate_target_label_dist(
+        target_probs, method="em", source_labels=source_labels
+    )
+    assert np.abs(with_labels - estimate).sum() > 1e-4
 
 
 def test_an_unknown_target_run_at_its_defaults_estimates_t_before_every_round_and_says_so(

@@ -65,11 +65,12 @@ from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
 from fedjax_pals.privacy import project_to_simplex
 from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
-METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls")
+METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior")
 # How a run's header and the variants' labels name them.
 METHOD_LABELS = {
     "bbse": "BBSE", "bbse_soft": "soft BBSE", "em": "EM",
     "bbse_constrained": "constrained soft BBSE", "mlls": "BCTS + MLLS",
+    "em_output_prior": "EM (mean-output prior)",
 }
 # Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
 # squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
@@ -337,8 +338,10 @@ def estimate_target_label_dist(
     method "em" (Saerens et al., 2002; `em_label_dist`) needs `source_label_dist`, or
     `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
     (Lipton et al., 2018; `bbse_label_dist`), "bbse_constrained"
-    (`constrained_bbse_label_dist`, with `rho`) and "mlls" (`mlls_label_dist`: pass
-    calibrated posteriors) need `source_probs` and `source_labels`.
+    (`constrained_bbse_label_dist`, with `rho`), "mlls" (`mlls_label_dist`: pass
+    calibrated posteriors) and "em_output_prior" (EM on the uncalibrated posteriors with the
+    source prior taken as their mean on the source data, `mlls_label_dist` without the
+    calibration) need `source_probs` and `source_labels`.
     """
     if _method(method) == "em":
         if source_label_dist is None:
@@ -350,7 +353,7 @@ def estimate_target_label_dist(
         return em_label_dist(target_probs, source_label_dist, max_iter=max_iter, tol=tol)
     if source_probs is None or source_labels is None:
         raise ValueError(f"method={method!r} needs source_probs and source_labels.")
-    if method == "mlls":
+    if method in ("mlls", "em_output_prior"):  # the caller calibrates for "mlls"
         return mlls_label_dist(source_probs, source_labels, target_probs, max_iter=max_iter,
                                tol=tol)
     if method == "bbse_constrained":
@@ -423,10 +426,15 @@ class TargetReestimation(registry.Monitor):
     The estimate is used when the model is ready (`readiness`: the soft confusion matrix's
     smallest singular value >= `gate_sigma_min` and every present class's recall >=
     `gate_min_recall`; None skips a check) and when it is identified (BBSE's confusion
-    matrix is not singular; `EstimateNotIdentified`). It then moves T by `damping`:
-    T <- (1 - damping) T + damping T^, an exponential average of the estimates that starts
-    from the server's T (the clients' aggregate: shrinkage towards it, as RLLS does);
-    damping = 1 takes T^ as it is. Otherwise the state keeps its T (the start, or the last
+    matrix is not singular; `EstimateNotIdentified`). It is first shrunk towards the clients'
+    aggregate A = sum_i n_i S_i / N, T^ <- (1 - shrinkage) T^ + shrinkage A (at lambda = 0
+    the weights then stay near a (1 - shrinkage, shrinkage) mix of the estimate's and FedAvg's:
+    no client is starved by an estimate that cannot tell its classes from others'), and then
+    moves T by `damping`: T <- (1 - damping) T + damping T^, an exponential average of the
+    estimates that starts from the server's T (A); damping = 1 takes T^ as it is. With
+    `warmup` = W > 0 the first re-estimation is before round W instead of round `every` (the
+    model of rounds 0 .. W - 1 is FedAvg's, which no estimate has steered), then every `every`
+    rounds. Otherwise the state keeps its T (the start, or the last
     estimate), the round goes to `skipped` and a warning to the log, and the next
     re-estimation tries again. Everything depends only on the state, so a run resumed from a
     checkpoint makes the same estimates.
@@ -442,7 +450,8 @@ class TargetReestimation(registry.Monitor):
         self, algorithm: Any, model: Any, dataset: Any, partition: Any, *, every: int,
         method: str = "bbse_constrained", seed: int = 0, source_size: int = 5000,
         truth: Any = None, rho: float = DEFAULT_RHO, gate_sigma_min: float | None = None,
-        gate_min_recall: float | None = None, damping: float = 1.0,
+        gate_min_recall: float | None = None, damping: float = 1.0, warmup: int = 0,
+        shrinkage: float = 0.0,
     ):
         self.method = _method(method)
         self.truth = None if truth is None else np.asarray(truth, np.float64)
@@ -452,6 +461,9 @@ class TargetReestimation(registry.Monitor):
         self.gate = (gate_sigma_min, gate_min_recall)
         self.damping = _validation.check_number("damping", damping, low=0.0, high=1.0,
                                                 low_open=True)
+        self.warmup = _validation.check_integer("warmup", warmup, low=0)
+        self.shrinkage = _validation.check_number("shrinkage", shrinkage, low=0.0, high=1.0,
+                                                  high_open=True)
         self.algorithm, self.model = algorithm, model
         self.held_out = bool(partition.held_out_indices.size)
         if self.held_out:
@@ -466,6 +478,10 @@ class TargetReestimation(registry.Monitor):
         self.source_y = np.asarray(dataset.train.y[source_idx])
         self.target_x = dataset.train.x[partition.target_val_indices]
         self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
+        # What the weights start from, and what `shrinkage` pulls every estimate towards: the
+        # clients' aggregate sum_i n_i S_i / N, whose FedPALS weights are FedAvg's.
+        sizes = np.asarray(partition.client_sizes, np.float64)
+        self.aggregate = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
         self.source_label_dists = partition.client_label_dists
         self.records: list[dict] = []
         self.evaluations: list[dict] = []
@@ -514,8 +530,18 @@ class TargetReestimation(registry.Monitor):
         self.records.append(record)
         logging.warning("T not re-estimated before round %d, kept: %s", record["round"], reason)
 
+    @property
+    def first_round(self) -> int:
+        """The round before which T is first re-estimated: `warmup` when set, else `every`."""
+        return self.warmup or self.every
+
+    def reestimates_before(self, round_index: int) -> bool:
+        """Whether T is re-estimated before round `round_index` (0-based)."""
+        start = self.first_round
+        return round_index >= start and (round_index - start) % self.every == 0
+
     def update_state(self, round_index: int, state_of: Callable[[], Any]) -> Any:
-        if round_index == 0 or round_index % self.every:
+        if not self.reestimates_before(round_index):
             return None
         state = state_of()
         record: dict = {"round": round_index, "estimator": self.method}
@@ -538,7 +564,8 @@ class TargetReestimation(registry.Monitor):
             )
             return None
         current = np.asarray(self.current(state), np.float64)
-        used = (1.0 - self.damping) * current + self.damping * estimate
+        shrunk = (1.0 - self.shrinkage) * estimate + self.shrinkage * self.aggregate
+        used = (1.0 - self.damping) * current + self.damping * shrunk
         used /= used.sum()
         record.update(
             used=True, target=used.tolist(), target_l1_error=self._l1(used),
@@ -564,11 +591,16 @@ class TargetReestimation(registry.Monitor):
             else f"{self.source_y.size} of the clients' training examples (in-sample)"
         )
         every = "every round" if self.every == 1 else f"every {self.every} rounds"
+        shrinkage = (
+            f", each estimate shrunk {self.shrinkage:g} of the way to the clients' aggregate"
+            if self.shrinkage else ""
+        )
         return (
             f"T unknown: re-estimated by {METHOD_LABELS.get(self.method, self.method)} before "
-            f"{every} from round {self.every + 1}, from the global model's outputs on the "
-            f"target's {len(self.target_x)} unlabeled validation inputs and on {source}; "
-            "until then the weights use the clients' aggregate label distribution"
+            f"{every} from round {self.first_round + 1}, from the global model's outputs on the "
+            f"target's {len(self.target_x)} unlabeled validation inputs and on {source}"
+            f"{shrinkage}; until then the weights use the clients' aggregate label distribution "
+            "(FedAvg's weights)"
         )
 
     def progress(self, state: Any) -> dict:
@@ -634,6 +666,8 @@ _PER_CLASS_SCALARS = 20
 # (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
 DEFAULT_DAMPING = 1.0
+DEFAULT_WARMUP = 0
+DEFAULT_SHRINKAGE = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -676,6 +710,17 @@ class UnknownTarget(Hyperparameters):
         doc="T <- (1 - d) T + d T^ (1: the estimate as it is)",
         per_run=True,
     )
+    target_warmup_rounds: int | None = hyperparameter(
+        DEFAULT_WARMUP, kind="integer", low=0, high=1_000_000, optional=True,
+        doc="rounds trained with FedAvg's weights before the first re-estimation (0: the "
+        "first is before round target_estimation_every)",
+        per_run=True,
+    )
+    target_shrinkage: float | None = hyperparameter(
+        DEFAULT_SHRINKAGE, kind="real", low=0.0, high=1.0, high_open=True, optional=True,
+        doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point)",
+        per_run=True,
+    )
 
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
@@ -687,7 +732,7 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
         )
     for key in ("target_estimation_every", "target_holdout", "target_estimation_rho",
-                "target_damping"):
+                "target_damping", "target_warmup_rounds", "target_shrinkage"):
         if estimates and values[key] is None:
             raise ValueError(
                 f"config.algorithm.{key} is None, but {facts.method.name} with "
@@ -712,7 +757,8 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         every=hp.target_estimation_every, method=hp.target_estimation, seed=task.config.seed,
         truth=task.partition.target_label_dist, rho=hp.target_estimation_rho,
         gate_sigma_min=hp.target_gate_sigma_min, gate_min_recall=hp.target_gate_min_recall,
-        damping=hp.target_damping,
+        damping=hp.target_damping, warmup=hp.target_warmup_rounds,
+        shrinkage=hp.target_shrinkage,
     )
 
 
