@@ -18,6 +18,11 @@ FedPALS as references; the L1 error of the T in use per round). Columns:
 * the L1 error of the T in use after rounds 4 and 10 (the last), and how many re-estimations
   were not used (not identified, or the model not ready);
 * the worst seed's gap to FedAvg (the same seed's FedAvg run, stopped the same way).
+
+Beside it, against FedPALS with T known on the same seed (issue 45's bar): each estimated
+method's mean gap, its worst seed, how many seeds fall more than 5 points below T known and how
+many below FedAvg, and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
+unknown_target_l1.md, the L1 error of the T in use after every round, seed by seed.
 """
 
 from __future__ import annotations
@@ -149,9 +154,28 @@ def report(sweep_dir: str) -> str:
         per_seed.append(f"- seed {seed}: " + " / ".join(
             f"{100 * runs[m][seed]['target_accuracy_at_best_val']:.1f}" if seed in runs[m]
             else "-" for m in order))
-    text = "\n".join(lines + per_seed) + "\n"
+    known = runs.get("fedpals", {})
+    estimated_methods = [m for m in order if m not in REFERENCES and m in l1_curves]
+    against = _against_known(runs, estimated_methods, known, fedavg) if known else []
+    text = "\n".join(lines + per_seed + against) + "\n"
     with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
         f.write(text)
+    with open(os.path.join(sweep_dir, "unknown_target_l1.md"), "w") as f:
+        f.write(_l1_per_seed(row, runs, estimated_methods, rounds))
+    if known:
+        gaps = {
+            method: ([s for s in sorted(runs[method]) if s in known],
+                     [100 * (runs[method][s]["target_accuracy_at_best_val"]
+                             - known[s]["target_accuracy_at_best_val"])
+                      for s in sorted(runs[method]) if s in known])
+            for method in [m for m in order if m != "fedpals"]
+        }
+        fjp.experiment.plots.plot_seed_gaps(
+            os.path.join(sweep_dir, "unknown_target_gaps.png"), gaps,
+            title=f"{row}: each seed's target accuracy (stopped by validation labels) against "
+            f"FedPALS with T known on that seed; dotted: {GAP_LIMIT:g} points below",
+            reference="fedpals", thresholds=(-GAP_LIMIT,),
+        )
     fjp.experiment.plots.plot_target_estimation(
         os.path.join(sweep_dir, "unknown_target.png"),
         accuracy_curves,
@@ -161,6 +185,55 @@ def report(sweep_dir: str) -> str:
         references=[m for m in REFERENCES if m in runs],
     )
     return text
+
+
+# Issue 45's bar: no seed more than this many points below FedPALS with T known.
+GAP_LIMIT = 5.0
+
+
+def _against_known(runs, methods, known, fedavg) -> list[str]:
+    """Per estimated method, against FedPALS with T known on the same seeds (stopped by
+    validation labels): the mean gap, the worst seed, how many seeds fall more than
+    `GAP_LIMIT` points below it, and how many below FedAvg."""
+    lines = [
+        "", "Against FedPALS with T known on the same seed (stopped by validation labels, "
+        "points):", "",
+        "| method | seeds | mean gap to T known | worst seed vs T known | seeds more than "
+        f"{GAP_LIMIT:g} below T known | seeds below FedAvg |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method in methods:
+        seeds = [s for s in sorted(runs[method]) if s in known]
+        if not seeds:
+            continue
+        accuracy = {s: 100 * runs[method][s]["target_accuracy_at_best_val"] for s in seeds}
+        gaps = np.array([accuracy[s] - 100 * known[s]["target_accuracy_at_best_val"]
+                         for s in seeds])
+        worst = int(np.argmin(gaps))
+        below_fedavg = [s for s in seeds if s in fedavg and accuracy[s]
+                        < 100 * fedavg[s]["target_accuracy_at_best_val"]]
+        lines.append(
+            f"| {fjp.method_label(method)} | {len(seeds)} | {gaps.mean():+.1f} | "
+            f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
+            f"{int(np.sum(gaps < -GAP_LIMIT))} | {len(below_fedavg)}"
+            + (f" (seeds {', '.join(map(str, below_fedavg))})" if below_fedavg else "") + " |"
+        )
+    return lines
+
+
+def _l1_per_seed(row, runs, methods, rounds) -> str:
+    """The L1 error of the T in use after each round, seed by seed, one block per method."""
+    blocks = [f"**{row}**: ||T - T_true||_1 of the T the weights used after each round", ""]
+    for method in methods:
+        blocks += [f"{fjp.method_label(method)}:", "",
+                   "| seed | " + " | ".join(str(r) for r in rounds) + " |",
+                   "|---|" + "---|" * len(rounds)]
+        for seed in sorted(runs[method]):
+            l1 = _l1_per_round(runs[method][seed])
+            blocks.append(f"| {seed} | " + " | ".join(
+                "-" if l1.get(r) is None else f"{l1[r]:.3f}" for r in rounds) + " |")
+        blocks.append("")
+    return "\n".join(blocks)
 
 
 def _mean_std(values) -> str:

@@ -364,9 +364,16 @@ def test_unknown_target_config_is_resolved_and_checked():
     with pytest.raises(fjp.ConfigError, match="target_damping"):
         fjp.validate_config(_unknown_target_config(target_damping=0.0))
     with pytest.raises(fjp.ConfigError, match="target_warmup_rounds"):
-        fjp.validate_config(_unknown_target_config(target_warmup_rounds=-1))
+        fjp.validate_config(_unknown_target_config(target_warmup_rounds=0))
     with pytest.raises(fjp.ConfigError, match="target_shrinkage"):
         fjp.validate_config(_unknown_target_config(target_shrinkage=1.0))
+    # Off (None) unless set, so an unknown-T config's digest is what it was before they existed.
+    assert resolved.algorithm.target_warmup_rounds is None
+    assert resolved.algorithm.target_shrinkage is None
+    assert "target_shrinkage" not in fjp.experiment.config.config_identity(resolved)["algorithm"]
+    warm = fjp.validate_config(_unknown_target_config(target_warmup_rounds=3, target_shrinkage=0.25))
+    assert (warm.algorithm.target_warmup_rounds, warm.algorithm.target_shrinkage) == (3, 0.25)
+    assert fjp.config_digest(warm) != fjp.config_digest(resolved)
     # Off for known T, so known-T configs (and their digests) are as before.
     assert fedavg.algorithm.target_holdout is None and fedavg.algorithm.target_damping is None
 
@@ -565,6 +572,24 @@ def test_shrinkage_keeps_a_fixed_share_of_the_clients_aggregate_in_every_estimat
         _reestimation(shrinkage=1.0)
     with pytest.raises(ValueError, match="warmup"):
         _reestimation(warmup=-1)
+
+
+def test_a_configs_warmup_and_shrinkage_reach_the_reestimation(tmp_path):
+    # Every 4 rounds after a warm-up of 3: before rounds 3, 7 and 11 (not 4 and 8), each
+    # estimate shrunk a quarter of the way to the clients' aggregate.
+    config = _unknown_target_config(target_warmup_rounds=3, target_shrinkage=0.25)
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    records = results["target_estimation_records"]
+    assert [r["round"] for r in records] == [3, 7, 11]
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    partition = fjp.data.hold_out_stratified(partition, dataset.train.y, 0.1, seed=0)
+    sizes = np.asarray(partition.client_sizes, np.float64)
+    aggregate = sizes @ partition.client_label_dists / sizes.sum()
+    for record in records:
+        np.testing.assert_allclose(
+            record["target"], 0.75 * np.asarray(record["estimate"]) + 0.25 * aggregate,
+            atol=1e-12,
+        )
 
 
 def test_em_with_the_mean_output_prior_is_the_likelihood_maximum_under_that_prior(data):

@@ -524,11 +524,12 @@ _PER_RUN_SETTINGS = {
     "dp_clip_quantile": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 0.1},
     **{key: {"target_estimation": "bbse_constrained"} for key in (
         "target_estimation_every", "target_estimation_rho", "target_gate_sigma_min",
-        "target_gate_min_recall", "target_damping")},
+        "target_gate_min_recall", "target_damping", "target_warmup_rounds",
+        "target_shrinkage")},
 }
 # Two values of a key where its bounds alone do not give two usable ones (an ESS fraction out
 # of reach of the synthetic task's clients).
-_PER_RUN_VALUES = {"ess_fraction": (0.9, 0.95)}
+_PER_RUN_VALUES = {"ess_fraction": (0.9, 0.95), "target_warmup_rounds": (1, 2)}
 
 
 def _two_values(key):

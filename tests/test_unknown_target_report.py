@@ -75,6 +75,26 @@ def test_the_report_has_each_stopping_rule_and_the_estimates_errors(sweep):
         assert f.read() == text
 
 
+def test_the_report_measures_each_seed_against_t_known_and_fedavg(sweep):
+    # Gaps to T known (validation labels): seed 0: 0.9 - 0.95, seed 1: 0.75 - 0.92; seed 1
+    # is 17 points below (more than 5) and above FedAvg's 0.65; seed 0 above FedAvg's 0.7.
+    _write(sweep, "unknown_t_z", 0, [0.5, 0.6, 0.6, 0.6, 0.6], 1, estimated=[0.5] * 5,
+           l1=[1.0, 0.9, 0.8, 0.7, 0.6], used=[True] * 4)
+    text = report_lib.report(sweep)
+    table = text[text.index("Against FedPALS with T known"):]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| unknown_t")}
+    assert rows["unknown_t_x"][1:] == ["2", f"{100 * np.mean([-0.05, -0.17]):+.1f}",
+                                       "-17.0 (seed 1)", "1", "0"]
+    # unknown_t_z, seed 0 only: 0.6 against T known's 0.95 and FedAvg's 0.7.
+    assert rows["unknown_t_z"][1:] == ["1", "-35.0", "-35.0 (seed 0)", "1", "1 (seeds 0)"]
+    with open(os.path.join(sweep, "unknown_target_l1.md")) as f:
+        l1 = f.read()
+    assert "| 1 | 1.000 | 0.600 | 0.400 | 0.300 | 0.150 |" in l1  # unknown_t_x, seed 1
+    assert os.path.exists(os.path.join(sweep, "unknown_target_gaps.png"))
+    assert os.path.exists(os.path.join(sweep, "unknown_target_gaps.pdf"))
+
+
 def test_a_run_still_training_is_left_out(sweep):
     _write(sweep, "unknown_t_y", 0, [0.5, 0.6], 1, estimated=[0.5, 0.6], l1=[1.0, 0.5],
            used=[True])

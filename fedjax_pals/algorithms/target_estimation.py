@@ -666,8 +666,6 @@ _PER_CLASS_SCALARS = 20
 # (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
 DEFAULT_DAMPING = 1.0
-DEFAULT_WARMUP = 0
-DEFAULT_SHRINKAGE = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -710,15 +708,17 @@ class UnknownTarget(Hyperparameters):
         doc="T <- (1 - d) T + d T^ (1: the estimate as it is)",
         per_run=True,
     )
+    # None, not 0, when off: a run without them keeps the digest it had before they existed.
     target_warmup_rounds: int | None = hyperparameter(
-        DEFAULT_WARMUP, kind="integer", low=0, high=1_000_000, optional=True,
-        doc="rounds trained with FedAvg's weights before the first re-estimation (0: the "
-        "first is before round target_estimation_every)",
+        None, kind="integer", low=1, high=1_000_000, optional=True,
+        doc="rounds trained with FedAvg's weights before the first re-estimation (None: the "
+        "first is before round target_estimation_every + 1)",
         per_run=True,
     )
     target_shrinkage: float | None = hyperparameter(
-        DEFAULT_SHRINKAGE, kind="real", low=0.0, high=1.0, high_open=True, optional=True,
-        doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point)",
+        None, kind="real", low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point); "
+        "None: no shrinkage",
         per_run=True,
     )
 
@@ -732,7 +732,7 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."
         )
     for key in ("target_estimation_every", "target_holdout", "target_estimation_rho",
-                "target_damping", "target_warmup_rounds", "target_shrinkage"):
+                "target_damping"):
         if estimates and values[key] is None:
             raise ValueError(
                 f"config.algorithm.{key} is None, but {facts.method.name} with "
@@ -757,8 +757,8 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         every=hp.target_estimation_every, method=hp.target_estimation, seed=task.config.seed,
         truth=task.partition.target_label_dist, rho=hp.target_estimation_rho,
         gate_sigma_min=hp.target_gate_sigma_min, gate_min_recall=hp.target_gate_min_recall,
-        damping=hp.target_damping, warmup=hp.target_warmup_rounds,
-        shrinkage=hp.target_shrinkage,
+        damping=hp.target_damping, warmup=hp.target_warmup_rounds or 0,
+        shrinkage=hp.target_shrinkage or 0.0,
     )
 
 

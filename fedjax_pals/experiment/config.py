@@ -55,15 +55,19 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 hypergradient (algorithms/adaptive_lambda.py)
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
     algorithm.target_estimation None (the server knows T) | bbse_constrained | mlls | bbse |
-                                bbse_soft | em: T(Y) unknown; FedPALS starts from the clients'
-                                aggregate and re-estimates T from the global model as the run
-                                trains (algorithms/target_estimation.py); needs lam (not
+                                bbse_soft | em | em_output_prior: T(Y) unknown; FedPALS
+                                starts from the clients' aggregate and re-estimates T from the
+                                global model as the run trains
+                                (algorithms/target_estimation.py); needs lam (not
                                 ess_fraction). A round whose estimate is not identified or whose
                                 model fails the gate keeps the current T (results.json:
                                 target_estimation_records)
     algorithm.target_estimation_every, target_holdout, target_estimation_rho, target_gate_*,
-    target_damping              how often T is re-estimated, from which share of the clients'
-                                examples (default 0: in-sample), the ridge, the gate, T's step
+    target_damping, target_warmup_rounds, target_shrinkage
+                                how often T is re-estimated, from which share of the clients'
+                                examples (default 0: in-sample), the ridge, the gate, T's step,
+                                FedAvg's rounds before the first estimate, the estimate's share
+                                of the clients' aggregate
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)

@@ -749,3 +749,40 @@ def plot_target_estimation(
         _seeds_entry(left, seeds)
     fig.legend(loc="outside lower center", ncols=3, fontsize=8)
     _save(fig, path, title)
+
+
+def plot_seed_gaps(
+    path: str,
+    gaps: Mapping[str, tuple[Sequence[int], Sequence[float]]],
+    title: str,
+    reference: str,
+    thresholds: Sequence[float] = (),
+) -> None:
+    """Each seed's accuracy minus the reference method's on the same seed, one marker series
+    per method (seeds on the x axis, ordered as given), with a line at 0 and dotted lines at
+    `thresholds` (e.g. -5: "no seed more than 5 points below").
+
+    Args:
+      gaps: label -> (seeds, gaps in points).
+      reference: the method the gaps are taken to (the y axis says so).
+    """
+    path = _check_path(path, gaps=(gaps, "one method's gaps"))
+    fig, ax = _figure((9.0, 4.6))
+    seeds = sorted({int(s) for seeds_of, _ in gaps.values() for s in seeds_of})
+    position = {s: i for i, s in enumerate(seeds)}
+    palette = [_pyplot().get_cmap("tab10")(i) for i in (1, 2, 4, 5, 6, 7, 8, 9)]
+    width = 0.8 / max(1, len(gaps))
+    for index, (label, (seeds_of, values)) in enumerate(gaps.items()):
+        key = _method_key(str(label))
+        color = (method_style(label)["color"] if key in METHOD_STYLES
+                 else palette[index % len(palette)])
+        x = np.array([position[int(s)] for s in seeds_of]) + (index - (len(gaps) - 1) / 2) * width
+        ax.scatter(x, values, s=18, color=color, marker=method_style(label)["marker"],
+                   label=display_label(label), zorder=3)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    for threshold in thresholds:
+        ax.axhline(threshold, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_xticks(range(len(seeds)), [str(s) for s in seeds], fontsize=7)
+    ax.set_xlabel("seed")
+    ax.set_ylabel(f"target accuracy minus {display_label(reference)}'s (points)")
+    _finish(fig, ax, path, title, grid="y", fontsize=8, **_BESIDE)
