@@ -72,6 +72,9 @@ ABLATION = {
         f"FedPALS, T^ after 3 FedAvg rounds, shrunk {SHRINKAGE:g}", "bbse_constrained",
         {**IN_SAMPLE, "algorithm.target_warmup_rounds": WARMUP,
          "algorithm.target_shrinkage": SHRINKAGE}),
+    "unknown_t_shadow": (
+        "FedPALS, T^ from a FedAvg shadow model", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_shadow"}),
     "unknown_t_em_output_prior": (
         "FedPALS, T^ by EM, mean-output prior (in-sample)", "em_output_prior", IN_SAMPLE),
 }

@@ -371,6 +371,9 @@ def test_unknown_target_config_is_resolved_and_checked():
     assert resolved.algorithm.target_warmup_rounds is None
     assert resolved.algorithm.target_shrinkage is None
     assert "target_shrinkage" not in fjp.experiment.config.config_identity(resolved)["algorithm"]
+    assert resolved.algorithm.target_estimation_model is None
+    with pytest.raises(fjp.ConfigError, match="target_estimation_model"):
+        fjp.validate_config(_unknown_target_config(target_estimation_model="fedprox_shadow"))
     warm = fjp.validate_config(_unknown_target_config(target_warmup_rounds=3, target_shrinkage=0.25))
     assert (warm.algorithm.target_warmup_rounds, warm.algorithm.target_shrinkage) == (3, 0.25)
     assert fjp.config_digest(warm) != fjp.config_digest(resolved)
@@ -590,6 +593,47 @@ def test_a_configs_warmup_and_shrinkage_reach_the_reestimation(tmp_path):
             record["target"], 0.75 * np.asarray(record["estimate"]) + 0.25 * aggregate,
             atol=1e-12,
         )
+
+
+def test_a_fedavg_shadow_gives_the_estimator_fedavgs_model_of_the_same_round():
+    # The estimate before round r is the one FedAvg's own model before round r gives (FedAvg
+    # run on its own, same seed, clients and local training), not the run's steered model's.
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals(hold_out=0.1)
+    shadow = target_estimation.FedAvgShadow(model, dataset, partition, training, rounds=5,
+                                            seed=0)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=2, seed=0, shadow=shadow,
+    )
+    fjp.training.run_training(algorithm, model, dataset, partition, training, rounds=5, seed=0,
+                              update_state=reestimation.update_state)
+    assert [r["round"] for r in reestimation.records] == [2, 4]
+    fedavg, seen = fjp.fedavg(), {}
+
+    def keep(round_index, state_of):
+        seen[round_index] = fedavg.eval_params(state_of())
+
+    fjp.training.run_training(fedavg, model, dataset, partition, training, rounds=5, seed=0,
+                              update_state=keep)
+    source_x = dataset.train.x[partition.held_out_indices]
+    source_y = np.asarray(dataset.train.y[partition.held_out_indices])
+    target_x = dataset.train.x[partition.target_val_indices]
+    for record in reestimation.records:
+        params = seen[record["round"]]
+        expected = target_estimation.estimate_target_label_dist(
+            target_estimation.model_probabilities(model.apply, params, target_x),
+            method="bbse_constrained",
+            source_probs=target_estimation.model_probabilities(model.apply, params, source_x),
+            source_labels=source_y,
+        )
+        np.testing.assert_allclose(record["estimate"], expected, atol=1e-6)
+    own = fjp.algorithms.TargetReestimation(algorithm, model, dataset, partition, every=2, seed=0)
+    fjp.training.run_training(algorithm, model, dataset, partition, training, rounds=5, seed=0,
+                              update_state=own.update_state)
+    assert np.abs(np.asarray(own.records[-1]["estimate"])
+                  - reestimation.records[-1]["estimate"]).sum() > 1e-4
+    assert "FedAvg shadow" in reestimation.header()
+    with pytest.raises(ValueError, match="round_index"):
+        shadow.params(5)
 
 
 def test_em_with_the_mean_output_prior_is_the_likelihood_maximum_under_that_prior(data):

@@ -525,7 +525,7 @@ _PER_RUN_SETTINGS = {
     **{key: {"target_estimation": "bbse_constrained"} for key in (
         "target_estimation_every", "target_estimation_rho", "target_gate_sigma_min",
         "target_gate_min_recall", "target_damping", "target_warmup_rounds",
-        "target_shrinkage")},
+        "target_shrinkage", "target_estimation_model")},
 }
 # Two values of a key where its bounds alone do not give two usable ones (an ESS fraction out
 # of reach of the synthetic task's clients).

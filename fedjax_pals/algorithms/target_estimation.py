@@ -410,6 +410,51 @@ def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
     )
 
 
+class FedAvgShadow:
+    """FedAvg trained beside a run on the same clients, seed and local training: a model that no
+    estimate of T steers, for the estimator to read (`TargetReestimation(shadow=...)`).
+
+    FedPALS' weights follow the estimate, so the run's own model learns worst the classes the
+    estimate underrates, and its next estimate underrates them more. FedAvg's weights do not
+    depend on T. The shadow is one more run's client work: it is trained once, at the first
+    `params` call, for the rounds the run re-estimates before (deterministic from the seed, so a
+    resumed run gets the same shadow), and its global model before every round is kept.
+    """
+
+    def __init__(self, model: Any, dataset: Any, partition: Any, training: Any, *, rounds: int,
+                 seed: int, clients_per_round: int | None = None):
+        self.model, self.dataset, self.partition, self.training = model, dataset, partition, training
+        self.rounds = _validation.check_positive_int("rounds", rounds)
+        self.seed, self.clients_per_round = seed, clients_per_round
+        self._params: dict[int, Any] | None = None
+
+    def params(self, round_index: int) -> Any:
+        """The shadow's global model before round `round_index` (0-based, < rounds)."""
+        if not 0 <= round_index < self.rounds:
+            raise ValueError(f"round_index must be in [0, {self.rounds}), got {round_index}.")
+        if self._params is None:
+            self._params = self._train()
+        return self._params[round_index]
+
+    def _train(self) -> dict[int, Any]:
+        from fedjax_pals.algorithms.fedavg import fedavg
+        from fedjax_pals.training import run_training
+
+        algorithm, params = fedavg(), {}
+
+        def keep(round_index: int, state_of: Callable[[], Any]) -> None:
+            params[round_index] = algorithm.eval_params(state_of())
+
+        last = max(self.rounds - 1, 1)
+        state, _ = run_training(
+            algorithm, self.model, self.dataset, self.partition, self.training, rounds=last,
+            seed=self.seed, eval_every=last, clients_per_round=self.clients_per_round,
+            update_state=keep,
+        )
+        params[last] = algorithm.eval_params(state)
+        return params
+
+
 class TargetReestimation(registry.Monitor):
     """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds.
 
@@ -434,7 +479,8 @@ class TargetReestimation(registry.Monitor):
     estimates that starts from the server's T (A); damping = 1 takes T^ as it is. With
     `warmup` = W > 0 the first re-estimation is before round W instead of round `every` (the
     model of rounds 0 .. W - 1 is FedAvg's, which no estimate has steered), then every `every`
-    rounds. Otherwise the state keeps its T (the start, or the last
+    rounds. With `shadow` (a `FedAvgShadow`) the estimator reads the shadow FedAvg model of
+    the same round instead of the run's own. Otherwise the state keeps its T (the start, or the last
     estimate), the round goes to `skipped` and a warning to the log, and the next
     re-estimation tries again. Everything depends only on the state, so a run resumed from a
     checkpoint makes the same estimates.
@@ -451,7 +497,7 @@ class TargetReestimation(registry.Monitor):
         method: str = "bbse_constrained", seed: int = 0, source_size: int = 5000,
         truth: Any = None, rho: float = DEFAULT_RHO, gate_sigma_min: float | None = None,
         gate_min_recall: float | None = None, damping: float = 1.0, warmup: int = 0,
-        shrinkage: float = 0.0,
+        shrinkage: float = 0.0, shadow: FedAvgShadow | None = None,
     ):
         self.method = _method(method)
         self.truth = None if truth is None else np.asarray(truth, np.float64)
@@ -464,7 +510,7 @@ class TargetReestimation(registry.Monitor):
         self.warmup = _validation.check_integer("warmup", warmup, low=0)
         self.shrinkage = _validation.check_number("shrinkage", shrinkage, low=0.0, high=1.0,
                                                   high_open=True)
-        self.algorithm, self.model = algorithm, model
+        self.algorithm, self.model, self.shadow = algorithm, model, shadow
         self.held_out = bool(partition.held_out_indices.size)
         if self.held_out:
             source_idx = np.asarray(partition.held_out_indices)
@@ -500,9 +546,13 @@ class TargetReestimation(registry.Monitor):
         return None if self.truth is None else float(np.abs(dist - self.truth).sum())
 
     def estimate(self, state: Any) -> tuple[np.ndarray, SourceStatistics, float | None]:
-        """T^ from the global model of `state`, the source data's statistics (of the posteriors
-        the estimator read), and the calibration's inverse temperature (None without)."""
-        params = self.algorithm.eval_params(state)
+        """T^ from the global model of `state` (or the FedAvg shadow's of that round), the
+        source data's statistics (of the posteriors the estimator read), and the calibration's
+        inverse temperature (None without)."""
+        if self.shadow is not None:
+            params = self.shadow.params(int(state.round))
+        else:
+            params = self.algorithm.eval_params(state)
         source = model_logits(self.model.apply, params, self.source_x)
         target = model_logits(self.model.apply, params, self.target_x)
         beta = None
@@ -595,9 +645,13 @@ class TargetReestimation(registry.Monitor):
             f", each estimate shrunk {self.shrinkage:g} of the way to the clients' aggregate"
             if self.shrinkage else ""
         )
+        model = (
+            "a FedAvg shadow model's (one more run's client work)" if self.shadow is not None
+            else "the global model's"
+        )
         return (
             f"T unknown: re-estimated by {METHOD_LABELS.get(self.method, self.method)} before "
-            f"{every} from round {self.first_round + 1}, from the global model's outputs on the "
+            f"{every} from round {self.first_round + 1}, from {model} outputs on the "
             f"target's {len(self.target_x)} unlabeled validation inputs and on {source}"
             f"{shrinkage}; until then the weights use the clients' aggregate label distribution "
             "(FedAvg's weights)"
@@ -665,6 +719,7 @@ _PER_CLASS_SCALARS = 20
 # a 10 % held-out share gave 90.5 +- 6.7 there, and 84.8 against 83.3 in-sample on C = 2
 # (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
+ESTIMATION_MODELS = ("fedavg_shadow",)
 DEFAULT_DAMPING = 1.0
 
 
@@ -715,6 +770,12 @@ class UnknownTarget(Hyperparameters):
         "first is before round target_estimation_every + 1)",
         per_run=True,
     )
+    target_estimation_model: str | None = hyperparameter(
+        None, kind="choice", choices=ESTIMATION_MODELS, optional=True,
+        doc="the model whose outputs estimate T: None (the run's global model) | "
+        "fedavg_shadow (FedAvg trained beside the run: one more run's client work)",
+        per_run=True,
+    )
     target_shrinkage: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point); "
@@ -759,6 +820,11 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         gate_sigma_min=hp.target_gate_sigma_min, gate_min_recall=hp.target_gate_min_recall,
         damping=hp.target_damping, warmup=hp.target_warmup_rounds or 0,
         shrinkage=hp.target_shrinkage or 0.0,
+        shadow=None if hp.target_estimation_model is None else FedAvgShadow(
+            task.model, task.dataset, task.partition, task.training,
+            rounds=task.config.training.rounds, seed=task.config.seed,
+            clients_per_round=task.clients_per_round,
+        ),
     )
 
 
