@@ -63,11 +63,12 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 model fails the gate keeps the current T (results.json:
                                 target_estimation_records)
     algorithm.target_estimation_every, target_holdout, target_estimation_rho, target_gate_*,
-    target_damping, target_warmup_rounds, target_shrinkage
+    target_damping, target_warmup_rounds, target_estimation_model, target_shrinkage
                                 how often T is re-estimated, from which share of the clients'
                                 examples (default 0: in-sample), the ridge, the gate, T's step,
-                                FedAvg's rounds before the first estimate, the estimate's share
-                                of the clients' aggregate
+                                FedAvg's rounds before the first estimate, the model estimated
+                                from (the run's, or a FedAvg shadow's), the estimate's share of
+                                the clients' aggregate
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)
