@@ -156,7 +156,7 @@ def report(sweep_dir: str) -> str:
             else "-" for m in order))
     known = runs.get("fedpals", {})
     estimated_methods = [m for m in order if m not in REFERENCES and m in l1_curves]
-    against = _against_known(runs, estimated_methods, known, fedavg) if known else []
+    against = _against_known(runs, estimated_methods, known, fedavg, probe) if known else []
     text = "\n".join(lines + per_seed + against) + "\n"
     with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
         f.write(text)
@@ -191,16 +191,28 @@ def report(sweep_dir: str) -> str:
 GAP_LIMIT = 5.0
 
 
-def _against_known(runs, methods, known, fedavg) -> list[str]:
+def _estimate_l1(results: dict, after: int) -> float | None:
+    """The L1 error of the estimate T^ itself (before shrinkage and damping) made from the
+    model after `after` rounds (the re-estimation before the next round)."""
+    for record in results["target_estimation_records"]:
+        if record["round"] == after and record.get("estimate_l1_error") is not None:
+            return record["estimate_l1_error"]
+    return None
+
+
+def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
     """Per estimated method, against FedPALS with T known on the same seeds (stopped by
     validation labels): the mean gap, the worst seed, how many seeds fall more than
-    `GAP_LIMIT` points below it, and how many below FedAvg."""
+    `GAP_LIMIT` points below it, and how many below FedAvg; and the L1 error of the estimate
+    itself from the model after round `probe` (the T in use differs from it by shrinkage or
+    damping)."""
     lines = [
         "", "Against FedPALS with T known on the same seed (stopped by validation labels, "
         "points):", "",
         "| method | seeds | mean gap to T known | worst seed vs T known | seeds more than "
-        f"{GAP_LIMIT:g} below T known | seeds below FedAvg |",
-        "|---|---|---|---|---|---|",
+        f"{GAP_LIMIT:g} below T known | seeds below FedAvg | L1 of T^ from the model after round "
+        f"{probe} |",
+        "|---|---|---|---|---|---|---|",
     ]
     for method in methods:
         seeds = [s for s in sorted(runs[method]) if s in known]
@@ -216,7 +228,8 @@ def _against_known(runs, methods, known, fedavg) -> list[str]:
             f"| {fjp.method_label(method)} | {len(seeds)} | {gaps.mean():+.1f} | "
             f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
             f"{int(np.sum(gaps < -GAP_LIMIT))} | {len(below_fedavg)}"
-            + (f" (seeds {', '.join(map(str, below_fedavg))})" if below_fedavg else "") + " |"
+            + (f" (seeds {', '.join(map(str, below_fedavg))})" if below_fedavg else "")
+            + f" | {_mean_std([_estimate_l1(runs[method][s], probe) for s in seeds])} |"
         )
     return lines
 

@@ -27,8 +27,10 @@ def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used
             {"round": r, "estimated_accuracy": e, "target_l1_error": d}
             for r, e, d in zip(ROUNDS, estimated, l1)
         ]
-        results["target_estimation_records"] = [{"round": r, "used": u} for r, u in
-                                                zip(ROUNDS[:-1], used)]
+        results["target_estimation_records"] = [
+            {"round": r, "used": u, "estimate_l1_error": d / 2}
+            for r, u, d in zip(ROUNDS[:-1], used, l1)
+        ]
     with open(os.path.join(run, "results.json"), "w") as f:
         json.dump(results, f)
 
@@ -84,10 +86,13 @@ def test_the_report_measures_each_seed_against_t_known_and_fedavg(sweep):
     table = text[text.index("Against FedPALS with T known"):]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in table.splitlines() if line.startswith("| unknown_t")}
+    # The estimate's own L1 from the model after round 4: half the L1 given at index 3.
     assert rows["unknown_t_x"][1:] == ["2", f"{100 * np.mean([-0.05, -0.17]):+.1f}",
-                                       "-17.0 (seed 1)", "1", "0"]
+                                       "-17.0 (seed 1)", "1", "0",
+                                       f"{np.mean([0.05, 0.15]):.3f} ± {np.std([0.05, 0.15]):.3f}"]
     # unknown_t_z, seed 0 only: 0.6 against T known's 0.95 and FedAvg's 0.7.
-    assert rows["unknown_t_z"][1:] == ["1", "-35.0", "-35.0 (seed 0)", "1", "1 (seeds 0)"]
+    assert rows["unknown_t_z"][1:] == ["1", "-35.0", "-35.0 (seed 0)", "1", "1 (seeds 0)",
+                                       "0.350 ± 0.000"]
     with open(os.path.join(sweep, "unknown_target_l1.md")) as f:
         l1 = f.read()
     assert "| 1 | 1.000 | 0.600 | 0.400 | 0.300 | 0.150 |" in l1  # unknown_t_x, seed 1
