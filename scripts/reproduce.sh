@@ -123,6 +123,20 @@ RAW[beyond_private_updates_report]="experiments.dp_updates_report --sweep=$ROOT/
 # The config holds the budget (10 rounds, 8 seeds) and the ablation's rows.
 ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
+# Issue 45, the estimate's feedback loop and its remedies: 20 fresh seeds (11-30) on C = 3
+# (140 runs, about 75 min on 2 cores) and C = 2 (100 runs, about 35 min), Table 1's seeds 0-7 on
+# C = 3 and the issue's held-out seeds 8-10; the config holds seeds and rows.
+for part in fresh table1 issue; do
+  for c in 3 2; do
+    [[ $part != fresh && $c == 2 ]] && continue
+    name="beyond_unknown_target_loop_${part}_c$c"
+    ARGS[$name]=""
+    CONFIG[$name]="configs/beyond_unknown_target.py:$c,$part"
+  done
+done
+RAW[beyond_unknown_target_loop]="experiments.unknown_target_report \
+--sweeps=$ROOT/beyond_unknown_target_loop_fresh_c3,$ROOT/beyond_unknown_target_loop_fresh_c2,\
+$ROOT/beyond_unknown_target_loop_table1_c3,$ROOT/beyond_unknown_target_loop_issue_c3"
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
 # "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
 # values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
@@ -137,9 +151,12 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
-       beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
+       beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_unknown_target_loop_fresh_c3
+       beyond_unknown_target_loop_fresh_c2 beyond_unknown_target_loop_table1_c3
+       beyond_unknown_target_loop_issue_c3 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates num_clients_fig9c local_epochs_fig8b
-       local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target beyond_feddisco_fedlc
+       local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
+       beyond_unknown_target_loop beyond_feddisco_fedlc
        beyond_server_optimizers beyond_private_updates_report)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so

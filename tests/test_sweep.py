@@ -463,6 +463,31 @@ def test_there_is_a_config_per_experiment_of_the_paper():
     ]
 
 
+@pytest.mark.parametrize("part", ["fresh", "table1", "issue"])
+@pytest.mark.parametrize("c", ["3", "2"])
+def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_remedies(part, c):
+    spec = importlib.util.spec_from_file_location(
+        "config_beyond_unknown_target", os.path.join(ROOT, "configs", "beyond_unknown_target.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(c, part)
+    runs, sweep = sweep_lib._runs(config)
+    seeds = module.LOOP_SEEDS
+    assert sweep["seeds"] == seeds[part] and {r.seed for r in runs} == set(seeds[part])
+    # The fresh seeds are none of those the defaults were chosen on, nor the issue's.
+    assert not set(seeds["fresh"]) & (set(seeds["table1"]) | set(seeds["issue"]))
+    assert not set(seeds["table1"]) & set(seeds["issue"])
+    algorithm = {r.method: r.resolved["algorithm"] for r in runs}
+    assert algorithm["unknown_t_shrunk"]["target_shrinkage"] == 0.25
+    assert algorithm["unknown_t_shadow"]["target_estimation_model"] == "fedavg_shadow"
+    assert algorithm["unknown_t_bbse_constrained_in_sample"]["target_shrinkage"] is None
+    if "unknown_t_warmup3" in algorithm:
+        assert algorithm["unknown_t_warmup3"]["target_warmup_rounds"] == 3
+    with pytest.raises(ValueError, match="seeds must be"):
+        module.get_config(c, "held_out")
+
+
 @pytest.mark.parametrize("name", SWEEP_CONFIGS)
 def test_each_experiment_config_expands_into_valid_runs_at_the_full_budget(name):
     config = _load_config(name)
