@@ -116,6 +116,8 @@ LOOP_ROWS = {
                    "unknown_t_warmup3", "unknown_t_warmup3_shrunk"),
     ("table1", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow",
                     "unknown_t_shrunk", "unknown_t_em_output_prior"),
+    ("issue", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
+                   "unknown_t_warmup3", "unknown_t_em_output_prior"),
 }
 LOOP_DEFAULT_ROWS = (
     "unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
