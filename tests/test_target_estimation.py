@@ -693,9 +693,17 @@ def _unknown_target_at_defaults(rounds):
     return config
 
 
-def test_a_resumed_unknown_target_run_keeps_the_estimation_history_of_earlier_launches(tmp_path):
-    run = lambda rounds, workdir: fjp.train_and_evaluate(  # noqa: E731
-        _unknown_target_at_defaults(rounds), str(tmp_path / workdir), quiet=True)
+@pytest.mark.parametrize("model", [None, "fedavg_shadow"])
+def test_a_resumed_unknown_target_run_keeps_the_estimation_history_of_earlier_launches(
+    tmp_path, model
+):
+    # With a FedAvg shadow, the resumed launch trains its shadow again: the same one (from the
+    # seed), so the estimates are those of the run that was never stopped.
+    def run(rounds, workdir):
+        config = _unknown_target_at_defaults(rounds)
+        config.algorithm.target_estimation_model = model
+        return fjp.train_and_evaluate(config, str(tmp_path / workdir), quiet=True)
+
     straight = run(4, "a")
     keys = ("target_estimation_records", "target_estimation_history")
     assert [r["round"] for r in straight["target_estimation_records"]] == [1, 2, 3]
