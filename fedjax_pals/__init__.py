@@ -139,6 +139,7 @@ from fedjax_pals import (  # noqa: E402,F401
     server_optimizers,
     server_weights,
     training,
+    unknown_target,
 )
 from fedjax_pals.experiment import (  # noqa: E402,F401
     checkpoints,

@@ -599,7 +599,7 @@ def test_a_fedavg_shadow_gives_the_estimator_fedavgs_model_of_the_same_round():
     # The estimate before round r is the one FedAvg's own model before round r gives (FedAvg
     # run on its own, same seed, clients and local training), not the run's steered model's.
     dataset, partition, model, training, start, algorithm = _synthetic_fedpals(hold_out=0.1)
-    shadow = fjp.algorithms.FedAvgShadow(model, dataset, partition, training, rounds=5,
+    shadow = fjp.unknown_target.FedAvgShadow(model, dataset, partition, training, rounds=5,
                                             seed=0)
     reestimation = fjp.algorithms.TargetReestimation(
         algorithm, model, dataset, partition, every=2, seed=0, shadow=shadow,

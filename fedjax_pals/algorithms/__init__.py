@@ -50,8 +50,7 @@ from fedjax_pals.algorithms.adaptive_lambda import (
     lam_report, validation_hypergradient,
 )
 from fedjax_pals.algorithms.target_estimation import (
-    EstimateNotIdentified, FedAvgShadow, Readiness, SourceStatistics, TargetReestimation,
-    bbse_confusion,
+    EstimateNotIdentified, Readiness, SourceStatistics, TargetReestimation, bbse_confusion,
     bbse_label_dist, constrained_bbse_label_dist, em_label_dist, estimate_target_label_dist,
     mlls_label_dist, model_logits, model_probabilities, readiness, source_statistics,
     with_target_label_dist,
@@ -80,8 +79,7 @@ __all__ = [
     "ServerLabelDistsState", "with_server_label_dists", "PrivateUpdates", "PrivateUpdatesState",
     "clip_updates", "with_private_updates", "DEFAULT_HYPER_LEARNING_RATE",
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
-    "validation_hypergradient", "EstimateNotIdentified", "FedAvgShadow", "TargetReestimation",
-    "bbse_confusion",
+    "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation", "bbse_confusion",
     "bbse_label_dist", "em_label_dist", "estimate_target_label_dist", "model_probabilities",
     "with_target_label_dist", "perturb_label_dist", "Readiness", "SourceStatistics",
     "constrained_bbse_label_dist", "mlls_label_dist", "model_logits", "readiness",

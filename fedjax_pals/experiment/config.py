@@ -58,7 +58,7 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 bbse_soft | em | em_output_prior: T(Y) unknown; FedPALS
                                 starts from the clients' aggregate and re-estimates T from the
                                 global model as the run trains
-                                (algorithms/target_estimation.py); needs lam (not
+                                (unknown_target.py); needs lam (not
                                 ess_fraction). A round whose estimate is not identified or whose
                                 model fails the gate keeps the current T (results.json:
                                 target_estimation_records)
