@@ -473,11 +473,9 @@ class TargetReestimation(registry.Monitor):
         self.source_x = dataset.train.x[source_idx]
         self.source_y = np.asarray(dataset.train.y[source_idx])
         self.target_x = dataset.train.x[partition.target_val_indices]
+        # The clients' pooled labels, sum_i n_i S_i / N: EM's source prior, what the weights
+        # start from (their FedPALS weights are FedAvg's) and what `shrinkage` pulls towards.
         self.source_prior = partition.client_label_counts.sum(axis=0) / partition.client_sizes.sum()
-        # What the weights start from, and what `shrinkage` pulls every estimate towards: the
-        # clients' aggregate sum_i n_i S_i / N, whose FedPALS weights are FedAvg's.
-        sizes = np.asarray(partition.client_sizes, np.float64)
-        self.aggregate = sizes @ np.asarray(partition.client_label_dists, np.float64) / sizes.sum()
         self.source_label_dists = partition.client_label_dists
         self.records: list[dict] = []
         self.evaluations: list[dict] = []
@@ -564,7 +562,7 @@ class TargetReestimation(registry.Monitor):
             )
             return None
         current = np.asarray(self.current(state), np.float64)
-        shrunk = (1.0 - self.shrinkage) * estimate + self.shrinkage * self.aggregate
+        shrunk = (1.0 - self.shrinkage) * estimate + self.shrinkage * self.source_prior
         used = (1.0 - self.damping) * current + self.damping * shrunk
         used /= used.sum()
         record.update(
