@@ -163,13 +163,7 @@ def report(sweep_dir: str) -> str:
     with open(os.path.join(sweep_dir, "unknown_target_l1.md"), "w") as f:
         f.write(_l1_per_seed(row, runs, estimated_methods, rounds))
     if known:
-        gaps = {
-            method: ([s for s in sorted(runs[method]) if s in known],
-                     [100 * (runs[method][s]["target_accuracy_at_best_val"]
-                             - known[s]["target_accuracy_at_best_val"])
-                      for s in sorted(runs[method]) if s in known])
-            for method in [m for m in order if m != "fedpals"]
-        }
+        gaps = {method: _gaps(runs[method], known) for method in order if method != "fedpals"}
         fjp.experiment.plots.plot_seed_gaps(
             os.path.join(sweep_dir, "unknown_target_gaps.png"), gaps,
             title=f"{row}: each seed's target accuracy (stopped by validation labels) against "
@@ -189,6 +183,14 @@ def report(sweep_dir: str) -> str:
 
 # Issue 45's bar: no seed more than this many points below FedPALS with T known.
 GAP_LIMIT = 5.0
+
+
+def _gaps(method_runs: dict, known: dict) -> tuple[list[int], list[float]]:
+    """The seeds both ran, and on each the accuracy's gap to FedPALS with T known (points,
+    stopped by validation labels)."""
+    seeds = [s for s in sorted(method_runs) if s in known]
+    return seeds, [100 * (method_runs[s]["target_accuracy_at_best_val"]
+                          - known[s]["target_accuracy_at_best_val"]) for s in seeds]
 
 
 def _estimate_l1(results: dict, after: int) -> float | None:
@@ -215,15 +217,13 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for method in methods:
-        seeds = [s for s in sorted(runs[method]) if s in known]
+        seeds, gaps = _gaps(runs[method], known)
         if not seeds:
             continue
-        accuracy = {s: 100 * runs[method][s]["target_accuracy_at_best_val"] for s in seeds}
-        gaps = np.array([accuracy[s] - 100 * known[s]["target_accuracy_at_best_val"]
-                         for s in seeds])
+        gaps = np.array(gaps)
         worst = int(np.argmin(gaps))
-        below_fedavg = [s for s in seeds if s in fedavg and accuracy[s]
-                        < 100 * fedavg[s]["target_accuracy_at_best_val"]]
+        below_fedavg = [s for s in seeds if s in fedavg and runs[method][s][
+            "target_accuracy_at_best_val"] < fedavg[s]["target_accuracy_at_best_val"]]
         lines.append(
             f"| {fjp.method_label(method)} | {len(seeds)} | {gaps.mean():+.1f} | "
             f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
