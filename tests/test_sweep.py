@@ -482,6 +482,10 @@ def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_reme
     assert algorithm["unknown_t_shrunk"]["target_shrinkage"] == 0.25
     assert algorithm["unknown_t_shadow"]["target_estimation_model"] == "fedavg_shadow"
     assert algorithm["unknown_t_bbse_constrained_in_sample"]["target_shrinkage"] is None
+    if part == "fresh":  # the yardstick: T known up to App. B.6's noise, nothing estimated
+        for name, (_, delta) in module.FLOOR.items():
+            assert algorithm[name]["target_perturbation"] == delta
+            assert algorithm[name]["target_estimation"] is None
     if "unknown_t_warmup3" in algorithm:
         assert algorithm["unknown_t_warmup3"]["target_warmup_rounds"] == 3
     with pytest.raises(ValueError, match="seeds must be"):
