@@ -139,9 +139,17 @@ LOOP_DEFAULT_ROWS = (
 )
 
 
-def get_config(labels_per_client: str = "3", seeds: str = "ablation"):
-    """C (3 or 2), and which seeds and rows: "ablation" (Table 1's seeds 0-7, the estimators'
-    ablation) or issue 45's "fresh", "table1" or "issue" (`LOOP_SEEDS`, `LOOP_ROWS`)."""
+def get_config(argument: str = "3"):
+    """`C` or `C,seeds` (what `--config=configs/beyond_unknown_target.py:3,fresh` passes): C (3
+    or 2), and which seeds and rows: "ablation" (the default: Table 1's seeds 0-7, the
+    estimators' ablation) or issue 45's "fresh", "table1" or "issue" (`LOOP_SEEDS`,
+    `LOOP_ROWS`)."""
+    labels_per_client, _, seeds = argument.partition(",")
+    seeds = seeds or "ablation"
+    if labels_per_client not in ("3", "2"):
+        raise ValueError(
+            f"C must be 3 or 2, got {labels_per_client!r} (the argument: 'C' or 'C,seeds')."
+        )
     c = int(labels_per_client)
     config = fjp.table1_config("fashion_mnist", labels_per_client=c)
     config.training.rounds = 10

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
+from experiments import config_args
 from fedjax_pals.experiment import sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -466,12 +467,13 @@ def test_there_is_a_config_per_experiment_of_the_paper():
 @pytest.mark.parametrize("part", ["fresh", "table1", "issue"])
 @pytest.mark.parametrize("c", ["3", "2"])
 def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_remedies(part, c):
-    spec = importlib.util.spec_from_file_location(
-        "config_beyond_unknown_target", os.path.join(ROOT, "configs", "beyond_unknown_target.py")
-    )
+    path = os.path.join(ROOT, "configs", "beyond_unknown_target.py")
+    spec = importlib.util.spec_from_file_location("config_beyond_unknown_target", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(c, part)
+    # Through the command line's loader: `--config=configs/beyond_unknown_target.py:3,fresh`
+    # hands get_config() one argument, as scripts/reproduce.sh runs it.
+    config = config_args.load_config_file(f"{path}:{c},{part}")
     runs, sweep = sweep_lib._runs(config)
     seeds = module.LOOP_SEEDS
     assert sweep["seeds"] == seeds[part] and {r.seed for r in runs} == set(seeds[part])
@@ -489,7 +491,8 @@ def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_reme
     if "unknown_t_warmup3" in algorithm:
         assert algorithm["unknown_t_warmup3"]["target_warmup_rounds"] == 3
     with pytest.raises(ValueError, match="seeds must be"):
-        module.get_config(c, "held_out")
+        module.get_config(f"{c},held_out")
+    assert sweep_lib._runs(module.get_config(c))[1]["seeds"] == tuple(range(8))  # the ablation
 
 
 @pytest.mark.parametrize("name", SWEEP_CONFIGS)
