@@ -20,7 +20,8 @@ FedPALS as references; the L1 error of the T in use per round). Columns:
 * the worst seed's gap to FedAvg (the same seed's FedAvg run, stopped the same way).
 
 Beside it, against FedPALS with T known on the same seed (issue 45's bar): each estimated
-method's mean gap, its worst seed, how many seeds fall more than 5 points below T known and how
+method's (and each yardstick's: T known up to App. B.6's noise, `algorithm.target_perturbation`,
+whose gap is what training moves accuracy by when the weights change a little) mean gap, its worst seed, how many seeds fall more than 5 points below T known and how
 many below FedAvg, and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
 unknown_target_l1.md, the L1 error of the T in use after every round, seed by seed.
 """
@@ -156,7 +157,10 @@ def report(sweep_dir: str) -> str:
             else "-" for m in order))
     known = runs.get("fedpals", {})
     estimated_methods = [m for m in order if m not in REFERENCES and m in l1_curves]
-    against = _against_known(runs, estimated_methods, known, fedavg, probe) if known else []
+    yardsticks = [m for m in order if m not in REFERENCES and m not in l1_curves
+                  and _perturbation(next(iter(runs[m].values())))]
+    against = _against_known(runs, estimated_methods + yardsticks, known, fedavg, probe) if (
+        known) else []
     text = "\n".join(lines + per_seed + against) + "\n"
     with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
         f.write(text)
@@ -193,9 +197,20 @@ def _gaps(method_runs: dict, known: dict) -> tuple[list[int], list[float]]:
                           - known[s]["target_accuracy_at_best_val"]) for s in seeds]
 
 
+def _perturbation(results: dict) -> float:
+    """App. B.6's noise on the server's T (`algorithm.target_perturbation`; 0 or None: none)."""
+    return results["config"].get("algorithm", {}).get("target_perturbation") or 0.0
+
+
 def _estimate_l1(results: dict, after: int) -> float | None:
     """The L1 error of the estimate T^ itself (before shrinkage and damping) made from the
-    model after `after` rounds (the re-estimation before the next round)."""
+    model after `after` rounds (the re-estimation before the next round); of a yardstick row
+    (T known up to App. B.6's noise), the L1 error of that noisy T, the same in every round."""
+    if "target_estimation_records" not in results:
+        true = np.asarray(results["partition"]["target_label_dist"], np.float64)
+        noisy = fjp.algorithms.perturb_label_dist(
+            true, _perturbation(results), int(results["config"]["seed"]))
+        return float(np.abs(noisy - true).sum())
     for record in results["target_estimation_records"]:
         if record["round"] == after and record.get("estimate_l1_error") is not None:
             return record["estimate_l1_error"]

@@ -12,11 +12,13 @@ from experiments import unknown_target_report as report_lib
 ROUNDS = [1, 2, 3, 4, 5]
 
 
-def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used=None):
+def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used=None,
+           algorithm=None, target=None):
     run = os.path.join(root, "runs", method, "lam=0,learning_rate=0.1", f"seed_{seed}")
     os.makedirs(run)
     results = {
-        "config": {"seed": seed, "training": {"rounds": ROUNDS[-1]}},
+        "config": {"seed": seed, "training": {"rounds": ROUNDS[-1]}, "algorithm": algorithm or {}},
+        "partition": {"target_label_dist": target},
         "rounds": ROUNDS,
         "target_accuracy": accuracy,
         "final_target_accuracy": accuracy[-1],
@@ -98,6 +100,34 @@ def test_the_report_measures_each_seed_against_t_known_and_fedavg(sweep):
     assert "| 1 | 1.000 | 0.600 | 0.400 | 0.300 | 0.150 |" in l1  # unknown_t_x, seed 1
     assert os.path.exists(os.path.join(sweep, "unknown_target_gaps.png"))
     assert os.path.exists(os.path.join(sweep, "unknown_target_gaps.pdf"))
+
+
+def test_a_yardstick_row_given_a_noisy_t_is_measured_against_t_known_with_that_ts_error(sweep):
+    # T known up to App. B.6's noise: no estimation history, but a row of the table against T
+    # known, its L1 column the noisy T's error (the same in every round). A baseline with
+    # neither (here: a second FedAvg) gets no row.
+    target = np.array([0.0, 0.5, 0.0, 0.25, 0.25])
+    for seed, accuracy in ((0, [0.8, 0.9, 0.9, 0.93, 0.9]), (1, [0.7, 0.8, 0.9, 0.92, 0.95])):
+        _write(sweep, "known_t_noise", seed, accuracy, 3,
+               algorithm={"target_perturbation": 0.01}, target=target.tolist())
+        _write(sweep, "fedavg_again", seed, [0.5] * 5, 3, algorithm={"target_perturbation": None})
+
+    def noisy(seed):  # App. B.6: normalise(T + delta max(eps, 0)), eps from the seed's stream
+        eps = np.random.default_rng([seed, 0x7E57]).standard_normal(target.size)
+        t = target + 0.01 * np.maximum(eps, 0.0)
+        return t / t.sum()
+
+    text = report_lib.report(sweep)
+    table = text[text.index("Against FedPALS with T known"):]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in table.splitlines() if line.startswith("| ")}
+    assert "fedavg_again" not in rows
+    errors = [np.abs(noisy(s) - target).sum() for s in (0, 1)]
+    assert min(errors) > 0
+    # Gaps (validation labels): seed 0: 0.93 - 0.95, seed 1: 0.92 - 0.92.
+    assert rows["known_t_noise"][1:] == ["2", f"{100 * np.mean([-0.02, 0.0]):+.1f}",
+                                         "-2.0 (seed 0)", "0", "0",
+                                         f"{np.mean(errors):.3f} ± {np.std(errors):.3f}"]
 
 
 def test_a_run_still_training_is_left_out(sweep):
