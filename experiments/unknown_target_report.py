@@ -21,8 +21,9 @@ FedPALS as references; the L1 error of the T in use per round). Columns:
 
 Beside it, against FedPALS with T known on the same seed (issue 45's bar): each estimated
 method's (and each yardstick's: T known up to App. B.6's noise, `algorithm.target_perturbation`,
-whose gap is what training moves accuracy by when the weights change a little) mean gap, its worst seed, how many seeds fall more than 5 points below T known and how
-many below FedAvg, and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
+whose gap is what training moves accuracy by when the weights change a little) mean gap, its
+worst seed, how many seeds fall more than 5 points below T known and how many below FedAvg,
+and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
 unknown_target_l1.md, the L1 error of the T in use after every round, seed by seed.
 """
 
