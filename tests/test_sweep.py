@@ -5,6 +5,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -88,6 +89,14 @@ def test_method_keys_of_adaptive_lambda_and_unknown_target_set_their_fedpals_var
     assert unknown.name == "fedpals" and unknown.target_estimation == "em"
     assert runs["fedavg/seed_0"].algorithm.target_estimation is None
     assert len({fjp.config_digest(run) for run in runs.values()}) == 4
+
+
+def test_methods_written_as_one_comma_separated_string_are_refused_with_the_literal_to_write():
+    # --config.sweep.methods=fedavg,fedpals reaches the sweep as one key with commas in it.
+    config = _sweep_config(seeds=(0,), methods=("fedavg,fedpals",))
+    with pytest.raises(fjp.ConfigError, match=re.escape(
+            "--config.sweep.methods=\"('fedavg', 'fedpals')\"")):
+        fjp.expand_sweep(config)
 
 
 def test_task_axes_are_table_rows_crossed_or_zipped():

@@ -253,6 +253,12 @@ def _method_overrides(method: Any) -> dict[str, Any]:
     """Method key -> the config keys it sets (registry.method_overrides)."""
     if not isinstance(method, str):
         raise ConfigError(f"config.sweep.methods: a method must be a string, got {method!r}.")
+    if "," in method:  # what `--config.sweep.methods=fedavg,fedpals` gives ml_collections
+        raise ConfigError(
+            f"config.sweep.methods: {method!r} is one method key with commas in it; on the "
+            "command line a tuple is a Python literal: --config.sweep.methods="
+            f"\"{tuple(m.strip() for m in method.strip('()').split(','))!r}\"."
+        )
     try:
         return registry.method_overrides(method)
     except ValueError as error:
