@@ -77,6 +77,9 @@ ABLATION = {
         {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_shadow"}),
     "unknown_t_em_output_prior": (
         "FedPALS, T^ by EM, mean-output prior (in-sample)", "em_output_prior", IN_SAMPLE),
+    "unknown_t_pretrained": (
+        "FedPALS, T^ once from FedAvg trained first", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_pretrained"}),
 }
 # Issue 45's yardstick: FedPALS given T up to App. B.6's noise (`algorithm.target_perturbation`
 # = delta; T_p = normalise(T + delta max(eps, 0))), the estimate no estimator beats. At 1e-3 T_p
@@ -126,16 +129,18 @@ ROWS_C2 = (
 LOOP_SEEDS = {"fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue": (8, 9, 10)}
 LOOP_ROWS = {
     ("fresh", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
-                   "unknown_t_warmup3", "unknown_t_warmup3_shrunk", *FLOOR),
-    ("fresh", 2): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
+                   "unknown_t_warmup3", "unknown_t_warmup3_shrunk", "unknown_t_pretrained",
                    *FLOOR),
+    ("fresh", 2): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
+                   "unknown_t_pretrained", *FLOOR),
     ("table1", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow",
-                    "unknown_t_shrunk", "unknown_t_em_output_prior"),
+                    "unknown_t_shrunk", "unknown_t_em_output_prior", "unknown_t_pretrained"),
     ("issue", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
-                   "unknown_t_warmup3", "unknown_t_em_output_prior"),
+                   "unknown_t_warmup3", "unknown_t_em_output_prior", "unknown_t_pretrained"),
 }
 LOOP_DEFAULT_ROWS = (
     "unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
+    "unknown_t_pretrained",
 )
 
 

@@ -39,22 +39,28 @@ class FedAvgShadow:
     depend on T. The shadow is one more run's client work: it is trained once, at the first
     `params` call, for the rounds the run re-estimates before (deterministic from the seed, so a
     resumed run gets the same shadow), and its global model before every round is kept.
+
+    With `final=True` it is FedAvg trained first, for all the run's rounds: `params` gives its
+    final model whatever the round, so T can be estimated once, before round 1, from a model as
+    trained as the run will be (two stages: FedAvg, then FedPALS with that estimate).
     """
 
     def __init__(self, model: Any, dataset: Any, partition: Any, training: Any, *, rounds: int,
-                 seed: int, clients_per_round: int | None = None):
+                 seed: int, clients_per_round: int | None = None, final: bool = False):
         self.model, self.dataset, self.partition, self.training = model, dataset, partition, training
         self.rounds = _validation.check_positive_int("rounds", rounds)
         self.seed, self.clients_per_round = seed, clients_per_round
+        self.final = bool(final)
         self._params: dict[int, Any] | None = None
 
     def params(self, round_index: int) -> Any:
-        """The shadow's global model before round `round_index` (0-based, < rounds)."""
+        """The shadow's global model before round `round_index` (0-based, < rounds); with
+        `final`, its model after the last round."""
         if not 0 <= round_index < self.rounds:
             raise ValueError(f"round_index must be in [0, {self.rounds}), got {round_index}.")
         if self._params is None:
             self._params = self._train()
-        return self._params[round_index]
+        return self._params[self.rounds if self.final else round_index]
 
     def _train(self) -> dict[int, Any]:
         algorithm, params = fedavg(), {}
@@ -62,6 +68,13 @@ class FedAvgShadow:
         def keep(round_index: int, state_of: Callable[[], Any]) -> None:
             params[round_index] = algorithm.eval_params(state_of())
 
+        if self.final:  # only the last model is read
+            state, _ = run_training(
+                algorithm, self.model, self.dataset, self.partition, self.training,
+                rounds=self.rounds, seed=self.seed, eval_every=self.rounds,
+                clients_per_round=self.clients_per_round,
+            )
+            return {self.rounds: algorithm.eval_params(state)}
         last = max(self.rounds - 1, 1)
         state, _ = run_training(
             algorithm, self.model, self.dataset, self.partition, self.training, rounds=last,
@@ -78,7 +91,7 @@ class FedAvgShadow:
 # a 10 % held-out share gave 90.5 +- 6.7 there, and 84.8 against 83.3 in-sample on C = 2
 # (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
-ESTIMATION_MODELS = ("fedavg_shadow",)
+ESTIMATION_MODELS = ("fedavg_shadow", "fedavg_pretrained")
 DEFAULT_DAMPING = 1.0
 
 
@@ -132,7 +145,9 @@ class UnknownTarget(Hyperparameters):
     target_estimation_model: str | None = hyperparameter(
         None, kind="choice", choices=ESTIMATION_MODELS, optional=True,
         doc="the model whose outputs estimate T: None (the run's global model) | "
-        "fedavg_shadow (FedAvg trained beside the run: one more run's client work)",
+        "fedavg_shadow (FedAvg trained beside the run: one more run's client work) | "
+        "fedavg_pretrained (FedAvg trained first for the run's rounds; T estimated once, before "
+        "round 1, from its final model: one more run's client work)",
         per_run=True,
     )
     target_shrinkage: float | None = hyperparameter(
@@ -183,6 +198,7 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
             task.model, task.dataset, task.partition, task.training,
             rounds=task.config.training.rounds, seed=task.config.seed,
             clients_per_round=task.clients_per_round,
+            final=hp.target_estimation_model == "fedavg_pretrained",
         ),
     )
 

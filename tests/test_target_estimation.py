@@ -636,6 +636,47 @@ def test_a_fedavg_shadow_gives_the_estimator_fedavgs_model_of_the_same_round():
         shadow.params(5)
 
 
+def test_a_pretrained_fedavg_gives_one_estimate_before_round_1_from_fedavgs_final_model():
+    # fedavg_pretrained: FedAvg trained first for all the run's rounds; T estimated once, before
+    # round 1, from its final model, and kept (every=1 would otherwise re-estimate each round).
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals(hold_out=0.1)
+    shadow = fjp.unknown_target.FedAvgShadow(model, dataset, partition, training, rounds=4,
+                                            seed=0, final=True)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=1, seed=0, shadow=shadow,
+    )
+    in_use = {}
+
+    def update(round_index, state_of):
+        new = reestimation.update_state(round_index, state_of)
+        in_use[round_index] = np.asarray(reestimation.current(new if new is not None
+                                                              else state_of()))
+        return new
+
+    fjp.training.run_training(algorithm, model, dataset, partition, training, rounds=4, seed=0,
+                              update_state=update)
+    assert [r["round"] for r in reestimation.records] == [0]
+    fedavg = fjp.fedavg()
+    state, _ = fjp.training.run_training(fedavg, model, dataset, partition, training, rounds=4,
+                                         seed=0)
+    params = fedavg.eval_params(state)
+    source_x = dataset.train.x[partition.held_out_indices]
+    source_y = np.asarray(dataset.train.y[partition.held_out_indices])
+    expected = target_estimation.estimate_target_label_dist(
+        target_estimation.model_probabilities(
+            model.apply, params, dataset.train.x[partition.target_val_indices]),
+        method="bbse_constrained",
+        source_probs=target_estimation.model_probabilities(model.apply, params, source_x),
+        source_labels=source_y,
+    )
+    np.testing.assert_allclose(reestimation.records[0]["estimate"], expected, atol=1e-6)
+    for round_index in range(4):  # the one estimate is the T of every round
+        np.testing.assert_allclose(in_use[round_index], expected / expected.sum(), atol=1e-6)
+    header = reestimation.header()
+    assert "estimated once" in header and "before round 1" in header
+    assert "trained first" in header
+
+
 def test_em_with_the_mean_output_prior_is_the_likelihood_maximum_under_that_prior(data):
     # "em_output_prior": EM on the model's own posteriors, the source prior taken as their
     # mean on the labeled source data (not the labels' counts). Checked against the fixed point

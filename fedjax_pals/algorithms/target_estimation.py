@@ -529,13 +529,22 @@ class TargetReestimation(registry.Monitor):
         logging.warning("T not re-estimated before round %d, kept: %s", record["round"], reason)
 
     @property
+    def _once(self) -> bool:
+        """A shadow trained first to its end (`FedAvgShadow(final=True)`): one estimate."""
+        return bool(getattr(self.shadow, "final", False))
+
+    @property
     def first_round(self) -> int:
-        """The round before which T is first re-estimated: `warmup` when set, else `every`."""
-        return self.warmup or self.every
+        """The round before which T is first re-estimated: `warmup` when set, else `every`
+        (0 from a shadow trained first: its model is ready before round 1)."""
+        return self.warmup or (0 if self._once else self.every)
 
     def reestimates_before(self, round_index: int) -> bool:
-        """Whether T is re-estimated before round `round_index` (0-based)."""
+        """Whether T is re-estimated before round `round_index` (0-based); from a shadow
+        trained first, once (its model does not change)."""
         start = self.first_round
+        if self._once:
+            return round_index == start
         return round_index >= start and (round_index - start) % self.every == 0
 
     def update_state(self, round_index: int, state_of: Callable[[], Any]) -> Any:
@@ -594,12 +603,19 @@ class TargetReestimation(registry.Monitor):
             if self.shrinkage else ""
         )
         model = (
+            "a FedAvg model's, trained first for the run's rounds (one more run's client work)"
+            if self._once else
             "a FedAvg shadow model's (one more run's client work)" if self.shadow is not None
             else "the global model's"
         )
+        when = (
+            f"estimated once by {METHOD_LABELS.get(self.method, self.method)} before round "
+            f"{self.first_round + 1}" if self._once else
+            f"re-estimated by {METHOD_LABELS.get(self.method, self.method)} before {every} from "
+            f"round {self.first_round + 1}"
+        )
         return (
-            f"T unknown: re-estimated by {METHOD_LABELS.get(self.method, self.method)} before "
-            f"{every} from round {self.first_round + 1}, from {model} outputs on the "
+            f"T unknown: {when}, from {model} outputs on the "
             f"target's {len(self.target_x)} unlabeled validation inputs and on {source}"
             f"{shrinkage}; until then the weights use the clients' aggregate label distribution "
             "(FedAvg's weights)"
