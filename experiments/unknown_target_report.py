@@ -150,7 +150,7 @@ def report(sweep_dir: str) -> str:
             f"{l1_last} | {unused} | {worst} |"
         )
         accuracy_curves[method] = (rounds, [r["target_accuracy"] for r in results])
-    per_seed = ["", "Per seed (stopped by validation labels), " + ", ".join(
+    per_seed = ["", "Per seed (stopped by validation labels): " + " / ".join(
         fjp.method_label(m) for m in order) + ":", ""]
     for seed in sorted({s for m in order for s in runs[m]}):
         per_seed.append(f"- seed {seed}: " + " / ".join(
@@ -205,17 +205,19 @@ def _perturbation(results: dict) -> float:
 
 def _estimate_l1(results: dict, after: int) -> float | None:
     """The L1 error of the estimate T^ itself (before shrinkage and damping) made from the
-    model after `after` rounds (the re-estimation before the next round); of a yardstick row
+    model after `after` rounds (the re-estimation before the next round; else the latest one
+    before it); of a yardstick row
     (T known up to App. B.6's noise), the L1 error of that noisy T, the same in every round."""
     if "target_estimation_records" not in results:
         true = np.asarray(results["partition"]["target_label_dist"], np.float64)
         noisy = fjp.algorithms.perturb_label_dist(
             true, _perturbation(results), int(results["config"]["seed"]))
         return float(np.abs(noisy - true).sum())
-    for record in results["target_estimation_records"]:
-        if record["round"] == after and record.get("estimate_l1_error") is not None:
-            return record["estimate_l1_error"]
-    return None
+    # The latest estimate made by then: a run that estimates once (before round 1, from FedAvg
+    # trained first) has one, of round 0.
+    made = [r for r in results["target_estimation_records"]
+            if r["round"] <= after and r.get("estimate_l1_error") is not None]
+    return max(made, key=lambda r: r["round"])["estimate_l1_error"] if made else None
 
 
 def _against_known(runs, methods, known, fedavg, probe) -> list[str]:

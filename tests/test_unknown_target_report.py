@@ -77,6 +77,10 @@ def test_the_report_has_each_stopping_rule_and_the_estimates_errors(sweep):
     assert os.path.exists(os.path.join(sweep, "unknown_target.pdf"))
     with open(os.path.join(sweep, "unknown_target.md")) as f:
         assert f.read() == text
+    # Per seed: the labels (which may hold commas) separated as the values are.
+    header = next(line for line in text.splitlines() if line.startswith("Per seed"))
+    assert header.endswith(": FedAvg / FedPALS / unknown_t_x:")
+    assert "- seed 1: 65.0 / 92.0 / 75.0" in text
 
 
 def test_the_report_measures_each_seed_against_t_known_and_fedavg(sweep):
@@ -128,6 +132,26 @@ def test_a_yardstick_row_given_a_noisy_t_is_measured_against_t_known_with_that_t
     assert rows["known_t_noise"][1:] == ["2", f"{100 * np.mean([-0.02, 0.0]):+.1f}",
                                          "-2.0 (seed 0)", "0", "0",
                                          f"{np.mean(errors):.3f} ± {np.std(errors):.3f}"]
+
+
+def test_a_run_that_estimates_once_before_round_1_reports_that_estimates_error(sweep):
+    # FedAvg trained first: one estimate, before round 1 (round 0), in use throughout.
+    for seed in (0, 1):
+        _write(sweep, "unknown_t_once", seed, [0.6, 0.7, 0.8, 0.9, 0.9], 3,
+               estimated=[0.9] * 5, l1=[0.2] * 5, used=[True])
+        path = os.path.join(sweep, "runs", "unknown_t_once", "lam=0,learning_rate=0.1",
+                            f"seed_{seed}", "results.json")
+        with open(path) as f:
+            results = json.load(f)
+        results["target_estimation_records"] = [
+            {"round": 0, "used": True, "estimate_l1_error": 0.05 * (seed + 1)}]
+        with open(path, "w") as f:
+            json.dump(results, f)
+    text = report_lib.report(sweep)
+    table = text[text.index("Against FedPALS with T known"):]
+    row = next(line for line in table.splitlines() if line.startswith("| unknown_t_once"))
+    assert row.strip("|").split("|")[-1].strip() == (
+        f"{np.mean([0.05, 0.1]):.3f} ± {np.std([0.05, 0.1]):.3f}")
 
 
 def test_a_run_still_training_is_left_out(sweep):
