@@ -68,18 +68,13 @@ class FedAvgShadow:
         def keep(round_index: int, state_of: Callable[[], Any]) -> None:
             params[round_index] = algorithm.eval_params(state_of())
 
-        if self.final:  # only the last model is read
-            state, _ = run_training(
-                algorithm, self.model, self.dataset, self.partition, self.training,
-                rounds=self.rounds, seed=self.seed, eval_every=self.rounds,
-                clients_per_round=self.clients_per_round,
-            )
-            return {self.rounds: algorithm.eval_params(state)}
-        last = max(self.rounds - 1, 1)
+        # Trained first: all the run's rounds, only the last model read. Beside the run: the
+        # rounds it re-estimates before, each round's model kept.
+        last = self.rounds if self.final else max(self.rounds - 1, 1)
         state, _ = run_training(
             algorithm, self.model, self.dataset, self.partition, self.training, rounds=last,
             seed=self.seed, eval_every=last, clients_per_round=self.clients_per_round,
-            update_state=keep,
+            update_state=None if self.final else keep,
         )
         params[last] = algorithm.eval_params(state)
         return params
