@@ -124,8 +124,8 @@ ROWS_C2 = (
 # apart from those the defaults were chosen on. "fresh": 20 seeds never run before (the
 # selection set with Table 1's 0-7); "table1": seeds 0-7; "issue": the three seeds the issue
 # reported as held out (8-10), shown apart and not used to choose. 2-core budget: C = 3 fresh
-# runs every remedy (about 75 min), the others the remedies the fresh C = 3 rows kept (the
-# shadow doubles a run's client work).
+# runs every remedy and the yardsticks (200 runs, about 100 min), the others the remedies the
+# fresh C = 3 rows kept (the shadow and FedAvg trained first double a run's client work).
 LOOP_SEEDS = {"fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue": (8, 9, 10)}
 LOOP_ROWS = {
     ("fresh", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
