@@ -35,7 +35,11 @@ from fedjax_pals.engine import (
 from fedjax_pals.metrics import make_evaluator
 from fedjax_pals.models import Model
 
-_INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM = 0, 1, 2
+_INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM, _POISSON_STREAM = 0, 1, 2, 3
+
+# Poisson sampling's lanes are as many as a round draws clients with at least this probability
+# less than one (`poisson_capacity`): a round that draws more stops the run, never truncates.
+POISSON_OVERFLOW_PROBABILITY = 1e-9
 
 # A training loss above DIVERGENCE_FACTOR * max(log K, L_0) is divergence (`divergence_limit`).
 DIVERGENCE_FACTOR = 10.0
@@ -73,6 +77,51 @@ def sample_participants(
     # O(m) for m << M (Generator.choice draws by Floyd's algorithm when m <= M / 50).
     rng = np.random.default_rng([_SAMPLING_STREAM, int(seed), int(round_index)])
     return np.sort(rng.choice(num_clients, clients_per_round, replace=False)).astype(np.int32)
+
+
+def poisson_capacity(num_clients: int, sampling_rate: float) -> int:
+    """The lanes a round of Poisson sampling needs: the smallest k with P(Binomial(M, q) > k)
+    <= `POISSON_OVERFLOW_PROBABILITY` (at most M, at least 1). The engine's shapes are static,
+    so a round runs k lanes; the ones no client drew are padding (no step, weight 0)."""
+    from scipy import stats
+
+    _check_sampling_rate(sampling_rate)
+    m = int(num_clients)
+    k = int(stats.binom.isf(POISSON_OVERFLOW_PROBABILITY, m, sampling_rate))
+    while k < m and stats.binom.sf(k, m, sampling_rate) > POISSON_OVERFLOW_PROBABILITY:
+        k += 1
+    return max(1, min(k, m))
+
+
+def _check_sampling_rate(sampling_rate) -> float:
+    if (isinstance(sampling_rate, (bool, np.bool_))
+            or not isinstance(sampling_rate, (int, float, np.integer, np.floating))
+            or not 0 < sampling_rate <= 1):
+        raise ValueError(f"the Poisson sampling rate must be in (0, 1], got {sampling_rate!r}.")
+    return float(sampling_rate)
+
+
+def sample_poisson_participants(
+    seed: int, round_index: int, num_clients: int, sampling_rate: float, lanes: int
+) -> np.ndarray:
+    """Round `round_index`'s participants under Poisson sampling: each of the M clients takes
+    part independently with probability q (McMahan et al., ICLR 2018), its id sorted, then
+    padded to `lanes` with the id M (no client: the engine gives such a lane no step and no
+    weight). Depends only on (seed, round_index), as `sample_participants`.
+
+    Raises:
+      ValueError: the round drew more clients than `lanes` (see `poisson_capacity`).
+    """
+    rate = _check_sampling_rate(sampling_rate)
+    rng = np.random.default_rng([_POISSON_STREAM, int(seed), int(round_index)])
+    drawn = np.flatnonzero(rng.random(int(num_clients)) < rate).astype(np.int32)
+    if drawn.size > lanes:
+        raise ValueError(
+            f"Poisson sampling drew {drawn.size} clients in round {round_index + 1}, more than "
+            f"the round's {lanes} lanes (q={rate:g} of {num_clients} clients). Give more lanes "
+            "(poisson_capacity's tail probability is POISSON_OVERFLOW_PROBABILITY)."
+        )
+    return np.concatenate([drawn, np.full(lanes - drawn.size, num_clients, np.int32)])
 
 
 # Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
@@ -190,6 +239,7 @@ class TrainingRun:
         on_round: Callable[[int, float], None] | None = None,
         max_train_loss: float | None = None,
         update_state: StateUpdate | None = None,
+        sampling_rate: float | None = None,
     ):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
@@ -199,12 +249,15 @@ class TrainingRun:
         if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
             clients_per_round = num_clients
         sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
+        if sampling_rate is not None:
+            _check_sampling_rate(sampling_rate)
         if max_train_loss is not None and not max_train_loss > 0:
             raise ValueError(f"max_train_loss must be > 0, got {max_train_loss!r}.")
         self.algorithm, self.model, self.dataset = algorithm, model, dataset
         self.partition, self.training = partition, training
         self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
         self.clients_per_round = clients_per_round
+        self.sampling_rate = sampling_rate
         self.checkpointer = checkpointer
         self.on_evaluation, self.on_round = on_evaluation, on_round
         self.update_state = update_state
@@ -255,6 +308,14 @@ class TrainingRun:
         self.state, self.history = state, history
 
     def participants(self, round_index: int) -> np.ndarray:
+        """Round `round_index`'s client ids: `clients_per_round` of them drawn without
+        replacement, or with `sampling_rate` q each client with probability q, padded to
+        `clients_per_round` lanes with the id M (`sample_poisson_participants`)."""
+        if self.sampling_rate is not None:
+            return sample_poisson_participants(
+                self.seed, round_index, self.partition.num_clients, self.sampling_rate,
+                self.clients_per_round,
+            )
         return sample_participants(
             self.seed, round_index, self.partition.num_clients, self.clients_per_round
         )
@@ -326,6 +387,7 @@ class TrainingRun:
             self.model.num_classes,
             self.partition.num_clients,
             self.clients_per_round,
+            self.sampling_rate,
             self.rounds,
             self.start_round,
         )
@@ -465,6 +527,7 @@ def run_training(
     on_round: Callable[[int, float], None] | None = None,
     max_train_loss: float | None = None,
     update_state: StateUpdate | None = None,
+    sampling_rate: float | None = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
@@ -485,6 +548,11 @@ def run_training(
 
     `update_state` may replace the state between rounds (see `TrainingRun`).
 
+    Participation: `clients_per_round` clients drawn without replacement each round (None:
+    every client); with `sampling_rate` q, Poisson sampling instead: each client with
+    probability q, on `clients_per_round` lanes (`poisson_capacity`), for an algorithm whose
+    weights are `fjp.algorithms.with_poisson_sampling`'s.
+
     This is `run_trainings` with one run.
     """
     run = TrainingRun(
@@ -502,6 +570,7 @@ def run_training(
         on_round=on_round,
         max_train_loss=max_train_loss,
         update_state=update_state,
+        sampling_rate=sampling_rate,
     )
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):

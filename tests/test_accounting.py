@@ -147,3 +147,28 @@ def test_rounds_times_one_rounds_rdp_is_dp_accountings_self_composition(clients_
     whole = rdp.RdpAccountant(neighboring_relation=relation).compose(
         dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(delta)
     np.testing.assert_allclose(got, whole, rtol=1e-9)
+
+
+def test_poisson_sampling_is_accounted_as_the_poisson_subsampled_gaussian():
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    q, sigma, rounds, delta = float(RNG.uniform(0.02, 0.3)), float(RNG.uniform(0.8, 2.0)), 50, 1e-5
+    common = dict(num_clients=500, clients_per_round=200, sampling_rate=q)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds)
+    by_rdp = rdp.RdpAccountant().compose(event).get_epsilon(delta)
+    np.testing.assert_allclose(accounting.updates_epsilon(sigma, rounds, delta, **common),
+                               by_rdp, rtol=1e-9)
+    by_pld = accounting.updates_epsilon(sigma, rounds, delta, accountant="pld", **common)
+    np.testing.assert_allclose(by_pld, pld.PLDAccountant().compose(event).get_epsilon(delta),
+                               rtol=1e-9)
+    assert by_pld <= by_rdp * (1 + 1e-9)
+    # q = 1 is every client every round; calibration and the budget read q too.
+    everyone = accounting.updates_epsilon(sigma, rounds, delta, num_clients=500,
+                                          clients_per_round=500)
+    assert accounting.updates_epsilon(sigma, rounds, delta, num_clients=500,
+                                      clients_per_round=200, sampling_rate=1.0) == everyone
+    found = accounting.calibrate_noise_multiplier(2.0, rounds, delta, **common)
+    assert accounting.updates_epsilon(found, rounds, delta, **common) <= 2.0
+    assert accounting.updates_epsilon(found * 0.99, rounds, delta, **common) > 2.0

@@ -231,3 +231,27 @@ def test_engine_key_is_the_key_of_the_shared_engine():
     assert fjp.engine.engine_key(other, model, training, chunk_size=8) != fjp.engine.engine_key(
         other, model, training
     )
+
+
+@pytest.mark.parametrize("backend", fjp.engine.backend_names())
+def test_a_lane_no_client_drew_takes_no_step_and_leaves_the_round_to_the_drawn(backend):
+    # Poisson sampling pads a round's participants with the id M (the number of clients): such
+    # a lane must neither train, nor weigh, nor change what the drawn clients compute.
+    model = fjp.logistic_regression((5,), 3)
+    training = fjp.LocalTraining(local_epochs=2, batch_size=4, learning_rate=LR)
+    x, y, rows, sizes, dists = _random_task(5, [9, 4, 14, 7], (5,))
+    q = 0.5
+    algorithm = fjp.algorithms.with_poisson_sampling(fjp.fedavg(), q, dists, sizes)
+    engine = fjp.engine.round_engine(algorithm, model, training, backend=backend, chunk_size=2)
+    data = fjp.engine.device_data(x, y, rows, sizes, dists)
+    init = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 4)
+    key = jax.random.PRNGKey(7)
+    drawn, padded = np.array([1, 3]), np.array([1, 3, 4, 4, 4])
+    lean, lean_metrics = engine.run_round(data, init, drawn, key)
+    wide, wide_metrics = engine.run_round(data, init, padded, key)
+    assert _max_diff(lean.params, wide.params) == 0.0
+    assert _max_diff(lean.params, init.params) > 1e-3  # the drawn did train
+    np.testing.assert_array_equal(wide_metrics["num_steps"][2:], 0)
+    np.testing.assert_array_equal(wide_metrics["weights"][2:], 0.0)
+    np.testing.assert_allclose(wide_metrics["weights"][:2], sizes[drawn] / sizes.sum() / q,
+                               rtol=1e-6)

@@ -414,3 +414,43 @@ def test_sample_participants_is_reproducible_and_changes_with_the_round():
         assert len(np.unique(x)) == 5 and np.all(np.diff(x) > 0)
     assert len({tuple(x) for x in a}) > 1
     assert tuple(fjp.training.sample_participants(4, 0, 20, 5)) != tuple(a[0])
+
+
+def test_poisson_sampling_draws_each_client_with_probability_q_padded_to_the_lanes():
+    from fedjax_pals import training
+
+    m, q, rounds = 40, 0.2, 600
+    lanes = training.poisson_capacity(m, q)
+    draws = [training.sample_poisson_participants(5, r, m, q, lanes) for r in range(rounds)]
+    np.testing.assert_array_equal(draws[3], training.sample_poisson_participants(5, 3, m, q, lanes))
+    assert not np.array_equal(draws[3], training.sample_poisson_participants(6, 3, m, q, lanes))
+    counts = np.array([np.sum(d < m) for d in draws])
+    for d, n in zip(draws, counts):
+        assert d.dtype == np.int32 and d.shape == (lanes,)
+        assert np.all(np.diff(d[:n]) > 0) and np.all(d[n:] == m)  # sorted ids, then padding
+    # Each client independently: its share of rounds within 5 standard errors of q, and the
+    # round sizes Binomial(M, q) (a chi-square-free check: mean and variance, 5 SE each).
+    taken = np.bincount(np.concatenate([d[d < m] for d in draws]), minlength=m) / rounds
+    assert np.all(np.abs(taken - q) < 5 * np.sqrt(q * (1 - q) / rounds))
+    assert abs(counts.mean() - m * q) < 5 * np.sqrt(m * q * (1 - q) / rounds)
+    assert abs(counts.var() / (m * q * (1 - q)) - 1) < 5 * np.sqrt(2 / rounds)
+
+
+def test_poisson_capacity_is_the_binomial_tail_quantile_and_overflow_is_an_error():
+    import math
+
+    from fedjax_pals import training
+
+    for m, q in ((30, 0.1), (1000, 0.1), (200, 0.9), (4, 1.0)):
+        lanes = training.poisson_capacity(m, q)
+        # float64 reference: P(Binomial(m, q) > k) summed from the pmf in logs
+        def tail(k):
+            return sum(math.exp(math.lgamma(m + 1) - math.lgamma(j + 1) - math.lgamma(m - j + 1)
+                                + j * math.log(q) + (m - j) * math.log1p(-q))
+                       for j in range(k + 1, m + 1)) if q < 1 else float(k < m)
+        assert tail(lanes) <= training.POISSON_OVERFLOW_PROBABILITY
+        assert lanes == m or tail(lanes - 1) > training.POISSON_OVERFLOW_PROBABILITY
+    with pytest.raises(ValueError, match=r"drew \d+ clients in round 1, more than the round's 2"):
+        training.sample_poisson_participants(0, 0, 100, 0.5, 2)
+    with pytest.raises(ValueError, match="sampling rate must be in"):
+        training.poisson_capacity(10, 0.0)

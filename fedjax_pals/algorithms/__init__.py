@@ -42,6 +42,7 @@ from fedjax_pals.algorithms.fedlc import (
 # and last lambda (searched by ESS on what the others set).
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
 from fedjax_pals.algorithms.private_marginals import ServerLabelDistsState, with_server_label_dists
+from fedjax_pals.algorithms.poisson_sampling import PoissonSamplingState, with_poisson_sampling
 from fedjax_pals.algorithms.private_updates import (
     PrivateUpdates, PrivateUpdatesState, clip_updates, with_private_updates,
 )
@@ -77,7 +78,8 @@ __all__ = [
     "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
     # beyond the paper: DP label marginals and updates, adaptive lambda, unknown T
     "ServerLabelDistsState", "with_server_label_dists", "PrivateUpdates", "PrivateUpdatesState",
-    "clip_updates", "with_private_updates", "DEFAULT_HYPER_LEARNING_RATE",
+    "clip_updates", "with_private_updates", "PoissonSamplingState", "with_poisson_sampling",
+    "DEFAULT_HYPER_LEARNING_RATE",
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
     "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation", "bbse_confusion",
     "bbse_label_dist", "em_label_dist", "estimate_target_label_dist", "model_probabilities",

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals import _validation, accounting
-from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms import poisson_sampling, registry
 from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state, replace_state,
 )
@@ -117,21 +117,35 @@ class PrivateUpdates:
     """
 
     inner: ServerUpdate
+    # The weights function of Poisson sampling's weighting (`with_poisson_sampling`), or
+    # None: with it the sensitivity is C max_i alpha_i / q over every client, not over those
+    # drawn. A function kept by identity (one compiled round for equal ones).
+    poisson_weights: Any = None
 
     def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
         noise_key, count_key = jax.random.split(jax.random.fold_in(dp.key, state.round))
         clipped, norms = clip_updates(outputs.deltas, dp.clip_norm)
-        std = aggregate_noise_std(weights, dp.clip_norm, dp.noise_multiplier)
+        sensitivity_weights = (
+            weights if self.poisson_weights is None
+            else poisson_sampling.population_weights(self.poisson_weights, state)
+        )
+        std = aggregate_noise_std(sensitivity_weights, dp.clip_norm, dp.noise_multiplier)
         noise = gaussian_like(state.params, noise_key, std)
+        # Under Poisson sampling a round may draw no client (every weight 0): the noise alone
+        # is then the release, carried by lane 0 at weight 1 (a round without noise would
+        # tell that no client was drawn).
         total = jnp.sum(weights)
-        total = jnp.where(total > 0, total, 1.0)
+        empty = total <= 0
+        total = jnp.where(empty, 1.0, total)
+        carried = jnp.where(empty, jnp.zeros_like(weights).at[0].set(1.0), weights)
 
         def spread(delta, z):
-            return delta + (z / total.astype(z.dtype))[None]
+            kept = jnp.where(empty, jnp.zeros_like(delta), delta)
+            return kept + (z / total.astype(z.dtype))[None]
 
         deltas = jax.tree_util.tree_map(spread, clipped, noise)
-        new = self.inner(state, participants, outputs._replace(deltas=deltas), weights)
+        new = self.inner(state, participants, outputs._replace(deltas=deltas), carried)
         clip_norm = adapted_clip_norm(norms, dp, count_key)
         return new._replace(algorithm_state=replace_state(
             new.algorithm_state, PrivateUpdatesState, clip_norm=clip_norm))
@@ -187,6 +201,16 @@ def with_private_updates(
             f"DP on updates clips and noises a weighted average of the updates, but "
             f"{algorithm.name!r} has a server update of its own."
         )
+    poisson = (
+        algorithm.weighting.weights
+        if poisson_sampling.is_poisson_weighting(algorithm.weighting) else None
+    )
+    if poisson is not None and clip_quantile is not None:
+        raise ValueError(
+            "adaptive clipping counts the clipped updates among a round's participants, a "
+            "number Poisson sampling leaves to chance; use fixed clipping (dp_clip_quantile "
+            "unset) with Poisson sampling."
+        )
     quantile, rate, count_std, updates_sigma = 0.5, 0.0, 0.0, noise_multiplier
     if clip_quantile is not None:
         quantile = _validation.check_number("the clip quantile", clip_quantile, low=0.0,
@@ -206,7 +230,8 @@ def with_private_updates(
         )
 
     return algorithm._replace(
-        server_update=PrivateUpdates(algorithm.server_update), init_algorithm_state=init
+        server_update=PrivateUpdates(algorithm.server_update, poisson),
+        init_algorithm_state=init,
     )
 
 
@@ -270,29 +295,38 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
         )
     if values["dp_delta"] is None:
         raise ValueError("config.algorithm.dp_delta is None, but DP on updates needs it.")
+    if facts.sampling_rate is not None and values["dp_clip_quantile"] is not None:
+        raise ValueError(
+            "config.algorithm.dp_clip_quantile is set, but training.client_sampling='poisson': "
+            "adaptive clipping counts the clipped updates among a round's participants, a "
+            "number Poisson sampling leaves to chance. Use fixed clipping with Poisson sampling."
+        )
     if facts.rounds is not None and facts.training_clients is not None:
         # The budget against the run's rounds and clients, before any data is read.
         budget_for(PrivateUpdatesHyperparameters(**values), facts.training_clients,
-                   facts.clients_per_round or facts.training_clients, facts.rounds)
+                   facts.clients_per_round or facts.training_clients, facts.rounds,
+                   sampling_rate=facts.sampling_rate)
     return dict(values)
 
 
 @dataclasses.dataclass(frozen=True)
 class UpdatesBudget:
-    """What DP on updates spends: sigma (given or calibrated) and the clients' sampling."""
+    """What DP on updates spends: sigma (given or calibrated) and the clients' sampling
+    (`sampling_rate` q: Poisson sampling; None: `clients_per_round` without replacement)."""
 
     noise_multiplier: float
     delta: float
     num_clients: int
     clients_per_round: int
     calibrated: bool
+    sampling_rate: float | None = None
 
     def epsilon(self, rounds: int) -> float:
         if self.noise_multiplier == 0:
             return float("inf") if rounds else 0.0
         return accounting.updates_epsilon(
             self.noise_multiplier, int(rounds), self.delta, num_clients=self.num_clients,
-            clients_per_round=self.clients_per_round,
+            clients_per_round=self.clients_per_round, sampling_rate=self.sampling_rate,
         )
 
 
@@ -300,26 +334,31 @@ def budget(hp: PrivateUpdatesHyperparameters, context: registry.MethodContext) -
     """`budget_for` the run of `context` (its training clients, participants and rounds)."""
     num_clients = int(context.partition.num_clients)
     per_round = int(min(context.clients_per_round or num_clients, num_clients))
-    return budget_for(hp, num_clients, per_round, int(context.rounds))
+    return budget_for(hp, num_clients, per_round, int(context.rounds),
+                      sampling_rate=context.sampling_rate)
 
 
 def budget_for(hp: PrivateUpdatesHyperparameters, num_clients: int, per_round: int,
-               rounds: int) -> UpdatesBudget:
-    """sigma for a run of `rounds` rounds of `per_round` of `num_clients` clients:
-    `dp_noise_multiplier`, or calibrated to `dp_target_epsilon`. ValueError (naming the key)
-    when no sigma reaches the target, when the rounds would spend more than the target, or
-    when adaptive clipping's count alone would spend sigma."""
-    common = dict(num_clients=num_clients, clients_per_round=per_round)
+               rounds: int, *, sampling_rate: float | None = None) -> UpdatesBudget:
+    """sigma for a run of `rounds` rounds of `per_round` of `num_clients` clients (with
+    `sampling_rate` q: Poisson sampling at rate q): `dp_noise_multiplier`, or calibrated to
+    `dp_target_epsilon`. ValueError (naming the key) when no sigma reaches the target, when
+    the rounds would spend more than the target, or when adaptive clipping's count alone
+    would spend sigma."""
+    common = dict(num_clients=num_clients, clients_per_round=per_round,
+                  sampling_rate=sampling_rate)
     sigma, target = hp.dp_noise_multiplier, hp.dp_target_epsilon
     if sigma is None:
         try:
             sigma = accounting.calibrate_noise_multiplier(target, rounds, hp.dp_delta, **common)
         except ValueError as error:
             raise ValueError(f"config.algorithm.dp_target_epsilon={target:g}: {error}") from None
-        found = UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True)
+        found = UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True,
+                              sampling_rate=sampling_rate)
         _check_adaptive(hp, found)
         return found
-    found = UpdatesBudget(float(sigma), hp.dp_delta, num_clients, per_round, calibrated=False)
+    found = UpdatesBudget(float(sigma), hp.dp_delta, num_clients, per_round, calibrated=False,
+                          sampling_rate=sampling_rate)
     _check_adaptive(hp, found)
     if target is not None and found.epsilon(rounds) > target:
         within = (
@@ -370,10 +409,17 @@ class UpdatesPrivacyMonitor(registry.Monitor):
         s = self.spent
         how = (f"calibrated to epsilon {self.hp.dp_target_epsilon:g}" if s.calibrated
                else "given")
-        sampling = (
-            "every client each round" if s.clients_per_round == s.num_clients
-            else f"{s.clients_per_round} of {s.num_clients} clients a round, without replacement"
-        )
+        if s.sampling_rate is not None:
+            sampling = (
+                f"each of {s.num_clients} clients a round with probability {s.sampling_rate:g} "
+                "(Poisson; the fixed-denominator estimator, sensitivity C max_i alpha_i / q)"
+            )
+        elif s.clients_per_round == s.num_clients:
+            sampling = "every client each round"
+        else:
+            sampling = (
+                f"{s.clients_per_round} of {s.num_clients} clients a round, without replacement"
+            )
         clip = (
             f"clip C={self.hp.dp_clip_norm:g}" if self.hp.dp_clip_quantile is None else
             f"clip from C={self.hp.dp_clip_norm:g} towards the {self.hp.dp_clip_quantile:g} "
@@ -422,7 +468,7 @@ class UpdatesPrivacyMonitor(registry.Monitor):
 def _monitor(hp: PrivateUpdatesHyperparameters, task: Any) -> UpdatesPrivacyMonitor:
     context = registry.MethodContext(
         partition=task.partition, rounds=int(task.config.training.rounds),
-        clients_per_round=task.clients_per_round,
+        clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
     )
     return UpdatesPrivacyMonitor(hp, budget(hp, context))
 

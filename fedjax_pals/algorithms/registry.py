@@ -84,7 +84,9 @@ class MethodContext:
     target_validation: the target validation split (inputs, labels).
     dataset: the run's `Dataset` (its train split's labels, e.g. to hold examples out).
     model: the run's `Model`; rounds, seed: the run's; clients_per_round: the participants a
-      round (at most the training clients; None: every client).
+      round (at most the training clients; None: every client), the lanes a round under
+      Poisson sampling; sampling_rate: q of Poisson sampling (None: clients_per_round drawn
+      without replacement).
     lam_floor: a lambda that the ESS search cannot reach (or 0) starts at the lower end of its
       range instead of failing (a schedule that moves lambda from there).
     """
@@ -100,6 +102,7 @@ class MethodContext:
     seed: int = 0
     clients_per_round: int | None = None
     lam_floor: bool = False
+    sampling_rate: float | None = None
 
     @property
     def weight_label_dists(self) -> np.ndarray:
@@ -431,7 +434,8 @@ class RunFacts:
     uses (`weights`: "fedpals" for FedPALS and FedProx+FedPALS; None for a method's own
     weights, FedAvg's n_i / N included), and its `algorithm` section with every key checked
     by its declaration (not yet resolved); the run's resolved `rounds`, its training clients
-    and their participants a round (None where the caller has no run, e.g. a sweep's grid)."""
+    and their participants a round (None where the caller has no run, e.g. a sweep's grid),
+    and Poisson sampling's rate q (None: the participants drawn without replacement)."""
 
     method: Method
     weights: str | None
@@ -439,6 +443,7 @@ class RunFacts:
     rounds: int | None = None
     training_clients: int | None = None
     clients_per_round: int | None = None
+    sampling_rate: float | None = None
 
     @property
     def reads_target(self) -> bool:

@@ -78,16 +78,24 @@ class RoundPlan(NamedTuple):
 def make_plan(
     training: LocalTraining, data: DeviceData, state: ServerState, participants, key
 ) -> RoundPlan:
-    """The plan of one round of one run (traceable)."""
-    sizes = data.client_sizes[participants]
-    client_states = jax.tree_util.tree_map(lambda s: s[participants], state.client_states)
-    info = ClientInfo(data.client_label_dists[participants], sizes, client_states)
+    """The plan of one round of one run (traceable).
+
+    A participant id M (the number of clients; Poisson sampling's padding,
+    `fedjax_pals.training.sample_poisson_participants`) is a lane no client drew: it reads
+    client M - 1's tables with zero examples, so it takes no step; its weight is 0 and the
+    server update's scatter of client states drops it (out of range).
+    """
+    num_clients = data.client_sizes.shape[0]
+    drawn = jnp.minimum(participants, num_clients - 1)
+    sizes = jnp.where(participants < num_clients, data.client_sizes[drawn], 0)
+    client_states = jax.tree_util.tree_map(lambda s: s[drawn], state.client_states)
+    info = ClientInfo(data.client_label_dists[drawn], sizes, client_states)
     keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(participants)
     max_examples = data.client_indices.shape[1]
     positions, mask = jax.vmap(lambda k, n: client_schedule(k, n, max_examples, training))(
         keys, sizes
     )
-    return RoundPlan(participants, info, data.client_indices[participants], positions, mask)
+    return RoundPlan(participants, info, data.client_indices[drawn], positions, mask)
 
 
 def pad_plan(plan: RoundPlan, multiple: int) -> RoundPlan:

@@ -77,6 +77,11 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     training.rounds, local_epochs, batch_size, learning_rate, eval_every
     training.clients_per_round  participants per round out of the num_clients - 1 training
     training.client_fraction    clients (give one of the two; neither = all of them)
+    training.client_sampling    None (clients_per_round drawn without replacement) | "poisson":
+                                each client a round with probability client_fraction = q,
+                                weighted by McMahan et al.'s fixed-denominator estimator
+                                (alpha over every client / q); clients_per_round then resolves
+                                to the lanes a round runs (poisson_capacity), not given
     server.optimizer            sgd (default: theta + eta * weighted mean delta, today's server
                                 update at eta = 1) | fedavgm | fedadam | fedyogi | fedadagrad:
                                 Reddi et al.'s server optimisers on the weighted mean delta of
@@ -139,8 +144,9 @@ ALWAYS_IDENTITY_HYPERPARAMETERS = (
 # (unused), so that the digests of the runs recorded before them stay valid.
 OPTIONAL_IDENTITY_KEYS = (
     "server.optimizer", "server.learning_rate", "server.momentum", "server.b1", "server.b2",
-    "server.tau",
+    "server.tau", "training.client_sampling",
 )
+CLIENT_SAMPLINGS = ("without_replacement", "poisson")
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
 OPTIONAL_IDENTITY_SECTIONS = ("server",)
@@ -240,6 +246,7 @@ def default_config() -> ml_collections.ConfigDict:
             learning_rate=0.1,
             clients_per_round=placeholder(int),
             client_fraction=placeholder(float),
+            client_sampling=placeholder(str),
             eval_every=1,
         )
     )
@@ -507,9 +514,14 @@ def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
 
 
 def _training_section(t: dict, training_clients: int) -> dict:
-    """The resolved `training` section (clients_per_round: the resolved count)."""
+    """The resolved `training` section (clients_per_round: the resolved count; under Poisson
+    sampling the lanes, with client_fraction q kept)."""
     rounds = _int("training.rounds", t["rounds"], 1, MAX_ROUNDS)
     count, fraction = t["clients_per_round"], t["client_fraction"]
+    sampling = _choice("training.client_sampling", t.get("client_sampling"), CLIENT_SAMPLINGS,
+                       optional=True)
+    if sampling == "poisson":
+        return _poisson_training_section(t, training_clients, rounds)
     if count is not None:
         count = _int(
             "training.clients_per_round",
@@ -527,13 +539,51 @@ def _training_section(t: dict, training_clients: int) -> dict:
         )
     if fraction is not None:
         count = max(1, int(round(fraction * training_clients)))
+    return _local_training(
+        t, rounds, clients_per_round=training_clients if count is None else count,
+        client_fraction=None, client_sampling=None,
+    )
+
+
+def sampling_rate(training: Mapping[str, Any]) -> float | None:
+    """Poisson sampling's q of a resolved `training` section, None without it."""
+    if training.get("client_sampling") == "poisson":
+        return float(training["client_fraction"])
+    return None
+
+
+def _poisson_training_section(t: dict, training_clients: int, rounds: int) -> dict:
+    """Poisson sampling's `training` section: q from client_fraction, the lanes resolved (a
+    resolved section's own lanes are accepted: validation is idempotent)."""
+    from fedjax_pals.training import poisson_capacity  # the loop's, without a cycle
+
+    if t["client_fraction"] is None:
+        raise ConfigError(
+            "config.training.client_sampling='poisson' needs training.client_fraction, the "
+            "probability q in (0, 1] with which each client takes part in a round."
+        )
+    rate = _real("training.client_fraction", t["client_fraction"], low=0.0, high=1.0,
+                 low_open=True)
+    lanes = poisson_capacity(training_clients, rate)
+    if t["clients_per_round"] not in (None, lanes):
+        raise ConfigError(
+            f"config.training.clients_per_round={t['clients_per_round']!r} is set, but "
+            "training.client_sampling='poisson' draws each client with probability "
+            "training.client_fraction: give the rate, not a count (the lanes a round runs, "
+            f"here {lanes}, are resolved from it)."
+        )
+    return _local_training(
+        t, rounds, clients_per_round=lanes, client_fraction=rate, client_sampling="poisson",
+    )
+
+
+def _local_training(t: dict, rounds: int, **participation) -> dict:
     return dict(
         rounds=rounds,
         local_epochs=_int("training.local_epochs", t["local_epochs"], 1, 10_000),
         batch_size=_int("training.batch_size", t["batch_size"], 1, 1_000_000),
         learning_rate=_real("training.learning_rate", t["learning_rate"], low=0.0, low_open=True),
-        clients_per_round=training_clients if count is None else count,
-        client_fraction=None,
+        **participation,
         eval_every=_int(
             "training.eval_every",
             t["eval_every"],
@@ -597,6 +647,7 @@ def _algorithm_section(
         rounds=None if training is None else training["rounds"],
         training_clients=training_clients,
         clients_per_round=None if training is None else training["clients_per_round"],
+        sampling_rate=None if training is None else sampling_rate(training),
     )
     resolved = dict(name=algorithm, weights=weights)
     # The registered methods' hyperparameters: None (unused) unless the run's method's, or
@@ -617,6 +668,13 @@ def _algorithm_section(
             raise ConfigError(str(error)) from None
         if feature.owns_server_update and feature.settings(resolved) is not None:
             owner = owner or feature.switched_on_by(resolved)
+    if owner is not None and facts.sampling_rate is not None:
+        raise ConfigError(
+            f"config.training.client_sampling='poisson', but {owner} brings a server update of "
+            "its own: Poisson sampling's fixed-denominator estimator is a weighted sum of the "
+            "drawn clients' updates, which only the plain weighted average (or a server "
+            "optimiser after it) computes."
+        )
     return resolved, owner
 
 

@@ -20,10 +20,11 @@ import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_algorithm, registry
 from fedjax_pals.algorithms.base import round_shape_mismatch
+from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
-from fedjax_pals.experiment.config import ResolvedConfig, validate_config
+from fedjax_pals.experiment.config import ResolvedConfig, sampling_rate, validate_config
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
@@ -49,12 +50,15 @@ class Task:
     training: LocalTraining
     lam: float | None
     target_label_dist: np.ndarray
-    clients_per_round: int
+    clients_per_round: int  # under Poisson sampling: the lanes a round runs
     # The clients' S_i(Y) as the server's weights see them: the DP release when
     # algorithm.label_dp_epsilon is set (privacy.py), else None (the exact S_i).
     server_label_dists: np.ndarray | None = None
     # The run's features that are on, with their hyperparameters: (Feature, its settings).
     features: tuple = ()
+    # Poisson sampling's q (training.client_sampling="poisson"), None: clients_per_round drawn
+    # without replacement.
+    sampling_rate: float | None = None
 
 
 def _load(name: str, registered: RegisteredDataset, options: tuple) -> Any:
@@ -223,6 +227,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         rounds=config.training.rounds,
         seed=config.seed,
         clients_per_round=min(config.training.clients_per_round, training_partition.num_clients),
+        sampling_rate=sampling_rate(config.training),
     )
     features = tuple(
         (feature, hp)
@@ -244,9 +249,14 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         weights=a.weights,
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
+    sampled = context.sampling_rate is None
     for feature, hp in features:
+        if not sampled and registry.stage_index(feature) >= _ALGORITHM_STAGE:
+            algorithm, sampled = _with_poisson_sampling(algorithm, context), True
         if feature.wrap is not None:
             algorithm = feature.wrap(algorithm, hp, context)
+    if not sampled:
+        algorithm = _with_poisson_sampling(algorithm, context)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
         name = registry.server_optimizer_key(config.server.optimizer, algorithm.name)
@@ -273,13 +283,31 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         clients_per_round=t.clients_per_round,
         server_label_dists=context.server_label_dists,
         features=features,
+        sampling_rate=context.sampling_rate,
     )
+
+
+# Poisson sampling's weights wrap the method's after the features that change what the
+# weights see (T, the DP release of S, lambda) and before those that wrap the built algorithm
+# (DP on updates scales its noise to the fixed-denominator weights).
+_ALGORITHM_STAGE = registry.FEATURE_STAGES.index("algorithm")
+
+
+def _with_poisson_sampling(algorithm, context: registry.MethodContext):
+    partition = context.partition
+    try:
+        return with_poisson_sampling(
+            algorithm, context.sampling_rate, context.weight_label_dists, partition.client_sizes
+        )
+    except ValueError as error:
+        raise TaskError(f"training.client_sampling='poisson': {error}") from None
 
 
 def server_weights(task: Task, state: Any = None) -> np.ndarray:
     """The server weights alpha of `state` with every client taking part (None: the initial
     state, round 1's weights). They move where the weighting's state does: AFL's lambda,
-    adaptive lambda, T re-estimated."""
+    adaptive lambda, T re-estimated. Under Poisson sampling, alpha over every client (a drawn
+    client's update is weighted alpha_i / q)."""
     partition, m = task.partition, task.partition.num_clients
     if state is None:
         state = init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), m)
@@ -287,7 +315,8 @@ def server_weights(task: Task, state: Any = None) -> np.ndarray:
         jnp.asarray(partition.client_label_dists, jnp.float32),
         jnp.asarray(partition.client_sizes, jnp.float32), state, jnp.arange(m),
     )
-    return np.asarray(alpha, np.float64)
+    alpha = np.asarray(alpha, np.float64)
+    return alpha if task.sampling_rate is None else alpha * task.sampling_rate
 
 
 def task_summary(task: Task) -> dict:
@@ -312,5 +341,6 @@ def task_summary(task: Task) -> dict:
         "total_examples": int(np.sum(sizes)),
         "projection_distance": summary["projection_distance"],
         "clients_per_round": task.clients_per_round,
+        **({} if task.sampling_rate is None else {"sampling_rate": task.sampling_rate}),
         **({} if released is None else {"server_label_dists": np.asarray(released).tolist()}),
     }

@@ -273,6 +273,7 @@ class _PreparedRun:
                 seed=self.config.seed,
                 eval_every=self.config.training.eval_every,
                 clients_per_round=task.clients_per_round,
+                sampling_rate=task.sampling_rate,
                 checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
@@ -325,9 +326,12 @@ class _PreparedRun:
             return {}
         sizes = np.asarray(self.task.partition.client_sizes, np.float64)
         alpha = np.zeros(len(sizes))
-        alpha[self.run.participants(done - 1)] = np.asarray(weights, np.float64)
+        ids = self.run.participants(done - 1)
+        drawn = ids < len(sizes)  # Poisson sampling's lanes no client drew carry the id M
+        alpha[ids[drawn]] = np.asarray(weights, np.float64)[drawn]
         self.writer.write_histogram(done, "server/alpha", alpha)
-        scalars = {"server/ess": float(1.0 / np.sum(alpha * alpha / sizes))}
+        spread = np.sum(alpha * alpha / sizes)  # 0: a Poisson round that drew no client
+        scalars = {"server/ess": float(1.0 / spread) if spread > 0 else 0.0}
         if len(alpha) <= PER_CLIENT_SCALARS:
             scalars.update(_indexed("server/alpha/client", alpha))
         return scalars
