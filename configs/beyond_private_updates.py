@@ -66,9 +66,16 @@ import fedjax_pals as fjp
 
 CLIP_NORM = 0.5  # about the median update norm measured without DP (docstring)
 EPSILONS = (1.0, 2.0, 4.0, 8.0)
+SAMPLING_RATE = 0.1  # ":poisson": each client's probability a round (the 100 of 1,000's share)
 
 
-def get_config():
+def get_config(argument: str = ""):
+    """The experiment; `argument` "poisson" (`--config=configs/beyond_private_updates.py:poisson`):
+    the same clients under Poisson sampling, each with probability q = 0.1 a round, weighted by
+    McMahan et al.'s fixed-denominator estimator and accounted with add/remove-one-client
+    neighbours (module docstring)."""
+    if argument not in ("", "poisson"):
+        raise ValueError(f"the argument must be '' or 'poisson', got {argument!r}.")
     config = fjp.default_config()
     config.dataset.name = "fashion_mnist"
     config.partition.scheme = "sparsity"
@@ -81,9 +88,15 @@ def get_config():
     config.training.learning_rate = 0.1
     config.training.eval_every = 1
     config.algorithm.dp_delta = 1e-5
+    row = "Fashion-MNIST C=3, 1,000 clients, DP on updates"
+    if argument == "poisson":
+        config.training.clients_per_round = None
+        config.training.client_sampling = "poisson"
+        config.training.client_fraction = SAMPLING_RATE
+        row += ", Poisson sampling"
     config.sweep = ml_collections.ConfigDict(
         dict(
-            row="Fashion-MNIST C=3, 1,000 clients, DP on updates",
+            row=row,
             seeds=(0, 1, 2),
             methods=("fedavg", "fedpals"),
             grid=dict(algorithm=dict(ess_fraction=(0.1, 0.25, 0.5, 0.9))),

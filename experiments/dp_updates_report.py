@@ -19,8 +19,10 @@ selected ESS per epsilon), every ESS is shown. The tables:
   ESS fraction of the highest mean test accuracy, and the one the protocol selects on the
   validation set (highest mean validation accuracy);
 * the weights' cost: per round the largest weight max_i alpha_i of the participants (mean
-  over rounds and seeds, from metrics.jsonl), the aggregate's noise std per coordinate
-  sigma * C * max_i alpha_i and its L2 norm over the model's parameters, against FedAvg's;
+  over rounds and seeds, from metrics.jsonl; under Poisson sampling max_i alpha_i / q over
+  every client, from results.json, the weight the noise is scaled to), the aggregate's noise
+  std per coordinate sigma * C * max_i alpha_i and its L2 norm over the model's parameters,
+  against FedAvg's;
 * every seed's accuracy, and the runs that diverged (TrainingDivergedError) or have not ended.
 """
 
@@ -113,6 +115,28 @@ def _max_alpha(run_dir: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def _sampling_rate(config: dict) -> float | None:
+    training = config["training"]
+    return training["client_fraction"] if training.get("client_sampling") == "poisson" else None
+
+
+def _participation(config: dict) -> str:
+    """How the clients take part, as the report's headings say it."""
+    rate, lanes = _sampling_rate(config), config["training"]["clients_per_round"]
+    if rate is None:
+        return f"{lanes} a round"
+    return f"each with probability q = {rate:g} a round (Poisson, {lanes} lanes)"
+
+
+def _sensitivity_weight(record: dict, rate: float | None) -> float | None:
+    """The weight the run's noise is scaled to, per round: max_i alpha_i of the participants
+    (mean over rounds), or under Poisson sampling max_i alpha_i / q over every client."""
+    if rate is None:
+        return _max_alpha(record["dir"])
+    alpha = (record.get("results") or {}).get("alpha")
+    return max(alpha) / rate if alpha else None
+
+
 def _num_params(results: dict) -> int | None:
     config = results["config"]
     shape = _INPUT_SHAPES.get(config["dataset"]["name"])
@@ -167,7 +191,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     rule = "|---|" + "---|" * len(epsilons)
     text = [
         f"**{any_done['partition'].get('num_clients', '?')} training clients, "
-        f"{config['training']['clients_per_round']} a round, {rounds} rounds, seeds "
+        f"{_participation(config)}, {rounds} rounds, seeds "
         f"{', '.join(map(str, seeds))}; clip norm C = {clip}, δ = {delta}** ({sweep_dir}). "
         "Target test accuracy (%) at the best-validation round, mean ± std over seeds "
         "(ddof 0); a cell with diverged runs gives the others' mean and how many diverged.",
@@ -247,23 +271,29 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     # The weights' cost: max alpha per round, the noise it draws.
     num_params = _num_params(any_done)
     dp_epsilons = [e for e in epsilons if e is not None]
+    weight = (
+        "max_i α_i per round (mean over rounds and seeds, from metrics.jsonl; the weights do "
+        "not depend on the noise)" if _sampling_rate(config) is None else
+        "max_i α_i / q over every client (Poisson sampling's fixed-denominator weights, from "
+        "results.json; drawn or not, the noise is scaled to it)"
+    )
     text += [
         "",
-        "The weights' cost under DP: max_i α_i per round (mean over rounds and seeds, from "
-        "metrics.jsonl; the weights do not depend on the noise), the aggregate's noise "
-        "σ C max_i α_i per coordinate and its L2 norm over the model's "
-        f"{num_params:,} parameters per round" if num_params else
-        "The weights' cost under DP (max_i α_i per round, the noise std per coordinate)",
+        f"The weights' cost under DP: {weight}, the aggregate's noise σ C max_i α_i per "
+        f"coordinate and its L2 norm over the model's {num_params:,} parameters per round"
+        if num_params else
+        f"The weights' cost under DP ({weight}, the noise std per coordinate)",
         "",
         "| | max α per round | × FedAvg's | " + " | ".join(
             f"noise std / L2 norm at ε = {e:g}" for e in dp_epsilons) + " |",
         "|---|---|---|" + "---|" * len(dp_epsilons),
     ]
     alphas = {}
+    rate = _sampling_rate(config)
     for label in labels:
         # The weights of a round depend on the seed's participants and lambda, not on the
         # noise: every run of the line counts, those without DP and those that diverged too.
-        values = [_max_alpha(r["dir"]) for r in records if _line(r) == label]
+        values = [_sensitivity_weight(r, rate) for r in records if _line(r) == label]
         values = [v for v in values if v is not None]
         alphas[label] = float(np.mean(values)) if values else None
     reference = alphas.get(fjp.method_label("fedavg"))
@@ -307,7 +337,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     # The figure: one line per method and ESS.
     _plot(figure, labels, epsilons, cells, len(seeds),
           f"Fashion-MNIST C = 3, {any_done['partition'].get('num_clients', '?')} clients, "
-          f"{config['training']['clients_per_round']} a round, {rounds} rounds: target accuracy "
+          f"{_participation(config)}, {rounds} rounds: target accuracy "
           f"against user-level ε (δ = {delta:g}, clip norm C = {clip:g})")
     return "\n".join(text) + "\n", summary
 

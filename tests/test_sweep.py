@@ -449,13 +449,13 @@ SWEEP_CONFIGS = sorted(
 )
 
 
-def _load_config(name):
+def _load_config(name, *argument):
     spec = importlib.util.spec_from_file_location(
         f"config_{name[:-3]}", os.path.join(ROOT, "configs", name)
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(*argument)
 
 
 def test_there_is_a_config_per_experiment_of_the_paper():
@@ -574,11 +574,30 @@ def _tiny(config, *, methods=2):
     return ml_collections.ConfigDict(plain)
 
 
+def test_the_private_updates_config_has_a_poisson_sampling_variant():
+    config = config_args.load_config_file(
+        os.path.join(ROOT, "configs", "beyond_private_updates.py:poisson"))
+    runs, _ = sweep_lib._runs(config)
+    trainings = {tuple(sorted(r.resolved["training"].items())) for r in runs}
+    assert len(trainings) == 1
+    training = dict(trainings.pop())
+    assert training["client_sampling"] == "poisson" and training["client_fraction"] == 0.1
+    assert training["clients_per_round"] == fjp.training.poisson_capacity(1000, 0.1)
+    plain, _ = sweep_lib._runs(_load_config("beyond_private_updates.py"))
+    assert len(runs) == len(plain)  # the same rows, methods, grid and seeds
+    with pytest.raises(ValueError, match="the argument must be"):
+        _load_config("beyond_private_updates.py", "poison")
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("name", SWEEP_CONFIGS)
+@pytest.mark.parametrize(
+    "name", SWEEP_CONFIGS + ["beyond_private_updates.py:poisson"]
+)
 def test_each_experiment_config_runs_with_tiny_overrides(name, tmp_path):
     # Compilation dominates: every method once on the headline experiment, one elsewhere.
-    config = _tiny(_load_config(name), methods=8 if name == "table1_fmnist_c3.py" else 1)
+    name, _, argument = name.partition(":")
+    config = _load_config(name, *([argument] if argument else []))
+    config = _tiny(config, methods=8 if name == "table1_fmnist_c3.py" else 1)
     if config.dataset.name != "synthetic":
         # Mock data in the shape of the real set (tfds.testing.mock_data), through data_dir.
         tfds = pytest.importorskip("tensorflow_datasets")
