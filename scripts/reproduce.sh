@@ -124,7 +124,7 @@ RAW[beyond_private_updates_report]="experiments.dp_updates_report --sweep=$ROOT/
 ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
 # Issue 45, the estimate's feedback loop and its remedies: 20 fresh seeds (11-30) on C = 3
-# (200 runs, about 100 min on 2 cores) and C = 2 (140 runs, about 75 min), Table 1's seeds 0-7
+# (220 runs, about 125 min on 2 cores) and C = 2 (140 runs, about 75 min), Table 1's seeds 0-7
 # on C = 3 (56 runs) and the issue's held-out seeds 8-10 (24 runs); the config holds seeds and
 # rows (the times: the parts' measured ones added up).
 for part in fresh table1 issue; do
