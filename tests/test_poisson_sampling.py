@@ -236,3 +236,22 @@ def test_runs_on_the_runs_axis_draw_what_they_draw_alone(tmp_path):
     np.testing.assert_allclose(together[1]["train_loss"], alone["train_loss"], rtol=1e-5)
     np.testing.assert_allclose(together[1]["target_accuracy"], alone["target_accuracy"],
                                atol=1e-3)
+
+
+def test_in_a_task_it_composes_with_label_dp_dp_on_updates_and_a_client_side_method():
+    config = _synthetic(q=0.5, name="fedprox_fedpals", prox_mu=0.01, lam=0.1,
+                        label_dp_epsilon=2.0, dp_clip_norm=0.5, dp_noise_multiplier=1.0)
+    task = fjp.build_task(config)
+    update = task.algorithm.server_update
+    # DP on updates wraps Poisson sampling's weights, so its noise reads them.
+    assert isinstance(update, private_updates.PrivateUpdates)
+    assert update.poisson_weights is task.algorithm.weighting.weights
+    state = fjp.algorithms.init_server_state(
+        task.algorithm, task.model.init(jax.random.PRNGKey(0)), task.partition.num_clients)
+    got = poisson_sampling.population_weights(update.poisson_weights, state)
+    # FedPALS' eq. 8 over every client's *released* S (label DP), divided by q.
+    released = np.asarray(task.server_label_dists, np.float64)
+    expected = fjp.server_weights.fedpals_weights(
+        released, task.target_label_dist, task.partition.client_sizes, task.lam)
+    np.testing.assert_allclose(np.asarray(got) * 0.5, expected, rtol=1e-5, atol=1e-6)
+    assert task.sampling_rate == 0.5
