@@ -255,3 +255,11 @@ def test_in_a_task_it_composes_with_label_dp_dp_on_updates_and_a_client_side_met
         released, task.target_label_dist, task.partition.client_sizes, task.lam)
     np.testing.assert_allclose(np.asarray(got) * 0.5, expected, rtol=1e-5, atol=1e-6)
     assert task.sampling_rate == 0.5
+
+
+def test_a_run_says_under_its_first_line_that_it_samples_by_poisson(tmp_path, capfd):
+    fjp.train_and_evaluate(_synthetic(rounds=1, q=0.5), tmp_path / "w")
+    shown = capfd.readouterr()
+    lanes = fjp.training.poisson_capacity(2, 0.5)
+    assert (f"Poisson sampling: each client a round with probability 0.5 on {lanes} lanes"
+            in shown.out + shown.err)

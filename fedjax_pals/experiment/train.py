@@ -250,6 +250,12 @@ class _PreparedRun:
                 f"d(T,S)={summary['projection_distance']:.4g}, {rounds} rounds, backend "
                 f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
             )
+            if task.sampling_rate is not None:  # another estimator: say so under the first line
+                progress.write(
+                    f"  Poisson sampling: each client a round with probability "
+                    f"{task.sampling_rate:g} on {task.clients_per_round} lanes; a drawn "
+                    "client's update weighs alpha_i / q (the fixed-denominator estimator)"
+                )
             # The run's features at work while it trains, and what they report.
             monitors = [
                 (feature.name, feature.monitor(hp, task))
