@@ -120,6 +120,12 @@ ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds=
 # against epsilon and the figure.
 ARGS[beyond_private_updates]=""
 RAW[beyond_private_updates_report]="experiments.dp_updates_report --sweep=$ROOT/beyond_private_updates"
+# The same under Poisson sampling (q = 0.1, McMahan et al.'s fixed-denominator estimator):
+# 75 runs, 31 min on 2 cores.
+ARGS[beyond_private_updates_poisson]=""
+CONFIG[beyond_private_updates_poisson]="configs/beyond_private_updates.py:poisson"
+RAW[beyond_private_updates_poisson_report]="experiments.dp_updates_report \
+--sweep=$ROOT/beyond_private_updates_poisson"
 # The config holds the budget (10 rounds, 8 seeds) and the ablation's rows.
 ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
@@ -155,10 +161,11 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_unknown_target_loop_fresh_c3
        beyond_unknown_target_loop_fresh_c2 beyond_unknown_target_loop_table1_c3
        beyond_unknown_target_loop_issue_c3 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
-       beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates num_clients_fig9c local_epochs_fig8b
+       beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates beyond_private_updates_poisson
+       num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
        beyond_unknown_target_loop beyond_feddisco_fedlc
-       beyond_server_optimizers beyond_private_updates_report)
+       beyond_server_optimizers beyond_private_updates_report beyond_private_updates_poisson_report)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
 # editing it while an experiment runs cannot change what the running call does next.
