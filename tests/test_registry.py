@@ -733,6 +733,33 @@ def test_features_run_by_stage_then_registration_order(features_restored):
         "fedpals_lambda")
 
 
+def test_wrap_algorithm_wraps_by_stage_and_runs_what_comes_before_a_stage_in_between():
+    seen = []
+
+    def feature(name, stage):
+        def wrap(algorithm, hp, context):
+            seen.append(name)
+            return algorithm
+        return registry.Feature(name, name, fjp.Hyperparameters, lambda values, facts: {},
+                                wrap=wrap, stage=stage)
+
+    # Given out of stage order, with an unstaged one (deprecated: it runs last).
+    features = [(feature(n, s), None) for n, s in (
+        ("late", "algorithm"), ("unstaged", None), ("first", "target"), ("mid", "lambda"),
+        ("late2", "algorithm"))]
+
+    def between(algorithm):
+        seen.append("between")
+        return algorithm
+
+    fjp.algorithms.registry.wrap_algorithm(fjp.fedavg(), features, registry.MethodContext(),
+                                           before={"algorithm": between})
+    assert seen == ["first", "mid", "between", "late", "late2", "unstaged"]
+    with pytest.raises(ValueError, match=r"before: \['algorithms'\] are not stages"):
+        registry.wrap_algorithm(fjp.fedavg(), [], registry.MethodContext(),
+                                before={"algorithms": between})
+
+
 def test_a_stage_that_is_not_one_is_refused_naming_the_stages():
     with pytest.raises(ValueError, match=r"stage 'targt' is not a stage \(did you mean 'target'"):
         _mixing_feature(stage="targt")

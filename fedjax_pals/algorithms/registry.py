@@ -642,6 +642,28 @@ def stage_index(feature: Feature) -> int:
     return _UNSTAGED if feature.stage is None else FEATURE_STAGES.index(feature.stage)
 
 
+def wrap_algorithm(
+    algorithm: FederatedAlgorithm, features: Any, context: MethodContext, *,
+    before: Mapping[str, Callable[[FederatedAlgorithm], FederatedAlgorithm]] | None = None,
+) -> FederatedAlgorithm:
+    """`algorithm` with the `wrap` of each (feature, settings) of `features`, by stage
+    (`FEATURE_STAGES`, then the features without one), in their order within a stage.
+    `before[stage](algorithm)` runs before that stage's wraps (after the earlier stages'): what
+    a run adds between stages (Poisson sampling's weights, before DP on updates reads them)."""
+    before = dict(before or {})
+    unknown = set(before) - set(FEATURE_STAGES)
+    if unknown:
+        raise ValueError(f"before: {sorted(unknown)} are not stages; the stages: "
+                         f"{list(FEATURE_STAGES)}.")
+    for stage in (*FEATURE_STAGES, None):
+        if stage in before:
+            algorithm = before[stage](algorithm)
+        for feature, hp in features:
+            if feature.wrap is not None and feature.stage == stage:
+                algorithm = feature.wrap(algorithm, hp, context)
+    return algorithm
+
+
 def registered_features() -> tuple[Feature, ...]:
     """The registered features in the order of their hooks: by stage (`FEATURE_STAGES`), in
     registration order within one."""

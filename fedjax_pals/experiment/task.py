@@ -24,7 +24,7 @@ from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
-from fedjax_pals.experiment.config import ResolvedConfig, sampling_rate, validate_config
+from fedjax_pals.experiment.config import ResolvedConfig, validate_config
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
@@ -227,7 +227,10 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         rounds=config.training.rounds,
         seed=config.seed,
         clients_per_round=min(config.training.clients_per_round, training_partition.num_clients),
-        sampling_rate=sampling_rate(config.training),
+        sampling_rate=(
+            config.training.client_fraction if config.training.client_sampling == "poisson"
+            else None
+        ),
     )
     features = tuple(
         (feature, hp)
@@ -249,14 +252,14 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         weights=a.weights,
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
-    sampled = context.sampling_rate is None
-    for feature, hp in features:
-        if not sampled and registry.stage_index(feature) >= _ALGORITHM_STAGE:
-            algorithm, sampled = _with_poisson_sampling(algorithm, context), True
-        if feature.wrap is not None:
-            algorithm = feature.wrap(algorithm, hp, context)
-    if not sampled:
-        algorithm = _with_poisson_sampling(algorithm, context)
+    # Poisson sampling's weights wrap the method's after the features that change what the
+    # weights see (T, the DP release of S, lambda), before those that wrap the built algorithm
+    # (DP on updates scales its noise to the fixed-denominator weights).
+    algorithm = registry.wrap_algorithm(
+        algorithm, features, context,
+        before=None if context.sampling_rate is None else {
+            "algorithm": functools.partial(_with_poisson_sampling, context)},
+    )
     if config.server.optimizer is not None:  # else the plain weighted average, as before
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
         name = registry.server_optimizer_key(config.server.optimizer, algorithm.name)
@@ -287,17 +290,11 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     )
 
 
-# Poisson sampling's weights wrap the method's after the features that change what the
-# weights see (T, the DP release of S, lambda) and before those that wrap the built algorithm
-# (DP on updates scales its noise to the fixed-denominator weights).
-_ALGORITHM_STAGE = registry.FEATURE_STAGES.index("algorithm")
-
-
-def _with_poisson_sampling(algorithm, context: registry.MethodContext):
-    partition = context.partition
+def _with_poisson_sampling(context: registry.MethodContext, algorithm: FederatedAlgorithm):
     try:
         return with_poisson_sampling(
-            algorithm, context.sampling_rate, context.weight_label_dists, partition.client_sizes
+            algorithm, context.sampling_rate, context.weight_label_dists,
+            context.partition.client_sizes,
         )
     except ValueError as error:
         raise TaskError(f"training.client_sampling='poisson': {error}") from None
