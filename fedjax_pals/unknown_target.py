@@ -21,6 +21,7 @@ import numpy as np
 from fedjax_pals import _validation
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.fedavg import fedavg
+from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.algorithms.target_estimation import (
     DEFAULT_RHO, METHOD_LABELS, METHODS, TargetReestimation,
@@ -43,14 +44,20 @@ class FedAvgShadow:
     With `final=True` it is FedAvg trained first, for all the run's rounds: `params` gives its
     final model whatever the round, so T can be estimated once, before round 1, from a model as
     trained as the run will be (two stages: FedAvg, then FedPALS with that estimate).
+
+    With `sampling_rate` q the shadow samples as a Poisson-sampled run does (the same clients
+    each round, from the same seed, on `clients_per_round` lanes) with FedAvg's
+    fixed-denominator weights (`fjp.algorithms.with_poisson_sampling`).
     """
 
     def __init__(self, model: Any, dataset: Any, partition: Any, training: Any, *, rounds: int,
-                 seed: int, clients_per_round: int | None = None, final: bool = False):
+                 seed: int, clients_per_round: int | None = None, final: bool = False,
+                 sampling_rate: float | None = None):
         self.model, self.dataset, self.partition, self.training = model, dataset, partition, training
         self.rounds = _validation.check_positive_int("rounds", rounds)
         self.seed, self.clients_per_round = seed, clients_per_round
         self.final = bool(final)
+        self.sampling_rate = sampling_rate
         self._params: dict[int, Any] | None = None
 
     def params(self, round_index: int) -> Any:
@@ -64,6 +71,10 @@ class FedAvgShadow:
 
     def _train(self) -> dict[int, Any]:
         algorithm, params = fedavg(), {}
+        if self.sampling_rate is not None:
+            p = self.partition
+            algorithm = with_poisson_sampling(
+                algorithm, self.sampling_rate, p.client_label_dists, p.client_sizes)
 
         def keep(round_index: int, state_of: Callable[[], Any]) -> None:
             params[round_index] = algorithm.eval_params(state_of())
@@ -74,7 +85,7 @@ class FedAvgShadow:
         state, _ = run_training(
             algorithm, self.model, self.dataset, self.partition, self.training, rounds=last,
             seed=self.seed, eval_every=last, clients_per_round=self.clients_per_round,
-            update_state=None if self.final else keep,
+            sampling_rate=self.sampling_rate, update_state=None if self.final else keep,
         )
         params[last] = algorithm.eval_params(state)
         return params
@@ -192,7 +203,7 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         shadow=None if hp.target_estimation_model is None else FedAvgShadow(
             task.model, task.dataset, task.partition, task.training,
             rounds=task.config.training.rounds, seed=task.config.seed,
-            clients_per_round=task.clients_per_round,
+            clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
             final=hp.target_estimation_model == "fedavg_pretrained",
         ),
     )

@@ -263,3 +263,24 @@ def test_a_run_says_under_its_first_line_that_it_samples_by_poisson(tmp_path, ca
     lanes = fjp.training.poisson_capacity(2, 0.5)
     assert (f"Poisson sampling: each client a round with probability 0.5 on {lanes} lanes"
             in shown.out + shown.err)
+
+
+def test_a_fedavg_shadow_samples_as_its_poisson_run_does(tmp_path):
+    # T re-estimated from a FedAvg shadow under Poisson sampling: the shadow draws the run's
+    # clients each round and weighs them as FedAvg's fixed-denominator estimator does.
+    config = _synthetic(rounds=3, q=0.5, target_estimation="bbse_constrained",
+                        target_estimation_model="fedavg_shadow")
+    task = fjp.build_task(config)
+    (monitor,) = [f.monitor(hp, task) for f, hp in task.features if f.name == "unknown_target"]
+    shadow = monitor.shadow
+    assert shadow.sampling_rate == 0.5 and shadow.clients_per_round == task.clients_per_round
+    fedavg = poisson_sampling.with_poisson_sampling(
+        fjp.fedavg(), 0.5, task.partition.client_label_dists, task.partition.client_sizes)
+    state, _ = fjp.run_training(fedavg, task.model, task.dataset, task.partition, task.training,
+                                rounds=2, seed=config.seed, eval_every=2,
+                                clients_per_round=task.clients_per_round, sampling_rate=0.5)
+    expected = fedavg.eval_params(state)
+    got = shadow.params(2)  # the shadow's model before round 3: after 2 rounds
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_array_equal(a, b)
+    fjp.train_and_evaluate(config, tmp_path / "w", quiet=True)  # and the run itself goes through
