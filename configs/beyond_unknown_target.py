@@ -79,6 +79,9 @@ ABLATION = {
         f"FedPALS, T^ from a FedAvg shadow model, damped {DAMPING:g}", "bbse_constrained",
         {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_shadow",
          "algorithm.target_damping": DAMPING}),
+    "unknown_t_shadow_ensemble": (
+        "FedPALS, T^ from the run's and a FedAvg shadow's outputs averaged", "bbse_constrained",
+        {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_shadow_ensemble"}),
     "unknown_t_em_output_prior": (
         "FedPALS, T^ by EM, mean-output prior (in-sample)", "em_output_prior", IN_SAMPLE),
     "unknown_t_pretrained": (
@@ -135,9 +138,9 @@ LOOP_SEEDS = {"fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue":
 LOOP_ROWS = {
     ("fresh", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
                    "unknown_t_warmup3", "unknown_t_warmup3_shrunk", "unknown_t_pretrained",
-                   "unknown_t_shadow_damped", *FLOOR),
+                   "unknown_t_shadow_damped", "unknown_t_shadow_ensemble", *FLOOR),
     ("fresh", 2): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
-                   "unknown_t_pretrained", *FLOOR),
+                   "unknown_t_pretrained", "unknown_t_shadow_ensemble", *FLOOR),
     ("table1", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow",
                     "unknown_t_shrunk", "unknown_t_em_output_prior", "unknown_t_pretrained"),
     ("issue", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",

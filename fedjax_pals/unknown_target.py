@@ -97,7 +97,7 @@ class FedAvgShadow:
 # a 10 % held-out share gave 90.5 +- 6.7 there, and 84.8 against 83.3 in-sample on C = 2
 # (known T: 84.6).
 DEFAULT_HOLD_OUT = 0.0
-ESTIMATION_MODELS = ("fedavg_shadow", "fedavg_pretrained")
+ESTIMATION_MODELS = ("fedavg_shadow", "fedavg_pretrained", "fedavg_shadow_ensemble")
 DEFAULT_DAMPING = 1.0
 
 
@@ -152,6 +152,8 @@ class UnknownTarget(Hyperparameters):
         None, kind="choice", choices=ESTIMATION_MODELS, optional=True,
         doc="the model whose outputs estimate T: None (the run's global model) | "
         "fedavg_shadow (FedAvg trained beside the run: one more run's client work) | "
+        "fedavg_shadow_ensemble (the run's model's and the shadow's output probabilities "
+        "averaged) | "
         "fedavg_pretrained (FedAvg trained first for the run's rounds; T estimated once, before "
         "round 1, from its final model: one more run's client work)",
         per_run=True,
@@ -206,6 +208,7 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
             clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
             final=hp.target_estimation_model == "fedavg_pretrained",
         ),
+        ensemble=hp.target_estimation_model == "fedavg_shadow_ensemble",
     )
 
 

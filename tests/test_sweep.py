@@ -492,6 +492,9 @@ def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_reme
     algorithm = {r.method: r.resolved["algorithm"] for r in runs}
     assert algorithm["unknown_t_shrunk"]["target_shrinkage"] == 0.25
     assert algorithm["unknown_t_shadow"]["target_estimation_model"] == "fedavg_shadow"
+    if part == "fresh":
+        ensemble = algorithm["unknown_t_shadow_ensemble"]
+        assert ensemble["target_estimation_model"] == "fedavg_shadow_ensemble"
     if (part, c) == ("fresh", "3"):
         damped = algorithm["unknown_t_shadow_damped"]
         assert damped["target_estimation_model"] == "fedavg_shadow"

@@ -636,6 +636,49 @@ def test_a_fedavg_shadow_gives_the_estimator_fedavgs_model_of_the_same_round():
         shadow.params(5)
 
 
+def test_an_ensemble_estimates_from_the_runs_and_the_shadows_probabilities_averaged():
+    # fedavg_shadow_ensemble: BBSE on the average of the two models' output probabilities,
+    # the run's own model of that round (steered) and the FedAvg shadow's (not).
+    dataset, partition, model, training, start, algorithm = _synthetic_fedpals(hold_out=0.1)
+    shadow = fjp.unknown_target.FedAvgShadow(model, dataset, partition, training, rounds=5,
+                                            seed=0)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=2, seed=0, shadow=shadow, ensemble=True,
+    )
+    own_params = {}
+
+    def both(round_index, state_of):
+        if reestimation.reestimates_before(round_index):
+            own_params[round_index] = algorithm.eval_params(state_of())
+        return reestimation.update_state(round_index, state_of)
+
+    fjp.training.run_training(algorithm, model, dataset, partition, training, rounds=5, seed=0,
+                              update_state=both)
+    assert [r["round"] for r in reestimation.records] == [2, 4]
+    source_x = dataset.train.x[partition.held_out_indices]
+    source_y = np.asarray(dataset.train.y[partition.held_out_indices])
+    target_x = dataset.train.x[partition.target_val_indices]
+    for record in reestimation.records:
+        models = (shadow.params(record["round"]), own_params[record["round"]])
+        probs = [(target_estimation.model_probabilities(model.apply, p, source_x),
+                  target_estimation.model_probabilities(model.apply, p, target_x))
+                 for p in models]
+        expected = target_estimation.estimate_target_label_dist(
+            (probs[0][1] + probs[1][1]) / 2, method="bbse_constrained",
+            source_probs=(probs[0][0] + probs[1][0]) / 2, source_labels=source_y,
+        )
+        np.testing.assert_allclose(record["estimate"], expected, atol=1e-6)
+    # Before the first estimate the run's weights are FedAvg's, so at round 2 its model is the
+    # shadow's; at round 4 the estimate has steered it, and the ensemble is not the shadow.
+    alone = target_estimation.estimate_target_label_dist(
+        probs[0][1], method="bbse_constrained", source_probs=probs[0][0], source_labels=source_y)
+    assert np.abs(alone - expected).sum() > 1e-4
+    assert "averaged" in reestimation.header()
+    with pytest.raises(ValueError, match="ensemble=True averages"):
+        fjp.algorithms.TargetReestimation(algorithm, model, dataset, partition, every=2,
+                                          ensemble=True)
+
+
 def test_a_pretrained_fedavg_gives_one_estimate_before_round_1_from_fedavgs_final_model():
     # fedavg_pretrained: FedAvg trained first for all the run's rounds; T estimated once, before
     # round 1, from its final model, and kept (every=1 would otherwise re-estimate each round).

@@ -430,8 +430,10 @@ class TargetReestimation(registry.Monitor):
     model of rounds 0 .. W - 1 is FedAvg's, which no estimate has steered), then every `every`
     rounds. With `shadow` (an object whose `params(round_index)` is a model's parameters, e.g.
     `fedjax_pals.unknown_target.FedAvgShadow`) the estimator reads that model of the same
-    round instead of the run's own. Otherwise the state keeps its T (the start, or the last
-    estimate), the round goes to `skipped` and a warning to the log, and the next
+    round instead of the run's own; with `ensemble` as well, it reads the average of the two
+    models' output probabilities (an ensemble whose confusion matrix BBSE estimates on the
+    source data as it does a single model's). Otherwise the state keeps its T (the start, or
+    the last estimate), the round goes to `skipped` and a warning to the log, and the next
     re-estimation tries again. Everything depends only on the state, so a run resumed from a
     checkpoint makes the same estimates.
 
@@ -447,7 +449,7 @@ class TargetReestimation(registry.Monitor):
         method: str = "bbse_constrained", seed: int = 0, source_size: int = 5000,
         truth: Any = None, rho: float = DEFAULT_RHO, gate_sigma_min: float | None = None,
         gate_min_recall: float | None = None, damping: float = 1.0, warmup: int = 0,
-        shrinkage: float = 0.0, shadow: Any = None,
+        shrinkage: float = 0.0, shadow: Any = None, ensemble: bool = False,
     ):
         self.method = _method(method)
         self.truth = None if truth is None else np.asarray(truth, np.float64)
@@ -461,6 +463,9 @@ class TargetReestimation(registry.Monitor):
         self.shrinkage = _validation.check_number("shrinkage", shrinkage, low=0.0, high=1.0,
                                                   high_open=True)
         self.algorithm, self.model, self.shadow = algorithm, model, shadow
+        if ensemble and shadow is None:
+            raise ValueError("ensemble=True averages the run's model with a shadow's: give one.")
+        self.ensemble = bool(ensemble)
         self.held_out = bool(partition.held_out_indices.size)
         if self.held_out:
             source_idx = np.asarray(partition.held_out_indices)
@@ -493,24 +498,31 @@ class TargetReestimation(registry.Monitor):
     def _l1(self, dist: np.ndarray) -> float | None:
         return None if self.truth is None else float(np.abs(dist - self.truth).sum())
 
-    def estimate(self, state: Any) -> tuple[np.ndarray, SourceStatistics, float | None]:
-        """T^ from the global model of `state` (or the FedAvg shadow's of that round), the
-        source data's statistics (of the posteriors the estimator read), and the calibration's
-        inverse temperature (None without)."""
-        if self.shadow is not None:
-            params = self.shadow.params(int(state.round))
-        else:
-            params = self.algorithm.eval_params(state)
+    def _probabilities(self, params: Any) -> tuple[np.ndarray, np.ndarray, float | None]:
+        """One model's output probabilities on the source and target inputs (calibrated for
+        "mlls"), and the calibration's inverse temperature (None without)."""
         source = model_logits(self.model.apply, params, self.source_x)
         target = model_logits(self.model.apply, params, self.target_x)
-        beta = None
         if self.method == "mlls":
             calibration = fit_bias_corrected_temperature(source, self.source_y)
-            source_probs = calibrated_probabilities(calibration, source)
-            target_probs = calibrated_probabilities(calibration, target)
-            beta = calibration.beta
-        else:
-            source_probs, target_probs = softmax(source), softmax(target)
+            return (calibrated_probabilities(calibration, source),
+                    calibrated_probabilities(calibration, target), calibration.beta)
+        return softmax(source), softmax(target), None
+
+    def estimate(self, state: Any) -> tuple[np.ndarray, SourceStatistics, float | None]:
+        """T^ from the global model of `state` (or the FedAvg shadow's of that round, or the
+        two models' averaged probabilities), the source data's statistics (of the posteriors
+        the estimator read), and the calibration's inverse temperature (None without, and for
+        an ensemble)."""
+        models = []
+        if self.shadow is not None:
+            models.append(self.shadow.params(int(state.round)))
+        if self.shadow is None or self.ensemble:
+            models.append(self.algorithm.eval_params(state))
+        outputs = [self._probabilities(params) for params in models]
+        source_probs = np.mean([o[0] for o in outputs], axis=0)
+        target_probs = np.mean([o[1] for o in outputs], axis=0)
+        beta = outputs[0][2] if len(outputs) == 1 else None
         stats = source_statistics(source_probs, self.source_y)
         estimate = estimate_target_label_dist(
             target_probs, method=self.method, source_probs=source_probs,
@@ -605,6 +617,8 @@ class TargetReestimation(registry.Monitor):
         model = (
             "a FedAvg model's, trained first for the run's rounds (one more run's client work)"
             if self._once else
+            "the global model's and a FedAvg shadow model's averaged (one more run's client "
+            "work)" if self.ensemble else
             "a FedAvg shadow model's (one more run's client work)" if self.shadow is not None
             else "the global model's"
         )

@@ -67,8 +67,8 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 how often T is re-estimated, from which share of the clients'
                                 examples (default 0: in-sample), the ridge, the gate, T's step,
                                 FedAvg's rounds before the first estimate, the model estimated
-                                from (the run's, or a FedAvg shadow's), the estimate's share of
-                                the clients' aggregate
+                                from (the run's, a FedAvg shadow's, or both averaged), the
+                                estimate's share of the clients' aggregate
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
                                 through a DP mechanism on the label counts (privacy.py)
