@@ -130,8 +130,8 @@ RAW[beyond_private_updates_poisson_report]="experiments.dp_updates_report \
 ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
 # Issue 45, the estimate's feedback loop and its remedies: 20 fresh seeds (11-30) on C = 3
-# (220 runs, about 125 min on 2 cores) and C = 2 (140 runs, about 75 min), Table 1's seeds 0-7
-# on C = 3 (56 runs) and the issue's held-out seeds 8-10 (24 runs); the config holds seeds and
+# (240 runs, about 155 min on 2 cores) and C = 2 (160 runs, about 95 min), Table 1's seeds 0-7
+# on C = 3 (64 runs) and the issue's held-out seeds 8-10 (27 runs); the config holds seeds and
 # rows (the times: the parts' measured ones added up).
 for part in fresh table1 issue; do
   for c in 3 2; do
