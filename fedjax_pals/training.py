@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_pals import _validation
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
 from fedjax_pals.data import Dataset, FederatedPartition
 from fedjax_pals.engine import (
@@ -94,11 +95,8 @@ def poisson_capacity(num_clients: int, sampling_rate: float) -> int:
 
 
 def _check_sampling_rate(sampling_rate) -> float:
-    if (isinstance(sampling_rate, (bool, np.bool_))
-            or not isinstance(sampling_rate, (int, float, np.integer, np.floating))
-            or not 0 < sampling_rate <= 1):
-        raise ValueError(f"the Poisson sampling rate must be in (0, 1], got {sampling_rate!r}.")
-    return float(sampling_rate)
+    return float(_validation.check_number(
+        "the Poisson sampling rate", sampling_rate, low=0.0, high=1.0, low_open=True))
 
 
 def sample_poisson_participants(

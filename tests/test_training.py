@@ -452,5 +452,6 @@ def test_poisson_capacity_is_the_binomial_tail_quantile_and_overflow_is_an_error
         assert lanes == m or tail(lanes - 1) > training.POISSON_OVERFLOW_PROBABILITY
     with pytest.raises(ValueError, match=r"drew \d+ clients in round 1, more than the round's 2"):
         training.sample_poisson_participants(0, 0, 100, 0.5, 2)
-    with pytest.raises(ValueError, match="sampling rate must be in"):
+    with pytest.raises(ValueError,
+                       match=r"Poisson sampling rate must be a number in \(0, 1\], got 0"):
         training.poisson_capacity(10, 0.0)
