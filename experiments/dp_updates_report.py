@@ -115,14 +115,10 @@ def _max_alpha(run_dir: str) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def _sampling_rate(config: dict) -> float | None:
-    training = config["training"]
-    return training["client_fraction"] if training.get("client_sampling") == "poisson" else None
-
-
-def _participation(config: dict) -> str:
-    """How the clients take part, as the report's headings say it."""
-    rate, lanes = _sampling_rate(config), config["training"]["clients_per_round"]
+def _participation(config: dict, rate: float | None) -> str:
+    """How the clients take part (`rate`: Poisson sampling's q, or None), as the report's
+    headings say it."""
+    lanes = config["training"]["clients_per_round"]
     if rate is None:
         return f"{lanes} a round"
     return f"each with probability q = {rate:g} a round (Poisson, {lanes} lanes)"
@@ -178,6 +174,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     any_done = done[0]["results"] if done else records[0]["results"]
     config = any_done["config"]
     rounds = config["training"]["rounds"]
+    rate = fjp.experiment.config.sampling_rate(config["training"])
     seeds = sorted({r["seed"] for r in records})
     sigma = {}
     for r in done:
@@ -191,7 +188,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     rule = "|---|" + "---|" * len(epsilons)
     text = [
         f"**{any_done['partition'].get('num_clients', '?')} training clients, "
-        f"{_participation(config)}, {rounds} rounds, seeds "
+        f"{_participation(config, rate)}, {rounds} rounds, seeds "
         f"{', '.join(map(str, seeds))}; clip norm C = {clip}, δ = {delta}** ({sweep_dir}). "
         "Target test accuracy (%) at the best-validation round, mean ± std over seeds "
         "(ddof 0); a cell with diverged runs gives the others' mean and how many diverged.",
@@ -273,7 +270,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     dp_epsilons = [e for e in epsilons if e is not None]
     weight = (
         "max_i α_i per round (mean over rounds and seeds, from metrics.jsonl; the weights do "
-        "not depend on the noise)" if _sampling_rate(config) is None else
+        "not depend on the noise)" if rate is None else
         "max_i α_i / q over every client (Poisson sampling's fixed-denominator weights, from "
         "results.json; drawn or not, the noise is scaled to it)"
     )
@@ -289,7 +286,6 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
         "|---|---|---|" + "---|" * len(dp_epsilons),
     ]
     alphas = {}
-    rate = _sampling_rate(config)
     for label in labels:
         # The weights of a round depend on the seed's participants and lambda, not on the
         # noise: every run of the line counts, those without DP and those that diverged too.
@@ -337,7 +333,7 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
     # The figure: one line per method and ESS.
     _plot(figure, labels, epsilons, cells, len(seeds),
           f"Fashion-MNIST C = 3, {any_done['partition'].get('num_clients', '?')} clients, "
-          f"{_participation(config)}, {rounds} rounds: target accuracy "
+          f"{_participation(config, rate)}, {rounds} rounds: target accuracy "
           f"against user-level ε (δ = {delta:g}, clip norm C = {clip:g})")
     return "\n".join(text) + "\n", summary
 
