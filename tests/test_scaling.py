@@ -50,6 +50,28 @@ def test_the_table_reports_errors_and_rows():
         [row, {"curve": "m", "num_clients": 10, "participants": 10, "error": "x"}]
     )
     assert "| M | 100 | 10 | 1 | 0.500 | 0.400 |" in table and "error" in table
+    assert "traced backend" not in table
+
+
+def test_a_traced_round_leaves_training_and_aggregation_empty_not_mislabelled():
+    # On a GPU (`vmap_scan`) the round is one program: "round" minus a solve timed alone is
+    # not the aggregation, and there is no training phase to report.
+    point = scaling.PointRunner.__new__(scaling.PointRunner)
+    point.rounds, point.solve_for, point.participants = [], lambda p: np.zeros(3), None
+    point.jax = __import__("jax")
+    point._round = lambda r: {"round": 0.028, "wall": 0.03}
+    timings = point.timed_round()
+    assert "training" not in timings and "aggregation" not in timings
+    row = {
+        "curve": "M", "num_clients": 100, "participants": 100, "device_count": 1,
+        "round_s": 0.028, "round_cpu_s": 0.03, "training_s": None, "solve_s": 0.022,
+        "aggregation_s": None, "plan_s": None, "sample_s": 0.0, "first_round_s": 6.0,
+        "compile_s": 5.0, "peak_rss_mib": 1800.0, "rss_after_load_mib": 447.0,
+        "bytes_per_client": 76.0,
+    }
+    table = scaling.markdown_table([row])
+    assert "| 0.028 | 0.030 | - | 0.022 | - |" in table and "traced backend" in table
+    assert scaling._phases(row) == "one program; solve alone 0.022"
 
 
 @pytest.mark.integration

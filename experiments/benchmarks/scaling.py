@@ -22,8 +22,9 @@ Dirichlet draw. Every round samples its m participants
 Per point: time per round, split into sampling, the plan, training (the
 clients' updates), the FedPALS solve (timed alone on the round's participants,
 the same `fjp.fedpals_weights` the engine calls) and aggregation (the engine's
-aggregate phase minus the solve: the weighted reduction and the server update);
-the first round's seconds and its XLA compile seconds; peak RSS (the child's
+aggregate phase minus the solve: the weighted reduction and the server update;
+training and aggregation are left empty for a traced backend, `vmap_scan`, whose round is one
+program); the first round's seconds and its XLA compile seconds; peak RSS (the child's
 whole life, and during the timed rounds alone); RSS after loading the data set;
 the bytes per client of the O(M) tables (index rows, sizes, label
 distributions). Writes JSON and draws the curves (PNG + PDF).
@@ -346,9 +347,13 @@ class PointRunner:
         t0 = time.perf_counter()
         self.jax.block_until_ready(self.solve_for(self.participants))
         timings["solve"] = time.perf_counter() - t0
-        phase = timings.get("aggregate", timings.get("round", 0.0))
-        timings["aggregation"] = max(phase - timings["solve"], 0.0)
-        timings["training"] = timings.get("train", float("nan"))
+        # A traced backend (`vmap_scan`, a GPU's default) runs the round as one program: no
+        # training or aggregate phase to time apart, and its "round" minus a solve timed alone
+        # is not the aggregation. Those columns stay empty there rather than mislabelled.
+        if "aggregate" in timings:
+            timings["aggregation"] = max(timings["aggregate"] - timings["solve"], 0.0)
+        if "train" in timings:
+            timings["training"] = timings["train"]
         timings["load_average"] = os.getloadavg()[0]
         self.rounds.append(timings)
         return timings
@@ -520,6 +525,13 @@ def _peak(row):
     return row.get("peak_rss_mib")
 
 
+def _phases(row) -> str:
+    solve = f"solve alone {row['solve_s']:.3f}"
+    if row.get("training_s") is None:  # a traced backend: the round is one program
+        return f"one program; {solve}"
+    return f"training {row['training_s']:.3f}, {solve}, aggregation {row['aggregation_s']:.3f}"
+
+
 def markdown_table(rows) -> str:
     head = (
         "| curve | M | m | devices | s/round | CPU s/round | training | solve | aggregation | plan + sample | "
@@ -545,7 +557,14 @@ def markdown_table(rows) -> str:
             f"{f(row['first_round_s'], 1)} ({f(row['compile_s'], 1)}) | {f(_peak(row), 0)} | "
             f"{f(row['rss_after_load_mib'], 0)} | {f(row['bytes_per_client'], 0)} |"
         )
-    return head + "\n".join(lines)
+    table = head + "\n".join(lines)
+    if any("error" not in row and row.get("training_s") is None for row in rows):
+        table += (
+            "\n\nA row whose training and aggregation are `-` ran a traced backend (`vmap_scan`, "
+            "the accelerator default): the round is one program, so its phases have no times of "
+            "their own; the solve is timed alone beside it."
+        )
+    return table
 
 
 def draw(rows, path: str) -> list[str]:
@@ -793,8 +812,7 @@ def main(argv):
             if "error" not in row:
                 print(
                     f"# {row['curve']} M={row['num_clients']} m={row['participants']}: "
-                    f"{row['round_s']:.3f} s/round (training {row['training_s']:.3f}, solve "
-                    f"{row['solve_s']:.3f}, aggregation {row['aggregation_s']:.3f}), peak RSS "
+                    f"{row['round_s']:.3f} s/round ({_phases(row)}), peak RSS "
                     f"{_peak(row):.0f} MiB",
                     flush=True,
                 )
