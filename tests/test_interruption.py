@@ -136,3 +136,52 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
         for signum, handler in saved.items():
             signal.signal(signum, handler)
         interruption._Signals.installed = False
+
+
+# A main stopped while a background thread works, as orbax's async checkpoint save does: the
+# thread fails as the interpreter shuts down and logs its error with a traceback
+# (orbax/checkpoint/_src/futures/future.py, _SignalingThread.run).
+_STOPPED_DURING_A_SAVE = textwrap.dedent("""
+    import concurrent.futures, os, threading, time
+    from absl import logging
+    from experiments import flags as common
+
+    def save():
+        while threading.main_thread().is_alive():  # until the interpreter shuts down
+            time.sleep(0.01)
+        try:
+            concurrent.futures.ThreadPoolExecutor().submit(print)
+        except RuntimeError as error:  # cannot schedule new futures after interpreter shutdown
+            logging.exception("_SignalingThread.run() raised an exception: %s", error)
+        raise RuntimeError("a thread's own error")  # what threading.excepthook would print
+
+    def main(argv):
+        threading.Thread(target=save).start()
+        time.sleep(0.2)
+        if os.environ["STOP"] == "peer":
+            raise ValueError("UNKNOWN: Gloo AllGather failed: Connection reset by peer")
+        raise KeyboardInterrupt
+
+    common.run(main)
+""")
+
+
+@pytest.mark.parametrize("stop", ["interrupted", "peer"])
+def test_a_background_thread_failing_at_shutdown_adds_nothing_under_the_stop_line(stop, tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text(_STOPPED_DURING_A_SAVE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "STOP": stop}
+    if stop == "peer":  # a process of a multi-process run (is_lost_peer_error asks the runtime)
+        script.write_text(_STOPPED_DURING_A_SAVE.replace(
+            "common.run(main)",
+            "from fedjax_pals import runtime\nruntime._configured['distributed'] = True\n"
+            "common.run(main)"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and "raised an exception" not in done.stderr, done.stderr
+    if stop == "peer":
+        assert done.returncode == 1 and lines[-1].startswith("error: process 0 of 1 lost contact")
+    else:
+        assert done.returncode == 130 and lines[-1].startswith("interrupted (SIGINT)")
