@@ -335,6 +335,35 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
         assert with_others["config_digest"] == alone["config_digest"]
 
 
+@pytest.mark.parametrize("runs_per_program, programs", [(None, [3]), (2, [2, 1]), (1, [1, 1, 1])])
+def test_engine_runs_per_program_caps_the_runs_of_one_program(
+    tmp_path, monkeypatch, runs_per_program, programs
+):
+    # Three seeds share a structure: one program unless the config caps it (on one H200 16 runs
+    # of a conv net were 2.5x slower per run than one alone: docs/measurements/gpu.md).
+    engine = {} if runs_per_program is None else {"engine": {"runs_per_program": runs_per_program}}
+    configs = [{**_config(rounds=2), **engine, "seed": seed} for seed in range(3)]
+    sizes = []
+
+    def recorded(runs, **_):
+        sizes.append(len(runs))
+        raise RuntimeError("not trained: only the program's size is asked")
+
+    monkeypatch.setattr(train_lib, "run_trainings", recorded)
+    outcomes = fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(3)])
+    assert sizes == programs and all(isinstance(o, RuntimeError) for o in outcomes)
+    # Not part of a run's identity: the same run whatever the programs it shares.
+    alone = {**_config(rounds=2), "seed": 0}
+    digests = {fjp.experiment.config.config_digest(c) for c in (configs[0], alone)}
+    assert len(digests) == 1
+
+
+def test_engine_runs_per_program_must_be_a_positive_integer():
+    for bad in (0, -1, 2.5, "4"):
+        with pytest.raises(ValueError, match="engine.runs_per_program"):
+            fjp.validate_config({**CONFIG, "engine": {"runs_per_program": bad}})
+
+
 def test_synthetic_runs_differing_only_in_lambda_or_seed_share_one_runs_axis():
     settings = [(0.0, 0), (0.5, 0), (0.0, 1)]
     tasks = [

@@ -92,6 +92,10 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     server.b1, b2, tau          FedAdam / FedYogi / FedAdagrad's b1, b2 in [0, 1) (Adagrad: no
                                 b2) and tau > 0 (v starts at tau^2)
     engine.backend, engine.chunk_size   how rounds execute (not part of the run's identity)
+    engine.runs_per_program     int >= 1 (default 16): at most this many runs that can share a
+                                compiled program train together on the runs axis (sweeps,
+                                `train_and_evaluate_many`); 1 trains each run alone. Not part of
+                                the run's identity, nor of a sharded sweep's split
 
 `validate_config(config)` checks every value (type, range, consistency) without touching any data,
 in well under a second, and returns the *resolved* config: what the run really uses. Keys that do
@@ -159,6 +163,9 @@ ALWAYS_IDENTITY_DATA_KEYS = (
     "dataset.synthetic_delta", "partition.labels_per_client", "partition.dirichlet_beta"
 )
 # Keys that are not part of a run's identity (see the module docstring).
+# At most this many runs share one compiled program on the engine's runs axis (a sweep's
+# default; `engine.runs_per_program` lowers it).
+RUNS_PER_PROGRAM = 16
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
 
@@ -253,7 +260,9 @@ def default_config() -> ml_collections.ConfigDict:
     config.server = ml_collections.ConfigDict(
         dict(optimizer="sgd", learning_rate=1.0, momentum=0.9, b1=0.9, b2=0.99, tau=1e-3)
     )
-    config.engine = ml_collections.ConfigDict(dict(backend="auto", chunk_size=64))
+    config.engine = ml_collections.ConfigDict(
+        dict(backend="auto", chunk_size=64, runs_per_program=RUNS_PER_PROGRAM)
+    )
     for section in _SECTIONS:
         config[section].lock()
     return config
@@ -459,6 +468,10 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r["engine"] = dict(
         backend=_choice("engine.backend", e["backend"], ("auto",) + backend_names()),
         chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
+        # .get: configs recorded before the key existed.
+        runs_per_program=_int(
+            "engine.runs_per_program", e.get("runs_per_program", RUNS_PER_PROGRAM), 1
+        ),
     )
 
     resolved = ml_collections.ConfigDict(r)

@@ -31,6 +31,7 @@ from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
+    RUNS_PER_PROGRAM,
     ResolvedConfig,
     as_dict,
     per_run_state_keys,
@@ -513,8 +514,8 @@ def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) ->
 
 
 # A runs axis of this many runs at most per program: each holds a workdir lock, a metric
-# writer and its device state while it trains.
-MAX_RUNS_PER_PROGRAM = 16
+# writer and its device state while it trains. A config lowers it (`engine.runs_per_program`).
+MAX_RUNS_PER_PROGRAM = RUNS_PER_PROGRAM
 
 
 def program_blocks(members: Sequence[int], max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[list[int]]:
@@ -548,7 +549,8 @@ def train_and_evaluate_many(
     Runs whose configs differ only in what the engine keeps in the state
     (`config.per_run_state_keys()`: seed, lambda or ESS fraction, target perturbation, the label-DP
     release) and whose tasks share the data set are trained together on the engine's runs axis,
-    `max_runs_per_program` at a time, in one compiled program; each run's numbers, files and
+    `max_runs_per_program` at a time (fewer where their configs' `engine.runs_per_program` says
+    so), in one compiled program; each run's numbers, files and
     checkpoints are those it gets alone. A failed run does not stop the others: its exception is
     returned in its place. `on_done(index, outcome)` is called as each run ends. `quiet` silences
     each run's own output; `round_progress` shows one bar over the rounds of each group trained
@@ -581,7 +583,10 @@ def train_and_evaluate_many(
             continue
         groups.setdefault(structure_group_key(resolved[index].config), []).append(index)
     for indices in groups.values():
-        for chunk in program_blocks(indices, max_runs_per_program):
+        # One group shares its engine section (`structure_group_key`), so its runs agree.
+        engine = resolved[indices[0]].config.engine
+        per_program = min(max_runs_per_program, engine.runs_per_program)
+        for chunk in program_blocks(indices, per_program):
             prepared = {}
             try:
                 for index in chunk:
