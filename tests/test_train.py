@@ -352,10 +352,28 @@ def test_engine_runs_per_program_caps_the_runs_of_one_program(
     monkeypatch.setattr(train_lib, "run_trainings", recorded)
     outcomes = fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(3)])
     assert sizes == programs and all(isinstance(o, RuntimeError) for o in outcomes)
+    sizes.clear()  # the caller's cap, where lower, wins
+    fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(3)],
+                                max_runs_per_program=1)
+    assert sizes == [1, 1, 1]
     # Not part of a run's identity: the same run whatever the programs it shares.
     alone = {**_config(rounds=2), "seed": 0}
     digests = {fjp.experiment.config.config_digest(c) for c in (configs[0], alone)}
     assert len(digests) == 1
+
+
+def test_engine_runs_per_program_above_16_puts_more_runs_in_one_program(tmp_path, monkeypatch):
+    configs = [{**_config(rounds=2), "engine": {"runs_per_program": 20}, "seed": s}
+               for s in range(18)]
+    sizes = []
+
+    def recorded(runs, **_):
+        sizes.append(len(runs))
+        raise RuntimeError("not trained")
+
+    monkeypatch.setattr(train_lib, "run_trainings", recorded)
+    fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(18)])
+    assert sizes == [18]
 
 
 def test_engine_runs_per_program_must_be_a_positive_integer():

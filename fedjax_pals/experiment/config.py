@@ -95,7 +95,7 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     engine.runs_per_program     int >= 1 (default 16): at most this many runs that can share a
                                 compiled program train together on the runs axis (sweeps,
                                 `train_and_evaluate_many`); 1 trains each run alone. Not part of
-                                the run's identity, nor of a sharded sweep's split
+                                the run's identity, nor of a sharded sweep's split (blocks of 16)
 
 `validate_config(config)` checks every value (type, range, consistency) without touching any data,
 in well under a second, and returns the *resolved* config: what the run really uses. Keys that do
@@ -162,10 +162,10 @@ _FEDAVG_WEIGHTS = fedavg_weighting().name
 ALWAYS_IDENTITY_DATA_KEYS = (
     "dataset.synthetic_delta", "partition.labels_per_client", "partition.dirichlet_beta"
 )
-# Keys that are not part of a run's identity (see the module docstring).
-# At most this many runs share one compiled program on the engine's runs axis (a sweep's
-# default; `engine.runs_per_program` lowers it).
+# At most this many runs share one compiled program on the engine's runs axis, unless
+# `engine.runs_per_program` says otherwise.
 RUNS_PER_PROGRAM = 16
+# Keys that are not part of a run's identity (see the module docstring).
 NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
 
@@ -468,10 +468,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     r["engine"] = dict(
         backend=_choice("engine.backend", e["backend"], ("auto",) + backend_names()),
         chunk_size=_int("engine.chunk_size", e["chunk_size"], 1),
-        # .get: configs recorded before the key existed.
-        runs_per_program=_int(
-            "engine.runs_per_program", e.get("runs_per_program", RUNS_PER_PROGRAM), 1
-        ),
+        runs_per_program=_int("engine.runs_per_program", e["runs_per_program"], 1),
     )
 
     resolved = ml_collections.ConfigDict(r)

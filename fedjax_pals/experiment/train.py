@@ -514,7 +514,7 @@ def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) ->
 
 
 # A runs axis of this many runs at most per program: each holds a workdir lock, a metric
-# writer and its device state while it trains. A config lowers it (`engine.runs_per_program`).
+# writer and its device state while it trains. A config sets its own (`engine.runs_per_program`).
 MAX_RUNS_PER_PROGRAM = RUNS_PER_PROGRAM
 
 
@@ -538,7 +538,7 @@ def train_and_evaluate_many(
     overwrite: bool = False,
     quiet: bool = True,
     round_progress: bool = False,
-    max_runs_per_program: int = MAX_RUNS_PER_PROGRAM,
+    max_runs_per_program: int | None = None,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
     mlflow_tracking_uri: str | None = None,
     mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
@@ -549,8 +549,8 @@ def train_and_evaluate_many(
     Runs whose configs differ only in what the engine keeps in the state
     (`config.per_run_state_keys()`: seed, lambda or ESS fraction, target perturbation, the label-DP
     release) and whose tasks share the data set are trained together on the engine's runs axis,
-    `max_runs_per_program` at a time (fewer where their configs' `engine.runs_per_program` says
-    so), in one compiled program; each run's numbers, files and
+    at most their configs' `engine.runs_per_program` (default 16) at a time, and at most
+    `max_runs_per_program` when given, in one compiled program; each run's numbers, files and
     checkpoints are those it gets alone. A failed run does not stop the others: its exception is
     returned in its place. `on_done(index, outcome)` is called as each run ends. `quiet` silences
     each run's own output; `round_progress` shows one bar over the rounds of each group trained
@@ -562,8 +562,8 @@ def train_and_evaluate_many(
     if run_names is not None and len(run_names) != len(configs):
         raise ValueError(f"{len(configs)} configs but {len(run_names)} run names.")
     k = max_runs_per_program
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"max_runs_per_program must be an integer >= 1, got {k!r}.")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"max_runs_per_program must be None or an integer >= 1, got {k!r}.")
     outcomes: list = [None] * len(configs)
 
     def done(index: int, outcome) -> None:
@@ -584,8 +584,9 @@ def train_and_evaluate_many(
         groups.setdefault(structure_group_key(resolved[index].config), []).append(index)
     for indices in groups.values():
         # One group shares its engine section (`structure_group_key`), so its runs agree.
-        engine = resolved[indices[0]].config.engine
-        per_program = min(max_runs_per_program, engine.runs_per_program)
+        per_program = resolved[indices[0]].config.engine.runs_per_program
+        if max_runs_per_program is not None:
+            per_program = min(per_program, max_runs_per_program)
         for chunk in program_blocks(indices, per_program):
             prepared = {}
             try:
