@@ -274,18 +274,38 @@ def _signal_of(error: KeyboardInterrupt) -> int:
 
 
 def _quiet_shutdown() -> None:
-    """Nothing more on screen after a stop's one line, while the interpreter shuts down.
+    """After a stop's one line, drop the errors that the stop itself causes in background threads
+    while the interpreter shuts down; any other error still shows.
 
-    A background thread caught mid-work by the stop fails as the interpreter goes. Orbax's
-    async checkpoint save, when SIGTERM or a peer's death lands during a save, then logs its
-    error with a traceback (orbax `futures/future.py`, `_SignalingThread.run`; seen once in CI
-    under a two-process run's stop line, the error probably an executor refusing new work after
-    interpreter shutdown, which tests/test_interruption.py reproduces). That save is lost
-    either way (orbax commits a checkpoint only whole); the resume starts from the last
-    committed one.
+    Orbax's async checkpoint save, caught mid-save by SIGTERM or a peer's death, fails as the
+    interpreter goes and logs the error with a traceback (orbax `futures/future.py`,
+    `_SignalingThread.run`; seen once in CI under a two-process run's stop line, the error
+    most likely an executor refusing new work after shutdown, which tests/test_interruption.py
+    reproduces). That save is lost either way (orbax commits a checkpoint only whole); the
+    resume starts from the last committed one.
     """
-    logging.disable(logging.CRITICAL)
-    threading.excepthook = lambda args: None
+
+    def caused_by_the_stop(error: BaseException | None) -> bool:
+        return error is not None and (
+            fjp.runtime.is_lost_peer_error(error)
+            # "cannot schedule new futures after interpreter shutdown", "can't register atexit
+            # after shutdown" (an executor's module first imported then)
+            or (isinstance(error, RuntimeError) and " after " in str(error)
+                and str(error).endswith("shutdown"))
+        )
+
+    class _DropCausedByTheStop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not caused_by_the_stop(record.exc_info[1] if record.exc_info else None)
+
+    absl_logging.get_absl_handler().addFilter(_DropCausedByTheStop())
+    default_hook = threading.excepthook
+
+    def hook(args) -> None:
+        if not caused_by_the_stop(args.exc_value):
+            default_hook(args)
+
+    threading.excepthook = hook
 
 
 def _secondary_process() -> bool:
