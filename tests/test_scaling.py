@@ -72,6 +72,9 @@ def test_a_traced_round_leaves_training_and_aggregation_empty_not_mislabelled():
     table = scaling.markdown_table([row])
     assert "| 0.028 | 0.030 | - | 0.022 | - |" in table and "traced backend" in table
     assert scaling._phases(row) == "one program; solve alone 0.022"
+    # A file written before: training NaN, "aggregation" the round minus the solve alone.
+    old = {**row, "training_s": float("nan"), "aggregation_s": 0.0036}
+    assert "| 0.028 | 0.030 | - | 0.022 | - |" in scaling.markdown_table([old])
 
 
 @pytest.mark.integration

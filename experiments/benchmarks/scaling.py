@@ -23,8 +23,8 @@ Per point: time per round, split into sampling, the plan, training (the
 clients' updates), the FedPALS solve (timed alone on the round's participants,
 the same `fjp.fedpals_weights` the engine calls) and aggregation (the engine's
 aggregate phase minus the solve: the weighted reduction and the server update;
-training and aggregation are left empty for a traced backend, `vmap_scan`, whose round is one
-program); the first round's seconds and its XLA compile seconds; peak RSS (the child's
+training and aggregation are left empty for a traced backend, `vmap_scan` or `vmap_chunked`,
+whose round is one program); the first round's seconds and its XLA compile seconds; peak RSS (the child's
 whole life, and during the timed rounds alone); RSS after loading the data set;
 the bytes per client of the O(M) tables (index rows, sizes, label
 distributions). Writes JSON and draws the curves (PNG + PDF).
@@ -347,7 +347,8 @@ class PointRunner:
         t0 = time.perf_counter()
         self.jax.block_until_ready(self.solve_for(self.participants))
         timings["solve"] = time.perf_counter() - t0
-        # A traced backend (`vmap_scan`, a GPU's default) runs the round as one program: no
+        # A traced backend (`vmap_scan`, a GPU's default, or `vmap_chunked`) runs the round as one
+        # program: no
         # training or aggregate phase to time apart, and its "round" minus a solve timed alone
         # is not the aggregation. Those columns stay empty there rather than mislabelled.
         if "aggregate" in timings:
@@ -525,9 +526,16 @@ def _peak(row):
     return row.get("peak_rss_mib")
 
 
+def _traced(row) -> bool:
+    """A traced backend's row: no training phase (None; NaN in files written before 2026-11-28,
+    whose "aggregation" was the round minus the solve timed alone, blanked here too)."""
+    training = row.get("training_s")
+    return training is None or training != training
+
+
 def _phases(row) -> str:
     solve = f"solve alone {row['solve_s']:.3f}"
-    if row.get("training_s") is None:  # a traced backend: the round is one program
+    if _traced(row):  # the round is one program
         return f"one program; {solve}"
     return f"training {row['training_s']:.3f}, {solve}, aggregation {row['aggregation_s']:.3f}"
 
@@ -550,19 +558,23 @@ def markdown_table(rows) -> str:
                 f"{row.get('devices')} | error | | | | | | | | | |"
             )
             continue
+        traced = _traced(row)
+        training = None if traced else row["training_s"]
+        aggregation = None if traced else row["aggregation_s"]
         lines.append(
             f"| {row['curve']} | {row['num_clients']:,} | {row['participants']:,} | "
-            f"{row['device_count']} | {f(row['round_s'])} | {f(row.get('round_cpu_s'))} | {f(row['training_s'])} | {f(row['solve_s'])} | "
-            f"{f(row['aggregation_s'])} | {f((row['plan_s'] or 0) + row['sample_s'])} | "
+            f"{row['device_count']} | {f(row['round_s'])} | {f(row.get('round_cpu_s'))} | "
+            f"{f(training)} | {f(row['solve_s'])} | "
+            f"{f(aggregation)} | {f((row['plan_s'] or 0) + row['sample_s'])} | "
             f"{f(row['first_round_s'], 1)} ({f(row['compile_s'], 1)}) | {f(_peak(row), 0)} | "
             f"{f(row['rss_after_load_mib'], 0)} | {f(row['bytes_per_client'], 0)} |"
         )
     table = head + "\n".join(lines)
-    if any("error" not in row and row.get("training_s") is None for row in rows):
+    if any("error" not in row and _traced(row) for row in rows):
         table += (
             "\n\nA row whose training and aggregation are `-` ran a traced backend (`vmap_scan`, "
-            "the accelerator default): the round is one program, so its phases have no times of "
-            "their own; the solve is timed alone beside it."
+            "the accelerator default, or `vmap_chunked`): the round is one program, so its "
+            "phases have no times of their own; the solve is timed alone beside it."
         )
     return table
 
