@@ -134,8 +134,12 @@ ROWS_C2 = (
 # runs every remedy and the yardsticks (240 runs, about 155 min), the others the remedies the
 # fresh C = 3 rows kept (the shadow, its ensemble with the run's model and FedAvg trained first
 # double a run's client work; the damped shadow did no better than the shadow on C = 3 and was
-# not run elsewhere).
-LOOP_SEEDS = {"fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue": (8, 9, 10)}
+# not run elsewhere). "heldout": 20 more seeds (31-50), run once after every choice above, on
+# the default and the ensemble only (C = 3: 80 runs, about 80 min with a test suite beside it).
+LOOP_SEEDS = {
+    "fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue": (8, 9, 10),
+    "heldout": tuple(range(31, 51)),
+}
 LOOP_ROWS = {
     ("fresh", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
                    "unknown_t_warmup3", "unknown_t_warmup3_shrunk", "unknown_t_pretrained",
@@ -148,6 +152,8 @@ LOOP_ROWS = {
     ("issue", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
                    "unknown_t_warmup3", "unknown_t_em_output_prior", "unknown_t_pretrained",
                    "unknown_t_shadow_ensemble"),
+    ("heldout", 3): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow_ensemble"),
+    ("heldout", 2): ("unknown_t_bbse_constrained_in_sample", "unknown_t_shadow_ensemble"),
 }
 LOOP_DEFAULT_ROWS = (
     "unknown_t_bbse_constrained_in_sample", "unknown_t_shadow", "unknown_t_shrunk",
@@ -158,7 +164,7 @@ LOOP_DEFAULT_ROWS = (
 def get_config(argument: str = "3"):
     """`C` or `C,seeds` (what `--config=configs/beyond_unknown_target.py:3,fresh` passes): C (3
     or 2), and which seeds and rows: "ablation" (the default: Table 1's seeds 0-7, the
-    estimators' ablation) or issue 45's "fresh", "table1" or "issue" (`LOOP_SEEDS`,
+    estimators' ablation) or issue 45's "fresh", "table1", "issue" or "heldout" (`LOOP_SEEDS`,
     `LOOP_ROWS`)."""
     labels_per_client, _, seeds = argument.partition(",")
     seeds = seeds or "ablation"

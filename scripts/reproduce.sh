@@ -131,9 +131,10 @@ ARGS[beyond_unknown_target_c3]=""
 ARGS[beyond_unknown_target_c2]=""
 # Issue 45, the estimate's feedback loop and its remedies: 20 fresh seeds (11-30) on C = 3
 # (240 runs, about 155 min on 2 cores) and C = 2 (160 runs, about 95 min), Table 1's seeds 0-7
-# on C = 3 (64 runs) and the issue's held-out seeds 8-10 (27 runs); the config holds seeds and
-# rows (the times: the parts' measured ones added up).
-for part in fresh table1 issue; do
+# on C = 3 (64 runs) and the issue's held-out seeds 8-10 (27 runs), and a last held-out check on
+# seeds 31-50, C = 3, the default and the ensemble (80 runs, about 80 min); the config holds seeds
+# and rows (the times: the parts' measured ones added up).
+for part in fresh table1 issue heldout; do
   for c in 3 2; do
     [[ $part != fresh && $c == 2 ]] && continue
     name="beyond_unknown_target_loop_${part}_c$c"
@@ -144,6 +145,8 @@ done
 RAW[beyond_unknown_target_loop]="experiments.unknown_target_report \
 --sweeps=$ROOT/beyond_unknown_target_loop_fresh_c3,$ROOT/beyond_unknown_target_loop_fresh_c2,\
 $ROOT/beyond_unknown_target_loop_table1_c3,$ROOT/beyond_unknown_target_loop_issue_c3"
+RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
+--sweeps=$ROOT/beyond_unknown_target_loop_heldout_c3"
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
 # "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
 # values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
@@ -160,11 +163,12 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
        beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_unknown_target_loop_fresh_c3
        beyond_unknown_target_loop_fresh_c2 beyond_unknown_target_loop_table1_c3
-       beyond_unknown_target_loop_issue_c3 beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
+       beyond_unknown_target_loop_issue_c3 beyond_unknown_target_loop_heldout_c3
+       beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates beyond_private_updates_poisson
        num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
-       beyond_unknown_target_loop beyond_feddisco_fedlc
+       beyond_unknown_target_loop beyond_unknown_target_loop_heldout beyond_feddisco_fedlc
        beyond_server_optimizers beyond_private_updates_report beyond_private_updates_poisson_report)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so

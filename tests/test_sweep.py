@@ -473,7 +473,7 @@ def test_there_is_a_config_per_experiment_of_the_paper():
     ]
 
 
-@pytest.mark.parametrize("part", ["fresh", "table1", "issue"])
+@pytest.mark.parametrize("part", ["fresh", "table1", "issue", "heldout"])
 @pytest.mark.parametrize("c", ["3", "2"])
 def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_remedies(part, c):
     path = os.path.join(ROOT, "configs", "beyond_unknown_target.py")
@@ -489,7 +489,19 @@ def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_reme
     # The fresh seeds are none of those the defaults were chosen on, nor the issue's.
     assert not set(seeds["fresh"]) & (set(seeds["table1"]) | set(seeds["issue"]))
     assert not set(seeds["table1"]) & set(seeds["issue"])
+    # The held-out check's seeds are none of the others.
+    others = set(seeds["fresh"]) | set(seeds["table1"]) | set(seeds["issue"])
+    assert len(seeds["heldout"]) == 20 and not set(seeds["heldout"]) & others
     algorithm = {r.method: r.resolved["algorithm"] for r in runs}
+    assert algorithm["unknown_t_bbse_constrained_in_sample"]["target_shrinkage"] is None
+    if part == "heldout":  # the default and the ensemble only
+        assert set(algorithm) == {
+            "fedavg", "fedpals", "unknown_t_bbse_constrained_in_sample",
+            "unknown_t_shadow_ensemble",
+        }
+        ensemble = algorithm["unknown_t_shadow_ensemble"]
+        assert ensemble["target_estimation_model"] == "fedavg_shadow_ensemble"
+        return
     assert algorithm["unknown_t_shrunk"]["target_shrinkage"] == 0.25
     assert algorithm["unknown_t_shadow"]["target_estimation_model"] == "fedavg_shadow"
     if part == "fresh":
