@@ -135,7 +135,8 @@ ROWS_C2 = (
 # fresh C = 3 rows kept (the shadow, its ensemble with the run's model and FedAvg trained first
 # double a run's client work; the damped shadow did no better than the shadow on C = 3 and was
 # not run elsewhere). "heldout": 20 more seeds (31-50), run once after every choice above, on
-# the default and the ensemble only (C = 3: 80 runs, about 80 min with a test suite beside it).
+# the default and the ensemble only (80 runs for each C, about 95 min each, C = 3 and 2 at once
+# beside a test suite).
 LOOP_SEEDS = {
     "fresh": tuple(range(11, 31)), "table1": tuple(range(8)), "issue": (8, 9, 10),
     "heldout": tuple(range(31, 51)),

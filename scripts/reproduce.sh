@@ -132,11 +132,12 @@ ARGS[beyond_unknown_target_c2]=""
 # Issue 45, the estimate's feedback loop and its remedies: 20 fresh seeds (11-30) on C = 3
 # (240 runs, about 155 min on 2 cores) and C = 2 (160 runs, about 95 min), Table 1's seeds 0-7
 # on C = 3 (64 runs) and the issue's held-out seeds 8-10 (27 runs), and a last held-out check on
-# seeds 31-50, C = 3, the default and the ensemble (80 runs, about 80 min); the config holds seeds
-# and rows (the times: the parts' measured ones added up).
+# seeds 31-50, C = 3 and C = 2, the default and the ensemble (80 runs each, about 95 min each when
+# both ran at once beside a test suite); the config holds seeds and rows (the times: the parts'
+# measured ones added up).
 for part in fresh table1 issue heldout; do
   for c in 3 2; do
-    [[ $part != fresh && $c == 2 ]] && continue
+    [[ $part != fresh && $part != heldout && $c == 2 ]] && continue
     name="beyond_unknown_target_loop_${part}_c$c"
     ARGS[$name]=""
     CONFIG[$name]="configs/beyond_unknown_target.py:$c,$part"
@@ -146,7 +147,7 @@ RAW[beyond_unknown_target_loop]="experiments.unknown_target_report \
 --sweeps=$ROOT/beyond_unknown_target_loop_fresh_c3,$ROOT/beyond_unknown_target_loop_fresh_c2,\
 $ROOT/beyond_unknown_target_loop_table1_c3,$ROOT/beyond_unknown_target_loop_issue_c3"
 RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
---sweeps=$ROOT/beyond_unknown_target_loop_heldout_c3"
+--sweeps=$ROOT/beyond_unknown_target_loop_heldout_c3,$ROOT/beyond_unknown_target_loop_heldout_c2"
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
 # "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
 # values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
@@ -164,6 +165,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_unknown_target_loop_fresh_c3
        beyond_unknown_target_loop_fresh_c2 beyond_unknown_target_loop_table1_c3
        beyond_unknown_target_loop_issue_c3 beyond_unknown_target_loop_heldout_c3
+       beyond_unknown_target_loop_heldout_c2
        beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates beyond_private_updates_poisson
        num_clients_fig9c local_epochs_fig8b
