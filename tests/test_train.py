@@ -335,6 +335,19 @@ def test_runs_of_one_structure_train_together_and_give_their_solo_results(tmp_pa
         assert with_others["config_digest"] == alone["config_digest"]
 
 
+def _program_sizes(monkeypatch) -> list[int]:
+    """The runs of each program `train_and_evaluate_many` starts, in order; none is trained (each
+    program raises, and its runs report the error)."""
+    sizes = []
+
+    def recorded(runs, **_):
+        sizes.append(len(runs))
+        raise RuntimeError("not trained: only the program's size is asked")
+
+    monkeypatch.setattr(train_lib, "run_trainings", recorded)
+    return sizes
+
+
 @pytest.mark.parametrize("runs_per_program, programs", [(None, [3]), (2, [2, 1]), (1, [1, 1, 1])])
 def test_engine_runs_per_program_caps_the_runs_of_one_program(
     tmp_path, monkeypatch, runs_per_program, programs
@@ -343,13 +356,7 @@ def test_engine_runs_per_program_caps_the_runs_of_one_program(
     # of a conv net were 2.5x slower per run than one alone: docs/measurements/gpu.md).
     engine = {} if runs_per_program is None else {"engine": {"runs_per_program": runs_per_program}}
     configs = [{**_config(rounds=2), **engine, "seed": seed} for seed in range(3)]
-    sizes = []
-
-    def recorded(runs, **_):
-        sizes.append(len(runs))
-        raise RuntimeError("not trained: only the program's size is asked")
-
-    monkeypatch.setattr(train_lib, "run_trainings", recorded)
+    sizes = _program_sizes(monkeypatch)
     outcomes = fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(3)])
     assert sizes == programs and all(isinstance(o, RuntimeError) for o in outcomes)
     sizes.clear()  # the caller's cap, where lower, wins
@@ -365,13 +372,7 @@ def test_engine_runs_per_program_caps_the_runs_of_one_program(
 def test_engine_runs_per_program_above_16_puts_more_runs_in_one_program(tmp_path, monkeypatch):
     configs = [{**_config(rounds=2), "engine": {"runs_per_program": 20}, "seed": s}
                for s in range(18)]
-    sizes = []
-
-    def recorded(runs, **_):
-        sizes.append(len(runs))
-        raise RuntimeError("not trained")
-
-    monkeypatch.setattr(train_lib, "run_trainings", recorded)
+    sizes = _program_sizes(monkeypatch)
     fjp.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(18)])
     assert sizes == [18]
 

@@ -24,8 +24,8 @@ clients' updates), the FedPALS solve (timed alone on the round's participants,
 the same `fjp.fedpals_weights` the engine calls) and aggregation (the engine's
 aggregate phase minus the solve: the weighted reduction and the server update;
 training and aggregation are left empty for a traced backend, `vmap_scan` or `vmap_chunked`,
-whose round is one program); the first round's seconds and its XLA compile seconds; peak RSS (the child's
-whole life, and during the timed rounds alone); RSS after loading the data set;
+whose round is one program); the first round's seconds and its XLA compile seconds; peak RSS
+(the child's whole life, and during the timed rounds alone); RSS after loading the data set;
 the bytes per client of the O(M) tables (index rows, sizes, label
 distributions). Writes JSON and draws the curves (PNG + PDF).
 
@@ -348,9 +348,8 @@ class PointRunner:
         self.jax.block_until_ready(self.solve_for(self.participants))
         timings["solve"] = time.perf_counter() - t0
         # A traced backend (`vmap_scan`, a GPU's default, or `vmap_chunked`) runs the round as one
-        # program: no
-        # training or aggregate phase to time apart, and its "round" minus a solve timed alone
-        # is not the aggregation. Those columns stay empty there rather than mislabelled.
+        # program: no training or aggregate phase to time apart, and its "round" minus a solve
+        # timed alone is not the aggregation. Those columns stay empty there, not mislabelled.
         if "aggregate" in timings:
             timings["aggregation"] = max(timings["aggregate"] - timings["solve"], 0.0)
         if "train" in timings:
