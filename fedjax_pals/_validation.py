@@ -256,6 +256,31 @@ def check_integer(name: str, value: Any, low: int, high: int | None = None, why:
     return value
 
 
+def check_shape(name: str, value: Any) -> tuple[int, ...]:
+    """An example's shape: positive integers, as a tuple or list, or a string "28,28,1" (an
+    absl flag's value)."""
+    items = value.replace("(", "").replace(")", "").split(",") if isinstance(value, str) else value
+    try:
+        dims = tuple(int(str(d).strip()) if isinstance(value, str) else d for d in items if (
+            not isinstance(value, str) or str(d).strip()))
+    except (TypeError, ValueError):
+        dims = None
+    if not dims or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+                           and d > 0 for d in dims):
+        raise ValueError(
+            f"{name} must be a shape of positive integers, e.g. (28, 28, 1) or '28,28,1', "
+            f"got {value!r}."
+        )
+    return tuple(int(d) for d in dims)
+
+
+def check_text(name: str, value: Any) -> str:
+    """A non-empty string (a column's name)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}.")
+    return value
+
+
 def check_bool(name: str, value: Any) -> bool:
     """True or False (NumPy bools too); the message reads as a config key's."""
     if not isinstance(value, (bool, np.bool_)):

@@ -17,7 +17,7 @@ from fedjax_pals import _validation
 
 @dataclasses.dataclass(frozen=True)
 class _Check:
-    kind: str  # real | integer | bool | choice
+    kind: str  # real | integer | bool | choice | shape | text
     low: float | None = None
     high: float | None = None
     low_open: bool = False
@@ -41,10 +41,14 @@ class _Check:
             )
         if self.kind == "bool":
             return _validation.check_bool(name, value)
+        if self.kind == "shape":
+            return _validation.check_shape(name, value)
+        if self.kind == "text":
+            return _validation.check_text(name, value)
         return _validation.check_choice(name, value, self.choices, optional=self.optional)
 
 
-_KINDS = ("real", "integer", "bool", "choice")
+_KINDS = ("real", "integer", "bool", "choice", "shape", "text")
 
 
 def hyperparameter(
@@ -55,7 +59,8 @@ def hyperparameter(
     """A field of a `Hyperparameters` dataclass: its default and its allowed values.
 
     kind: "real" (a finite number in [low, high], either end open with low_open / high_open),
-    "integer" (in [low, high]), "bool", or "choice" (one of `choices`). optional: None is
+    "integer" (in [low, high]), "bool", "choice" (one of `choices`), "shape" (a tuple of
+    positive integers, or "28,28,1") or "text" (a non-empty string: a column's name). optional: None is
     allowed too (the key is not set). why: a reason appended to the allowed values in the
     message of a bad value. per_run: its value is per-run data (held in the run's
     `ServerState`, or used on the host), not compiled into the round: runs that differ only

@@ -7,12 +7,13 @@ vmap and jit them over a stacked client axis without knowing about Flax.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from fedjax_pals import extensions
@@ -21,13 +22,16 @@ Params = chex.ArrayTree
 
 
 class Model(NamedTuple):
-    """A classifier: `init(key) -> params`, `apply(params, x) -> logits (B, K)`."""
+    """A classifier: `init(key) -> params`, `apply(params, x) -> logits (B, K)`; x of
+    `input_dtype` ("float32"; "int32" for token models, "uint8" for a model that scales the
+    stored pixels itself, `make_model`'s input_scaling)."""
 
     name: str
     init: Callable[[chex.PRNGKey], Params]
     apply: Callable[[Params, jax.Array], jax.Array]
     num_classes: int
     is_convolutional: bool
+    input_dtype: str = "float32"
 
 
 class _LogisticRegression(nn.Module):
@@ -115,13 +119,14 @@ def _from_flax(
     num_classes: int,
     is_convolutional: bool,
     cpu_apply: Callable[[Params, jax.Array], jax.Array] | None = None,
+    input_dtype: str = "float32",
 ) -> Model:
     """A Model of a flax module; `cpu_apply`, if given, is the module's apply on the CPU.
 
     The choice is made when the computation is lowered (`lax.platform_dependent`):
     a program for the CPU gets `cpu_apply`, one for an accelerator flax's apply.
     """
-    dummy = jnp.zeros((1, *input_shape), jnp.float32)
+    dummy = jnp.zeros((1, *input_shape), input_dtype)
 
     def init(key):
         return module.init(key, dummy)["params"]
@@ -136,7 +141,7 @@ def _from_flax(
         def apply(params, x):
             return lax.platform_dependent(params, x, cpu=cpu_apply, default=flax_apply)
 
-    return Model(name, init, apply, num_classes, is_convolutional)
+    return Model(name, init, apply, num_classes, is_convolutional, str(np.dtype(input_dtype)))
 
 
 # The builders are cached so that equal arguments give the same Model object: the round
@@ -227,16 +232,33 @@ def model_from_flax(
     num_classes: int,
     *,
     convolutional: bool = False,
+    input_dtype: str = "float32",
 ) -> Model:
     """A `Model` from a flax.linen Module whose __call__(x) returns (B, num_classes) logits.
 
     convolutional=True tells the engine's backend choice that the model convolves: on a CPU
     it then trains clients one at a time (vmapped convolutions are slow there,
-    docs/decisions/0003-backend-chosen-per-platform-and-model.md).
+    docs/decisions/0003-backend-chosen-per-platform-and-model.md). input_dtype: what x is
+    ("int32" for a model of tokens, e.g. one that starts with `nn.Embed`).
     """
     return _from_flax(
-        name, module, tuple(int(d) for d in input_shape), int(num_classes), bool(convolutional)
+        name, module, tuple(int(d) for d in input_shape), int(num_classes), bool(convolutional),
+        input_dtype=str(np.dtype(input_dtype)),
     )
+
+
+def with_input_scaling(model: Model, scaling: Any, stored_dtype: str) -> Model:
+    """`model` taking stored (quantised) inputs of `stored_dtype`: apply(params, x) is
+    model.apply(params, scaling(x)), the conversion to float inside the jitted step, per
+    batch, so that the host and the device hold the data set as stored (uint8 pixels).
+    `scaling`: a `fedjax_pals.InputScaling` (a frozen dataclass: models scaled alike share
+    one compiled program, `engine.structure_key`)."""
+    inner_apply = model.apply
+
+    def apply(params, x):
+        return inner_apply(params, scaling(x))
+
+    return model._replace(apply=apply, input_dtype=str(np.dtype(stored_dtype)))
 
 
 @functools.lru_cache(maxsize=32)
@@ -244,7 +266,7 @@ def abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[chex.Arr
     """The model's params and its output for a batch of one example, traced, never computed
     (`jax.eval_shape`: `jax.ShapeDtypeStruct`s); cached: the runs of a sweep share their Model."""
     key = jax.eval_shape(jax.random.PRNGKey, 0)
-    x = jax.ShapeDtypeStruct((1, *input_shape), jnp.float32)
+    x = jax.ShapeDtypeStruct((1, *input_shape), getattr(model, "input_dtype", "float32"))
 
     def init_and_apply(key, x):
         params = model.init(key)
@@ -254,9 +276,19 @@ def abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[chex.Arr
 
 
 def make_model(
-    name: str, input_shape: Sequence[int], num_classes: int, *, data: str | None = None
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    data: str | None = None,
+    input_scaling: Any = None,
+    stored_dtype: str = "uint8",
 ) -> Model:
     """The registered model `name` for inputs of `input_shape` and `num_classes` classes.
+
+    input_scaling (a data set's `InputScaling`, None: none): the model takes the stored
+    inputs (`stored_dtype`, uint8 pixels) and scales them inside the step
+    (`with_input_scaling`); its builder builds it for the float32 inputs it then sees.
 
     What its builder returns is checked, traced on one example (nothing is computed): a
     `Model` whose logits are (batch, num_classes) and whose `num_classes` says so. More logits
@@ -277,6 +309,8 @@ def make_model(
             f"fedjax_pals.Model; make one from a flax module with "
             f"fjp.model_from_flax({name!r}, module, input_shape, num_classes)."
         )
+    if input_scaling is not None:
+        model = with_input_scaling(model, input_scaling, stored_dtype)
     k, of = num_classes, "the inputs" if data is None else f"data set {data!r}"
     _, logits = abstract_model(model, tuple(input_shape))
     shape = tuple(logits.shape) if hasattr(logits, "shape") else None

@@ -4,8 +4,11 @@ The FedPALS experiments (Listo Zec et al., Sec. 5 and App. B.4) build label
 shift tasks from Fashion-MNIST and CIFAR-10. This module only loads the raw
 splits; `fedjax_pals.data.partitions` turns them into clients and a target.
 
-Every loader returns inputs scaled to [-1, 1] (``pixel / 127.5 - 1``, the scaling of the
-reference implementation) as float32 NHWC arrays and labels as int32.
+Inputs are held in their stored dtype (uint8 pixels, int32 tokens; other features float32) and
+labels as int32. A data set whose inputs are quantised says how the model sees them
+(`InputScaling`): Fashion-MNIST's uint8 pixels become ``pixel / 127.5 - 1`` (in [-1, 1], the
+scaling of the reference implementation) inside the jitted step, per batch, so the host holds a
+quarter of the float32 bytes.
 
 Offline behaviour is a design requirement: these machines have no route to the dataset hosts,
 and ``tfds.load`` with downloading enabled retries for minutes before failing. The loaders
@@ -55,13 +58,33 @@ class DatasetUnavailableError(RuntimeError):
     """No local source holds the requested data set (nothing is downloaded)."""
 
 
+# The input dtypes a split holds as they are; any other is converted (`stored_input_dtype`).
+STORED_INPUT_DTYPES = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.float32))
+
+
+def stored_input_dtype(dtype: Any) -> np.dtype:
+    """The dtype a split stores inputs of `dtype` in: uint8 (pixels), int32 (tokens) and
+    float32 as they are; bool as uint8, other integers as int32, other floats as float32."""
+    dtype = np.dtype(dtype)
+    if dtype in STORED_INPUT_DTYPES:
+        return dtype
+    if dtype == np.bool_:
+        return np.dtype(np.uint8)
+    if np.issubdtype(dtype, np.integer):
+        return np.dtype(np.int32)
+    if np.issubdtype(dtype, np.floating):
+        return np.dtype(np.float32)
+    raise ValueError(f"inputs must be numbers (integers, floats, bools), got dtype {dtype}")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LabeledSplit:
     """One split of a data set: inputs ``x`` (N, ...) and labels ``y`` (N,).
 
-    ``x`` is stored as float32 and ``y`` as int32 (converted on construction if
-    needed); both arrays are made read-only because partitions index into them
-    and silent in-place edits would corrupt every client at once.
+    ``x`` is held in its stored dtype (uint8, int32, float32: `STORED_INPUT_DTYPES`; other
+    integers as int32, other floats as float32) and ``y`` as int32 (converted on construction
+    if needed); both arrays are made read-only because partitions index into them and silent
+    in-place edits would corrupt every client at once.
     """
 
     x: np.ndarray
@@ -81,7 +104,12 @@ class LabeledSplit:
             )
         if y.size and not np.issubdtype(y.dtype, np.integer):
             raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-        for name, array in (("x", np.asarray(x, np.float32)), ("y", np.asarray(y, np.int32))):
+        stored = stored_input_dtype(x.dtype)
+        if stored == np.int32 and x.dtype != stored and x.size and (
+            x.min() < np.iinfo(np.int32).min or x.max() > np.iinfo(np.int32).max
+        ):
+            raise ValueError(f"integer inputs must fit int32, got range [{x.min()}, {x.max()}]")
+        for name, array in (("x", np.asarray(x, stored)), ("y", np.asarray(y, np.int32))):
             if array is getattr(self, name):  # do not freeze an array the caller still owns
                 array = array.view()
             array.flags.writeable = False
@@ -91,11 +119,49 @@ class LabeledSplit:
         return int(self.y.shape[0])
 
 
+@dataclasses.dataclass(frozen=True)
+class InputScaling:
+    """How a model sees quantised inputs: ``x / divide_by + offset`` in float32, computed
+    inside the jitted step per batch (so the host keeps the stored uint8). Fashion-MNIST's:
+    ``InputScaling(127.5, -1.0)``, pixels in [-1, 1]; LEAF's FEMNIST floats k/255 stored as
+    k: ``InputScaling(255.0, 0.0)``, the values of the file."""
+
+    divide_by: float
+    offset: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("divide_by", "offset"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or (
+                not np.isfinite(value)
+            ):
+                raise ValueError(f"InputScaling.{key} must be a finite number, got {value!r}")
+            object.__setattr__(self, key, float(value))
+        if self.divide_by == 0:
+            raise ValueError("InputScaling.divide_by must not be 0")
+
+    def __call__(self, x):
+        """The model's inputs of stored inputs `x` (NumPy or JAX; float32)."""
+        return x.astype("float32") / np.float32(self.divide_by) + np.float32(self.offset)
+
+
+# The scaling of uint8 pixels (the reference implementation's): pixel / 127.5 - 1, in [-1, 1].
+PIXELS_TO_UNIT_RANGE = InputScaling(127.5, -1.0)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
-    """A named classification data set with train and test splits; client_ids: None, or the
-    client id (0, ..., G-1: its writer, camera trap) of each training example, the clients of
-    the partition scheme "natural" (`natural_partition`)."""
+    """A named classification data set with train and test splits.
+
+    client_ids: None, or the client id (0, ..., G-1: its writer, speaker, camera trap) of each
+    training example, the clients of the partition scheme "natural" (`natural_partition`);
+    client_names: None, or the format's name of each id (id g is client_names[g]);
+    test_client_ids: None, or the client id of each test example (a format with a per-client
+    test split: LEAF, TFF; a client may have none), so that a target client is tested on its
+    own examples. input_scaling: None (inputs go to the model as they are stored, float32 or
+    int32 tokens), or how the model sees quantised inputs (`InputScaling`).
+    coarse_labels: None, or the (K,) coarse class of each class (CIFAR-100's 20 super-classes:
+    TFF's "pachinko" partition)."""
 
     name: str
     train: LabeledSplit
@@ -103,16 +169,56 @@ class Dataset:
     num_classes: int
     source: str  # where the data came from, for logs and result files
     client_ids: np.ndarray | None = None
+    client_names: tuple[str, ...] | None = None
+    test_client_ids: np.ndarray | None = None
+    input_scaling: InputScaling | None = None
+    coarse_labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.client_ids is not None:
-            ids = np.array(self.client_ids)  # a private copy, then frozen
-            if ids.shape != (len(self.train),) or not np.issubdtype(ids.dtype, np.integer):
-                raise ValueError(f"client_ids must be {len(self.train)} integers, got {ids!r}")
-            ids.flags.writeable = False
-            object.__setattr__(self, "client_ids", ids)
+        for key, split in (("client_ids", self.train), ("test_client_ids", self.test)):
+            if getattr(self, key) is not None:
+                ids = np.array(getattr(self, key))  # a private copy, then frozen
+                if ids.shape != (len(split),) or (
+                    ids.size and not np.issubdtype(ids.dtype, np.integer)
+                ):
+                    raise ValueError(f"{key} must be {len(split)} integers, got {ids!r}")
+                ids = ids.astype(np.int64)
+                ids.flags.writeable = False
+                object.__setattr__(self, key, ids)
+        if self.test_client_ids is not None and self.client_ids is None:
+            raise ValueError("test_client_ids needs client_ids (the training examples' clients)")
+        if self.client_names is not None:
+            names = tuple(self.client_names)
+            num_ids = 0 if self.client_ids is None or not self.client_ids.size else int(
+                self.client_ids.max()) + 1
+            if len(names) != num_ids or len(set(names)) != len(names) or not all(
+                isinstance(n, str) for n in names
+            ):
+                raise ValueError(
+                    f"client_names must be {num_ids} distinct strings, one per client id"
+                )
+            object.__setattr__(self, "client_names", names)
+        if self.test_client_ids is not None and self.test_client_ids.size and (
+            self.test_client_ids.min() < 0
+            or self.client_ids.size == 0
+            or self.test_client_ids.max() > self.client_ids.max()
+        ):
+            raise ValueError("test_client_ids must be ids of clients with training examples")
+        if self.input_scaling is not None and not isinstance(self.input_scaling, InputScaling):
+            raise ValueError(f"input_scaling must be an InputScaling, got {self.input_scaling!r}")
         if self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.coarse_labels is not None:
+            coarse = np.array(self.coarse_labels)
+            if coarse.shape != (self.num_classes,) or not np.issubdtype(coarse.dtype, np.integer) \
+                    or coarse.min() < 0:
+                raise ValueError(
+                    f"coarse_labels must be {self.num_classes} non-negative integers (each "
+                    f"class's coarse class), got {coarse!r}"
+                )
+            coarse = coarse.astype(np.int64)
+            coarse.flags.writeable = False
+            object.__setattr__(self, "coarse_labels", coarse)
         for split_name, split in (("train", self.train), ("test", self.test)):
             if len(split) and (split.y.min() < 0 or split.y.max() >= self.num_classes):
                 raise ValueError(
@@ -124,17 +230,29 @@ class Dataset:
                 f"train and test inputs differ in shape: {self.train.x.shape[1:]} vs "
                 f"{self.test.x.shape[1:]}"
             )
+        if self.train.x.dtype != self.test.x.dtype and len(self.test):
+            raise ValueError(
+                f"train and test inputs differ in dtype: {self.train.x.dtype} vs "
+                f"{self.test.x.dtype}"
+            )
+
+    @property
+    def num_client_ids(self) -> int:
+        """G, the number of client ids (0 without client ids)."""
+        ids = self.client_ids
+        return 0 if ids is None or not ids.size else int(ids.max()) + 1
+
+    def model_inputs(self, x: np.ndarray) -> np.ndarray:
+        """What the model sees of stored inputs `x` (`input_scaling` applied, float32)."""
+        return x if self.input_scaling is None else self.input_scaling(np.asarray(x))
 
 
-def _scale_uint8_images(images: np.ndarray) -> np.ndarray:
-    """uint8 pixels -> float32 in [-1, 1] as pixel / 127.5 - 1 (0 -> -1, 255 -> 1 exactly)."""
-    # 64-byte aligned, so that placing it on a CPU device aliases it instead of copying it
-    # (`fjp.engine.device_data`): the data set is then held once per process.
-    x = aligned_empty(images.shape, np.float32)
+def _aligned_uint8_images(images: np.ndarray) -> np.ndarray:
+    """uint8 pixels in a 64-byte aligned copy, so that placing them on a CPU device aliases
+    them instead of copying them (`fjp.engine.device_data`): the data set is then held once
+    per process, as uint8 (the model sees ``pixel / 127.5 - 1``, `PIXELS_TO_UNIT_RANGE`)."""
+    x = aligned_empty(images.shape, np.uint8)
     np.copyto(x, images, casting="unsafe")
-    # In place: the 60k x 784 float copy is the dominant cost of loading.
-    x /= np.float32(127.5)
-    x -= np.float32(1.0)
     return x
 
 
@@ -224,7 +342,7 @@ def _idx_dataset(directory: pathlib.Path) -> Dataset | None:
         if labels.size and labels.max() >= 10:
             raise ValueError(f"{labels_path} holds label {labels.max()}; Fashion-MNIST has 10")
         splits[split] = LabeledSplit(
-            x=_scale_uint8_images(images[..., None]), y=labels.astype(np.int32)
+            x=_aligned_uint8_images(images[..., None]), y=labels.astype(np.int32)
         )
     return _dataset("fashion_mnist", splits, f"idx files in {directory}")
 
@@ -267,7 +385,7 @@ def _read_tfds_source(source: Sequence[dict], name: str) -> LabeledSplit:
         records.extend([source[i] for i in keys] if batch is None else batch)
     images = np.stack([np.asarray(r["image"], dtype=np.uint8) for r in records])
     labels = np.asarray([int(r["label"]) for r in records], dtype=np.int32)
-    return LabeledSplit(x=_scale_uint8_images(images), y=labels)
+    return LabeledSplit(x=_aligned_uint8_images(images), y=labels)
 
 
 def _import_tfds(needed_for: str):
@@ -311,7 +429,7 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cau
         ) from cause
     splits = tfds.as_numpy(tfds.load(name, batch_size=-1, **read))
     return {
-        split: LabeledSplit(x=_scale_uint8_images(d["image"]), y=d["label"].astype(np.int32))
+        split: LabeledSplit(x=_aligned_uint8_images(d["image"]), y=d["label"].astype(np.int32))
         for split, d in zip(_SPLITS, splits)
     }
 
@@ -334,7 +452,8 @@ def load_fashion_mnist(
          unless ``search_debian`` is False;
       2. a TFDS copy prepared in ``$TFDS_DATA_DIR`` (or ``~/tensorflow_datasets``).
 
-    Returns x float32 (N, 28, 28, 1) in [-1, 1] and y int32 in [0, 10).
+    Returns x uint8 (N, 28, 28, 1), seen by the model as ``pixel / 127.5 - 1`` in [-1, 1]
+    (`Dataset.input_scaling`), and y int32 in [0, 10).
 
     Raises:
       DatasetUnavailableError: no source has the data, or ``data_dir`` does not
@@ -367,8 +486,9 @@ def load_fashion_mnist(
 
 
 def _dataset(name: str, splits: dict[str, LabeledSplit], source: str) -> Dataset:
-    """A built-in data set (both have 10 classes) from its train and test splits."""
-    return Dataset(name, splits["train"], splits["test"], num_classes=10, source=source)
+    """A built-in image data set (both have 10 classes, uint8 pixels) from its splits."""
+    return Dataset(name, splits["train"], splits["test"], num_classes=10, source=source,
+                   input_scaling=PIXELS_TO_UNIT_RANGE)
 
 
 def _fashion_mnist_dirs(base: pathlib.Path) -> list[pathlib.Path]:
@@ -416,8 +536,8 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, *, download: bool = 
 
     Read through ``tfds.data_source("cifar10", download=False)`` from a copy already prepared in
     ``data_dir`` (only there when it is given: never a fallback to another copy), else in
-    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. Returns x float32 (N, 32, 32, 3) in [-1, 1]
-    and y int32 in [0, 10).
+    ``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``. Returns x uint8 (N, 32, 32, 3), seen by the
+    model in [-1, 1] (`Dataset.input_scaling`), and y int32 in [0, 10).
 
     With ``download=True`` and no prepared copy there, TFDS downloads and prepares
     one first (``download_and_prepare(file_format="array_record")``, about 170 MB,
@@ -473,15 +593,38 @@ def _download_and_prepare(name: str, tfds_dir: pathlib.Path) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataFacts:
+    """What a config is checked against, read cheaply from a data set's files (a registered
+    reader's `describe`): the training examples, the client ids G, each example's shape and,
+    where the files say it without reading every label, the classes (None: from the data or
+    config.dataset.num_classes)."""
+
+    num_train: int
+    num_client_ids: int
+    input_shape: tuple[int, ...]
+    num_classes: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_train", _validation.check_integer(
+            "num_train", self.num_train, 1))
+        object.__setattr__(self, "num_client_ids", _validation.check_integer(
+            "num_client_ids", self.num_client_ids, 0))
+        object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
+        if self.num_classes is not None:
+            object.__setattr__(self, "num_classes", _validation.check_integer(
+                "num_classes", self.num_classes, 1))
+
+
+@dataclasses.dataclass(frozen=True)
 class RegisteredDataset:
     """A registered data set: its loader and the facts a config is checked against before
     anything is loaded (see `register_dataset`)."""
 
     name: str
     load: Callable[..., Any]
-    num_classes: int
-    num_train: int  # training examples (its own clients' with num_clients)
-    images: bool
+    num_classes: int | None  # None: a reader's, from its files (`describe`) or the config
+    num_train: int | None  # training examples (its own clients' with num_clients); None: a
+    images: bool | None  # reader's, from its files (`describe`)
     label: str | None = None
     check_data_dir: Callable[[pathlib.Path], None] | None = None
     download: bool = False
@@ -492,6 +635,17 @@ class RegisteredDataset:
     # user's loader); the built-in file loaders check their files themselves, and the tests
     # feed them TFDS's smaller mock data.
     check_counts: bool = True
+    # A reader of files whose facts depend on them: describe(path, values) -> DataFacts, a few
+    # cheap reads (headers, counts, one example), called when the config names the path.
+    describe: Callable[[pathlib.Path, Any], DataFacts] | None = None
+    # data_dir may name a file (one-file formats: an SQLite or Parquet file), not only a
+    # directory.
+    reads_file: bool = False
+    # The model config.model='auto' picks (None: LeNet for images, else logistic regression).
+    model: str | None = None
+    # Where a reader looks when config.dataset.data_dir is None (Shakespeare's cache); None:
+    # data_dir must be given.
+    default_data_dir: Callable[[], pathlib.Path] | None = None
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("data set", self.name)
@@ -499,9 +653,21 @@ class RegisteredDataset:
             f"data set {self.name!r}", "check_data_dir", self.check_data_dir, "(path) -> None",
             optional=True,
         )
+        _validation.check_hook(
+            f"data set {self.name!r}", "describe", self.describe, "(path, values) -> DataFacts",
+            optional=True,
+        )
+        if self.describe is not None and self.check_data_dir is None:
+            raise ValueError(
+                f"data set {self.name!r}: describe reads its files, so it needs check_data_dir "
+                "(the data are read from config.dataset.data_dir)."
+            )
+        needed = () if self.describe is not None else ("num_classes", "num_train")
         for key in ("num_classes", "num_train", "num_clients", "num_client_ids"):
-            if getattr(self, key) is not None or key in ("num_classes", "num_train"):
+            if getattr(self, key) is not None or key in needed:
                 object.__setattr__(self, key, _validation.check_integer(key, getattr(self, key), 1))
+        if self.images is None and self.describe is None:
+            raise ValueError(f"data set {self.name!r}: images must be True or False.")
         if self.label is not None and (not isinstance(self.label, str) or not self.label.strip()):
             raise ValueError(f"label must be a non-empty string, got {self.label!r}.")
         object.__setattr__(self, "label", self.label or self.name)
@@ -512,6 +678,15 @@ class RegisteredDataset:
         keywords += ("download",) * bool(self.download) + ("seed",) * (self.num_clients is not None)
         _validation.check_hook(f"data set {self.name!r}", "load", self.load, "(...) -> Dataset",
                                keywords=keywords)
+
+    def with_facts(self, facts: DataFacts) -> "RegisteredDataset":
+        """The registration with the facts its files gave (`describe`): what the config of a
+        run on them is checked against."""
+        return dataclasses.replace(
+            self, num_train=facts.num_train, num_client_ids=facts.num_client_ids or None,
+            num_classes=facts.num_classes or self.num_classes,
+            images=len(facts.input_shape) == 3 if self.images is None else self.images,
+        )
 
     def load_options(self, section: Mapping[str, Any], seed: int) -> tuple[tuple[str, Any], ...]:
         """The keyword arguments of `load` from the resolved config's dataset section."""
@@ -585,9 +760,12 @@ def canonical_dataset_name(name: Any, names) -> str | None:
     return canonical.get(name.strip().lower().replace("-", "").replace("_", ""))
 
 
-def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Dataset:
-    """Loads a data set that is read from a directory by name: ``"fashion_mnist"`` or
-    ``"cifar10"`` (or a registered one with a `check_data_dir`).
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None, **options: Any) -> Dataset:
+    """Loads a data set that is read from files by name: ``"fashion_mnist"``, ``"cifar10"``, a
+    federated format (``"leaf"``, ``"tff_sqlite"``, ``"fedjax_sqlite"``, ``"parquet"``: the
+    path may name the file itself for one-file formats), ``"shakespeare"``, or a registered one
+    with a `check_data_dir`. `options`: the data set's own keys (config.dataset.<key>, e.g.
+    ``num_classes=62``, ``input_shape=(28, 28, 1)``), the rest at their defaults.
 
     Names are matched ignoring case, ``-`` and ``_`` (so "CIFAR-10" works). An
     explicit ``data_dir`` is the only place looked in (see the loaders).
@@ -596,7 +774,14 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Datase
     key = canonical_dataset_name(name, readers)
     if key is None:
         raise ValueError(f"unknown dataset {name!r}; valid names: {readers}")
-    return _REGISTERED[key].load(data_dir=data_dir)
+    registered = _REGISTERED[key]
+    fields = declared.hyperparameter_defaults(registered.hyperparameters)
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ValueError(f"data set {key!r} has no option(s) {unknown}; its options: "
+                         f"{sorted(fields)}")
+    values = registered.hyperparameters(**{**fields, **options})  # checked
+    return registered.load(data_dir=data_dir, **dataclasses.asdict(values))
 
 
 DEFAULT_DATASET = "fashion_mnist"

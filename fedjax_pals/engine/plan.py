@@ -20,13 +20,14 @@ import numpy as np
 
 from fedjax_pals._host import is_aligned
 from fedjax_pals.algorithms import ClientInfo, ServerState
+from fedjax_pals.data.datasets import stored_input_dtype
 from fedjax_pals.engine.client_update import LocalTraining, client_schedule
 
 
 class DeviceData(NamedTuple):
     """The training split on the device once; clients are index tables into it."""
 
-    train_x: jax.Array  # (N, ...)
+    train_x: jax.Array  # (N, ...) as stored: uint8 pixels, int32 tokens, float32
     train_y: jax.Array  # (N,) int32
     client_indices: jax.Array  # ([R,] M, max_n) int32 rows into train_x, padded
     client_sizes: jax.Array  # ([R,] M) int32
@@ -55,9 +56,10 @@ def _examples_on_device(x, dtype) -> jax.Array:
 
 def device_data(train_x, train_y, client_indices, client_sizes, client_label_dists) -> DeviceData:
     """DeviceData from host arrays (placed on the default device; see `mesh.replicate`); the
-    examples as `_examples_on_device` places them (a loader's read-only arrays: no copy)."""
+    examples in their stored dtype (uint8 pixels stay uint8: the model scales them per batch)
+    as `_examples_on_device` places them (a loader's read-only arrays: no copy)."""
     return DeviceData(
-        _examples_on_device(train_x, np.float32),
+        _examples_on_device(train_x, stored_input_dtype(np.asarray(train_x).dtype)),
         _examples_on_device(train_y, np.int32),
         jnp.asarray(client_indices, jnp.int32),
         jnp.asarray(client_sizes, jnp.int32),

@@ -354,7 +354,7 @@ def _check_data_dir(dataset: Any, data_dir: Any, download: bool) -> str:
             f"config.dataset.data_dir must be None or a directory path, got {data_dir!r}."
         )
     path = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
-    if not os.path.isdir(path):
+    if not os.path.isdir(path) and not (dataset.reads_file and os.path.isfile(path)):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise ConfigError(
             f"config.dataset.data_dir={path} {what}; give the directory that holds "
@@ -366,6 +366,37 @@ def _check_data_dir(dataset: Any, data_dir: Any, download: bool) -> str:
         except ValueError as error:
             raise ConfigError(f"config.dataset.data_dir={path} {error}") from None
     return path
+
+
+def _described(info: Any, data_dir: Any, keys: dict, check_paths: bool) -> Any:
+    """The registration of a reader with the facts of its files at `data_dir` (a few cheap
+    reads, cached per path, file size and time: a sweep describes them once)."""
+    if data_dir is None:
+        if info.default_data_dir is None:
+            raise ConfigError(
+                f"config.dataset.data_dir is None, but data set {info.name!r} is read from files: "
+                f"give the {'file or ' * info.reads_file}directory that holds them "
+                "(docs/guide/natural_data.md says how to get each format)."
+            )
+        data_dir = info.default_data_dir()
+    values = info.hyperparameters(**{k: keys[k] for k in hyperparameter_defaults(info.hyperparameters)})
+    path = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+    try:
+        stat = os.stat(path)
+        facts = _describe_cached(info, path, stat.st_size, stat.st_mtime_ns, values)
+    except OSError as error:
+        if not check_paths:
+            return info
+        raise ConfigError(f"config.dataset.data_dir={path}: {error.strerror or error}.") from None
+    except ValueError as error:
+        raise ConfigError(f"config.dataset.data_dir={path}: {error}") from None
+    return info.with_facts(facts)
+
+
+@functools.lru_cache(maxsize=16)
+def _describe_cached(info: Any, path: str, size: int, mtime: int, values: Any) -> Any:
+    del size, mtime  # keys only: a file written anew is described anew
+    return info.describe(pathlib.Path(path), values)
 
 
 def _registered_keys(section: str, given: dict, fields: dict, owner: str | None) -> dict:
@@ -446,7 +477,7 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
     # -- model
     model = _choice("model", c["model"], ("auto",) + tuple(sorted(models.registered_models())))
     if model == "auto":
-        model = "lenet" if info.images else "logistic_regression"
+        model = info.model or ("lenet" if info.images else "logistic_regression")
     if models.model_needs_images(model) and not info.images:
         raise ConfigError(
             f"config.model={model!r} needs image inputs, but dataset {info.name!r} has 2-D "
@@ -498,6 +529,8 @@ def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
     elif data_dir is not None and check_paths:
         data_dir = _check_data_dir(info, data_dir, download)
     dataset = dict(name=name, data_dir=data_dir, download=download, **dataset_keys)
+    if info.describe is not None:  # a reader: the facts come from its files
+        info = _described(info, data_dir, dataset_keys, check_paths)
 
     schemes = partitions_lib.registered_partitions()
     scheme = _choice("partition.scheme", p["scheme"], tuple(schemes), optional=own_clients)

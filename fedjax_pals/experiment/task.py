@@ -111,13 +111,15 @@ def _check_registered_dataset(
          "client ids"),
     )
     for what, declared, loaded, unit in facts:
-        if declared != loaded and (registered.check_counts or what == "num_classes"):
+        if declared is not None and declared != loaded and (
+            registered.check_counts or what == "num_classes"
+        ):
             raise TaskError(
                 f"data set {name!r} is registered with {what}={declared}, but its loader returned "
                 f"one with {loaded} {unit}; register it with {what}={loaded} (configs are "
                 "checked against the registration before the data is loaded)."
             )
-    if registered.images and dataset.train.x.ndim != 4:
+    if registered.images and registered.describe is None and dataset.train.x.ndim != 4:
         raise TaskError(
             f"data set {name!r} is registered with images=True, but its inputs have shape "
             f"{dataset.train.x.shape[1:]} per example, not (H, W, C); register it with "
@@ -125,6 +127,8 @@ def _check_registered_dataset(
         )
     for split_name in ("train", "test"):
         x = getattr(dataset, split_name).x
+        if not np.issubdtype(x.dtype, np.floating):
+            continue  # integers (pixels, tokens) are finite
         # One pass, no copy: a sum is finite exactly when every term is (float64: no overflow).
         with np.errstate(invalid="ignore"):  # inf - inf
             if np.isfinite(np.sum(x, dtype=np.float64)):
@@ -205,9 +209,21 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     _check_target_sets(partition)
     input_shape = tuple(dataset.train.x.shape[1:])
     try:
-        model = make_model(config.model, input_shape, dataset.num_classes, data=config.dataset.name)
+        model = make_model(
+            config.model, input_shape, dataset.num_classes, data=config.dataset.name,
+            input_scaling=dataset.input_scaling, stored_dtype=str(dataset.train.x.dtype),
+        )
     except ValueError as error:  # the model's own message, as it is
         raise TaskError(str(error)) from None
+    if model.input_dtype != str(dataset.train.x.dtype):
+        raise TaskError(
+            f"model {config.model!r} takes {model.input_dtype} inputs, but data set "
+            f"{config.dataset.name!r} holds {dataset.train.x.dtype} ones"
+            + (" (tokens: a model of tokens, e.g. 'lstm_leaf', takes int32)."
+               if dataset.train.x.dtype == np.int32 else
+               "; give the data set an input_scaling (fjp.InputScaling) or the model "
+               "input_dtype.")
+        )
     params, _ = abstract_model(model, input_shape)
     method = registry.get_method(a.name)
     training_partition = partition
