@@ -19,9 +19,13 @@ __version__ = "0.2.0"
 
 # -- data sets and label-shift partitions
 from fedjax_pals.data import (  # noqa: E402
+    ClientExamples,
+    DataFacts,
+    DataFileError,
     Dataset,
     DatasetUnavailableError,
     FederatedPartition,
+    InputScaling,
     LabeledSplit,
     Partition,
     dirichlet_partition,
@@ -33,7 +37,9 @@ from fedjax_pals.data import (  # noqa: E402
     niid_bench_sparsity_partition,
     partition_from_label_counts,
     register_dataset,
+    assemble_clients,
     register_partition,
+    register_reader,
     sparsity_partition,
     synthetic_label_shift_task,
 )
@@ -158,7 +164,8 @@ __all__ = [
     "dirichlet_partition", "load_cifar10", "load_dataset", "load_fashion_mnist",
     "niid_bench_dirichlet_partition", "niid_bench_sparsity_partition", "register_dataset",
     "sparsity_partition", "synthetic_label_shift_task", "Partition", "natural_partition",
-    "partition_from_label_counts", "register_partition",
+    "partition_from_label_counts", "register_partition", "InputScaling", "DataFacts",
+    "ClientExamples", "DataFileError", "assemble_clients", "register_reader",
     # server weights
     "effective_sample_size", "fedavg_weights", "fedpals_weights", "lambda_for_ess",
     "projection_distance",

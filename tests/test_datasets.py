@@ -126,11 +126,13 @@ def test_idx_files_in_data_dir_are_parsed_and_scaled_exactly(tmp_path, rng, comp
     ds = load_fashion_mnist(tmp_path, search_debian=False)
     for split_name, split in (("train", ds.train), ("test", ds.test)):
         images, labels = written[split_name]
-        assert split.x.shape == (len(labels), 28, 28, 1) and split.x.dtype == np.float32
-        np.testing.assert_array_equal(split.x[..., 0], images.astype(np.float32) / 127.5 - 1.0)
+        assert split.x.shape == (len(labels), 28, 28, 1) and split.x.dtype == np.uint8
+        np.testing.assert_array_equal(split.x[..., 0], images)  # held as stored
+        np.testing.assert_array_equal(
+            ds.model_inputs(split.x)[..., 0], images.astype(np.float32) / 127.5 - 1.0)
         np.testing.assert_array_equal(split.y, labels)
         assert split.y.dtype == np.int32
-    assert ds.train.x.min() == -1.0 and ds.train.x.max() == 1.0
+    assert ds.model_inputs(ds.train.x).min() == -1.0 and ds.model_inputs(ds.train.x).max() == 1.0
     assert ds.name == "fashion_mnist" and ds.num_classes == 10
     assert str(tmp_path) in ds.source
 
@@ -285,10 +287,11 @@ def test_mock_cifar10_through_tfds_data_source(tmp_path):
         ds = load_dataset("CIFAR-10", tmp_path)
     assert ds.name == "cifar10" and ds.num_classes == 10
     for split in (ds.train, ds.test):
-        assert split.x.shape == (23, 32, 32, 3) and split.x.dtype == np.float32
+        assert split.x.shape == (23, 32, 32, 3) and split.x.dtype == np.uint8
         assert split.y.shape == (23,) and split.y.dtype == np.int32
-        assert -1.0 <= split.x.min() and split.x.max() <= 1.0
-        assert split.x.std() > 0.1  # real (fake) pixels, not a constant fill
+        seen = ds.model_inputs(split.x)
+        assert -1.0 <= seen.min() and seen.max() <= 1.0
+        assert seen.std() > 0.1  # real (fake) pixels, not a constant fill
         assert 0 <= split.y.min() and split.y.max() < 10
     assert "TFDS" in ds.source and str(tmp_path) in ds.source
 
@@ -347,8 +350,9 @@ def test_mock_fashion_mnist_falls_back_to_prepared_tfds(tmp_path, monkeypatch):
 def test_real_fashion_mnist_shapes_range_and_balanced_classes():
     ds = load_fashion_mnist()
     assert ds.train.x.shape == (60000, 28, 28, 1) and ds.test.x.shape == (10000, 28, 28, 1)
-    assert ds.train.x.dtype == np.float32 and ds.train.y.dtype == np.int32
-    assert ds.train.x.min() == -1.0 and ds.train.x.max() == 1.0
+    assert ds.train.x.dtype == np.uint8 and ds.train.y.dtype == np.int32
+    assert ds.train.x.min() == 0 and ds.train.x.max() == 255
+    assert ds.input_scaling == datasets.InputScaling(127.5, -1.0)
     np.testing.assert_array_equal(np.bincount(ds.train.y, minlength=10), np.full(10, 6000))
     np.testing.assert_array_equal(np.bincount(ds.test.y, minlength=10), np.full(10, 1000))
     assert DEBIAN_FASHION_MNIST_DIR in ds.source

@@ -1,5 +1,6 @@
 """The paper's models: shapes, sizes, and equal arguments giving one Model."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -177,3 +178,32 @@ def test_make_model_refuses_a_builder_whose_logits_do_not_fit_the_classes(logits
     finally:
         models.MODELS.pop("misfit")
     assert str(raised.value).startswith(message)
+
+
+def test_stored_pixels_scaled_inside_the_step_equal_the_host_scaling_bit_for_bit():
+    """Every uint8 value, scaled by a jitted model's input scaling, is the float32 the host
+    used to compute (pixel / 127.5 - 1): holding the data as uint8 changes no run."""
+    pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    host = pixels.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+    seen = []
+    identity = fjp.Model("identity", lambda key: {}, lambda p, x: (seen.append(x), x.reshape(
+        (x.shape[0], -1))[:, :3])[1], 3, False)
+    scaled = fjp.models.with_input_scaling(identity, fjp.InputScaling(127.5, -1.0), "uint8")
+    assert scaled.input_dtype == "uint8"
+    on_device = jax.jit(lambda x: fjp.InputScaling(127.5, -1.0)(x))(pixels)
+    np.testing.assert_array_equal(np.asarray(on_device), host)
+    assert np.asarray(on_device).dtype == np.float32
+    scaled.apply({}, jnp.asarray(pixels))
+    np.testing.assert_array_equal(np.asarray(seen[-1]), host)
+
+
+def test_a_token_model_is_built_and_traced_on_int32_inputs():
+    class Embedder(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.Embed(10, 4)(x).mean(axis=1))
+
+    model = fjp.model_from_flax("embedder", Embedder(), (5,), 3, input_dtype="int32")
+    assert model.input_dtype == "int32"
+    params = model.init(jax.random.PRNGKey(0))
+    assert model.apply(params, jnp.zeros((2, 5), jnp.int32)).shape == (2, 3)

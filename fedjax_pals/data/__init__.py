@@ -2,9 +2,12 @@
 
 from fedjax_pals.data.datasets import (
     DEBIAN_FASHION_MNIST_DIR,
+    PIXELS_TO_UNIT_RANGE,
+    DataFacts,
     Dataset,
     DatasetUnavailableError,
     dataset_label,
+    InputScaling,
     LabeledSplit,
     load_cifar10,
     load_dataset,
@@ -27,7 +30,16 @@ from fedjax_pals.data.partitions import (
     hold_out_stratified,
     resample_to_label_dist,
     sparsity_partition,
+    target_group_ids,
 )
+from fedjax_pals.data.natural import (
+    ClientExamples,
+    DataFileError,
+    ReaderOptions,
+    assemble_clients,
+    register_reader,
+)
+from fedjax_pals.data import formats  # noqa: E402,F401  (registers the federated file readers)
 from fedjax_pals.data.synthetic import (
     SYNTHETIC_CLIENT_LABEL_DISTS,
     SYNTHETIC_CLIENT_SIZES,
@@ -38,6 +50,15 @@ from fedjax_pals.data.synthetic import (
 
 __all__ = [
     "DEBIAN_FASHION_MNIST_DIR",
+    "PIXELS_TO_UNIT_RANGE",
+    "ClientExamples",
+    "DataFacts",
+    "DataFileError",
+    "InputScaling",
+    "ReaderOptions",
+    "assemble_clients",
+    "register_reader",
+    "target_group_ids",
     "Dataset",
     "DatasetUnavailableError",
     "FederatedPartition",

@@ -25,9 +25,10 @@ test set and the remedies, rather than report accuracy on a handful of examples.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -711,41 +712,113 @@ def niid_bench_dirichlet_partition(
     return counts, f"NIID-Bench dirichlet beta={beta:g}"
 
 
+def target_group_ids(pattern: str, client_names: Sequence[str]) -> list[int]:
+    """The client ids whose names match `pattern`: comma-separated names or shell-style
+    patterns ("HAMLET/*": a play's characters; "f0001_*,f0002_*": writers), in id order.
+
+    Raises:
+      ValueError: a pattern that matches no client (named, with a few of the names).
+    """
+    parts = [p.strip() for p in str(pattern).split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"target_group must name clients, got {pattern!r}")
+    chosen: set[int] = set()
+    for part in parts:
+        hits = [g for g, name in enumerate(client_names) if fnmatch.fnmatchcase(name, part)]
+        if not hits:
+            shown = ", ".join(map(repr, list(client_names)[:5]))
+            raise ValueError(
+                f"target_group {part!r} matches none of the {len(client_names)} clients' names "
+                f"(e.g. {shown}); give names or patterns such as 'PLAY/*'"
+            )
+        chosen.update(hits)
+    return sorted(chosen)
+
+
 def natural_partition(
     train_labels: np.ndarray,
     test_labels: np.ndarray,
     client_ids: np.ndarray,
     *,
-    target_client: int,
+    target_client: int | Sequence[int],
     seed: int,
     num_classes: int | None = None,
     target_test_size: int | None = None,
     val_size: int | None = None,
     min_target_test_size: int = MIN_TARGET_TEST_SIZE,
+    test_client_ids: np.ndarray | None = None,
 ) -> FederatedPartition:
     """The clients the data come with, one per client id of the training examples
-    (`Dataset.client_ids`, 0..G-1: writers, camera traps, speakers): id ``target_client`` is
-    the target (its examples its validation set; T, the test set as for every scheme), the
-    other G - 1 train in id order (training client i is id i below the target, i + 1 above)."""
+    (`Dataset.client_ids`, 0..G-1: writers, camera traps, speakers).
+
+    The target is client id ``target_client``, or a group of ids (a sequence: a play's
+    characters, a region's cameras, `target_group_ids`): its training examples are its
+    validation set and give T. Its test set: with ``test_client_ids`` (a format with a
+    per-client test split, `Dataset.test_client_ids`), the target's own test examples;
+    without, drawn from the test split with label distribution T, as for every scheme. The
+    other ids train in id order (training client i is the i-th id not in the target)."""
     seed = _check_seed(seed)
     min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
     train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
     ids = _check_labels(client_ids, "client_ids")
-    num_ids = int(ids.max()) + 1 if ids.shape == train.shape else 0
+    num_ids = int(ids.max()) + 1 if ids.shape == train.shape and ids.size else 0
     if num_ids < 2 or np.unique(ids).size != num_ids:
         raise ValueError(
             f"client_ids must give each of the {len(train)} training examples one of G >= 2 ids "
             "0, ..., G-1, each id held by an example"
         )
-    _validation.check_integer("target_client", target_client, 0, num_ids - 1, " (a client id)")
-    order = [g for g in range(num_ids) if g != target_client] + [int(target_client)]
+    group = [target_client] if np.ndim(target_client) == 0 else list(target_client)
+    group = sorted({_validation.check_integer("target_client", g, 0, num_ids - 1,
+                                              " (a client id)") for g in group})
+    if not group or len(group) >= num_ids:
+        raise ValueError(
+            f"the target group must hold 1 to {num_ids - 1} of the {num_ids} clients (others "
+            f"must train), got {len(group)}"
+        )
+    in_target = np.isin(np.arange(num_ids), group)
+    order = [g for g in range(num_ids) if not in_target[g]]
     rng = _rng(seed, _STREAM_EXAMPLES)
     rows = [rng.permutation(np.flatnonzero(ids == g)) for g in order]
+    rows.append(rng.permutation(np.flatnonzero(np.isin(ids, group))))
     counts = np.stack([np.bincount(train[row], minlength=num_classes) for row in rows])
-    description = _describe(f"natural, client id {target_client} the target", num_ids, seed)
-    return _with_target_sets(
-        train, test, rows, counts, rng, description, target_test_size, val_size, min_test
+    who = (f"client id {group[0]}" if len(group) == 1
+           else f"client ids {_shown_ids(group)} ({len(group)} clients)")
+    description = _describe(f"natural, {who} the target", num_ids - len(group) + 1, seed)
+    if test_client_ids is None:
+        return _with_target_sets(
+            train, test, rows, counts, rng, description, target_test_size, val_size, min_test
+        )
+    test_ids = _check_labels(test_client_ids, "test_client_ids")
+    if test_ids.shape != test.shape:
+        raise ValueError(f"test_client_ids must be {len(test)} ids, one per test example")
+    own_test = np.flatnonzero(np.isin(test_ids, group))
+    if len(own_test) < min_test:
+        raise ValueError(
+            f"the target ({who}) has {len(own_test)} test examples of its own, fewer than "
+            f"min_target_test_size={min_test}: accuracy on so few is noise. Choose a larger "
+            "client, or a group of clients as the target (partition.target_group)"
+        )
+    if target_test_size is not None or val_size is not None:
+        raise ValueError(
+            "target_test_size and val_size do not apply to a target with test examples of its "
+            "own (it is tested on all of them and validated on its training share)"
+        )
+    # T is the target's training share's label distribution; its test set is its own test
+    # examples as they are (a client's own, not a redraw to T).
+    return FederatedPartition(
+        client_indices=_pad(rows[:-1]),
+        client_sizes=counts[:-1].sum(axis=1),
+        client_label_counts=counts[:-1],
+        target_label_dist=counts[-1] / counts[-1].sum(),
+        target_val_indices=rows[-1],
+        target_test_indices=rng.permutation(own_test),
+        num_classes=num_classes,
+        description=f"{description}; tested on its own {len(own_test)} test examples",
     )
+
+
+def _shown_ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids[:4])) + (", ..." if len(ids) > 4 else "")
 
 
 def resample_to_label_dist(
@@ -1022,6 +1095,10 @@ class DirichletBeta(declared.Hyperparameters):
 @dataclasses.dataclass(frozen=True)
 class TargetClient(declared.Hyperparameters):
     target_client: int = declared.hyperparameter(0, kind="integer", low=0, doc="a client id")
+    target_group: str | None = declared.hyperparameter(
+        None, kind="text", optional=True,
+        doc="client names or patterns, comma-separated ('HAMLET/*'): the target, in place of "
+        "target_client")
 
 
 def _labels_fit(values: LabelsPerClient, dataset: RegisteredDataset) -> None:
@@ -1034,10 +1111,36 @@ def _natural_fit(values: TargetClient, dataset: RegisteredDataset) -> int:
     if ids < 2:
         raise ValueError(
             f"scheme='natural' makes one client per client id, but data set {dataset.name!r} is "
-            "registered without 2 or more (register_dataset(..., num_client_ids=G))."
+            "registered without 2 or more (register_dataset(..., num_client_ids=G); a reader "
+            "of federated files: its files name fewer than 2 clients)."
         )
-    _validation.check_integer("target_client", values.target_client, 0, ids - 1, " (a client id)")
-    return ids
+    if values.target_group is None:
+        _validation.check_integer("target_client", values.target_client, 0, ids - 1,
+                                  " (a client id)")
+        return ids
+    if dataset.client_names is None:
+        raise ValueError(
+            f"target_group={values.target_group!r} needs the clients' names, which data set "
+            f"{dataset.name!r} does not give; name the target by target_client (an id)."
+        )
+    group = target_group_ids(values.target_group, dataset.client_names)
+    if len(group) >= ids:
+        raise ValueError(f"target_group={values.target_group!r} matches every client; others "
+                         "must train.")
+    return ids - len(group) + 1
+
+
+def _natural_build(values: TargetClient, c: PartitionContext) -> FederatedPartition:
+    d = c.dataset
+    target: int | list[int] = values.target_client
+    if values.target_group is not None:
+        if d.client_names is None:
+            raise ValueError(f"target_group needs the clients' names; data set {d.name!r} "
+                             "gives none")
+        target = target_group_ids(values.target_group, d.client_names)
+    return natural_partition(
+        d.train.y, d.test.y, d.client_ids, target_client=target, seed=c.seed,
+        num_classes=d.num_classes, test_client_ids=d.test_client_ids)
 
 
 def _calls(function: Callable[..., FederatedPartition], **fields: str) -> Callable:
@@ -1062,8 +1165,6 @@ for _args in (
      "beta={dirichlet_beta:g}"),
     ("niid_bench_sparsity", _calls(niid_bench_sparsity_partition, **_C), LabelsPerClient,
      _labels_fit, "C={labels_per_client} (niid_bench_sparsity)"),
-    ("natural", lambda v, c: natural_partition(
-        c.dataset.train.y, c.dataset.test.y, c.dataset.client_ids, target_client=v.target_client,
-        seed=c.seed, num_classes=c.dataset.num_classes), TargetClient, _natural_fit),
+    ("natural", _natural_build, TargetClient, _natural_fit),
 ):
     register_partition(Partition(*_args))

@@ -1,0 +1,176 @@
+"""fedjax_pals.data.natural: clients assembled from a format's reader, as stored; the natural
+scheme's target by id, by name or group, tested on its own examples."""
+
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals import extensions
+from fedjax_pals.data import natural
+from fedjax_pals.data.natural import ClientExamples, DataFileError, assemble_clients
+from fedjax_pals.data.partitions import natural_partition, target_group_ids
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy % 2**32
+    print(f"random inputs drawn with seed {seed}")
+    return np.random.default_rng(seed)
+
+
+def _block(client, split, n, *, k=4, width=3, where="f.json", rng=None, floats=True):
+    rng = rng or np.random.default_rng(abs(hash((client, split))) % 2**32)
+    pixels = rng.integers(0, 256, size=(n, width))
+    x = pixels / 255.0 if floats else pixels.astype(np.int64)
+    return ClientExamples(client, split, x, rng.integers(0, k, size=n), where)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_clients_are_assembled_in_order_of_appearance_with_their_own_test_examples(declared):
+    blocks = [_block("w2", "train", 3), _block("w1", "train", 2), _block("w2", "test", 1),
+              _block("w1", "test", 2)]
+    counts = {"train": 5, "test": 3} if declared else None
+    d = assemble_clients("t", blocks, source="s", num_classes=4, counts=counts)
+    assert d.client_names == ("w2", "w1")
+    np.testing.assert_array_equal(d.client_ids, [0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(d.test_client_ids, [0, 1, 1])
+    # k / 255 floats are held as the uint8 k, and the model sees the file's values.
+    assert d.train.x.dtype == np.uint8 and d.input_scaling == fjp.InputScaling(255.0)
+    expected = np.concatenate([b.x for b in blocks[:2]])
+    np.testing.assert_array_equal(np.rint(expected * 255), d.train.x)
+    np.testing.assert_allclose(d.model_inputs(d.train.x), expected, rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(d.test.y, np.concatenate([b.y for b in blocks[2:]]))
+
+
+def test_floats_that_are_not_all_k_over_255_are_float32_from_every_client():
+    blocks = [_block("a", "train", 3), ClientExamples("b", "train", np.full((2, 3), 0.3),
+                                                       np.zeros(2, int), "g.json")]
+    for counts in ({"train": 5}, None):
+        d = assemble_clients("t", blocks, source="s", counts=counts)
+        assert d.train.x.dtype == np.float32 and d.input_scaling is None
+        np.testing.assert_allclose(d.train.x[:3], blocks[0].x, rtol=1e-7)
+        np.testing.assert_allclose(d.train.x[3:], 0.3, rtol=1e-7)
+
+
+def test_integer_inputs_are_int32_tokens_and_input_shape_reshapes():
+    blocks = [_block("a", "train", 2, width=6, floats=False)]
+    d = assemble_clients("t", blocks, source="s")
+    assert d.train.x.dtype == np.int32 and d.input_scaling is None
+    assert d.num_classes == int(blocks[0].y.max()) + 1  # K from the data
+    d = assemble_clients("t", [_block("a", "train", 2, width=6)], source="s",
+                         input_shape=(2, 3, 1))
+    assert d.train.x.shape == (2, 2, 3, 1)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (ClientExamples("b", "train", np.zeros((0, 3)), np.zeros(0, int), "bad.json"),
+     r"bad\.json: client 'b' has no train examples"),
+    (ClientExamples("a", "train", np.zeros((1, 3)), np.zeros(1, int), "bad.json"),
+     r"bad\.json: client id 'a' appears twice in the train split"),
+    (ClientExamples("b", "train", np.zeros((1, 3)), np.array([7]), "bad.json"),
+     r"bad\.json: client 'b' has train label 7, outside \[0, 4\)"),
+    (ClientExamples("b", "train", np.zeros((1, 4)), np.array([1]), "bad.json"),
+     r"bad\.json: client 'b'.s train inputs have shape \(4,\) per example, but the first"),
+    (ClientExamples("b", "train", np.zeros((1, 3)), np.array([0.5]), "bad.json"),
+     r"bad\.json: client 'b'.s train labels are not class indices"),
+    (ClientExamples("c", "test", np.zeros((1, 3)), np.array([0]), "bad.json"),
+     r"bad\.json: client 'c' has test examples but no training examples"),
+    (ClientExamples("b", "train", np.zeros((1, 3), np.int64), np.array([0]), "bad.json"),
+     r"bad\.json: client 'b'.s train inputs are int64, but the first client's are stored as "
+     "uint8"),
+])
+def test_each_bad_client_is_one_error_naming_the_file_and_the_client(bad, message):
+    with pytest.raises(DataFileError, match=message) as raised:
+        assemble_clients("t", [_block("a", "train", 2), bad], source="s", num_classes=4)
+    assert "\n" not in str(raised.value)
+
+
+def test_counts_that_disagree_with_the_data_are_an_error():
+    blocks = [_block("a", "train", 2), _block("b", "train", 2)]
+    with pytest.raises(DataFileError, match="holds 4 examples, but the file declares 5"):
+        assemble_clients("t", blocks, source="s", counts={"train": 5})
+    with pytest.raises(DataFileError, match="more than the 3 the file declares"):
+        assemble_clients("t", blocks, source="s", counts={"train": 3})
+
+
+def _federation(rng, num_ids=6, k=5):
+    sizes = rng.integers(20, 40, size=num_ids)
+    ids = np.repeat(np.arange(num_ids), sizes)
+    labels = rng.integers(0, k, size=ids.size)
+    test_sizes = rng.integers(31, 45, size=num_ids)
+    test_ids = np.repeat(np.arange(num_ids), test_sizes)
+    return ids, labels, test_ids, rng.integers(0, k, size=test_ids.size)
+
+
+def test_a_target_group_trains_nobody_in_it_and_is_tested_on_its_own_examples(rng):
+    ids, labels, test_ids, test_labels = _federation(rng)
+    p = natural_partition(labels, test_labels, ids, target_client=[1, 4], seed=3,
+                          num_classes=5, test_client_ids=test_ids)
+    assert p.num_clients == 4
+    own = np.flatnonzero(np.isin(test_ids, [1, 4]))
+    np.testing.assert_array_equal(np.sort(p.target_test_indices), own)
+    np.testing.assert_array_equal(np.sort(p.target_val_indices),
+                                  np.flatnonzero(np.isin(ids, [1, 4])))
+    target_counts = np.bincount(labels[np.isin(ids, [1, 4])], minlength=5)
+    np.testing.assert_allclose(p.target_label_dist, target_counts / target_counts.sum())
+    for i, g in enumerate([0, 2, 3, 5]):  # the others train, in id order
+        np.testing.assert_array_equal(np.sort(p.client_example_indices(i)),
+                                      np.flatnonzero(ids == g))
+    assert "tested on its own" in p.description
+
+
+def test_a_target_with_too_few_own_test_examples_is_refused(rng):
+    ids, labels, test_ids, test_labels = _federation(rng)
+    test_ids = test_ids.copy()
+    test_ids[test_ids == 2] = 3
+    with pytest.raises(ValueError, match=r"has 0 test examples of its own.*target_group"):
+        natural_partition(labels, test_labels, ids, target_client=2, seed=0, num_classes=5,
+                          test_client_ids=test_ids)
+
+
+def test_target_group_patterns_match_names_and_an_unmatched_one_is_named():
+    names = ["HAMLET/HAMLET", "HAMLET/OPHELIA", "KING_LEAR/KENT", "KING_LEAR/LEAR"]
+    assert target_group_ids("HAMLET/*", names) == [0, 1]
+    assert target_group_ids("KING_LEAR/KENT, HAMLET/OPHELIA", names) == [1, 2]
+    with pytest.raises(ValueError, match=r"'MACBETH/\*' matches none of the 4 clients"):
+        target_group_ids("MACBETH/*", names)
+
+
+def test_a_reader_registration_resolves_the_natural_scheme_from_its_files(tmp_path, rng):
+    ids, labels, test_ids, test_labels = _federation(rng)
+    names = tuple(f"play{g // 2}/c{g}" for g in range(6))
+
+    def load(data_dir, num_classes, input_shape):
+        blocks = []
+        for split, owners, ys in (("train", ids, labels), ("test", test_ids, test_labels)):
+            for g in range(6):
+                n = int(np.sum(owners == g))
+                blocks.append(ClientExamples(names[g], split, np.full((n, 2), g / 255.0),
+                                             ys[owners == g], str(data_dir)))
+        return assemble_clients("toy_reader", blocks, source=str(data_dir), num_classes=5)
+
+    def describe(path, values):
+        return fjp.DataFacts(len(ids), 6, (2,), 5, client_names=names)
+
+    fjp.register_reader("toy_reader", load, describe, lambda path: natural.check_path(path, "toy"),
+                        label="Toy")
+    try:
+        config = {"dataset": {"name": "toy_reader", "data_dir": str(tmp_path)},
+                  "partition": {"scheme": "natural", "target_group": "play1/*"}}
+        resolved = fjp.validate_config(config)
+        assert resolved.partition.num_clients == 5  # 4 train + the group of 2
+        assert resolved.model == "logistic_regression"
+        from fedjax_pals.experiment.task import load_data
+        dataset, partition = load_data(resolved)
+        assert dataset.train.x.dtype == np.uint8
+        np.testing.assert_array_equal(
+            np.sort(partition.target_test_indices), np.flatnonzero(np.isin(test_ids, [2, 3])))
+        with pytest.raises(fjp.ConfigError, match=r"target_group 'play9/\*' matches none"):
+            fjp.validate_config(
+                {**config, "partition": {"scheme": "natural", "target_group": "play9/*"}})
+        with pytest.raises(fjp.ConfigError, match="data_dir is None.*read from files"):
+            fjp.validate_config({**config, "dataset": {"name": "toy_reader"}})
+    finally:
+        from fedjax_pals.data import datasets
+        datasets._REGISTERED.pop("toy_reader", None)
+        extensions.forget_registration("dataset", "toy_reader")
