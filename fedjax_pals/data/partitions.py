@@ -1102,6 +1102,8 @@ class TargetClient(declared.Hyperparameters):
 
 
 def _labels_fit(values: LabelsPerClient, dataset: RegisteredDataset) -> None:
+    if dataset.num_classes is None:  # a reader's K, known once its files are read
+        return
     k, why = dataset.num_classes, f" ({dataset.name} has K={dataset.num_classes} classes)"
     _validation.check_integer("labels_per_client", values.labels_per_client, 1, k, why)
 

@@ -534,7 +534,17 @@ def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
 
     schemes = partitions_lib.registered_partitions()
     scheme = _choice("partition.scheme", p["scheme"], tuple(schemes), optional=own_clients)
-    num_clients = _maybe(
+    fields = partitions_lib.partition_fields()
+    keys = _registered_keys("partition", p, fields, None if own_clients else scheme)
+    fixed = None  # the clients a scheme fixes itself (natural: one per client id)
+    if own_clients:  # the synthetic task's (App. C.4): record what the run uses
+        scheme, fixed = None, info.num_clients
+    elif schemes[scheme].fit is not None:  # its values against the data set; natural's count
+        try:
+            fixed = schemes[scheme].fit(schemes[scheme].values(keys), info)
+        except ValueError as error:
+            raise ConfigError(f"config.partition.{error}") from None
+    num_clients = fixed or _maybe(
         _int,
         "partition.num_clients",
         p["num_clients"],
@@ -542,17 +552,8 @@ def _data_sections(c: dict, check_paths: bool) -> tuple[dict, dict, Any]:
         info.num_train,
         why=" (it counts the target client too; at most the training examples)",
     )
-    fields = partitions_lib.partition_fields()
-    keys = _registered_keys("partition", p, fields, None if own_clients else scheme)
-    if num_clients is None and not own_clients:
+    if num_clients is None:
         raise ConfigError("config.partition.num_clients is None; give the number of clients.")
-    if own_clients:  # the synthetic task's (App. C.4): record what the run uses
-        scheme, num_clients = None, info.num_clients
-    elif schemes[scheme].fit is not None:  # its values against the data set; natural's count
-        try:
-            num_clients = schemes[scheme].fit(schemes[scheme].values(keys), info) or num_clients
-        except ValueError as error:
-            raise ConfigError(f"config.partition.{error}") from None
     return dataset, dict(scheme=scheme, num_clients=num_clients, **keys), info
 
 
