@@ -13,7 +13,8 @@ One row of ``examples`` per example, a serialized ``tf.train.Example`` (decoded 
 `fedjax_pals.data.formats.tf_example`); one row of ``client_metadata`` per client and split,
 its number of examples. ``SqlClientData`` lists a split's clients sorted, so the clients here
 are numbered in ``ORDER BY client_id`` order. TFF's EMNIST has splits "train" and "test",
-features 'pixels' (784 floats, 28x28: config.dataset.input_shape=28,28,1) and 'label' (int64); a file written by ``save_to_sql_client_data`` has the one split "N/A"
+features 'pixels' (784 floats, 28x28: config.dataset.input_shape=28,28,1) and 'label' (int64);
+a file written by ``save_to_sql_client_data`` has the one split "N/A"
 (config.dataset.tff_train_split="N/A"). Bytes features (Shakespeare's 'snippets') are refused.
 
 Memory: each split is read in ``ORDER BY client_id, rowid`` order and decoded one client at a
