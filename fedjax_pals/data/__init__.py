@@ -40,6 +40,8 @@ from fedjax_pals.data.natural import (
     register_reader,
 )
 from fedjax_pals.data import formats  # noqa: E402,F401  (registers the federated file readers)
+from fedjax_pals.data.pachinko import pachinko_partition  # registers the scheme "pachinko"
+from fedjax_pals.data.tfds_datasets import load_cifar100, load_emnist  # registers both
 from fedjax_pals.data.synthetic import (
     SYNTHETIC_CLIENT_LABEL_DISTS,
     SYNTHETIC_CLIENT_SIZES,
@@ -57,6 +59,9 @@ __all__ = [
     "InputScaling",
     "ReaderOptions",
     "assemble_clients",
+    "load_cifar100",
+    "load_emnist",
+    "pachinko_partition",
     "register_reader",
     "target_group_ids",
     "Dataset",

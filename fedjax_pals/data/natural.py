@@ -129,7 +129,12 @@ def _quantised(x: np.ndarray) -> np.ndarray | None:
     if not np.issubdtype(x.dtype, np.floating) or not x.size:
         return None
     k = np.rint(np.asarray(x, np.float64) * _QUANTUM)
-    if k.min() < 0 or k.max() > 255 or not np.array_equal(k / _QUANTUM, x):
+    if k.min() < 0 or k.max() > 255:
+        return None
+    # In x's own precision: TFF's and FedJAX's EMNIST store float32 pixels k / 255, either
+    # rounded from the float64 quotient or divided in float32 (the same but for rare ties).
+    if not (np.array_equal((k / _QUANTUM).astype(x.dtype), x) or np.array_equal(
+            (k.astype(x.dtype) / x.dtype.type(_QUANTUM)), x)):
         return None
     return k.astype(np.uint8)
 
@@ -142,7 +147,13 @@ def _stored(x: np.ndarray, quantise: bool, quantised: bool | None) -> tuple[np.n
             return q, "quantised"
         return x.astype(np.float32, copy=False), "float"
     if x.dtype == np.bool_ or np.issubdtype(x.dtype, np.integer):
-        return x.astype(stored_input_dtype(x.dtype), copy=False), "integer"
+        stored = stored_input_dtype(x.dtype)
+        if stored == np.int32 and x.size and x.dtype != np.int32 and (
+            x.min() < np.iinfo(np.int32).min or x.max() > np.iinfo(np.int32).max
+        ):
+            raise ValueError(f"inputs hold {x.min() if x.min() < 0 else x.max()}, outside int32 "
+                             "(tokens and integer features are held as int32)")
+        return x.astype(stored, copy=False), "integer"
     raise ValueError(f"inputs of dtype {x.dtype} are not numbers")
 
 
