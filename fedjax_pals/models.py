@@ -332,3 +332,47 @@ def make_model(
             f"num_classes={model.num_classes} (evaluation counts that many classes)."
         )
     return model
+
+
+# ---- LEAF's Shakespeare LSTM ------------------------------------------------------------------
+
+
+class _LeafLSTM(nn.Module):
+    """LEAF's next-character model (Caldas et al., 2018, ``models/shakespeare/stacked_lstm.py``):
+    an embedding of the vocabulary in 8 dimensions, two LSTM layers of 256 units, and a dense
+    layer to the classes from the last time step's output. The LSTM cells are flax's
+    (`nn.OptimizedLSTMCell`: gates i, f, g, o; c' = f c + i g, h' = o tanh(c'); biases
+    initialised at 0), where LEAF's TF ``BasicLSTMCell`` adds a constant forget bias of 1.0."""
+
+    num_classes: int
+    vocab_size: int
+    embed_dim: int = 8
+    hidden: int = 256
+    num_layers: int = 2
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Embed(self.vocab_size, self.embed_dim)(x.astype(jnp.int32))
+        for _ in range(self.num_layers):
+            h = nn.RNN(nn.OptimizedLSTMCell(self.hidden))(h)
+        return nn.Dense(self.num_classes)(h[:, -1])
+
+
+def lstm_leaf(input_shape: Sequence[int], num_classes: int) -> Model:
+    """LEAF's Shakespeare LSTM for int32 token inputs (seq_len,): embedding 8, two LSTM
+    layers of 256, dense softmax over `num_classes` (the vocabulary is the classes: LEAF's 80
+    characters, `fedjax_pals.data.vocabulary`)."""
+    if len(input_shape) != 1:
+        raise ValueError(
+            f"lstm_leaf needs token sequences (seq_len,), got input_shape {tuple(input_shape)}."
+        )
+    return _lstm_leaf(tuple(int(d) for d in input_shape), int(num_classes))
+
+
+@functools.cache
+def _lstm_leaf(input_shape, num_classes):
+    module = _LeafLSTM(num_classes, vocab_size=num_classes)
+    return _from_flax("lstm_leaf", module, input_shape, num_classes, False, input_dtype="int32")
+
+
+MODELS["lstm_leaf"] = lstm_leaf
