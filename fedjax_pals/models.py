@@ -189,6 +189,8 @@ MODELS = {"logistic_regression": logistic_regression, "lenet": lenet, "lenet_nob
 # The models that take image inputs (H, W, C): config.model may name them only for an image
 # data set.
 _IMAGE_MODELS = {"lenet", "lenet_nobias"}
+# What the registered models take when it is not float32 (`model_input_dtype`).
+_INPUT_DTYPES: dict[str, str] = {}
 
 
 def register_model(
@@ -196,6 +198,7 @@ def register_model(
     build: Callable[[Sequence[int], int], Model],
     *,
     needs_images: bool = False,
+    input_dtype: str = "float32",
     replace: bool = False,
 ) -> None:
     """Registers a model under `name` (config.model = name).
@@ -205,6 +208,7 @@ def register_model(
     (`engine.structure_key`), so models built alike by an uncached builder train in one
     compiled program.
     needs_images: the model takes (H, W, C) inputs (refused for feature-vector data sets).
+    input_dtype: what its `Model.input_dtype` is ("int32" for a model of tokens).
     """
     if not isinstance(name, str) or not name.isidentifier() or name == "auto":
         raise ValueError(f"a model's name must be a Python identifier other than 'auto', got {name!r}.")
@@ -214,6 +218,7 @@ def register_model(
         raise ValueError(f"a model {name!r} is already registered; pass replace=True to redefine it.")
     MODELS[name] = build
     (_IMAGE_MODELS.add if needs_images else _IMAGE_MODELS.discard)(name)
+    _INPUT_DTYPES[name] = str(np.dtype(input_dtype))
     extensions.note_registration("model", name)
 
 
@@ -223,6 +228,12 @@ def registered_models() -> tuple[str, ...]:
 
 def model_needs_images(name: str) -> bool:
     return name in _IMAGE_MODELS
+
+
+def model_input_dtype(name: str) -> str:
+    """The dtype the registered model `name` takes ("float32" unless its registration says
+    otherwise: "int32" for a token model)."""
+    return _INPUT_DTYPES.get(name, "float32")
 
 
 def model_from_flax(
@@ -376,3 +387,4 @@ def _lstm_leaf(input_shape, num_classes):
 
 
 MODELS["lstm_leaf"] = lstm_leaf
+_INPUT_DTYPES["lstm_leaf"] = "int32"

@@ -187,3 +187,29 @@ def test_float32_pixels_k_over_255_are_held_as_uint8_and_wide_integers_are_refus
     with pytest.raises(DataFileError, match=r"wide\.sqlite: client 'b'.s train inputs hold "
                                             r"1099511627776, outside int32"):
         assemble_clients("t", [wide], source="s")
+
+
+def test_a_users_integer_inputs_without_a_scaling_still_train_as_floats_and_warn(rng):
+    """Before, every split was float32: a user's loader of uint8 arrays and no input_scaling
+    trained on their float values. It still does (the model sees x / 1.0), with a warning."""
+    from fedjax_pals import deprecation
+    from fedjax_pals.experiment.task import build_task
+
+    x = rng.integers(0, 256, size=(400, 4)).astype(np.uint8)
+    y = (x[:, 0] > 127).astype(np.int32)
+
+    def load():
+        split = fjp.LabeledSplit(x, y)
+        return fjp.Dataset("uint8_blobs", split, split, num_classes=2, source="test")
+
+    fjp.register_dataset("uint8_blobs", load, num_classes=2, num_train=400, images=False)
+    try:
+        with pytest.warns(deprecation.FedjaxPalsDeprecationWarning, match="InputScaling"):
+            task = build_task({"dataset": {"name": "uint8_blobs"},
+                               "partition": {"scheme": "dirichlet", "num_clients": 3}})
+        seen = task.model.apply(task.model.init(__import__("jax").random.PRNGKey(0)), x[:3])
+        assert task.model.input_dtype == "uint8" and seen.shape == (3, 2)
+    finally:
+        from fedjax_pals.data import datasets
+        datasets._REGISTERED.pop("uint8_blobs", None)
+        extensions.forget_registration("dataset", "uint8_blobs")

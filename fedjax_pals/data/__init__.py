@@ -42,6 +42,7 @@ from fedjax_pals.data.natural import (
 from fedjax_pals.data import formats  # noqa: E402,F401  (registers the federated file readers)
 from fedjax_pals.data.pachinko import pachinko_partition  # registers the scheme "pachinko"
 from fedjax_pals.data.tfds_datasets import load_cifar100, load_emnist  # registers both
+from fedjax_pals.data.shakespeare import load_shakespeare  # registers "shakespeare"
 from fedjax_pals.data.synthetic import (
     SYNTHETIC_CLIENT_LABEL_DISTS,
     SYNTHETIC_CLIENT_SIZES,
@@ -61,6 +62,7 @@ __all__ = [
     "assemble_clients",
     "load_cifar100",
     "load_emnist",
+    "load_shakespeare",
     "pachinko_partition",
     "register_reader",
     "target_group_ids",

@@ -387,7 +387,14 @@ def _described(info: Any, data_dir: Any, keys: dict, check_paths: bool) -> Any:
     except OSError as error:
         if not check_paths:
             return info
+        if info.default_data_dir is not None:  # its own message says how to get the data
+            try:
+                info.describe(pathlib.Path(path), values)
+            except (datasets_lib.DatasetUnavailableError, ValueError) as unavailable:
+                raise ConfigError(f"config.dataset.data_dir: {unavailable}") from None
         raise ConfigError(f"config.dataset.data_dir={path}: {error.strerror or error}.") from None
+    except datasets_lib.DatasetUnavailableError as error:
+        raise ConfigError(f"config.dataset.data_dir={path}: {error}") from None
     except ValueError as error:
         raise ConfigError(f"config.dataset.data_dir={path}: {error}") from None
     return info.with_facts(facts)
