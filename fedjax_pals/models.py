@@ -264,6 +264,11 @@ def with_input_scaling(model: Model, scaling: Any, stored_dtype: str) -> Model:
     batch, so that the host and the device hold the data set as stored (uint8 pixels).
     `scaling`: a `fedjax_pals.InputScaling` (a frozen dataclass: models scaled alike share
     one compiled program, `engine.structure_key`)."""
+    if getattr(model, "input_dtype", "float32") != "float32":
+        raise ValueError(
+            f"model {model.name!r} takes {model.input_dtype} inputs, not the float32 an input "
+            "scaling gives; a model of tokens takes them as stored (no input_scaling)."
+        )
     inner_apply = model.apply
 
     def apply(params, x):

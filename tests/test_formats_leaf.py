@@ -204,3 +204,19 @@ def test_config_resolves_num_clients_to_the_number_of_users(tmp_path):
     })
     assert resolved.partition.num_clients == 3
     assert tuple(resolved.dataset.input_shape) == (28, 28, 1)
+
+
+def test_describe_and_load_number_the_users_alike_whatever_user_datas_order(tmp_path):
+    """The ids follow the users list (what describe reports), not user_data's order."""
+    from fedjax_pals.data.formats import leaf
+
+    for split in ("train", "test"):
+        _write(tmp_path / split / "all.json", {
+            "users": ["b", "a"], "num_samples": [1, 2],
+            "user_data": {"a": {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 1]},
+                          "b": {"x": [[1.0, 1.0]], "y": [1]}}})
+    facts = leaf.describe(tmp_path, leaf.ReaderOptions())
+    data = leaf.load(tmp_path)
+    assert facts.client_names == data.client_names == ("b", "a")
+    np.testing.assert_array_equal(data.client_ids, [1, 1, 0])  # a's examples first in the file
+    np.testing.assert_array_equal(data.train.y[data.client_ids == 1], [0, 1])

@@ -213,3 +213,63 @@ def test_a_users_integer_inputs_without_a_scaling_still_train_as_floats_and_warn
         from fedjax_pals.data import datasets
         datasets._REGISTERED.pop("uint8_blobs", None)
         extensions.forget_registration("dataset", "uint8_blobs")
+
+
+def test_uint8_is_scaled_as_pixels_only_for_images_and_bools_stay_zero_or_one():
+    images = ClientExamples("a", "train", np.full((2, 4, 4), 255, np.uint8), np.zeros(2), "f")
+    d = assemble_clients("t", [images], source="s")
+    assert d.input_scaling == fjp.InputScaling(127.5, -1.0)
+    flags = ClientExamples("a", "train", np.array([[True, False]]), np.zeros(1), "f")
+    d = assemble_clients("t", [flags], source="s")
+    assert d.train.x.dtype == np.uint8 and d.input_scaling == fjp.InputScaling(1.0)
+    np.testing.assert_array_equal(d.model_inputs(d.train.x), [[1.0, 0.0]])
+    codes = ClientExamples("a", "train", np.array([[1, 2, 3]], np.uint8), np.zeros(1), "f")
+    d = assemble_clients("t", [codes], source="s")  # flat uint8 vectors: their values
+    np.testing.assert_array_equal(d.model_inputs(d.train.x), [[1.0, 2.0, 3.0]])
+
+
+def test_a_token_model_refuses_an_input_scaling():
+    with pytest.raises(ValueError, match="takes int32 inputs, not the float32 an input scaling"):
+        fjp.make_model("lstm_leaf", (3,), 80, input_scaling=fjp.InputScaling(127.5, -1.0))
+
+
+@pytest.mark.parametrize("later, message", [
+    (np.array([[3, 4, 5]], np.uint8), r"inputs are uint8, but the first client's are floats"),
+    (np.array([[0.5, 0.2, 0.1]]), None),  # floats again: fine (dequantised)
+])
+def test_integers_after_quantised_floats_are_refused(later, message):
+    blocks = [_block("a", "train", 2), ClientExamples("b", "train", later, np.zeros(1), "g")]
+    if message is None:
+        assert assemble_clients("t", blocks, source="s").train.x.dtype == np.float32
+    else:
+        with pytest.raises(DataFileError, match=message):
+            assemble_clients("t", blocks, source="s")
+
+
+def test_labels_beyond_int32_are_refused_not_wrapped():
+    block = ClientExamples("a", "train", np.zeros((1, 3)), np.array([2**32 + 1]), "big.json")
+    with pytest.raises(DataFileError, match=r"big\.json: client 'a' has train label 4294967297"):
+        assemble_clients("t", [block], source="s")
+
+
+def test_client_order_numbers_the_clients_as_the_header_lists_them():
+    blocks = [_block("b", "train", 2), _block("a", "train", 3)]
+    d = assemble_clients("t", blocks, source="s", client_order=("a", "b"))
+    assert d.client_names == ("a", "b")
+    np.testing.assert_array_equal(d.client_ids, [1, 1, 0, 0, 0])
+    with pytest.raises(DataFileError, match="client 'c' is listed but has no training"):
+        assemble_clients("t", blocks, source="s", client_order=("a", "b", "c"))
+
+
+def test_a_data_set_without_a_test_split_is_refused_by_the_natural_scheme(rng):
+    d = assemble_clients("t", [_block("a", "train", 40), _block("b", "train", 40)], source="s")
+    assert d.test_client_ids is None and len(d.test) == 0
+    with pytest.raises(ValueError, match="the data have no test split"):
+        natural_partition(d.train.y, d.test.y, d.client_ids, target_client=0, seed=0,
+                          num_classes=4, test_client_ids=d.test_client_ids)
+
+
+def test_a_readers_recorded_config_digests_without_its_files(tmp_path):
+    config = {"dataset": {"name": "leaf", "data_dir": str(tmp_path / "gone")},
+              "partition": {"scheme": "natural", "num_clients": 7}}
+    assert len(fjp.config_digest(config)) == 16

@@ -172,6 +172,11 @@ def _as_labels(block: ClientExamples) -> np.ndarray:
                 f"{block.where}: client {block.client!r}'s {block.split} labels are not class "
                 f"indices (dtype {y.dtype}, e.g. {y.flat[0]!r})"
             )
+    if y.size and (y.max() > np.iinfo(np.int32).max):
+        raise DataFileError(
+            f"{block.where}: client {block.client!r} has {block.split} label {int(y.max())}, "
+            "beyond int32 (labels are class indices 0, ..., K-1)"
+        )
     return y.astype(np.int64)
 
 
@@ -185,6 +190,7 @@ def assemble_clients(
     input_shape: Sequence[int] | None = None,
     quantise: bool = True,
     input_scaling: InputScaling | None = None,
+    client_order: Sequence[str] | None = None,
 ) -> Dataset:
     """A `Dataset` of the clients in `blocks`, one client id per client in order of first
     appearance in the train split (`Dataset.client_names` keeps the format's ids).
@@ -200,14 +206,19 @@ def assemble_clients(
       input_shape: each example's shape (LEAF's FEMNIST stores 784 floats: (28, 28, 1));
         None: as stored.
       quantise: store floats that are all k / 255 as uint8 k (seen by the model as k / 255).
-      input_scaling: how the model sees integer inputs (None: as stored; uint8 pixels get
-        ``pixel / 127.5 - 1`` unless given).
+      input_scaling: how the model sees integer inputs (None: uint8 images, examples of 2 or
+        3 dimensions, get ``pixel / 127.5 - 1``; other integers are plain values, bools 0/1,
+        tokens as int32 for a token model).
+      client_order: the clients' names in client-id order, as the format's header lists them
+        (what `describe` reports); None: the order of first appearance in the train split.
 
     Raises:
       DataFileError: a block that cannot be used (one line naming its file and client).
     """
     buffers = {s: _SplitBuffer(None if counts is None else int(counts.get(s, 0))) for s in SPLITS}
     ids: dict[str, int] = {}
+    order = None if client_order is None else {str(c): g for g, c in enumerate(client_order)}
+    native = None  # the first client's input dtype as the file gave it
     seen: set[tuple[str, str]] = set()
     shape = None if input_shape is None else tuple(int(d) for d in input_shape)
     first_where = None
@@ -272,8 +283,21 @@ def assemble_clients(
                 f"but the first client's are stored as {stored} (one dtype for every client)"
             )
         stored = x.dtype
+        if kind == "integer" and quantised is not None or (
+            kind != "integer" and native is not None and native.kind in "biu"
+        ):
+            raise DataFileError(
+                f"{where}: client {client!r}'s {split} inputs are {np.asarray(block.x).dtype}, "
+                "but the first client's are "
+                f"{'floats' if native is None or native.kind == 'f' else native} (one dtype for "
+                "every client)"
+            )
+        native = native if native is not None else np.asarray(block.x).dtype
         if split == "train":
-            ids.setdefault(client, len(ids))
+            if order is not None and client not in order:
+                raise DataFileError(f"{where}: client {client!r} is not among the clients the "
+                                    "file's header lists")
+            ids.setdefault(client, len(ids) if order is None else order[client])
         elif client not in ids:
             raise DataFileError(
                 f"{where}: client {client!r} has test examples but no training examples (or its "
@@ -282,6 +306,10 @@ def assemble_clients(
         buffers[split].add(x, y, ids[client], block)
     if not ids:
         raise DataFileError(f"{first_where or name}: no client has training examples")
+    if order is not None and len(ids) != len(order):
+        missing = next(c for c in order if c not in ids)
+        raise DataFileError(f"{first_where or name}: client {missing!r} is listed but has no "
+                            "training examples")
     if shape is None or stored is None:  # pragma: no cover - guarded by `ids`
         raise DataFileError(f"{name}: no examples")
     k = largest + 1 if num_classes is None else int(num_classes)
@@ -292,12 +320,17 @@ def assemble_clients(
     scaling = input_scaling
     if scaling is None and quantised:
         scaling = UNIT_PIXELS
+    elif scaling is None and stored == np.uint8 and native is not None and native != np.bool_ \
+            and len(shape) in (2, 3):
+        scaling = PIXELS_TO_UNIT_RANGE  # an image's pixels
     elif scaling is None and stored == np.uint8:
-        scaling = PIXELS_TO_UNIT_RANGE
+        scaling = InputScaling(1.0)  # bools as 0/1, small integers as their values
+    names = tuple(ids) if order is None else tuple(order)
     return Dataset(
         name, splits["train"][0], splits["test"][0], num_classes=k, source=source,
-        client_ids=splits["train"][1], client_names=tuple(ids),
-        test_client_ids=splits["test"][1], input_scaling=scaling,
+        client_ids=splits["train"][1], client_names=names,
+        test_client_ids=splits["test"][1] if len(splits["test"][0]) else None,
+        input_scaling=scaling,
     )
 
 

@@ -759,6 +759,12 @@ def natural_partition(
     other ids train in id order (training client i is the i-th id not in the target)."""
     seed = _check_seed(seed)
     min_test = _validation.check_positive_int("min_target_test_size", min_target_test_size)
+    if not np.size(test_labels):
+        raise ValueError(
+            "the data have no test split, so the target cannot be tested: give the format's "
+            "test split (LEAF: preprocess with -t sample; Parquet: parquet_split_column or "
+            "parquet_test_fraction > 0)"
+        )
     train, test, num_classes = _check_inputs(train_labels, test_labels, num_classes)
     ids = _check_labels(client_ids, "client_ids")
     num_ids = int(ids.max()) + 1 if ids.shape == train.shape and ids.size else 0
@@ -1108,8 +1114,10 @@ def _labels_fit(values: LabelsPerClient, dataset: RegisteredDataset) -> None:
     _validation.check_integer("labels_per_client", values.labels_per_client, 1, k, why)
 
 
-def _natural_fit(values: TargetClient, dataset: RegisteredDataset) -> int:
+def _natural_fit(values: TargetClient, dataset: RegisteredDataset) -> int | None:
     ids = dataset.num_client_ids or 0
+    if ids == 0 and dataset.describe is not None:
+        return None  # a reader whose files were not read (a recorded config): as recorded
     if ids < 2:
         raise ValueError(
             f"scheme='natural' makes one client per client id, but data set {dataset.name!r} is "

@@ -205,7 +205,8 @@ def num_train_samples(n: int, test_fraction: float) -> int:
         return n
     if n == 2:
         return 1
-    return min(n, max(1, int((1.0 - test_fraction) * n)))
+    # A tolerance so that (1 - 0.9) * 20 = 1.9999999999999996 counts as the 2 it stands for.
+    return min(n, max(1, int((1.0 - test_fraction) * n + 1e-9)))
 
 
 # ---- the tarball ---------------------------------------------------------------------------

@@ -115,6 +115,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -382,8 +383,7 @@ def _described(info: Any, data_dir: Any, keys: dict, check_paths: bool) -> Any:
     values = info.hyperparameters(**{k: keys[k] for k in hyperparameter_defaults(info.hyperparameters)})
     path = os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
     try:
-        stat = os.stat(path)
-        facts = _describe_cached(info, path, stat.st_size, stat.st_mtime_ns, values)
+        facts = _describe_cached(info, path, _files_key(path), values)
     except OSError as error:
         if not check_paths:
             return info
@@ -400,9 +400,25 @@ def _described(info: Any, data_dir: Any, keys: dict, check_paths: bool) -> Any:
     return info.with_facts(facts)
 
 
+def _files_key(path: str) -> tuple:
+    """The sizes and times of `path` and the files up to two levels below it (a LEAF
+    directory's train/*.json): files written anew are described anew."""
+    stat = os.stat(path)
+    key = [(path, stat.st_size, stat.st_mtime_ns)]
+    if os.path.isdir(path):
+        for entry in sorted(glob.glob(os.path.join(path, "*")) + glob.glob(
+                os.path.join(path, "*", "*"))):
+            try:
+                st = os.stat(entry)
+            except OSError:
+                continue
+            key.append((entry, st.st_size, st.st_mtime_ns))
+    return tuple(key)
+
+
 @functools.lru_cache(maxsize=16)
-def _describe_cached(info: Any, path: str, size: int, mtime: int, values: Any) -> Any:
-    del size, mtime  # keys only: a file written anew is described anew
+def _describe_cached(info: Any, path: str, files: tuple, values: Any) -> Any:
+    del files  # a key only
     return info.describe(pathlib.Path(path), values)
 
 

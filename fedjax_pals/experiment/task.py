@@ -213,7 +213,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     if scaling is None and dataset.train.x.dtype != np.float32 and (
         models.model_input_dtype(config.model) == "float32"
     ):
-        # Until 0.2.0 every LabeledSplit stored float32: a user's loader of integer inputs
+        # Up to 0.2.0 every LabeledSplit stored float32: a user's loader of integer inputs
         # without an input_scaling trained on their float values. It still does, and warns.
         deprecation.warn(
             f"data set {config.dataset.name!r} holds {dataset.train.x.dtype} inputs without an "

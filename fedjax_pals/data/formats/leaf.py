@@ -324,9 +324,12 @@ def load(
             for file, header in headers.items():
                 yield from _blocks(file, split, header)
 
+    # Client ids follow the training files' users lists (what `describe` reports), whatever
+    # the order of user_data.
+    users = tuple(dict.fromkeys(u for h in train.values() for u in h.users))
     return assemble_clients(
         "leaf", blocks(), source=f"{FORMAT} {path}", num_classes=num_classes, counts=counts,
-        input_shape=input_shape,
+        input_shape=input_shape, client_order=users,
     )
 
 
@@ -366,8 +369,7 @@ def describe(path: pathlib.Path, values: ReaderOptions) -> DataFacts:
     num_classes = values.num_classes
     if num_classes is None and _is_text(x, y):
         num_classes = NUM_LEAF_LETTERS
-    # Client ids follow the training files' users in order (LEAF writes user_data in the order
-    # of users, and `assemble_clients` numbers clients as they come).
+    # Client ids follow the training files' users lists (`load` passes the same order).
     users = tuple(dict.fromkeys(u for h in headers.values() for u in h.users))
     return DataFacts(num_train, len(users), shape, num_classes, client_names=users)
 
