@@ -139,6 +139,12 @@ def _synthetic(rounds=3, **algorithm):
          "afl's server update is its own"),
         (dict(lam_schedule="hypergradient", lam=0.1, dp_clip_norm=1.0, dp_noise_multiplier=1.0),
          "steps lambda in the server update"),
+        # A DP key without the clip norm would train without DP, silently (issue 57).
+        (dict(dp_target_epsilon=4.0), r"algorithm\.dp_target_epsilon=4\.0 is set, but "
+         r"algorithm\.dp_clip_norm is None"),
+        (dict(dp_noise_multiplier=1.0), r"dp_noise_multiplier=1\.0 is set, but .*dp_clip_norm"),
+        (dict(dp_clip_quantile=0.5), r"dp_clip_quantile=0\.5 is set, but .*dp_clip_norm"),
+        (dict(dp_delta=1e-6), r"dp_delta=1e-06 is set, but .*dp_clip_norm"),
     ],
 )
 def test_bad_settings_are_refused_before_data_is_read(settings, message):

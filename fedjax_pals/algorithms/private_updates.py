@@ -238,6 +238,9 @@ def with_private_updates(
 # -- the feature -------------------------------------------------------------------------------
 
 
+_DEFAULT_DELTA = 1e-5
+
+
 @dataclasses.dataclass(frozen=True)
 class PrivateUpdatesHyperparameters(Hyperparameters):
     dp_clip_norm: float | None = hyperparameter(
@@ -252,7 +255,7 @@ class PrivateUpdatesHyperparameters(Hyperparameters):
         per_run=True,
     )
     dp_delta: float | None = hyperparameter(
-        1e-5, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
+        _DEFAULT_DELTA, low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         doc="the delta of DP on updates' (epsilon, delta)",
         per_run=True,
     )
@@ -275,6 +278,19 @@ _KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon",
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
     if values["dp_clip_norm"] is None:
+        # A DP key without the clip norm would train without DP and record nothing of what was
+        # asked (issue 57): refused, naming the key that turns DP on.
+        given = [key for key in ("dp_target_epsilon", "dp_noise_multiplier", "dp_clip_quantile")
+                 if values[key] is not None]
+        if values["dp_delta"] not in (None, _DEFAULT_DELTA):
+            given.append("dp_delta")
+        if given:
+            shown = ", ".join(f"algorithm.{key}={values[key]!r}" for key in given)
+            raise ValueError(
+                f"config.{shown} is set, but algorithm.dp_clip_norm is None, which turns DP on "
+                "the model updates off: give algorithm.dp_clip_norm (C, the norm each client's "
+                "update is clipped to) or drop the DP key."
+            )
         return {key: None for key in _KEYS}
     name = facts.method.name
     if facts.method.owns_server_update:
