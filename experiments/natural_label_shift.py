@@ -51,6 +51,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="docs/reproduction/shakespeare_label_shift.png")
     parser.add_argument("--min_samples", type=int, default=0)
     parser.add_argument("--min_lines", type=int, default=3)
+    parser.add_argument("--workdir", default=None,
+                        help="also write the numbers there, as label_shift.json")
     args = parser.parse_args(argv)
 
     from fedjax_pals.data import shakespeare
@@ -101,6 +103,11 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
+    if args.workdir:
+        record = pathlib.Path(args.workdir) / "label_shift.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(report, indent=1))
+        print(f"wrote {record}")
     return report
 
 

@@ -148,6 +148,13 @@ RAW[beyond_unknown_target_loop]="experiments.unknown_target_report \
 $ROOT/beyond_unknown_target_loop_table1_c3,$ROOT/beyond_unknown_target_loop_issue_c3"
 RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
 --sweeps=$ROOT/beyond_unknown_target_loop_heldout_c3,$ROOT/beyond_unknown_target_loop_heldout_c2"
+# Natural label shift (issue 55): LEAF's Shakespeare, built offline, a 2-core slice (the config
+# holds it: 40 roles x 175 windows, Falstaff the target, 20 rounds of 10 participants, FedAvg /
+# FedPALS / Oracle, seeds 0-1: about 45 min on 2 cores), and its label-shift figure.
+ARGS[natural_shakespeare]=""
+CONFIG[natural_shakespeare]="configs/natural_shakespeare.py"
+RAW[natural_shakespeare_label_shift]="experiments.natural_label_shift \
+--out=docs/reproduction/shakespeare_label_shift.png"
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's
 # "session": 10 rounds, learning rate 0.1, FedAdam+FedPALS at lam = 0, server eta over two
 # values: FedAdam {0.01, 0.03}, FedAvgM {1.0, 0.3}), 8 seeds; 16 runs each.
@@ -168,6 +175,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        beyond_unknown_target_loop_heldout_c2
        beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates beyond_private_updates_poisson
+       natural_shakespeare natural_shakespeare_label_shift
        num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
        beyond_unknown_target_loop beyond_unknown_target_loop_heldout beyond_feddisco_fedlc
