@@ -152,7 +152,7 @@ RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
 # holds it: 40 roles x 175 windows, Falstaff the target, 20 rounds of 10 participants, FedAvg /
 # FedPALS / Oracle, seeds 0-1: about 45 min on 2 cores), and its label-shift figure.
 ARGS[natural_shakespeare]=""
-CONFIG[natural_shakespeare]="configs/natural_shakespeare.py"
+CONFIG[natural_shakespeare]="configs/beyond_natural_shakespeare.py"
 RAW[natural_shakespeare_label_shift]="experiments.natural_label_shift \
 --out=docs/reproduction/shakespeare_label_shift.png"
 # Server optimisers (Reddi et al., 2021) on Table 1's rows at the session budget (the config's

@@ -14,6 +14,7 @@ compilations (`fjp.engine.CompilationCounter`) count the same.
 
 import importlib.metadata
 import os
+import pathlib
 
 import pytest
 
@@ -102,6 +103,16 @@ def pytest_configure(config):
     # Keep the collection order below (xdist would reorder the files by their number of tests).
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    # configs/beyond_natural_femnist.py reads a FEMNIST-shaped LEAF copy from
+    # $FEDJAX_PALS_FEMNIST_DIR: the config tests get 16 writers, written once per process.
+    if not os.environ.get("FEDJAX_PALS_FEMNIST_DIR"):
+        import tempfile
+
+        from experiments.benchmarks import femnist_copy
+
+        directory = os.path.join(tempfile.mkdtemp(prefix="fjp_femnist_"), "leaf")
+        femnist_copy.write_leaf(pathlib.Path(directory), 16, seed=0)
+        os.environ["FEDJAX_PALS_FEMNIST_DIR"] = directory
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the costs of the pass that runs

@@ -317,8 +317,8 @@ def _real_tarball_or_skip():
 
 @pytest.mark.integration
 def test_two_rounds_of_the_experiments_config_train_on_a_slice_of_the_real_plays(tmp_path):
-    """The experiment's config (configs/natural_shakespeare.py) on the real plays, shortened to
-    2 rounds of 2 participants: Falstaff's three roles the target, tested on their own
+    """The experiment's config (configs/beyond_natural_shakespeare.py) on the real plays,
+    shortened to 2 rounds of 2 participants: Falstaff's three roles the target, tested on their own
     windows, LEAF's LSTM on int32 tokens."""
     import importlib.util
 
@@ -326,7 +326,7 @@ def test_two_rounds_of_the_experiments_config_train_on_a_slice_of_the_real_plays
 
     path = _real_tarball_or_skip()
     spec = importlib.util.spec_from_file_location("natural_shakespeare", os.path.join(
-        os.path.dirname(__file__), "..", "configs", "natural_shakespeare.py"))
+        os.path.dirname(__file__), "..", "configs", "beyond_natural_shakespeare.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config("run")

@@ -1,7 +1,7 @@
 r"""FedPALS vs FedAvg on natural clients: FEMNIST-shaped writers read from federated files.
 
-  python -m experiments.benchmarks.femnist_copy --out /tmp/femnist_small --clients 40
-  python -m experiments.sweep --config=configs/natural_femnist.py \
+  python -m experiments.benchmarks.femnist_copy --out /tmp/femnist_small --clients 40 --formats leaf
+  python -m experiments.sweep --config=configs/beyond_natural_femnist.py \
       --config.dataset.data_dir=/tmp/femnist_small/leaf --workdir=runs/natural_leaf
   # the same clients from TFF's SQLite file:
   #   --config.dataset.name=tff_sqlite \
@@ -16,6 +16,8 @@ natural_data.md). The real FEMNIST: point data_dir at LEAF's data/femnist/data (
 -t sample) or at TFF's emnist SQLite file.
 """
 
+import os
+
 import ml_collections
 
 import fedjax_pals as fjp
@@ -24,6 +26,8 @@ import fedjax_pals as fjp
 def get_config():
     config = fjp.default_config()
     config.dataset.name = "leaf"
+    # The copy's directory: --config.dataset.data_dir, or $FEDJAX_PALS_FEMNIST_DIR.
+    config.dataset.data_dir = os.environ.get("FEDJAX_PALS_FEMNIST_DIR")
     config.dataset.input_shape = (28, 28, 1)
     config.dataset.num_classes = 62
     config.partition.scheme = "natural"

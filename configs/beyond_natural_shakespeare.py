@@ -1,8 +1,8 @@
 r"""Natural label shift: LEAF's Shakespeare task, one held-out character the target.
 
-  python -m experiments.sweep --config=configs/natural_shakespeare.py \
+  python -m experiments.sweep --config=configs/beyond_natural_shakespeare.py \
       --workdir=runs/natural_shakespeare
-  # one run: python -m experiments.run --config=configs/natural_shakespeare.py:run \
+  # one run: python -m experiments.run --config=configs/beyond_natural_shakespeare.py:run \
   #          --workdir=runs/shakespeare_fedpals --config.algorithm.name=fedpals
 
 Data: the data set "shakespeare" (`fedjax_pals/data/shakespeare.py`; get the text with
