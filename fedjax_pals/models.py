@@ -277,6 +277,42 @@ def with_input_scaling(model: Model, scaling: Any, stored_dtype: str) -> Model:
     return model._replace(apply=apply, input_dtype=str(np.dtype(stored_dtype)))
 
 
+def model_for_data(model: Model, dataset: Any, *, data: str | None = None) -> Model:
+    """`model` taking `dataset`'s inputs as stored: wrapped by the data set's `input_scaling`
+    (`with_input_scaling`) when the model takes float32 and the data are quantised; as it is
+    when it takes them already (a model of tokens, float32 features, a model wrapped before).
+
+    Integer inputs without a scaling for a float model keep their meaning of before 0.3 (every
+    split was converted to float32: the model sees the plain values) and warn.
+
+    Raises:
+      ValueError: a model of another input dtype than the data's (named).
+    """
+    from fedjax_pals import deprecation
+    from fedjax_pals.data.datasets import InputScaling
+
+    stored = str(dataset.train.x.dtype)
+    taken = getattr(model, "input_dtype", "float32")
+    if taken == stored:
+        return model
+    name = data or dataset.name
+    if taken != "float32":
+        raise ValueError(
+            f"model {model.name!r} takes {taken} inputs, but data set {name!r} holds {stored} "
+            "ones" + (" (a model of tokens takes int32)." if stored != "int32" else ".")
+        )
+    scaling = dataset.input_scaling
+    if scaling is None:
+        deprecation.warn(
+            f"data set {name!r} holds {stored} inputs without an input_scaling, so the model "
+            "sees them as plain floats (as before 0.3, when every split was converted to "
+            "float32); say so with Dataset(..., input_scaling=fjp.InputScaling(1.0)) or give "
+            "the scaling the model should see (uint8 pixels in [-1, 1]: "
+            "fjp.InputScaling(127.5, -1.0)).", refused_in="0.4.0")
+        scaling = InputScaling(1.0)
+    return with_input_scaling(model, scaling, stored)
+
+
 @functools.lru_cache(maxsize=32)
 def abstract_model(model: Model, input_shape: tuple[int, ...]) -> tuple[chex.ArrayTree, jax.Array]:
     """The model's params and its output for a batch of one example, traced, never computed

@@ -34,7 +34,7 @@ from fedjax_pals.engine import (
     round_engine,
 )
 from fedjax_pals.metrics import make_evaluator
-from fedjax_pals.models import Model
+from fedjax_pals.models import Model, model_for_data
 
 _INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM, _POISSON_STREAM = 0, 1, 2, 3
 
@@ -243,6 +243,8 @@ class TrainingRun:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+        # The model takes the data as stored (uint8 pixels scaled inside the step).
+        model = model_for_data(model, dataset)
         num_clients = partition.num_clients
         if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
             clients_per_round = num_clients

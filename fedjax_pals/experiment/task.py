@@ -22,10 +22,10 @@ from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_a
 from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
-from fedjax_pals.data.datasets import InputScaling, RegisteredDataset
+from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
-from fedjax_pals import deprecation, models
+from fedjax_pals import models
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
@@ -209,35 +209,12 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     dataset, partition = load_data(config)
     _check_target_sets(partition)
     input_shape = tuple(dataset.train.x.shape[1:])
-    scaling = dataset.input_scaling
-    if scaling is None and dataset.train.x.dtype != np.float32 and (
-        models.model_input_dtype(config.model) == "float32"
-    ):
-        # Up to 0.2.0 every LabeledSplit stored float32: a user's loader of integer inputs
-        # without an input_scaling trained on their float values. It still does, and warns.
-        deprecation.warn(
-            f"data set {config.dataset.name!r} holds {dataset.train.x.dtype} inputs without an "
-            "input_scaling, so the model sees them as plain floats (as before 0.3, when every "
-            "split was converted to float32); say so with Dataset(..., input_scaling="
-            "fjp.InputScaling(1.0)) or give the scaling the model should see (uint8 pixels in "
-            "[-1, 1]: fjp.InputScaling(127.5, -1.0)).", refused_in="0.4.0")
-        scaling = InputScaling(1.0)
     try:
-        model = make_model(
-            config.model, input_shape, dataset.num_classes, data=config.dataset.name,
-            input_scaling=scaling, stored_dtype=str(dataset.train.x.dtype),
-        )
+        model = make_model(config.model, input_shape, dataset.num_classes,
+                           data=config.dataset.name)
+        model = models.model_for_data(model, dataset, data=config.dataset.name)
     except ValueError as error:  # the model's own message, as it is
         raise TaskError(str(error)) from None
-    if model.input_dtype != str(dataset.train.x.dtype):
-        raise TaskError(
-            f"model {config.model!r} takes {model.input_dtype} inputs, but data set "
-            f"{config.dataset.name!r} holds {dataset.train.x.dtype} ones"
-            + (" (tokens: a model of tokens, e.g. 'lstm_leaf', takes int32)."
-               if dataset.train.x.dtype == np.int32 else
-               "; give the data set an input_scaling (fjp.InputScaling) or the model "
-               "input_dtype.")
-        )
     params, _ = abstract_model(model, input_shape)
     method = registry.get_method(a.name)
     training_partition = partition
