@@ -1,7 +1,7 @@
 """`restore_run(workdir, which)`: a trained run's model back from its workdir, nothing trained.
 
     run = fjp.restore_run("runs/fedpals", which="best")
-    logits = run.model.apply(run.params, x)
+    logits = run.model.apply(run.params, x)   # x as the data set stores it (uint8 pixels)
     run.evaluate("target")   # {"accuracy", "macro_f1", "loss"}: what results.json recorded
 
 The run's resolved config comes from its newest readable checkpoint (the identity saved with
