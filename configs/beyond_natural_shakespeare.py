@@ -54,7 +54,8 @@ def get_config(arg: str = "sweep"):
     config.training.batch_size = 32
     config.training.learning_rate = 0.8
     config.training.eval_every = 2
-    if arg == "run":
+    if arg == "run":  # one run, evaluated every round (the sweep's table: every 2)
+        config.training.eval_every = 1
         return config
     config.sweep = ml_collections.ConfigDict(
         # No Oracle: it resamples the clients to T, and T puts mass on a character ('P') that
