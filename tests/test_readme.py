@@ -79,6 +79,9 @@ SKIPPED = {
     r"^python -m fedjax_pals\.launch --num_processes=2 -- python -m experiments\.run": "two "
     "processes of experiments.run under the launcher: tests/test_experiments.py::"
     "test_two_local_processes_give_the_results_of_one runs this command on configs/synthetic.py",
+    r"configs/beyond_natural_shakespeare\.py:run\b": "LEAF's LSTM on the real plays: "
+    "tests/test_shakespeare.py::test_two_rounds_of_the_experiments_config_train_on_a_slice_of_"
+    "the_real_plays runs this config for 2 rounds, and tests/test_sweep.py its sweep",
     r"\bsbatch\b": "needs a Slurm cluster and Table 1's 960-run sweep; tests/test_submission.py "
     "submits to CI's real Slurm (scripts/slurm_local.sh)",
     r"experiments\.submit\b.*--slurm_partition=gpu": "needs a Slurm partition 'gpu' with GPUs; "
