@@ -354,6 +354,19 @@ def check_path(path: pathlib.Path, what: str, *, suffixes: tuple[str, ...] = ())
         raise ValueError(f"does not hold {what}: a file named {', '.join(suffixes)} is expected")
 
 
+def reader_path(data_dir: Any, resolve: Callable[[pathlib.Path], Any], needed: str) -> Any:
+    """`resolve(path)` of a reader's `data_dir` (its check, or the file(s) it names), a
+    missing data_dir or a ValueError "does not hold ..." as one `DataFileError` line. needed:
+    what data_dir must name, for the message ("LEAF JSON is read from files: give ...")."""
+    if data_dir is None:
+        raise DataFileError(needed)
+    path = pathlib.Path(data_dir).expanduser().absolute()
+    try:
+        return resolve(path)
+    except ValueError as error:
+        raise DataFileError(f"{path} {error}") from None
+
+
 def register_reader(
     name: str,
     load: Callable[..., Dataset],

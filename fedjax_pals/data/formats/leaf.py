@@ -42,6 +42,7 @@ from fedjax_pals.data.natural import (
     ReaderOptions,
     assemble_clients,
     check_path,
+    reader_path,
     register_reader,
 )
 from fedjax_pals.data.vocabulary import NUM_LEAF_LETTERS, encode
@@ -276,17 +277,13 @@ def _check_users(train: dict, test: dict) -> None:
 
 
 def _path(data_dir: str | os.PathLike | None) -> pathlib.Path:
-    if data_dir is None:
-        raise DataFileError(
-            "LEAF JSON is read from files: give data_dir, the directory with train/ and test/ "
-            "(LEAF's data/<name>/data) or one .json file"
-        )
-    path = pathlib.Path(data_dir).expanduser().absolute()
-    try:
+    def checked(path: pathlib.Path) -> pathlib.Path:
         check_data_dir(path)
-    except ValueError as error:
-        raise DataFileError(f"{path} {error}") from None
-    return path
+        return path
+
+    return reader_path(data_dir, checked, (
+        "LEAF JSON is read from files: give data_dir, the directory with train/ and test/ "
+        "(LEAF's data/<name>/data) or one .json file"))
 
 
 def load(

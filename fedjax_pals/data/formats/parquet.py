@@ -48,6 +48,7 @@ from fedjax_pals.data.natural import (
     ReaderOptions,
     assemble_clients,
     check_path,
+    reader_path,
     register_reader,
 )
 
@@ -356,16 +357,12 @@ def _blocks(index: _Index, options: ParquetOptions) -> Iterator[ClientExamples]:
 
 
 def _path(data_dir: str | os.PathLike | None) -> pathlib.Path:
-    if data_dir is None:
-        raise DataFileError(
-            "Parquet is read from files: give data_dir, a .parquet file or a directory of them"
-        )
-    path = pathlib.Path(data_dir).expanduser().absolute()
-    try:
+    def checked(path: pathlib.Path) -> pathlib.Path:
         check_data_dir(path)
-    except ValueError as error:
-        raise DataFileError(f"{path} {error}") from None
-    return path
+        return path
+
+    return reader_path(data_dir, checked, (
+        "Parquet is read from files: give data_dir, a .parquet file or a directory of them"))
 
 
 def load(data_dir: str | os.PathLike | None = None, **options: Any) -> Dataset:

@@ -46,6 +46,7 @@ from fedjax_pals.data.natural import (
     ReaderOptions,
     assemble_clients,
     check_path,
+    reader_path,
     register_reader,
 )
 
@@ -304,15 +305,9 @@ def _client_blocks(
 
 
 def _file(data_dir: str | os.PathLike | None) -> pathlib.Path:
-    if data_dir is None:
-        raise DataFileError(
-            f"{FORMAT} is read from a file: give data_dir, the .sqlite file (or a directory "
-            "holding exactly one)")
-    path = pathlib.Path(data_dir).expanduser().absolute()
-    try:
-        return database_file(path)
-    except ValueError as error:
-        raise DataFileError(f"{path} {error}") from None
+    return reader_path(data_dir, database_file, (
+        f"{FORMAT} is read from a file: give data_dir, the .sqlite file (or a directory "
+        "holding exactly one)"))
 
 
 def load(
