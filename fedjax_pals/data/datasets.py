@@ -436,7 +436,9 @@ def _load_tfds(name: str, tfds_dir: pathlib.Path) -> Dataset:
     return _dataset(name, splits, f"TFDS {name} prepared in {tfds_dir}")
 
 
-def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cause: Exception):
+def _tfrecord_splits(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cause: Exception):
+    """The splits of a copy prepared as TFRecord (which `tfds.data_source` cannot read), as
+    NumPy dicts through `tfds.load`, which needs TensorFlow (an error saying so without it)."""
     try:
         import tensorflow  # noqa: F401  (only to know whether tfds.load can read tfrecord)
     except ImportError:
@@ -445,7 +447,11 @@ def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cau
             "to read; install tensorflow, or re-prepare it with "
             "download_and_prepare(file_format='array_record')"
         ) from cause
-    splits = tfds.as_numpy(tfds.load(name, batch_size=-1, **read))
+    return tfds.as_numpy(tfds.load(name, batch_size=-1, **read))
+
+
+def _load_tfds_tfrecord(tfds, name: str, tfds_dir: pathlib.Path, read: dict, cause: Exception):
+    splits = _tfrecord_splits(tfds, name, tfds_dir, read, cause)
     return {
         split: LabeledSplit(x=_aligned_uint8_images(d["image"]), y=d["label"].astype(np.int32))
         for split, d in zip(_SPLITS, splits)

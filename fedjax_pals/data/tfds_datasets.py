@@ -123,15 +123,7 @@ def _read_tfds(name: str, tfds_dir: pathlib.Path, keys: tuple[str, ...], transpo
     try:
         sources = tfds.data_source(name, **read)
     except NotImplementedError as e:  # TFRecord: tfds.load, which needs TensorFlow
-        try:
-            import tensorflow  # noqa: F401
-        except ImportError:
-            raise DatasetUnavailableError(
-                f"{name} in {tfds_dir} is prepared in TFRecord format, which needs TensorFlow "
-                "to read; install tensorflow, or re-prepare it with "
-                "download_and_prepare(file_format='array_record')"
-            ) from e
-        loaded = tfds.as_numpy(tfds.load(name, batch_size=-1, **read))
+        loaded = _datasets._tfrecord_splits(tfds, name, tfds_dir, read, e)
         return {
             split: (_datasets._aligned_uint8_images(
                 d["image"].swapaxes(1, 2) if transpose else d["image"]),
