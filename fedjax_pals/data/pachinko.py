@@ -148,20 +148,12 @@ def _pachinko(
     coarse_alpha = _validation.check_number("coarse_alpha", coarse_alpha, low=0.0, low_open=True)
     fine_beta = _validation.check_number("fine_beta", fine_beta, low=0.0, low_open=True)
     groups = _coarse_groups(coarse_labels, num_classes)
-    if examples_per_client is None:
-        examples_per_client = len(train) // num_clients
-    if isinstance(examples_per_client, (bool, np.bool_)) or not isinstance(
-        examples_per_client, (int, np.integer)
-    ) or examples_per_client < 1:
+    if isinstance(examples_per_client, (bool, np.bool_)):  # True is no count of examples
         raise ValueError(
             f"examples_per_client must be a positive int, got {examples_per_client!r} "
             f"({len(train)} training examples for {num_clients} clients)"
         )
-    n = int(examples_per_client)
-    if n * num_clients > len(train):
-        raise ValueError(
-            f"{num_clients} clients x {n} examples exceed the {len(train)} training examples"
-        )
+    n = partitions.examples_per_client_of(examples_per_client, len(train), num_clients)
     counts = pachinko_counts(rng, train, num_clients, groups, examples_per_client=n,
                              coarse_alpha=coarse_alpha, fine_beta=fine_beta)
     what = (f"pachinko coarse_alpha={coarse_alpha:g} fine_beta={fine_beta:g} "

@@ -502,6 +502,24 @@ def _scheme(draw: Callable[..., tuple[np.ndarray, str]]) -> Callable[..., Federa
     return partition
 
 
+def examples_per_client_of(examples_per_client: Any, num_train: int, num_clients: int) -> int:
+    """The examples each client of an equal-size scheme gets: `examples_per_client`, or
+    num_train // num_clients for None; a positive int whose total fits the training split."""
+    if examples_per_client is None:
+        examples_per_client = num_train // num_clients
+    if not isinstance(examples_per_client, (int, np.integer)) or examples_per_client < 1:
+        raise ValueError(
+            f"examples_per_client must be a positive int, got {examples_per_client!r} "
+            f"({num_train} training examples for {num_clients} clients)"
+        )
+    n = int(examples_per_client)
+    if n * num_clients > num_train:
+        raise ValueError(
+            f"{num_clients} clients x {n} examples exceed the {num_train} training examples"
+        )
+    return n
+
+
 def _draw_label_sets(
     rng: np.random.Generator, num_clients: int, num_classes: int, labels_per_client: int
 ) -> np.ndarray:
@@ -630,18 +648,7 @@ def dirichlet_partition(rng, train, num_clients, num_classes, *, beta, examples_
         cannot follow T (`partition_from_label_counts`).
     """
     beta = _validation.check_number("beta", beta, low=0.0, low_open=True)
-    if examples_per_client is None:
-        examples_per_client = len(train) // num_clients
-    if not isinstance(examples_per_client, (int, np.integer)) or examples_per_client < 1:
-        raise ValueError(
-            f"examples_per_client must be a positive int, got {examples_per_client!r} "
-            f"({len(train)} training examples for {num_clients} clients)"
-        )
-    n = int(examples_per_client)
-    if n * num_clients > len(train):
-        raise ValueError(
-            f"{num_clients} clients x {n} examples exceed the {len(train)} training examples"
-        )
+    n = examples_per_client_of(examples_per_client, len(train), num_clients)
 
     p = _dirichlet(rng, beta, num_classes, num_clients)
     remaining = np.bincount(train, minlength=num_classes).astype(np.int64)
