@@ -393,9 +393,7 @@ def _described(info: Any, data_dir: Any, keys: dict, check_paths: bool) -> Any:
             except (datasets_lib.DatasetUnavailableError, ValueError) as unavailable:
                 raise ConfigError(f"config.dataset.data_dir: {unavailable}") from None
         raise ConfigError(f"config.dataset.data_dir={path}: {error.strerror or error}.") from None
-    except datasets_lib.DatasetUnavailableError as error:
-        raise ConfigError(f"config.dataset.data_dir={path}: {error}") from None
-    except ValueError as error:
+    except (datasets_lib.DatasetUnavailableError, ValueError) as error:
         raise ConfigError(f"config.dataset.data_dir={path}: {error}") from None
     return info.with_facts(facts)
 
