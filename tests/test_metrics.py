@@ -1,5 +1,9 @@
 """Accuracy, macro-F1 and the batched evaluator against NumPy references."""
 
+import json
+import math
+import statistics
+
 import jax
 import numpy as np
 import pytest
@@ -63,3 +67,183 @@ def test_evaluator_rejects_an_empty_set():
     model = fjp.logistic_regression((4,), 3)
     with pytest.raises(ValueError, match="empty"):
         fjp.metrics.make_evaluator(model.apply, np.zeros((0, 4), np.float32), np.zeros(0, np.int32), 3)
+
+
+# ----------------------------------------------------------------------------
+# Per-client accuracies and their summary.
+
+
+def _reference_client_metrics(logits_fn, params_of, x, y, indices, sizes):
+    """NumPy float64 loop over the clients: (correct, count, mean loss, accuracy, min margin)."""
+    correct, losses, accuracies, margins = [], [], [], [np.inf]
+    for i, n in enumerate(sizes):
+        idx = indices[i, :n]
+        if n == 0:
+            correct.append(0), losses.append(np.nan), accuracies.append(np.nan)
+            continue
+        logits = logits_fn(params_of(i), x[idx])
+        log_probs = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(
+            1, keepdims=True)) - logits.max(1, keepdims=True)
+        hits = int(np.sum(logits.argmax(1) == y[idx]))
+        correct.append(hits)
+        losses.append(-log_probs[np.arange(n), y[idx]].mean())
+        accuracies.append(hits / n)
+        top2 = np.sort(logits, axis=1)[:, -2:]
+        margins.append((top2[:, 1] - top2[:, 0]).min())
+    return np.array(correct), np.array(losses), np.array(accuracies), min(margins)
+
+
+def _linear_logits(params):
+    kernel = np.asarray(params["Dense_0"]["kernel"], np.float64)
+    bias = np.asarray(params["Dense_0"]["bias"], np.float64)
+    return lambda p_x: p_x.reshape(len(p_x), -1).astype(np.float64) @ kernel + bias
+
+
+def _client_sets(rng, num_clients, width, num_examples):
+    indices = rng.integers(0, num_examples, (num_clients, width)).astype(np.int32)
+    sizes = rng.integers(0, width + 1, num_clients)
+    sizes[0], sizes[-1] = 0, width  # an empty client and a full row
+    # Padding may hold anything: it must be masked, not gathered.
+    padding = np.arange(width)[None, :] >= sizes[:, None]
+    indices[padding] = rng.integers(-(10**6), 10**6, padding.sum())
+    return indices, sizes
+
+
+@pytest.mark.parametrize("per_client", [False, True])
+@pytest.mark.parametrize("width, batch_size", [(9, 4), (9, 256), (6, 1)])
+def test_client_accuracies_match_a_numpy_loop_over_clients(per_client, width, batch_size):
+    rng = np.random.default_rng(width * 10 + batch_size + per_client)
+    num_clients, num_examples = 7, 40
+    model = fjp.logistic_regression((2, 3), 4)  # 2-D examples: flattened inside apply
+    x = rng.normal(size=(num_examples, 2, 3)).astype(np.float32)
+    y = rng.integers(0, 4, num_examples).astype(np.int32)
+    indices, sizes = _client_sets(rng, num_clients, width, num_examples)
+    keys = jax.random.split(jax.random.PRNGKey(width), num_clients)
+    if per_client:
+        params = jax.vmap(model.init)(keys)
+        params_of = lambda i: jax.tree_util.tree_map(lambda a: a[i], params)
+    else:
+        params = model.init(keys[0])
+        params_of = lambda i: params
+    result = fjp.metrics.client_accuracies(
+        model.apply, params, x, y, indices, sizes, per_client_params=per_client,
+        batch_size=batch_size)
+    logits_of = lambda p, xs: _linear_logits(p)(xs)
+    correct, loss, accuracy, margin = _reference_client_metrics(
+        logits_of, params_of, x.astype(np.float64), y, indices, sizes)
+    # float32 logits of 6 products differ from float64 ones by far less than 1e-4: no argmax
+    # in the comparison sits on a decision boundary.
+    assert margin > 1e-4
+    np.testing.assert_array_equal(result.correct, correct)
+    np.testing.assert_array_equal(result.count, sizes)
+    np.testing.assert_array_equal(np.isnan(result.accuracy), sizes == 0)
+    np.testing.assert_array_equal(result.accuracy, accuracy)  # both correct / count
+    np.testing.assert_allclose(result.loss, loss, rtol=1e-5, atol=1e-6)
+    assert result.accuracy.dtype == np.float64 and np.isnan(result.loss[0])
+
+
+def test_client_accuracies_take_uint8_inputs_as_stored_and_compile_once_per_shape():
+    traces = []
+
+    def apply(params, x):  # a model of the stored pixels, scaling them inside apply
+        traces.append(x.dtype)
+        return (x.astype(np.float32) / 255.0).reshape(x.shape[0], -1) @ params["w"]
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (30, 5), dtype=np.uint8)
+    y = rng.integers(0, 3, 30).astype(np.int32)
+    indices, sizes = _client_sets(rng, 4, 6, 30)
+    params = {"w": rng.normal(size=(5, 3)).astype(np.float32)}
+    first = fjp.metrics.client_accuracies(apply, params, x, y, indices, sizes)
+    assert traces == [np.uint8]  # gathered inside the jit, not converted before
+    expected = _reference_client_metrics(
+        lambda p, xs: xs.astype(np.float64) / 255.0 @ p["w"].astype(np.float64),
+        lambda i: params, x, y, indices, sizes)
+    np.testing.assert_array_equal(first.correct, expected[0])
+    # Other values of the same shapes: the same compiled program; another width: one more.
+    fjp.metrics.client_accuracies(apply, {"w": params["w"] + 1}, x[::-1].copy(), y, indices,
+                                  sizes)
+    assert len(traces) == 1
+    fjp.metrics.client_accuracies(apply, params, x, y, indices[:, :5], np.minimum(sizes, 5))
+    assert len(traces) == 2
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(sizes=np.array([1, 2, 7])), "sizes must lie in"),
+        (dict(sizes=np.array([1, 2])), "sizes must be an integer vector"),
+        (dict(sizes=np.array([1, 2, 2])), "outside"),  # 99 is valid now
+        (dict(indices=np.zeros(3, np.int32)), "indices must be an integer"),
+        (dict(y=np.zeros(29, np.int32)), "same N"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(per_client_params=True), "leading axis of 3"),
+    ],
+)
+def test_client_accuracies_reject_bad_arguments(change, message):
+    model = fjp.logistic_regression((4,), 3)
+    arguments = dict(
+        params=model.init(jax.random.PRNGKey(0)), x=np.zeros((30, 4), np.float32),
+        y=np.zeros(30, np.int32), indices=np.array([[0, 1], [2, 99], [3, 4]]),
+        sizes=np.array([1, 1, 2]))
+    arguments.update(change)
+    with pytest.raises(ValueError, match=message):
+        fjp.metrics.client_accuracies(model.apply, **arguments)
+
+
+def _reference_summary(accuracies, sizes, reference):
+    keep = ~np.isnan(accuracies)
+    values = accuracies[keep]
+    tail = math.ceil(len(values) / 10)
+    ordered = sorted(values.tolist())
+    summary = {
+        "mean": statistics.fmean(values), "median": statistics.median(values),
+        "worst_10": statistics.fmean(ordered[:tail]), "best_10": statistics.fmean(ordered[-tail:]),
+        "std": statistics.pstdev(values), "variance": statistics.pvariance(values),
+        "num_clients": len(values), "num_unevaluated": int((~keep).sum()),
+        "weighted_mean": float(np.dot(sizes[keep], values) / sizes[keep].sum()),
+    }
+    both = keep & ~np.isnan(reference)
+    pairs = list(zip(accuracies[both], reference[both]))
+    summary["num_compared"] = len(pairs)
+    summary["improved_share"] = sum(a > r for a, r in pairs) / len(pairs)
+    summary["worse_share"] = sum(a < r for a, r in pairs) / len(pairs)
+    summary["mean_gain"] = statistics.fmean(a - r for a, r in pairs)
+    return summary
+
+
+@pytest.mark.parametrize("num_clients", [1, 7, 23, 30, 34])
+def test_client_accuracy_summary_matches_numpy(num_clients):
+    rng = np.random.default_rng(num_clients)
+    # Accuracies of small test sets: ties between clients and with the reference are common.
+    accuracies = rng.integers(0, 6, num_clients) / 5.0
+    reference = rng.integers(0, 6, num_clients) / 5.0
+    sizes = rng.integers(1, 100, num_clients).astype(float)
+    if num_clients > 1:
+        accuracies[rng.choice(num_clients, num_clients // 7 + 1, replace=False)[1:]] = np.nan
+        reference[rng.integers(num_clients)] = np.nan
+    if num_clients == 34:  # 30 evaluated: 0.1 * 30 is 3.0000000000000004, whose ceil is 4
+        accuracies = rng.integers(0, 6, num_clients) / 5.0
+        accuracies[:4] = np.nan
+    summary = fjp.metrics.client_accuracy_summary(accuracies, sizes, reference)
+    expected = _reference_summary(accuracies, sizes, reference)
+    assert num_clients != 34 or expected["num_clients"] == 30
+    assert summary.keys() == expected.keys()
+    for name, value in expected.items():
+        assert type(summary[name]) in (float, int), name  # plain Python numbers
+        assert summary[name] == pytest.approx(value, rel=1e-12, abs=1e-15), name
+    json.dumps(summary)
+
+
+def test_client_accuracy_summary_edges():
+    nan = float("nan")
+    summary = fjp.metrics.client_accuracy_summary([nan, nan])
+    assert summary["num_clients"] == 0 and summary["num_unevaluated"] == 2
+    assert math.isnan(summary["mean"]) and math.isnan(summary["worst_10"])
+    assert "weighted_mean" not in summary and "improved_share" not in summary
+    with pytest.raises(ValueError, match="sizes has shape"):
+        fjp.metrics.client_accuracy_summary([0.5, 0.6], sizes=[1, 2, 3])
+    with pytest.raises(ValueError, match="reference has shape"):
+        fjp.metrics.client_accuracy_summary([0.5, 0.6], reference=[0.1])
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        fjp.metrics.client_accuracy_summary([])
