@@ -315,7 +315,7 @@ def client_accuracy_summary(
     values = np.sort(acc[finite])
     n = int(values.size)
     nan = float("nan")
-    tail = -(-n // 10)  # ceil(n / 10) in integers: 0.1 * 30 rounds up to 3.0000000000000004
+    tail = -(-n // 10)  # ceil(n / 10), in integers
     summary = {
         "mean": float(values.mean()) if n else nan,
         "median": float(np.median(values)) if n else nan,

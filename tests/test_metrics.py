@@ -222,7 +222,7 @@ def test_client_accuracy_summary_matches_numpy(num_clients):
     if num_clients > 1:
         accuracies[rng.choice(num_clients, num_clients // 7 + 1, replace=False)[1:]] = np.nan
         reference[rng.integers(num_clients)] = np.nan
-    if num_clients == 34:  # 30 evaluated: 0.1 * 30 is 3.0000000000000004, whose ceil is 4
+    if num_clients == 34:  # 30 evaluated: a multiple of 10 (23 above is not)
         accuracies = rng.integers(0, 6, num_clients) / 5.0
         accuracies[:4] = np.nan
     summary = fjp.metrics.client_accuracy_summary(accuracies, sizes, reference)
