@@ -40,6 +40,7 @@ from fedjax_pals.engine.backends import (
 )
 from fedjax_pals.engine.client_update import LocalTraining, make_client_update
 from fedjax_pals.engine.compilation import CompilationCounter
+from fedjax_pals.engine.convs import VMAPPED_CONVS, matmul_convs
 from fedjax_pals.engine.plan import RUNS_AXES, DeviceData, make_plan, pad_plan
 from fedjax_pals.engine.structure import structure_key
 from fedjax_pals.models import Model
@@ -185,6 +186,14 @@ class RoundEngine:
     the same for R runs stacked on a leading axis (states, participants (R, m), keys (R, 2), and the
     client tables of `data`). Metrics: "weights", "train_loss", "initial_loss", "num_steps" per
     participant, as process-local arrays.
+
+    `vmapped_convs`: how a backend that vmaps the clients (`vmaps_clients`: vmap_scan,
+    vmap_chunked, vmap_steps) computes the model's convolutions: "patches" (the default) as
+    patches times kernel, batched matmuls over the lanes (`engine.convs`); "grouped" as JAX's
+    batching rule makes them, convolutions with one feature group per lane (runs x clients),
+    which GPU libraries run slowly (docs/decisions/0106-vmapped-convolutions-as-matmuls.md).
+    Both give the same numbers up to float32 rounding; `host_loop` trains clients alone and
+    keeps the model's own convolutions.
     """
 
     def __init__(
@@ -198,13 +207,18 @@ class RoundEngine:
         steps_per_call: int = 1,
         mesh: jax.sharding.Mesh | None = None,
         min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
+        vmapped_convs: str = "patches",
     ):
         self.algorithm, self.model, self.training = algorithm, model, training
         self.min_clients_per_device = min_clients_per_device
         self.mesh = mesh if mesh is not None else mesh_lib.client_mesh()
         name = resolve_backend(backend, model, self.mesh)
         self.backend = make_backend(name, chunk_size=chunk_size, steps_per_call=steps_per_call)
-        self.update = make_client_update(algorithm, model, training)
+        self.vmapped_convs = _check_vmapped_convs(vmapped_convs)
+        update_model = model
+        if vmapped_convs == "patches" and getattr(self.backend, "vmaps_clients", False):
+            update_model = model._replace(apply=matmul_convs(model.apply))
+        self.update = make_client_update(algorithm, update_model, training)
         self.counter = CompilationCounter()
         self._multiple = self.backend.client_multiple(self.mesh.size)
         self._placed: tuple = ()
@@ -298,6 +312,12 @@ class RoundEngine:
         return self.counter.compile_seconds
 
 
+def _check_vmapped_convs(value: str) -> str:
+    if value not in VMAPPED_CONVS:
+        raise ValueError(f"vmapped_convs must be one of {VMAPPED_CONVS}, got {value!r}.")
+    return value
+
+
 _ENGINE_CACHE_SIZE = 32
 _ENGINES: collections.OrderedDict = collections.OrderedDict()
 _ENGINES_LOCK = threading.Lock()
@@ -326,6 +346,7 @@ def _spec(
     steps_per_call: int = 1,
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
+    vmapped_convs: str = "patches",
 ) -> tuple[Any, dict]:
     mesh = mesh if mesh is not None else mesh_lib.client_mesh()
     options = dict(
@@ -334,6 +355,7 @@ def _spec(
         steps_per_call=steps_per_call,
         mesh=mesh,
         min_clients_per_device=min_clients_per_device,
+        vmapped_convs=_check_vmapped_convs(vmapped_convs),
     )
     compiled_parts = (
         algorithm.client,
@@ -356,6 +378,7 @@ def round_engine(
     steps_per_call: int = 1,
     mesh: jax.sharding.Mesh | None = None,
     min_clients_per_device: int = MIN_CLIENTS_PER_DEVICE,
+    vmapped_convs: str = "patches",
 ) -> RoundEngine:
     """A RoundEngine shared by every run with the same `engine_key`.
 
@@ -371,6 +394,7 @@ def round_engine(
         steps_per_call=steps_per_call,
         mesh=mesh,
         min_clients_per_device=min_clients_per_device,
+        vmapped_convs=vmapped_convs,
     )
     with _ENGINES_LOCK:
         if key in _ENGINES:

@@ -28,6 +28,9 @@ class TracedBackend(abc.ABC):
     """
 
     name: str
+    # Whether the client update is vmapped over clients (each with its own params): the engine
+    # then computes the model's convolutions as matmuls (`RoundEngine`'s `vmapped_convs`).
+    vmaps_clients = False
 
     @abc.abstractmethod
     def client_multiple(self, num_devices: int) -> int:
@@ -76,6 +79,7 @@ class HostBackend(abc.ABC):
     """
 
     name: str
+    vmaps_clients = False  # as `TracedBackend.vmaps_clients`
 
     @abc.abstractmethod
     def client_multiple(self, num_devices: int) -> int:

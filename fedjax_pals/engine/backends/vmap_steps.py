@@ -22,6 +22,7 @@ from fedjax_pals.engine import mesh as mesh_lib
 @dataclasses.dataclass(frozen=True)
 class VmapSteps(HostBackend):
     name: str = "vmap_steps"
+    vmaps_clients = True
 
     def client_multiple(self, num_devices: int) -> int:
         return num_devices

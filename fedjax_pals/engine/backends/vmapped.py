@@ -40,6 +40,7 @@ class VmapScan(TracedBackend):
     """
 
     name: str = "vmap_scan"
+    vmaps_clients = True
 
     def client_multiple(self, num_devices: int) -> int:
         return num_devices
@@ -63,6 +64,7 @@ class VmapChunked(TracedBackend):
 
     chunk_size: int = 64
     name: str = "vmap_chunked"
+    vmaps_clients = True
 
     def __post_init__(self):
         size = self.chunk_size
