@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals.engine import backends
+from fedjax_pals.engine import backends, convs
 from fedjax_pals.engine.backends import host_loop
 
 from test_engine import _max_diff, _random_task
@@ -147,3 +147,60 @@ def test_vmap_chunked_chunks_hold_a_multiple_of_the_devices():
     chunked = backends.make_backend("vmap_chunked", chunk_size=5)
     assert chunked.client_multiple(1) == 5 and chunked.client_multiple(2) == 6
     assert backends.make_backend("host_loop").client_multiple(8) == 1
+
+
+@pytest.mark.parametrize(
+    "x_shape, k_shape, strides, padding, dilation, dims",
+    [
+        ((3, 9, 8, 2), (3, 3, 2, 4), (1, 1), "VALID", (1, 1), ("NHWC", "HWIO", "NHWC")),
+        ((3, 9, 8, 2), (3, 2, 2, 4), (2, 1), "SAME", (1, 1), ("NHWC", "HWIO", "NHWC")),
+        ((3, 2, 9, 8), (4, 2, 3, 3), (1, 2), ((1, 2), (0, 1)), (2, 1), ("NCHW", "OIHW", "NCHW")),
+        ((3, 11, 2), (3, 2, 4), (2,), "SAME", (1,), ("NWC", "WIO", "NWC")),
+    ],
+)
+def test_a_convolution_as_patches_times_kernel_is_within_float32_rounding_of_it(
+    x_shape, k_shape, strides, padding, dilation, dims
+):
+    # Two lanes with their own kernels (vmapped), as a vmapped client update has them; the
+    # bound is gamma_k (|x| conv |k|) for each of the two results, k = kh*kw*C_in.
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(2, *x_shape)).astype(np.float32)
+    ks = rng.normal(size=(2, *k_shape)).astype(np.float32)
+
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(
+            x, k, strides, padding, rhs_dilation=dilation, dimension_numbers=dims
+        )
+
+    native = np.asarray(jax.vmap(conv)(xs, ks))
+    patches = jax.jit(jax.vmap(fjp.engine.matmul_convs(conv)))
+    assert fjp.engine.conv_groups(patches.lower(xs, ks).compile().as_text()) == {}
+    got = np.asarray(patches(xs, ks))
+    for lane in range(2):
+        dn = jax.lax.conv_dimension_numbers(x_shape, k_shape, dims)
+        bound = convs.conv_error_bound(xs[lane], ks[lane], strides, padding, dn, dilation)
+        assert got[lane].shape == native[lane].shape
+        assert np.all(np.abs(got[lane] - native[lane]) <= 2 * bound)
+
+
+def test_lenets_gpu_program_on_a_runs_axis_has_grouped_convolutions_only_when_asked():
+    # The accelerator branch of LeNet's apply (flax's NHWC convolutions), as the round program
+    # of 2 runs x 2 clients is lowered for a GPU (lowering needs no GPU).
+    model = fjp.lenet((16, 16, 1), 3)
+    training = fjp.LocalTraining(batch_size=4, learning_rate=0.1)
+    algorithm = fjp.fedavg()
+    x, y, rows, sizes, dists = _random_task(3, [4, 4], (16, 16, 1))
+    data = fjp.engine.device_data(x, y, *[np.stack([t] * 2) for t in (rows, sizes, dists)])
+    state = fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(0)), 2)
+    states = jax.tree_util.tree_map(lambda leaf: np.stack([leaf] * 2), state)
+    args = (data, states, np.array([[0, 1]] * 2), np.stack([jax.random.PRNGKey(1)] * 2))
+    groups = {}
+    for how in fjp.engine.VMAPPED_CONVS:
+        engine = fjp.engine.RoundEngine(
+            algorithm, model, training, backend="vmap_scan", vmapped_convs=how
+        )
+        traced = engine._rounds._jit_round.trace(*args)
+        groups[how] = fjp.engine.conv_groups(traced.lower(lowering_platforms=("cuda",)).as_text())
+    assert groups["patches"] == {}
+    # conv1, conv2 forward; conv2's input gradient; both kernel gradients: a group per lane.
+    assert groups["grouped"] == {(4, 1): 5}

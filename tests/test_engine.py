@@ -1,5 +1,6 @@
 """The round engine against a plain per-client reference loop."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -255,3 +256,55 @@ def test_a_lane_no_client_drew_takes_no_step_and_leaves_the_round_to_the_drawn(b
     np.testing.assert_array_equal(wide_metrics["weights"][2:], 0.0)
     np.testing.assert_allclose(wide_metrics["weights"][:2], sizes[drawn] / sizes.sum() / q,
                                rtol=1e-6)
+
+
+class _TinyCNN(nn.Module):
+    """Two convolutions (VALID; strided SAME) and a dense head: convolutions a vmapped
+    client update batches over its lanes (flax's own, unlike LeNet's on a CPU)."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(x))
+        x = nn.relu(nn.Conv(5, (3, 3), strides=(2, 2), padding="SAME")(x))
+        return nn.Dense(3)(x.reshape((x.shape[0], -1)))
+
+
+def test_a_block_of_conv_net_runs_has_no_grouped_convolution_and_equals_the_runs_alone():
+    # vmap_scan with a runs axis: before, the program held convolutions with one feature group
+    # per lane (runs x clients), which GPU libraries run slowly; now patches times kernel.
+    model = fjp.model_from_flax("tiny_cnn", _TinyCNN(), (8, 8, 2), 3, convolutional=True)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=4, learning_rate=LR)
+    algorithm = fjp.fedavg()
+    x, y, rows, sizes, dists = _random_task(11, [6, 8, 5], (8, 8, 2))
+    runs, participants = 3, np.array([[0, 1, 2]] * 3)
+    states = [fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(r)), 3)
+              for r in range(runs)]
+    stack = lambda *trees: jax.tree_util.tree_map(lambda *l: jnp.stack(l), *trees)
+    data = fjp.engine.device_data(x, y, *[np.stack([t] * runs) for t in (rows, sizes, dists)])
+    keys = jnp.stack([jax.random.PRNGKey(50 + r) for r in range(runs)])
+    args = (data, stack(*states), participants, keys)
+    programs = {}
+    for convs in ("patches", "grouped"):
+        engine = fjp.engine.RoundEngine(
+            algorithm, model, training, backend="vmap_scan", vmapped_convs=convs
+        )
+        programs[convs] = (engine, engine._rounds._jit_round.lower(*args).compile())
+    groups = {c: fjp.engine.conv_groups(p.as_text()) for c, (_, p) in programs.items()}
+    assert groups["patches"] == {}  # no convolution at all: batched matmuls
+    assert fjp.engine.grouped_convs(programs["grouped"][1].as_text()) > 0  # the check can see
+    engine, block = programs["patches"]
+    blocked, _ = block(*args)
+    grouped, _ = programs["grouped"][1](*args)
+    # float32 rounding's size here: what a relative 2^-23 (one ulp) change of the initial params moves
+    # the round's result by (the same program); the formulations differ by their sums' order.
+    nudged = stack(*[s._replace(params=jax.tree_util.tree_map(
+        lambda p: p * (1 + 2.0**-23), s.params)) for s in states])
+    floor = _max_diff(blocked.params, block(data, nudged, participants, keys)[0].params)
+    assert 0 < floor < 1e-5
+    assert _max_diff(blocked.params, grouped.params) <= 4 * floor
+    solo_data = fjp.engine.device_data(x, y, rows, sizes, dists)
+    for r in range(runs):
+        alone, _ = engine.run_round(solo_data, states[r], participants[r], keys[r])
+        run_r = jax.tree_util.tree_map(lambda leaf: leaf[r], blocked)
+        assert _max_diff(run_r.params, alone.params) <= 4 * floor
+        assert _max_diff(run_r.params, states[r].params) > 1e-3  # it trained

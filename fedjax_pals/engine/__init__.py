@@ -9,6 +9,8 @@
 * `round`: `RoundEngine` (plan, map, weighted reduction, server update; one
   run or a runs axis) and the `round_engine` cache.
 * `compilation`: counting compilations through `jax.monitoring`.
+* `convs`: a vmapped client update's convolutions as patches times kernel (`matmul_convs`),
+  and counting a program's (grouped) convolutions (`conv_groups`, `grouped_convs`).
 """
 
 from fedjax_pals.engine.backends import (
@@ -32,6 +34,7 @@ from fedjax_pals.engine.client_update import (
     make_local_step,
 )
 from fedjax_pals.engine.compilation import CompilationCounter
+from fedjax_pals.engine.convs import VMAPPED_CONVS, conv_groups, grouped_convs, matmul_convs
 from fedjax_pals.engine.mesh import client_mesh, local_view, replicate
 from fedjax_pals.engine.plan import DeviceData, RoundPlan, device_data, make_plan
 from fedjax_pals.engine.round import RoundEngine, cached_engines, engine_key, round_engine
@@ -50,18 +53,22 @@ __all__ = [
     "RoundEngine",
     "RoundPlan",
     "TracedBackend",
+    "VMAPPED_CONVS",
     "backend_names",
     "cached_engines",
     "client_mesh",
     "client_schedule",
+    "conv_groups",
     "default_backend",
     "device_data",
     "engine_key",
+    "grouped_convs",
     "local_view",
     "make_backend",
     "make_client_update",
     "make_local_step",
     "make_plan",
+    "matmul_convs",
     "register_backend",
     "replicate",
     "resolve_backend",

@@ -196,21 +196,24 @@ def matmul_convs(fn: Callable) -> Callable:
     return rewritten
 
 
-def conv_error_bound(lhs, rhs, window_strides, padding, dimension_numbers=None):
+def conv_error_bound(lhs, rhs, window_strides, padding, dimension_numbers=None,
+                     rhs_dilation=None):
     """An elementwise bound on |computed - exact| of a float32 convolution summed in any order
     (the convolution's or its patches times kernel): gamma_k (|lhs| conv |rhs|), k = kh*kw*C_in
     products per output, gamma_k = k u / (1 - k u), u = 2^-24 (Higham, Accuracy and Stability
     of Numerical Algorithms, Sec. 3.1). Two float32 results differ by at most twice this.
     The magnitudes are a float32 convolution at HIGHEST precision, inflated by 1 + 2 gamma_k
     for their own rounding. NHWC / HWIO unless `dimension_numbers` say otherwise."""
-    dn = dimension_numbers or ("NHWC", "HWIO", "NHWC")
-    rhs = jnp.asarray(rhs, jnp.float32)
-    k = int(np.prod(rhs.shape)) // rhs.shape[dn[1].index("O")]
+    lhs, rhs = jnp.abs(jnp.asarray(lhs, jnp.float32)), jnp.abs(jnp.asarray(rhs, jnp.float32))
+    dn = lax.conv_dimension_numbers(
+        lhs.shape, rhs.shape, dimension_numbers or ("NHWC", "HWIO", "NHWC")
+    )
+    k = int(np.prod(rhs.shape)) // rhs.shape[dn.rhs_spec[0]]
     u = float(np.finfo(np.float32).eps) / 2
     gamma = k * u / (1 - k * u)
     magnitude = lax.conv_general_dilated(
-        jnp.abs(jnp.asarray(lhs, jnp.float32)), jnp.abs(rhs), window_strides, padding,
-        dimension_numbers=dn, precision=lax.Precision.HIGHEST,
+        lhs, rhs, window_strides, padding, rhs_dilation=rhs_dilation, dimension_numbers=dn,
+        precision=lax.Precision.HIGHEST,
     )
     return gamma * (1 + 2 * gamma) * np.asarray(magnitude)
 
