@@ -33,7 +33,8 @@ from fedjax_pals.engine import (
     local_view,
     round_engine,
 )
-from fedjax_pals.metrics import make_evaluator
+from fedjax_pals.data.client_sets import ClientEvaluationSets
+from fedjax_pals.metrics import client_accuracies, make_evaluator
 from fedjax_pals.models import Model, model_for_data
 
 _INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM, _POISSON_STREAM = 0, 1, 2, 3
@@ -238,6 +239,7 @@ class TrainingRun:
         max_train_loss: float | None = None,
         update_state: StateUpdate | None = None,
         sampling_rate: float | None = None,
+        client_sets: ClientEvaluationSets | None = None,
     ):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
@@ -271,9 +273,23 @@ class TrainingRun:
             "val": evaluator(dataset.train, partition.target_val_indices),
             "test": evaluator(dataset.test, partition.target_test_indices),
         }
+        self.client_sets = client_sets
+        self._client_sets = None
+        if client_sets is not None:
+            if client_sets.num_clients != num_clients:
+                raise ValueError(
+                    f"client_sets hold {client_sets.num_clients} clients, the partition "
+                    f"{num_clients}."
+                )
+            # Only the examples the sets use, on the device once: a sweep's runs on one data
+            # set would otherwise each hold a copy of the whole split.
+            self._client_sets = {
+                "val": _compact(dataset.train, client_sets.val_indices, client_sets.val_sizes),
+                "test": _compact(dataset.test, client_sets.test_indices, client_sets.test_sizes),
+            }
         root = jax.random.PRNGKey(seed)
         self._round_root = jax.random.fold_in(root, _ROUND_STREAM)
-        params = model.init(jax.random.fold_in(root, _INIT_STREAM))
+        params = self.initial_params()
         self.state = init_server_state(algorithm, params, num_clients)
         self.history = TrainingHistory()
         self.limit = max_train_loss
@@ -306,6 +322,26 @@ class TrainingRun:
                 "afresh."
             )
         self.state, self.history = state, history
+
+    def initial_params(self):
+        """The run's initial global params (a function of its seed alone)."""
+        root = jax.random.PRNGKey(self.seed)
+        return self.model.init(jax.random.fold_in(root, _INIT_STREAM))
+
+    def evaluate_clients(self, params, *, per_client_params: bool = False) -> dict:
+        """Every training client's accuracy on its own validation and test sets
+        (`client_sets`): {"val": ClientEvaluation, "test": ClientEvaluation}, each one jitted
+        pass over all clients. `params`: the global model, or with `per_client_params` one
+        model per client (a leading client axis)."""
+        if self._client_sets is None:
+            raise ValueError("this run has no client_sets to evaluate on.")
+        return {
+            kind: client_accuracies(
+                self.model.apply, params, x, y, indices, sizes,
+                per_client_params=per_client_params,
+            )
+            for kind, (x, y, indices, sizes) in self._client_sets.items()
+        }
 
     def participants(self, round_index: int) -> np.ndarray:
         """Round `round_index`'s client ids: `clients_per_round` of them drawn without
@@ -348,7 +384,9 @@ class TrainingRun:
         self.state = state_of()
         eval_params = local_view(self.algorithm.eval_params(self.state))
         metrics = {name: evaluate(eval_params) for name, evaluate in self.evaluators.items()}
-        if not all(np.isfinite(m["loss"]) for m in metrics.values()):
+        if self._client_sets is not None:
+            metrics["clients"] = self.evaluate_clients(eval_params)
+        if not all(np.isfinite(metrics[m]["loss"]) for m in ("val", "test")):
             raise TrainingDivergedError(
                 f"training diverged by round {done}: the evaluation loss of the global "
                 f"model is not finite (validation {metrics['val']['loss']}, test "
@@ -391,6 +429,16 @@ class TrainingRun:
             self.rounds,
             self.start_round,
         )
+
+
+def _compact(split, indices: np.ndarray, sizes: np.ndarray) -> tuple:
+    """(x, y, indices, sizes) of the examples that `indices` (valid in [:sizes]) use, on the
+    device, the indices renumbered into them."""
+    valid = np.arange(indices.shape[1])[None, :] < sizes[:, None]
+    used = np.unique(indices[valid]) if valid.any() else np.zeros(1, np.int64)
+    renumbered = np.where(valid, np.searchsorted(used, indices), 0).astype(np.int32)
+    x, y = np.asarray(split.x)[used], np.asarray(split.y)[used]
+    return jnp.asarray(x), jnp.asarray(y), jnp.asarray(renumbered), jnp.asarray(sizes, jnp.int32)
 
 
 def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:
@@ -528,6 +576,7 @@ def run_training(
     max_train_loss: float | None = None,
     update_state: StateUpdate | None = None,
     sampling_rate: float | None = None,
+    client_sets: ClientEvaluationSets | None = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
@@ -547,6 +596,11 @@ def run_training(
     loss), or whose evaluation loss is non-finite, raises `TrainingDivergedError`.
 
     `update_state` may replace the state between rounds (see `TrainingRun`).
+
+    Per-client evaluation: with `client_sets` (`fjp.client_evaluation_sets`), every training
+    client's accuracy on its own validation and test examples is evaluated with the target's,
+    in one jitted pass over all clients, and passed to `on_evaluation` as metrics["clients"]
+    ({"val", "test"}: `fjp.ClientEvaluation`).
 
     Participation: `clients_per_round` clients drawn without replacement each round (None:
     every client); with `sampling_rate` q, Poisson sampling instead: each client with
@@ -571,6 +625,7 @@ def run_training(
         max_train_loss=max_train_loss,
         update_state=update_state,
         sampling_rate=sampling_rate,
+        client_sets=client_sets,
     )
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):

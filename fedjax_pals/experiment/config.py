@@ -91,6 +91,23 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     server.momentum             FedAvgM's momentum, in [0, 1)
     server.b1, b2, tau          FedAdam / FedYogi / FedAdagrad's b1, b2 in [0, 1) (Adagrad: no
                                 b2) and tau > 0 (v starts at tau^2)
+    evaluation.per_client       False | True: every training client's accuracy on its own held-out
+                                examples (data/client_sets.py), at every evaluation: results.json's
+                                per_client_accuracy and its summary (mean, median, worst 10 %,
+                                std, variance, n_i-weighted mean)
+    evaluation.client_val_fraction  the share of each class a client holds kept out of its
+                                training as its validation set, in [0, 1) (default 0.1)
+    evaluation.client_test_size each client's test examples, >= 1 (default 100): drawn from the
+                                test split with its S_i, or at most this many of its own
+    evaluation.client_as_target None | j: the run's target is training client j (T = S_j, its
+                                validation and test sets the client's own); a sweep's
+                                sweep.each_client sets it for every client
+    evaluation.personalization  None | a tuple of fine_tuning, ditto, local: after training, each
+                                client's personalised model (personalization.py), its steps and
+                                learning rate (ditto: its lambda) chosen on its validation set
+    evaluation.fine_tuning_steps, fine_tuning_learning_rates, ditto_lams, local_steps
+                                their grids (the learning rates default to training.learning_rate
+                                and a tenth of it)
     engine.backend, engine.chunk_size   how rounds execute (not part of the run's identity)
     engine.runs_per_program     int >= 1 (default 16): at most this many runs that can share a
                                 compiled program train together on the runs axis (sweeps,
@@ -154,7 +171,7 @@ OPTIONAL_IDENTITY_KEYS = (
 CLIENT_SAMPLINGS = ("without_replacement", "poisson")
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
-OPTIONAL_IDENTITY_SECTIONS = ("server",)
+OPTIONAL_IDENTITY_SECTIONS = ("server", "evaluation")
 # FedAvg's weights n_i / N: algorithm.weights of a client-side method without FedPALS'.
 _FEDAVG_WEIGHTS = fedavg_weighting().name
 # The data sets' and partition schemes' keys that were config keys before their registries: in
@@ -172,7 +189,7 @@ NON_IDENTITY_KEYS = ("engine", "dataset.data_dir", "dataset.download")
 
 # The schema's own per-run key: the seed's draws (partition, initialisation, data order,
 # client sampling) are data in each run's state.
-PER_RUN_CONFIG_KEYS = ("seed",)
+PER_RUN_CONFIG_KEYS = ("seed", "evaluation.client_as_target")
 
 
 def per_run_state_keys() -> tuple[str, ...]:
@@ -198,7 +215,16 @@ def per_run_state_presence_keys() -> tuple[str, ...]:
 
 
 # The sections of a config (the rest are top-level values: seed, model).
-_SECTIONS = ("dataset", "partition", "algorithm", "training", "server", "engine")
+_SECTIONS = ("dataset", "partition", "algorithm", "training", "server", "evaluation", "engine")
+
+# Personalisation after training (personalization.py), and the grids each chooses from on the
+# client's own validation set. Ours: the fine-tuning and local budgets span a few local epochs
+# of the paper's clients (600 examples, batch 32: 19 steps an epoch); Ditto's lambda spans the
+# range Li et al. (ICML 2021) tune it in.
+PERSONALIZATIONS = ("fine_tuning", "ditto", "local")
+FINE_TUNING_STEPS = (0, 5, 10, 20, 40)
+DITTO_LAMS = (0.01, 0.1, 1.0)
+LOCAL_STEPS = (20, 40, 80, 160)
 
 # An upper bound that catches typos (1e9 rounds) before they allocate or loop.
 MAX_ROUNDS = 1_000_000
@@ -260,6 +286,19 @@ def default_config() -> ml_collections.ConfigDict:
     )
     config.server = ml_collections.ConfigDict(
         dict(optimizer="sgd", learning_rate=1.0, momentum=0.9, b1=0.9, b2=0.99, tau=1e-3)
+    )
+    config.evaluation = ml_collections.ConfigDict(
+        dict(
+            per_client=False,
+            client_val_fraction=0.1,
+            client_test_size=100,
+            client_as_target=placeholder(int),
+            personalization=placeholder(tuple),
+            fine_tuning_steps=FINE_TUNING_STEPS,
+            fine_tuning_learning_rates=placeholder(tuple),
+            ditto_lams=DITTO_LAMS,
+            local_steps=LOCAL_STEPS,
+        )
     )
     config.engine = ml_collections.ConfigDict(
         dict(backend="auto", chunk_size=64, runs_per_program=RUNS_PER_PROGRAM)
@@ -512,6 +551,8 @@ def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
         c["algorithm"], r["training"], r["partition"]["num_clients"] - 1)
 
     r["server"] = _server_section(c["server"], owner)
+    r["evaluation"] = _evaluation_section(
+        c["evaluation"], r["partition"]["num_clients"] - 1, r["training"]["learning_rate"])
 
     # -- engine
     from fedjax_pals.engine import backend_names  # registered ones too (`register_backend`)
@@ -772,6 +813,69 @@ def _server_section(s: dict, owner: str | None) -> dict:
     return resolved
 
 
+def _steps(path: str, value: Any, low: int) -> tuple[int, ...]:
+    """A non-empty tuple of increasing integers >= low (a grid of step counts)."""
+    if isinstance(value, (list, tuple)) and value:
+        steps = tuple(_int(f"{path}[{i}]", v, low) for i, v in enumerate(value))
+        if all(a < b for a, b in zip(steps, steps[1:])):
+            return steps
+    raise ConfigError(
+        f"config.{path} must be a non-empty tuple of increasing integers >= {low}, got {value!r}."
+    )
+
+
+def _reals(path: str, value: Any, **bounds) -> tuple[float, ...]:
+    if isinstance(value, (list, tuple)) and value:
+        values = tuple(float(_real(f"{path}[{i}]", v, **bounds)) for i, v in enumerate(value))
+        if len(set(values)) == len(values):
+            return values
+    raise ConfigError(f"config.{path} must be a non-empty tuple of distinct numbers, got {value!r}.")
+
+
+def _evaluation_section(e: dict, training_clients: int, learning_rate: float) -> dict:
+    """The resolved `evaluation` section: all None without per-client evaluation (not part of
+    the identity then); client_as_target and personalization switch it on."""
+    target = _maybe(_int, "evaluation.client_as_target", e["client_as_target"], 0,
+                    training_clients - 1, why=f" (one of the {training_clients} training clients)")
+    wanted = e["personalization"]
+    if wanted is not None:
+        if isinstance(wanted, str):
+            wanted = (wanted,)
+        if not isinstance(wanted, (list, tuple)) or not wanted:
+            raise ConfigError(
+                "config.evaluation.personalization must be None or a non-empty tuple of "
+                f"{list(PERSONALIZATIONS)}, got {wanted!r}.")
+        wanted = tuple(_choice(f"evaluation.personalization[{i}]", w, PERSONALIZATIONS)
+                       for i, w in enumerate(wanted))
+        if len(set(wanted)) != len(wanted):
+            raise ConfigError(f"config.evaluation.personalization repeats a mode: {wanted}.")
+    on = _bool("evaluation.per_client", bool(e["per_client"])) if e["per_client"] is not None \
+        else False
+    if not (on or target is not None or wanted):
+        return {key: None for key in e}
+    lrs = e["fine_tuning_learning_rates"]
+    lrs = (learning_rate, learning_rate / 10) if lrs is None else lrs
+    uses = set(wanted or ())
+    return dict(
+        per_client=True,
+        client_val_fraction=float(_real("evaluation.client_val_fraction",
+                                        e["client_val_fraction"], low=0.0, high=1.0,
+                                        high_open=True)),
+        client_test_size=_int("evaluation.client_test_size", e["client_test_size"], 1),
+        client_as_target=target,
+        personalization=wanted or None,
+        fine_tuning_steps=(_steps("evaluation.fine_tuning_steps", e["fine_tuning_steps"], 0)
+                           if uses & {"fine_tuning", "ditto"} else None),
+        fine_tuning_learning_rates=(
+            _reals("evaluation.fine_tuning_learning_rates", lrs, low=0.0, low_open=True)
+            if uses & {"fine_tuning", "local"} else None),
+        ditto_lams=(_reals("evaluation.ditto_lams", e["ditto_lams"], low=0.0)
+                    if "ditto" in uses else None),
+        local_steps=(_steps("evaluation.local_steps", e["local_steps"], 1)
+                     if "local" in uses else None),
+    )
+
+
 # -- identity ---------------------------------------------------------------------------------
 
 
@@ -803,7 +907,8 @@ def config_identity(config: Any) -> dict:
         if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:
             identity[section].pop(leaf)
     for section in OPTIONAL_IDENTITY_SECTIONS:
-        if identity.get(section, None) == {}:
+        keys = identity.get(section, None)
+        if keys == {} or isinstance(keys, dict) and all(v is None for v in keys.values()):
             identity.pop(section)
     return identity
 

@@ -786,3 +786,33 @@ def plot_seed_gaps(
     ax.set_xlabel("seed")
     ax.set_ylabel(f"target accuracy minus {display_label(reference)}'s (points)")
     _finish(fig, ax, path, title, grid="y", fontsize=8, **_BESIDE)
+
+
+def plot_client_accuracy_cdf(
+    path: str, accuracies: Mapping[str, Any], title: str, *, note: str | None = None
+) -> None:
+    """The distribution of per-client accuracies, one empirical CDF per method: the share of
+    clients (y) whose accuracy is at most x. A curve further right serves more clients well; its
+    left end is the worst clients. NaN (a client without test examples) is left out.
+
+    Args:
+      accuracies: label -> per-client accuracies (fractions) of one seed, or a list over seeds
+        of such lists (pooled: every (client, seed) pair one step of the CDF). A method key
+        ("fedavg", "fedpals") is shown as its display label.
+      note: a line under the title (what was pooled, the clients' sets).
+    """
+    path = _check_path(path, accuracies=(accuracies, "one labelled set of accuracies"))
+    fig, ax = _figure((7.2, 4.2))
+    for label, values in accuracies.items():
+        values = 100 * np.asarray(values, dtype=float).ravel()
+        values = np.sort(values[np.isfinite(values)])
+        if not values.size:
+            continue
+        style = method_style(label)
+        share = np.arange(1, values.size + 1) / values.size
+        ax.step(np.concatenate([[values[0]], values]), np.concatenate([[0.0], share]),
+                where="post", color=style["color"], label=display_label(label))
+    ax.set_xlabel("client's test accuracy (%)")
+    ax.set_ylabel("share of clients at or below")
+    ax.set_ylim(0, 1.02)
+    _finish(fig, ax, path, title + (f" ({note})" if note else ""), fontsize=8, **_BESIDE)

@@ -42,6 +42,15 @@ A sweep config is a run config (see `fedjax_pals.experiment.config`) with a `swe
                     the fedpals_adaptive runs, per row).
     sweep.x_axis    the leaf name of the task axis that "accuracy_vs_axis" puts on the x axis
                     (default: the first axis).
+    sweep.each_client  False | True: every training client as its own target. A method whose
+                    server weights use T (FedPALS' lambda resolves to a value) runs once per
+                    training client j with evaluation.client_as_target = j (T = S_j, tested on
+                    j's own examples; runs `.../client_<j>/seed_<s>`, on the runs axis in blocks
+                    like any grid); the others run once, their global model evaluated on every
+                    client. Every run evaluates per client (evaluation.per_client). Instead of
+                    the protocol's table (sweep.protocol must be False, its default here), the
+                    per-client report (`per_client_report.py`): per_client_table.md / .json and
+                    per_client_cdf.png.
 
 Every run's config is validated before any run starts (a bad value fails in well under 2 s,
 naming the run and the key). Run r goes to `<workdir>/runs/<name>/`, its name
@@ -88,7 +97,7 @@ ConfigError = config_lib.ConfigError
 
 SWEEP_KEYS = (
     "row", "seeds", "methods", "grid", "axes", "zip_axes", "protocol", "selection", "paper",
-    "figures", "x_axis",
+    "figures", "x_axis", "each_client",
 )
 FIGURES = ("curves", "weights", "accuracy_vs_distance", "accuracy_vs_axis", "lambda_trajectories")
 # How a run that returned no results ended (see `_failure_status`).
@@ -103,6 +112,9 @@ SHARD_PLAN = os.path.join(SHARDS_DIR, "plan.json")
 IMPORTS_FILE = "sweep_imports.json"
 # The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
 LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
+# The evaluation keys that only personalisation uses (None in a run without it).
+PERSONALIZATION_KEYS = ("personalization", "fine_tuning_steps", "fine_tuning_learning_rates",
+                        "ditto_lams", "local_steps")
 # Keys that are not hyperparameters or task axes of a sweep (nor is the engine).
 _NOT_AXES = ("seed", "algorithm.name", "algorithm.weights", "server.optimizer")
 
@@ -119,6 +131,7 @@ class SweepRun:
     config: dict  # the run's config as nested dicts (unresolved; no `sweep` section)
     resolved: dict  # validate_config(config), as nested dicts
     digest: str  # config_digest(config)
+    client: int | None = None  # sweep.each_client: the training client that is its target
 
 
 # -- the sweep section ------------------------------------------------------------------------
@@ -198,9 +211,18 @@ def _sweep_section(config: Any) -> dict[str, Any]:
     if zip_axes and len({len(v) for v in axes.values()}) > 1:
         lengths = {p: len(v) for p, v in axes.items()}
         raise ConfigError(f"config.sweep.zip_axes=True needs axes of equal length, got {lengths}.")
-    protocol = raw.get("protocol", True)
+    each_client = raw.get("each_client", False)
+    if not isinstance(each_client, bool):
+        raise ConfigError(f"config.sweep.each_client must be True or False, got {each_client!r}.")
+    protocol = raw.get("protocol", not each_client)
     if not isinstance(protocol, bool):
         raise ConfigError(f"config.sweep.protocol must be True or False, got {protocol!r}.")
+    if protocol and each_client:
+        raise ConfigError(
+            "config.sweep.each_client=True runs every client as its own target: the protocol "
+            "would select among clients as if they were grid points. Set sweep.protocol=False "
+            "(the per-client report replaces the table)."
+        )
     selection = raw.get("selection") or "mean_over_seeds"
     if selection not in protocol_lib.SELECTIONS:
         raise ConfigError(
@@ -246,6 +268,7 @@ def _sweep_section(config: Any) -> dict[str, Any]:
         paper=dict(paper),
         figures=tuple(figures),
         x_axis=x_axis if x_axis is not None else (leaves[0] if leaves else None),
+        each_client=each_client,
     )
 
 
@@ -333,6 +356,20 @@ def _used_grid(
     }
 
 
+def uses_target(resolved: Mapping[str, Any]) -> bool:
+    """Whether a resolved run's server weights use T: FedPALS' lambda (either way of giving it)
+    resolves to a value only for the methods that weigh with FedPALS."""
+    algorithm = resolved["algorithm"]
+    return any(algorithm.get(path.split(".")[1]) is not None for path in LAMBDA_KEYS)
+
+
+def _target_clients(sweep: Mapping[str, Any], resolved: Mapping[str, Any]) -> list:
+    """The training clients a grid point runs for as targets (sweep.each_client), or [None]."""
+    if not sweep["each_client"] or not uses_target(resolved):
+        return [None]
+    return list(range(resolved["partition"]["num_clients"] - 1))
+
+
 def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     sweep = _sweep_section(config)
     base = config_lib.as_dict(config)
@@ -376,6 +413,8 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                 tree = copy.deepcopy(base)
                 for path, value in [*fixed, *point]:
                     _set(tree, path, value)
+                if sweep["each_client"]:
+                    _set(tree, "evaluation.per_client", True)
                 hparams = tuple((grid_names[p], v) for p, v in point)
                 grid_part = ",".join(f"{name}={_fmt(v)}" for name, v in hparams)
                 where = "/".join(x for x in (row_part, method_key, grid_part) if x)
@@ -389,20 +428,31 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
                 algorithm = resolved["algorithm"]
                 declared.setdefault(method_key, (algorithm["name"], algorithm))
                 method_paths.update(method_overrides)
-                for seed in sweep["seeds"]:
-                    name = f"{where}/seed_{seed}"
-                    run_tree = {**tree, "seed": seed}
-                    run_resolved = {**resolved, "seed": seed}
-                    digest = config_lib.resolved_config_digest(run_resolved)
-                    if name in names or digest in digests:
-                        continue  # the same run reached twice (e.g. a method listed twice)
-                    names.add(name)
-                    digests.add(digest)
-                    runs.append(
-                        SweepRun(
-                            name, row, method_key, hparams, seed, run_tree, run_resolved, digest
+                for client in _target_clients(sweep, resolved):
+                    for seed in sweep["seeds"]:
+                        name = f"{where}/seed_{seed}"
+                        run_tree, run_resolved = {**tree, "seed": seed}, {**resolved, "seed": seed}
+                        if client is not None:
+                            width = len(str(resolved["partition"]["num_clients"] - 2))
+                            name = f"{where}/client_{client:0{width}d}/seed_{seed}"
+                            # Client j's own model is the run: no personalisation of it.
+                            run_tree["evaluation"] = {
+                                **run_tree.get("evaluation", {}), "client_as_target": client,
+                                "personalization": None}
+                            run_resolved["evaluation"] = {
+                                **run_resolved["evaluation"], "client_as_target": client,
+                                **dict.fromkeys(PERSONALIZATION_KEYS)}
+                        digest = config_lib.resolved_config_digest(run_resolved)
+                        if name in names or digest in digests:
+                            continue  # the same run reached twice (e.g. a method listed twice)
+                        names.add(name)
+                        digests.add(digest)
+                        runs.append(
+                            SweepRun(
+                                name, row, method_key, hparams, seed, run_tree, run_resolved,
+                                digest, client,
+                            )
                         )
-                    )
     sweep["row_label"] = base_label
     if sweep["protocol"]:  # a method's declared grid that the selection will not see
         protocol_lib.warn_ignored_grids(declared, {*sweep["grid"], *sweep["axes"], *method_paths})
@@ -474,12 +524,16 @@ def expand_sweep(config: Any) -> list[tuple[str, ml_collections.ConfigDict]]:
 
 
 def is_finished(run: SweepRun, results: Mapping[str, Any] | None) -> bool:
-    """The run's results.json is of its config and holds its last round."""
+    """The run's results.json is of its config and holds its last round (and, under
+    evaluation.personalization, every mode's record: a run killed while personalising is
+    finished by its next launch)."""
+    wanted = (run.resolved.get("evaluation") or {}).get("personalization") or ()
     return (
         results is not None
         and results.get("config_digest") == run.digest
         and bool(results.get("rounds"))
         and results["rounds"][-1] == run.resolved["training"]["rounds"]
+        and all(mode in (results.get("personalization") or {}) for mode in wanted)
     )
 
 
@@ -717,8 +771,18 @@ def write_report(
       {"table": the protocol table, "markdown": its text, "files": {name: path}}; None, None
       and {} (nothing written) without `sweep.protocol` or a finished run, or outside process 0.
     """
+    if results_by_run and is_main_process() and any(
+        (run.resolved.get("evaluation") or {}).get("per_client") for run in runs
+    ):
+        from fedjax_pals.experiment import per_client_report
+
+        per_client = per_client_report.write_per_client_report(
+            workdir, runs, results_by_run, title=_title(runs, sweep), missing=missing)
+    else:
+        per_client = {"files": {}}
     if not sweep["protocol"] or not results_by_run or not is_main_process():
-        return {"table": None, "markdown": None, "files": {}}
+        return {"table": None, "markdown": None, "files": per_client["files"],
+                "per_client": per_client.get("table")}
     records = [
         protocol_lib.RunRecord(run.row, run.method, run.hparams, run.seed, results_by_run[i])
         for i, run in enumerate(runs)
@@ -745,7 +809,9 @@ def write_report(
         table["runs"].update(partial=True, missing=list(missing))
     files = protocol_lib.write_protocol_report(workdir, table)
     files.update(_figures(workdir, sweep, table, records))
-    return {"table": table, "markdown": protocol_lib.table_markdown(table), "files": files}
+    files.update(per_client["files"])
+    return {"table": table, "markdown": protocol_lib.table_markdown(table), "files": files,
+            "per_client": per_client.get("table")}
 
 
 def run_sweep(

@@ -22,6 +22,7 @@ from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_a
 from fedjax_pals.algorithms.base import round_shape_mismatch
 from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
+from fedjax_pals.data.client_sets import ClientEvaluationSets, client_evaluation_sets
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
@@ -60,6 +61,8 @@ class Task:
     # Poisson sampling's q (training.client_sampling="poisson"), None: clients_per_round drawn
     # without replacement.
     sampling_rate: float | None = None
+    # Every training client's own validation and test sets (evaluation.per_client), else None.
+    client_sets: ClientEvaluationSets | None = None
 
 
 def _load(name: str, registered: RegisteredDataset, options: tuple) -> Any:
@@ -159,8 +162,16 @@ def load_data(config: ml_collections.ConfigDict) -> tuple[Dataset, FederatedPart
     return dataset, scheme.make(config.partition, dataset, config.seed)
 
 
-def _check_target_sets(partition: FederatedPartition) -> None:
+def _check_target_sets(partition: FederatedPartition, client_target: int | None = None) -> None:
     n_test = len(partition.target_test_indices)
+    if client_target is not None:  # a client's own sets: as large as the client is
+        for what, n in (("test", n_test), ("validation", len(partition.target_val_indices))):
+            if n == 0:
+                raise TaskError(
+                    f"evaluation.client_as_target={client_target}: the client has no {what} "
+                    "examples of its own (evaluation.client_val_fraction, client_test_size)."
+                )
+        return
     if n_test < MIN_TARGET_TEST_EXAMPLES:
         raise TaskError(
             f"the target test set has only {n_test} examples (the test split cannot supply more "
@@ -204,10 +215,33 @@ def build_resolved_task(resolved: ml_collections.ConfigDict) -> Task:
         raise TaskError(f"{resolved.dataset.name}, seed {resolved.seed}: {error}") from error
 
 
+def client_as_target(
+    partition: FederatedPartition, sets: ClientEvaluationSets, client: int
+) -> FederatedPartition:
+    """`partition` whose target is its training client `client`: T = S_j (the label
+    distribution it trains on), validated and tested on its own sets. The client still
+    trains."""
+    return dataclasses.replace(
+        partition,
+        target_label_dist=partition.client_label_dists[client],
+        target_val_indices=sets.val_indices[client, : sets.val_sizes[client]],
+        target_test_indices=sets.test_indices[client, : sets.test_sizes[client]],
+        description=f"{partition.description}; training client {client} the target",
+    )
+
+
 def _build_task(config: ml_collections.ConfigDict) -> Task:
-    a = config.algorithm
+    a, e = config.algorithm, config.evaluation
     dataset, partition = load_data(config)
-    _check_target_sets(partition)
+    client_sets = None
+    if e.per_client:
+        partition, client_sets = client_evaluation_sets(
+            partition, dataset, seed=config.seed, val_fraction=e.client_val_fraction,
+            test_size=e.client_test_size,
+        )
+        if e.client_as_target is not None:
+            partition = client_as_target(partition, client_sets, e.client_as_target)
+    _check_target_sets(partition, e.client_as_target)
     input_shape = tuple(dataset.train.x.shape[1:])
     try:
         model = make_model(config.model, input_shape, dataset.num_classes,
@@ -294,6 +328,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         server_label_dists=context.server_label_dists,
         features=features,
         sampling_rate=context.sampling_rate,
+        client_sets=client_sets,
     )
 
 

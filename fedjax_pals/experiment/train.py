@@ -39,7 +39,8 @@ from fedjax_pals.experiment.config import (
     resolve_config,
 )
 from fedjax_pals.experiment.engine_record import engine_segments
-from fedjax_pals.experiment.plots import plot_curves
+from fedjax_pals.experiment.per_client import PerClientRecord, personalize
+from fedjax_pals.experiment.plots import plot_client_accuracy_cdf, plot_curves
 from fedjax_pals.experiment.interruption import ACTIVITY, uninterrupted
 from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
@@ -68,6 +69,9 @@ def _read_results(path: str) -> dict | None:
     return results if isinstance(results, dict) else None
 
 
+# A per-client run's figure: the distribution of its clients' accuracies.
+CLIENTS_FIGURE = "client_accuracy.png"
+
 # TensorBoard charts (Custom Scalars) whose curves share one plot: tag regexes, matched at a
 # tag's start (so "$" ends each: "target/accuracy" alone would draw accuracy_at_best_val too).
 CHARTS = {
@@ -75,6 +79,9 @@ CHARTS = {
     "macro-F1 (target, validation)": ["target/macro_f1$", "val/macro_f1$"],
     "loss (train, target, validation)": ["train/loss$", "target/loss$", "val/loss$"],
     "alpha per client (server weights)": [r"server/alpha/client_\d+$"],
+    "per-client test accuracy (evaluation.per_client)": [
+        "clients/accuracy_mean$", "clients/accuracy_median$", "clients/accuracy_worst_10$",
+        "clients/accuracy_weighted_mean$"],
 }
 # TensorBoard's HParams dashboard: its metric columns (the headline first; each its last value)
 # and the hyperparameters it shows by default (it orders them by name): the method key, the
@@ -270,6 +277,11 @@ class _PreparedRun:
                 if line:
                     progress.write(f"  {line}")
             updates = [(name, m.update_state) for name, m in monitors if m.update_state is not None]
+            self.clients = None
+            if task.client_sets is not None:
+                self.clients = PerClientRecord(
+                    task.partition.client_sizes, task.client_sets.summary())
+                self.clients.resume(previous)
             self.run = TrainingRun(
                 task.algorithm,
                 task.model,
@@ -285,6 +297,7 @@ class _PreparedRun:
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
                 update_state=_chained(updates),
+                client_sets=task.client_sets,
             )
         except BaseException:
             if hasattr(self, "key"):  # ended (with an error): not where an interrupt stops
@@ -316,6 +329,8 @@ class _PreparedRun:
         if state is not None:
             for monitor in self.monitors:
                 results.update(monitor.results(state))
+        if self.clients is not None:
+            results.update(self.clients.results())
         return results
 
     def _on_round(self, done: int, loss: float) -> None:
@@ -386,10 +401,31 @@ class _PreparedRun:
         }
         if self.main:
             scalars.update(self._server_scalars())
+        if self.clients is not None and "clients" in metrics:
+            scalars.update(self.clients.update(done, metrics["clients"]))
+            self.writer.write_histogram(done, "clients/accuracy", self.clients.latest)
         self.writer.write_scalars(done, scalars)
         self.writer.flush()
         if self.main:
             write_json(self.workdir.file(RESULTS_FILE), self.results_of(history, self.run.state))
+
+    def _personalize(self, state) -> None:
+        """evaluation.personalization's modes from the final state, once: a run resumed after
+        them keeps what results.json recorded (`PerClientRecord.resume`)."""
+        wanted = self.config.evaluation.personalization
+        if self.clients is None or not wanted:
+            return
+        missing = [mode for mode in wanted if mode not in self.clients.personalization]
+        if not missing:
+            return
+        evaluation = {**self.config.evaluation.to_dict(), "personalization": tuple(missing)}
+        with uninterrupted():
+            self.progress.write(f"  personalisation: {', '.join(missing)} for "
+                                f"{len(self.clients.sizes)} clients")
+            self.clients.personalization.update(personalize(
+                self.run, state, evaluation, self.config.training.batch_size,
+                reference=self.clients.at_best_val,
+            ))
 
     def finish(self, outcome) -> dict | BaseException:
         """Final results (results.json, curves.png) or the run's exception; closes its resources."""
@@ -399,14 +435,22 @@ class _PreparedRun:
                     ACTIVITY.run_ended(self.key)
                 return outcome
             state, history = outcome
+            self._personalize(state)
             results = self.results_of(history, state)
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
                     self.workdir.file("curves.png"), {self.method: results}, self.title
                 )
+                figures = ["curves.png"]
+                if self.clients is not None:
+                    plot_client_accuracy_cdf(
+                        self.workdir.file(CLIENTS_FIGURE), self.clients.accuracies(),
+                        f"{self.title}: per-client test accuracy",
+                        note=f"{len(self.clients.sizes)} clients, seed {self.config.seed}")
+                    figures.append(CLIENTS_FIGURE)
                 # The run's files into its MLflow run (nothing without MLflow).
-                files = [self.workdir.file(n) for n in (RESULTS_FILE, "curves.png", HPARAMS_FILE)]
+                files = [self.workdir.file(n) for n in (RESULTS_FILE, *figures, HPARAMS_FILE)]
                 try:
                     self.writer.write_artifacts(files)
                 except mlflow_writer.MlflowError as error:
