@@ -189,6 +189,8 @@ def _compiled_personalization(
 
 
 def _check_grid(name: str, values: Any, check: Callable[[str, Any], Any]) -> tuple:
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+        values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
         raise ValueError(f"{name} must be a non-empty sequence, got {values!r}.")
     return tuple(check(f"{name}[{i}]", value) for i, value in enumerate(values))
@@ -294,6 +296,7 @@ def personalize(
     ids, rows, sizes_p, val_rows, val_n_p, test_rows, test_n_p = map(
         pad, (np.arange(num_clients, dtype=np.int32), rows, sizes, val_rows, val_n, test_rows,
               test_n))
+    train_x, train_y, eval_x, eval_y = jax.device_put((train_x, train_y, eval_x, eval_y))
     outputs = []
     for b in range(num_blocks):
         part = slice(b * block, (b + 1) * block)
