@@ -84,8 +84,9 @@ def personal_schedule(
     batch_size: int,
 ) -> np.ndarray:
     """Client `client`'s first `num_steps` batches in `personalize` with this `key`:
-    (num_steps, batch_size) positions into its index row (of `width`, as given to
-    personalize); rows i of the row's first num_examples entries. For references and tests.
+    (num_steps, batch_size) positions in [0, num_examples) into its index row (of `width`,
+    the width of the client_indices given to personalize: the draws depend on it). For
+    references and tests; personalize draws the same positions step by step.
     """
     num_epochs = epochs_per_step(batch_size, num_examples)
     return np.asarray(_schedule(width, num_steps, batch_size, num_epochs)(
@@ -281,6 +282,7 @@ def personalize(
     block = min(block, num_clients)
 
     trained = sizes > 0
+    # Static: the program is compiled per value (it changes with the smallest client's size).
     num_epochs = epochs_per_step(batch_size, sizes[trained].min() if trained.any() else 1)
     program = _compiled_personalization(
         apply_fn, batch_size, num_epochs, eval_batch_size, return_params)
