@@ -27,6 +27,16 @@ Ctrl-C or SIGTERM keeps what it measured (a case stopped in its timed rounds is 
 of those it had, marked stopped_early), says so in one line, and its worker
 processes die with it (at once, also when it is SIGKILLed).
 
+`--vmapped_convs=patches,grouped` measures instead how a vmapped backend (`--backends`, one
+name; vmap_scan unless given) computes the model's convolutions
+(docs/decisions/0106-vmapped-convolutions-as-matmuls.md): in this process, for each
+formulation x --runs x M, the engine's round (`run_round` for one run, `run_rounds` for
+several), its compile (first round), the median of --rounds steady rounds, client-steps/s, the
+runs axis' gain, the grouped convolutions of its program (lowered, `fjp.engine.conv_groups`),
+the device's peak memory where the device reports it, and the largest difference of run 0's
+params after the first round from the first formulation's. One compact table, JSON in --output.
+No baseline, no ceiling, no worker processes.
+
 A mistake in the command line is one `error:` line on stderr and exit status 2.
 
 Usage:
@@ -112,6 +122,12 @@ _PARTICIPATION = flags.DEFINE_float(
     "participation", 1.0, "Fraction of the M clients sampled into each round (1: all)."
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic data and the initial params.")
+_VMAPPED_CONVS = flags.DEFINE_list(
+    "vmapped_convs",
+    [],
+    "Formulations of a vmapped client update's convolutions to compare in this process "
+    "(among patches, grouped; RoundEngine's vmapped_convs); empty: the usual benchmark.",
+)
 _OUTPUT = flags.DEFINE_string("output", "results/benchmark.json", "Where to write the JSON.")
 # Checked while absl parses; the rest (numbers of clients, models, backends' names) by the
 # harness before anything is measured.
@@ -150,6 +166,165 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _peak_bytes() -> int | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def _params_diff(a, b) -> float:
+    import jax
+    import numpy as np
+
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    )
+
+
+def conv_ab(model_name: str, num_clients: int, runs: int, convs: str, backend: str,
+            settings, *, params_of_first=None) -> dict:
+    """One case of `--vmapped_convs`: the engine's round of `runs` runs of `num_clients`
+    clients each with `convs`; returns its row (and run 0's params after round 0)."""
+    import statistics
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import fedjax_pals as fjp
+
+    model = bench.make_model(model_name)
+    data = bench.synthetic_data(model_name, num_clients, settings.examples_per_client,
+                                settings.seed)
+    training = bench.local_training(settings)
+    algorithm = fjp.fedavg()
+    engine = fjp.engine.RoundEngine(algorithm, model, training, backend=backend,
+                                    vmapped_convs=convs)
+    states = [fjp.init_server_state(algorithm, model.init(jax.random.PRNGKey(settings.seed + j)),
+                                    num_clients) for j in range(runs)]
+    base_key = jax.random.PRNGKey(settings.seed + 1)
+    stack = lambda *xs: jax.tree_util.tree_map(lambda *l: jnp.stack(l), *xs)
+    if runs == 1:
+        state = states[0]
+
+        def one_round(state, r):
+            parts = bench.round_participants(num_clients, settings, r)
+            return engine.run_round(data, state, parts, jax.random.fold_in(base_key, r))[0]
+
+        run0 = lambda state: state.params
+        program = engine._rounds._jit_single_round if hasattr(engine._rounds, "_jit_single_round") else None
+        program_args = lambda: (engine.place_data(data), state,
+                                bench.round_participants(num_clients, settings, 0), base_key)
+    else:
+        state = stack(*states)
+        runs_data = data._replace(**{n: stack(*[getattr(data, n)] * runs) for n in
+                                     ("client_indices", "client_sizes", "client_label_dists")})
+
+        def one_round(state, r):
+            parts = np.tile(bench.round_participants(num_clients, settings, r), (runs, 1))
+            return engine.run_rounds(runs_data, state, parts,
+                                     stack(*[jax.random.fold_in(base_key, r)] * runs))[0]
+
+        run0 = lambda state: jax.tree_util.tree_map(lambda l: l[0], state.params)
+        program = getattr(engine._rounds, "_jit_round", None)
+        program_args = lambda: (runs_data, state,
+                                np.tile(bench.round_participants(num_clients, settings, 0),
+                                        (runs, 1)),
+                                stack(*[base_key] * runs))
+    groups = None
+    if program is not None:  # a traced backend: its one program's convolutions
+        groups = fjp.engine.conv_groups(program.lower(*program_args()).as_text())
+    start = time.perf_counter()
+    state = jax.block_until_ready(one_round(state, 0))
+    first_s = time.perf_counter() - start
+    first_params = run0(state)
+    times = []
+    for r in range(1, settings.rounds + 1):
+        start = time.perf_counter()
+        state = jax.block_until_ready(one_round(state, r))
+        times.append(time.perf_counter() - start)
+    steady = statistics.median(times)
+    participants = len(bench.round_participants(num_clients, settings, 0))
+    steps = runs * participants * settings.steps_per_client
+    peak = _peak_bytes()
+    return {
+        "model": model_name, "vmapped_convs": convs, "backend": engine.backend.name,
+        "runs": runs, "num_clients": num_clients, "lanes": runs * participants,
+        "first_round_s": first_s, "steady_round_s": steady, "client_steps_per_s": steps / steady,
+        "conv_groups": None if groups is None else {f"{fg}x{bg}": n for (fg, bg), n in
+                                                    groups.items()},
+        "grouped_convs": None if groups is None else sum(
+            n for (fg, bg), n in groups.items() if fg > 1 or bg > 1),
+        "device_peak_gb": None if peak is None else peak / 1e9,
+        "params_diff_vs_first": None if params_of_first is None else _params_diff(
+            first_params, params_of_first),
+    }, first_params
+
+
+def conv_ab_table(rows: list[dict]) -> str:
+    """The `--vmapped_convs` rows as one Markdown table (runs gain: client-steps/s over the
+    same model, M and formulation's one-run row)."""
+    solo = {(r["model"], r["num_clients"], r["vmapped_convs"]): r["client_steps_per_s"]
+            for r in rows if r["runs"] == 1}
+    lines = ["| model | M | convs | runs | lanes | grouped convs (groups) | first round s | "
+             "steady s/round | client-steps/s | runs gain | device peak GB so far | params diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = solo.get((r["model"], r["num_clients"], r["vmapped_convs"]))
+        gain = "" if base is None or r["runs"] == 1 else f"{r['client_steps_per_s'] / base:.2f}x"
+        groups = "" if r["conv_groups"] is None else (
+            f"{r['grouped_convs']} ({', '.join(f'{k}:{n}' for k, n in r['conv_groups'].items())})")
+        peak = "" if r["device_peak_gb"] is None else f"{r['device_peak_gb']:.2f}"
+        diff = "" if r["params_diff_vs_first"] is None else f"{r['params_diff_vs_first']:.1e}"
+        lines.append(
+            f"| {r['model']} | {r['num_clients']} | {r['vmapped_convs']} | {r['runs']} | "
+            f"{r['lanes']} | {groups} | {r['first_round_s']:.2f} | {r['steady_round_s']:.4f} | "
+            f"{r['client_steps_per_s']:,.0f} | {gain} | {peak} | {diff} |")
+    return "\n".join(lines)
+
+
+def _run_conv_ab(chosen: dict, settings) -> None:
+    import fedjax_pals as fjp
+
+    convs = [c.strip() for c in _VMAPPED_CONVS.value]
+    for c in convs:
+        if c not in fjp.engine.VMAPPED_CONVS:
+            cli.usage_error(f"--vmapped_convs: {c!r} is not among {fjp.engine.VMAPPED_CONVS}.")
+    backends = [b.strip() for b in _BACKENDS.value] if flags.FLAGS["backends"].present else [
+        "vmap_scan"]
+    if len(backends) != 1 or backends[0] not in _BACKENDS_LIST:
+        cli.usage_error("--vmapped_convs compares one named backend: give one --backends name.")
+    rows = []
+    for model_name in chosen["models"]:
+        for m in sorted({int(v) for v in chosen["num_clients"]}):
+            for runs in sorted({int(v) for v in _RUNS.value}):
+                first = None
+                for c in convs:
+                    row, params = conv_ab(model_name.strip(), m, runs, c, backends[0], settings,
+                                          params_of_first=first)
+                    first = params if first is None else first
+                    rows.append(row)
+                    print(f"# {model_name} M={m} runs={runs} {c}: "
+                          f"{row['steady_round_s']:.4f} s/round, grouped convs "
+                          f"{row['grouped_convs']}", flush=True)
+                    write_result(_OUTPUT.value, {"vmapped_convs": rows, "partial": True})
+    import jax
+
+    device = jax.devices()[0]
+    write_result(_OUTPUT.value, {"vmapped_convs": rows, "partial": False,
+                                 "device": f"{device.platform} ({device.device_kind})",
+                                 "jax_version": jax.__version__})
+    print(f"\n{device.platform} ({device.device_kind}), jax {jax.__version__}, backend "
+          f"{backends[0]}, {settings.steps_per_client} steps/client, batch "
+          f"{settings.batch_size}; params diff: run 0 after round 0 against the first "
+          "formulation's.\n")
+    print(conv_ab_table(rows))
+    print(f"# wrote {_OUTPUT.value}")
+
+
 def main(argv):
     del argv
     try:
@@ -177,6 +352,8 @@ def main(argv):
             seed=_SEED.value,
             participation=_PARTICIPATION.value,
         )
+        if _VMAPPED_CONVS.value:
+            return _run_conv_ab(chosen, settings)
         if _BASELINE.value and settings.examples_per_client % settings.batch_size:
             raise ValueError(
                 "the baseline loop needs full batches: --examples_per_client must be a "
