@@ -29,7 +29,7 @@ if [ "$SMOKE" = "1" ]; then
   SIZE_EMNIST="--num_clients=2 --examples_per_client=4 --batch_size=2"
   SIZE_LENET="--num_clients=2 --examples_per_client=4 --batch_size=2"
   RUNS="1,2"; ROUNDS=1; T_AB=240; T_BENCH=300
-  BENCH_EXTRA="--num_clients=2 --examples_per_client=4 --batch_size=2 --max_seconds_per_case=30 --devices=1"
+  BENCH_EXTRA="--num_clients=2 --examples_per_client=4 --batch_size=2 --max_seconds_per_case=30 --devices=1 --noceiling"
 else
   SIZE_CIFAR=""; SIZE_EMNIST=""
   SIZE_LENET="--num_clients=100 --examples_per_client=64 --batch_size=32"
