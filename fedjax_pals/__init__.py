@@ -98,6 +98,21 @@ from fedjax_pals.engine import LocalTraining  # noqa: E402
 from fedjax_pals.training import TrainingDivergedError, TrainingHistory, run_training  # noqa: E402
 from fedjax_pals.runtime import configure_runtime, is_main_process  # noqa: E402
 
+# -- per-client evaluation and personalisation (every client on its own examples)
+from fedjax_pals.data.client_sets import ClientEvaluationSets, client_evaluation_sets  # noqa: E402
+from fedjax_pals.metrics import (  # noqa: E402
+    ClientEvaluation,
+    client_accuracies,
+    client_accuracy_summary,
+)
+from fedjax_pals.personalization import (  # noqa: E402
+    PersonalizationResult,
+    ditto,
+    fine_tune,
+    local_only,
+    personalize,
+)
+
 # -- experiments: configs, tasks, workdirs, sweeps and the paper's protocol, restore
 from fedjax_pals.experiment.config import (  # noqa: E402
     ConfigError,
@@ -140,6 +155,7 @@ from fedjax_pals import (  # noqa: E402,F401
     extensions,
     metrics,
     models,
+    personalization,
     privacy,
     hyperparameters,
     server_optimizers,
@@ -184,6 +200,10 @@ __all__ = [
     # training
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",
     "configure_runtime", "is_main_process",
+    # per-client evaluation and personalisation
+    "ClientEvaluationSets", "client_evaluation_sets", "ClientEvaluation", "client_accuracies",
+    "client_accuracy_summary", "PersonalizationResult", "personalize", "fine_tune", "ditto",
+    "local_only",
     # experiments
     "ConfigError", "ResolvedConfig", "config_digest", "default_config", "resolve_config",
     "validate_config", "Task", "TaskError",

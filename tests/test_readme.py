@@ -82,6 +82,9 @@ SKIPPED = {
     r"configs/beyond_natural_shakespeare\.py:run\b": "LEAF's LSTM on the real plays: "
     "tests/test_shakespeare.py::test_two_rounds_of_the_experiments_config_train_on_a_slice_of_"
     "the_real_plays runs this config for 2 rounds, and tests/test_sweep.py its sweep",
+    r"configs/beyond_per_client_fmnist\.py\b": "101 runs a seed (FedPALS once per client of 100) and "
+    "minutes of personalisation even at 1 round; tests/test_per_client.py runs the same "
+    "each_client sweep, blocks, report and figure on the synthetic task",
     r"\bsbatch\b": "needs a Slurm cluster and Table 1's 960-run sweep; tests/test_submission.py "
     "submits to CI's real Slurm (scripts/slurm_local.sh)",
     r"experiments\.submit\b.*--slurm_partition=gpu": "needs a Slurm partition 'gpu' with GPUs; "

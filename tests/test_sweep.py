@@ -570,6 +570,10 @@ def _tiny(config, *, methods=2):
                 plain["training"]["clients_per_round"] = 5
     sweep["seeds"] = (0,)
     sweep["methods"] = tuple(sweep["methods"][:methods])
+    evaluation = plain.get("evaluation") or {}
+    if evaluation.get("personalization"):  # the smallest grids: the same programs, fewer steps
+        evaluation.update(fine_tuning_steps=(0, 1), local_steps=(1,), ditto_lams=(0.1,),
+                          fine_tuning_learning_rates=(0.1,))
     grid = sweep.get("grid") or {}
     for section in grid.values():
         for key in list(section):
@@ -617,7 +621,10 @@ def test_each_experiment_config_runs_with_tiny_overrides(name, tmp_path):
     # Compilation dominates: every method once on the headline experiment, one elsewhere.
     name, _, argument = name.partition(":")
     config = _load_config(name, *([argument] if argument else []))
-    config = _tiny(config, methods=8 if name == "table1_fmnist_c3.py" else 1)
+    # Every client as its target: FedAvg beside FedPALS, expanded over the clients.
+    each_client = bool(config.sweep.get("each_client"))
+    config = _tiny(config, methods=8 if name == "table1_fmnist_c3.py" else 2 if each_client
+                   else 1)
     if config.dataset.name in ("leaf", "shakespeare"):
         # Natural data: the FEMNIST-shaped copy conftest.py writes, the plays scripts/setup.sh
         # fetches.
@@ -634,6 +641,11 @@ def test_each_experiment_config_runs_with_tiny_overrides(name, tmp_path):
     else:
         summary = fjp.run_sweep(config, str(tmp_path / "w"), quiet=True)
     assert set(summary["runs"].values()) == {"done"}, summary["errors"]
+    if each_client:  # the per-client report instead of the protocol's table
+        (rows,) = summary["per_client"].values()
+        assert {"FedAvg", "FedPALS per client", "local only"} <= set(rows)
+        assert os.path.isfile(tmp_path / "w" / "per_client_cdf.png")
+        return
     table = summary["table"]
     assert len(table["rows"]) == len({r for r in summary["runs"]}) // len(table["methods"])
     for row in table["rows"]:

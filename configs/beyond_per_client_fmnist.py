@@ -2,7 +2,7 @@ r"""Every client as its own target (issue: per-client accuracy under label shift
 sparsity C = 3, 100 training clients (num_clients = 101: the scheme's last client, the paper's
 target, is left unused), 10 % of them per round.
 
-  python -m experiments.sweep --config=configs/per_client_fmnist.py --workdir=runs/per_client_fmnist
+  python -m experiments.sweep --config=configs/beyond_per_client_fmnist.py --workdir=runs/per_client_fmnist
   # C = 2: --config.partition.labels_per_client=2
 
 Per seed, on one partition: FedAvg, its global model evaluated on every client's own test set
