@@ -168,6 +168,11 @@ def _compiled_client_evaluation(apply_fn: Callable, per_client_params: bool, bat
     clients (vmap over clients, scan over batches), compiled once per shape; the data are
     arguments, as in `_compiled_evaluation`."""
 
+    if per_client_params:  # per-lane kernels: no grouped convolutions (see personalization)
+        from fedjax_pals.engine.convs import matmul_convs
+
+        apply_fn = matmul_convs(apply_fn)
+
     @jax.jit
     def evaluate(params, x, y, indices, sizes):
         one = lambda p, row, size: client_sums(apply_fn, p, x, y, row, size, batch_size)

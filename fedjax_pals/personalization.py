@@ -151,7 +151,16 @@ def _compiled_personalization(
     return_params: bool,
 ):
     """The jitted kernel for all clients of a block and all grid points (data as arguments:
-    compiled once per shape, cached by apply_fn and the static settings)."""
+    compiled once per shape, cached by apply_fn and the static settings).
+
+    The model's convolutions run as patches times kernel (`engine.convs.matmul_convs`): vmapped
+    over clients and grid points with per-lane kernels they would be grouped convolutions,
+    which JAX's batching rule cannot nest (a NotImplementedError for a kernel batched over the
+    grid around one batched over clients) and GPUs run slowly
+    (docs/decisions/0106-vmapped-convolutions-as-matmuls.md)."""
+    from fedjax_pals.engine.convs import matmul_convs
+
+    apply_fn = matmul_convs(apply_fn)
 
     @jax.jit
     def run(start, anchor, lrs, lams, bounds, client_ids, key, train_x, train_y, rows, sizes,
