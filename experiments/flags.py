@@ -84,7 +84,9 @@ COMPILATION_CACHE = flags.DEFINE_string(
     "auto",
     "JAX's persistent compilation cache, so that a launch loads the programs an earlier one "
     "compiled instead of compiling them again: a directory, 'auto' ($JAX_COMPILATION_CACHE_DIR "
-    "if set, else $XDG_CACHE_HOME/fedjax_pals/jax, i.e. ~/.cache/fedjax_pals/jax) or 'none'.",
+    "if set, else $XDG_CACHE_HOME/fedjax_pals/jax, i.e. ~/.cache/fedjax_pals/jax) or 'none'. "
+    "One that cannot be used (not writable, cannot be created, no space) is reported in one "
+    "line and the run goes on without a persistent cache.",
 )
 # An empty value is a mistake (`--workdir=` would write into the current directory, an empty
 # MLflow URI would be taken as none), refused while absl parses like every other one.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 
 import jax
 from absl import logging
@@ -131,8 +132,8 @@ def configure_runtime(
             process_id=process_id,
         )
     if compilation_cache is not None:
-        _use_compilation_cache(cache_dir)
-        _configured.update(compilation_cache=cache_dir)
+        # None when the directory cannot be used: the run goes on without a persistent cache.
+        _configured.update(compilation_cache=_use_compilation_cache(cache_dir))
     _configured.update(cpu_devices=cpu_devices, distributed=bool(start_distributed))
     return dict(_configured)
 
@@ -164,25 +165,35 @@ def compilation_cache_dir(setting: str | os.PathLike) -> str | None:
     return os.path.abspath(os.path.expanduser(setting))
 
 
-def _use_compilation_cache(directory: str | None) -> None:
-    """Points JAX's persistent compilation cache at `directory` (None: turns it off)."""
+def _use_compilation_cache(directory: str | None) -> str | None:
+    """Points JAX's persistent compilation cache at `directory` (None: turns it off); returns
+    the directory in use, or None.
+
+    A directory that cannot be used (not a directory, cannot be made or written, its file
+    system full) is reported in one line and then not given to JAX, which would otherwise warn
+    at every compile that fails to write an entry (59 warnings in a demo run): the run goes on
+    without a persistent cache.
+    """
     if directory is None:
         jax.config.update("jax_enable_compilation_cache", False)
-        return
+        return None
+    problem = None
     if os.path.realpath(directory) == os.path.realpath(default_compilation_cache_dir()):
         try:  # the user's own cache, readable and writable by them alone
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as error:
-            _cache_warning(directory, str(error))
-            jax.config.update("jax_enable_compilation_cache", False)
-            return
-    problem = compilation_cache_problem(directory)
-    if problem is not None:  # JAX would compile without caching, and say nothing
+            problem = f"it cannot be created: {error.strerror or error}"
+    if problem is None:
+        problem = compilation_cache_problem(directory)
+    if problem is not None:
         _cache_warning(directory, problem)
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", directory)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # the user's wins
         jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECONDS)
+    return directory
 
 
 # Less free space than this where the compilation cache lives: entries fail to be written.
@@ -202,6 +213,12 @@ def compilation_cache_problem(directory: str) -> str | None:
         return "it is not a directory"
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} cannot be written"
+    if existing == directory:  # a read-only mount, an ACL: only a write tells
+        try:
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".fedjax_pals-probe-"):
+                pass
+        except OSError as error:
+            return f"it cannot be written: {error.strerror or error}"
     try:
         free = shutil.disk_usage(existing).free
     except OSError:
@@ -213,8 +230,9 @@ def compilation_cache_problem(directory: str) -> str | None:
 
 def _cache_warning(directory: str, problem: str) -> None:
     print(
-        f"warning: the compilation cache {directory} is not usable ({problem}): every launch "
-        "compiles its programs anew; pass --compilation_cache=DIR (another directory) or none.",
+        f"warning: the compilation cache {directory} is not usable ({problem}): this run goes on "
+        "without one and compiles its programs anew; pass --compilation_cache=DIR (another "
+        "directory) or none.",
         file=sys.stderr,
         flush=True,
     )

@@ -133,20 +133,47 @@ def test_an_unusable_compilation_cache_is_one_warning_line(tmp_path, monkeypatch
     monkeypatch.setattr(runtime.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 2**20))
     assert runtime.compilation_cache_problem(str(tmp_path)) == "its file system has only 1 MiB free"
     monkeypatch.undo()
+    # A directory that exists but refuses a write (a read-only mount; root passes os.access).
+    def refuse(**kwargs):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(runtime.tempfile, "NamedTemporaryFile", refuse)
+    assert runtime.compilation_cache_problem(str(tmp_path)) == (
+        "it cannot be written: Read-only file system"
+    )
+    monkeypatch.undo()
     import jax
 
-    saved = (jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache)
+    keys = ("jax_compilation_cache_dir", "jax_enable_compilation_cache")
+    saved = {key: getattr(jax.config, key) for key in keys}
     try:
-        runtime._use_compilation_cache(str(afile))
+        jax.config.update("jax_enable_compilation_cache", True)
+        # Reported once and then not given to JAX, which would warn again at every compile.
+        settings = runtime.configure_runtime(compilation_cache=str(afile))
+        assert settings["compilation_cache"] is None
+        assert not jax.config.jax_enable_compilation_cache
+        assert jax.config.jax_compilation_cache_dir != str(afile)
+        lines = capfd.readouterr().err.strip().splitlines()
+        assert lines == [
+            f"warning: the compilation cache {afile} is not usable (it is not a directory): this "
+            "run goes on without one and compiles its programs anew; pass "
+            "--compilation_cache=DIR (another directory) or none."
+        ]
+        # A full disk alike; a usable directory afterwards turns the cache back on.
+        jax.config.update("jax_enable_compilation_cache", True)
+        monkeypatch.setattr(runtime.shutil, "disk_usage", lambda path: usage(10**9, 10**9, 2**20))
+        full = tmp_path / "full"
+        assert runtime.configure_runtime(compilation_cache=str(full))["compilation_cache"] is None
+        assert not jax.config.jax_enable_compilation_cache
+        assert capfd.readouterr().err.count("\n") == 1
+        monkeypatch.undo()
+        assert runtime.configure_runtime(compilation_cache=str(full))["compilation_cache"] == str(
+            full
+        )
+        assert jax.config.jax_enable_compilation_cache
     finally:
-        jax.config.update("jax_compilation_cache_dir", saved[0])
-        jax.config.update("jax_enable_compilation_cache", saved[1])
-    lines = capfd.readouterr().err.strip().splitlines()
-    assert lines == [
-        f"warning: the compilation cache {afile} is not usable (it is not a directory): every "
-        "launch compiles its programs anew; pass --compilation_cache=DIR (another directory) or "
-        "none."
-    ]
+        for key, value in saved.items():
+            jax.config.update(key, value)
 
 
 @pytest.mark.integration
