@@ -159,7 +159,8 @@ class TrainingHistory:
     target_macro_f1: list = dataclasses.field(default_factory=list)
     val_accuracy: list = dataclasses.field(default_factory=list)
     val_macro_f1: list = dataclasses.field(default_factory=list)
-    train_loss: list = dataclasses.field(default_factory=list)  # one per trained round
+    # One per trained round; None for a Poisson round that drew no client (nothing trained).
+    train_loss: list = dataclasses.field(default_factory=list)
     wall_seconds: float = 0.0
 
     def best_val_index(self) -> int:
@@ -365,8 +366,17 @@ class TrainingRun:
         `state_of()` gives the run's new state; it is asked for only when needed
         (evaluation and checkpoint rounds), as slicing it out of a runs axis costs.
         """
-        loss = float(np.sum(np.asarray(metrics["train_loss"]) * np.asarray(metrics["weights"])))
-        if not np.isfinite(loss) or loss > self.limit:
+        # A Poisson round that drew no client trained nothing: its loss is None (null in
+        # results.json), not the 0 of an empty weighted sum, which would read as a perfect fit.
+        drew_nobody = self.sampling_rate is not None and bool(
+            np.all(self.participants(done - 1) >= self.partition.num_clients)
+        )
+        loss = None
+        if not drew_nobody:
+            loss = float(
+                np.sum(np.asarray(metrics["train_loss"]) * np.asarray(metrics["weights"]))
+            )
+        if loss is not None and (not np.isfinite(loss) or loss > self.limit):
             raise TrainingDivergedError(
                 f"training diverged in round {done}: the weighted training loss is {loss:.6g}, "
                 f"above the divergence limit {self.limit:.4g} ({DIVERGENCE_FACTOR:g} x the loss "
@@ -583,7 +593,7 @@ def run_training(
     Every `eval_every` rounds (and after the last) the model of `algorithm.eval_params` is evaluated
     on the target validation and test sets (accuracy and macro-F1) and
     `on_evaluation(round, metrics, history)` is called; `on_round(round, train_loss)` is called
-    after every round. `backend` and `chunk_size` choose how the engine executes a round
+    after every round (train_loss None when Poisson sampling drew no client). `backend` and `chunk_size` choose how the engine executes a round
     (`round_engine`); they do not change the results.
 
     Checkpoints: with `checkpointer` (see `CheckpointerProtocol`; the orbax one is

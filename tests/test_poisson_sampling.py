@@ -233,7 +233,11 @@ def test_runs_on_the_runs_axis_draw_what_they_draw_alone(tmp_path):
     configs[1].seed = 1
     together = train_lib.train_and_evaluate_many(configs, [tmp_path / str(i) for i in range(2)])
     alone = fjp.train_and_evaluate(configs[1], tmp_path / "alone", quiet=True)
-    np.testing.assert_allclose(together[1]["train_loss"], alone["train_loss"], rtol=1e-5)
+    # None: a round that drew no client (seed 1 at q = 0.6 has one)
+    assert [x is None for x in together[1]["train_loss"]] == [
+        x is None for x in alone["train_loss"]]
+    np.testing.assert_allclose([x for x in together[1]["train_loss"] if x is not None],
+                               [x for x in alone["train_loss"] if x is not None], rtol=1e-5)
     np.testing.assert_allclose(together[1]["target_accuracy"], alone["target_accuracy"],
                                atol=1e-3)
 
@@ -284,3 +288,37 @@ def test_a_fedavg_shadow_samples_as_its_poisson_run_does(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_array_equal(a, b)
     fjp.train_and_evaluate(config, tmp_path / "w", quiet=True)  # and the run itself goes through
+
+
+def test_a_round_that_draws_no_client_records_no_loss_rather_than_a_perfect_fit(tmp_path, capfd):
+    # Seed 1, q = 0.5 over the 2 synthetic clients: round 2 draws nobody, rounds 1 and 3 some.
+    import json
+
+    from fedjax_pals.experiment.progress import Progress
+
+    config = _synthetic(rounds=3, q=0.5)
+    config.seed = 1
+    lanes = fjp.training.poisson_capacity(2, 0.5)
+    drawn = [sample_poisson_participants(1, r, 2, 0.5, lanes) < 2 for r in range(3)]
+    assert [bool(d.any()) for d in drawn] == [True, False, True]
+    results = fjp.train_and_evaluate(config, tmp_path / "w")
+    loss = results["train_loss"]
+    assert loss[1] is None and loss[0] > 0 and loss[2] > 0  # not 0.0: nothing trained
+    # results.json stays strict JSON (null, not NaN)
+    def refuse(constant):
+        raise ValueError(constant)
+
+    with open(tmp_path / "w" / "results.json") as f:
+        assert json.loads(f.read(), parse_constant=refuse)["train_loss"] == loss
+    with open(tmp_path / "w" / "metrics.jsonl") as f:
+        steps = {}
+        for line in f:
+            record = json.loads(line, parse_constant=refuse)
+            steps.setdefault(record["step"], {}).update(record)
+    assert ["train/loss" in steps[s] for s in (1, 2, 3)] == [True, False, True]
+    shown = capfd.readouterr()
+    assert "loss n/a (no client drawn)" in shown.out + shown.err
+    assert "loss 0," not in shown.out + shown.err
+    bar = Progress(3, quiet=True)
+    bar.update(1, loss=None)
+    assert bar.line().startswith("round 1/3, loss n/a (no client drawn)")

@@ -26,7 +26,14 @@ LINE_INTERVAL_SECONDS = 30.0
 _clock = time.monotonic  # the lines' clock (tests replace it)
 
 
+# What a value of None shows: the training loss of a Poisson round that drew no client (a
+# round that trained nothing has no loss; 0 would read as a perfect fit).
+NO_VALUE = "n/a (no client drawn)"
+
+
 def _format(value: Any) -> str:
+    if value is None:
+        return NO_VALUE
     return value if isinstance(value, str) else f"{float(np.asarray(value)):.4g}"
 
 

@@ -333,9 +333,11 @@ class _PreparedRun:
             results.update(self.clients.results())
         return results
 
-    def _on_round(self, done: int, loss: float) -> None:
+    def _on_round(self, done: int, loss: float | None) -> None:
         with uninterrupted():  # a round's metrics are written whole
-            self.writer.write_scalars(done, {"train/loss": loss, **self._weight_scalars(done)})
+            # No train/loss for a round that drew no client (loss None): nothing trained.
+            losses = {} if loss is None else {"train/loss": loss}
+            self.writer.write_scalars(done, {**losses, **self._weight_scalars(done)})
         ACTIVITY.run_round(self.key, done)
         self.progress.update(1, loss=loss)
 
