@@ -54,13 +54,26 @@ import json
 import os
 import signal
 import sys
+import types
 
 from absl import flags
 
 from .. import cli
-from . import harness as bench
 
-_BACKENDS_LIST = bench.available_backends()
+# --help prints before JAX is imported (docs/decisions/0076-help-before-jax.md; the import is
+# 10-57 s on a loaded machine): the harness, whose constants are the flags' choices, is then
+# imported with a stand-in for the package (absl exits after the help, before any use), and
+# the engine's backend names are named instead of listed.
+_HELP = cli.asked_for_help(sys.argv)
+if _HELP and "fedjax_pals" not in sys.modules:
+    sys.modules["fedjax_pals"] = types.ModuleType("fedjax_pals", "stand-in while --help prints")
+    try:
+        from . import harness as bench
+    finally:
+        del sys.modules["fedjax_pals"]
+else:
+    from . import harness as bench
+_BACKENDS_LIST = None if _HELP else bench.available_backends()
 
 _NUM_CLIENTS = flags.DEFINE_list("num_clients", ["10", "100", "1000"], "Numbers of clients M.")
 _MODELS = flags.DEFINE_list(
@@ -77,7 +90,9 @@ _WORKLOAD = flags.DEFINE_enum(
     "--batch_size, --local_epochs, --check_clients.",
 )
 _BACKENDS = flags.DEFINE_list(
-    "backends", list(_BACKENDS_LIST), f"Engine backends, among {_BACKENDS_LIST} or 'auto'."
+    "backends",
+    ["every backend of fjp.engine.BACKENDS"] if _HELP else list(_BACKENDS_LIST),
+    f"Engine backends, among {_BACKENDS_LIST or 'fjp.engine.BACKENDS'} or 'auto'.",
 )
 flags.DEFINE_alias("strategies", "backends")
 _DEVICES = flags.DEFINE_list(

@@ -25,11 +25,13 @@ import statistics
 import time
 
 from absl import flags
-import jax
 import numpy as np
 
-import fedjax_pals as fjp
 from .. import cli
+
+# The package, and with it JAX (10-57 s on a loaded machine), at its first use: --help prints
+# before it (docs/decisions/0076-help-before-jax.md).
+fjp = cli.lazy_import("fedjax_pals")
 
 _NUM_CLIENTS = flags.DEFINE_list(
     "num_clients", ["10", "100", "1000", "10000", "100000"], "Numbers of clients M."
@@ -87,6 +89,8 @@ def kkt_residual(alpha, dists, target, sizes, lam) -> float:
 
 
 def timed(fn, repeats: int):
+    import jax
+
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
     first = time.perf_counter() - start
@@ -201,6 +205,8 @@ def main(argv):
         )
     output = _OUTPUT.value
     os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
+    import jax
+
     meta = dict(
         jax=jax.__version__,
         platform=platform.platform(),
