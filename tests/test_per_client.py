@@ -212,3 +212,20 @@ def test_an_each_client_sweep_in_shards_collects_the_unsharded_per_client_report
         assert (sharded_table[label]["per_client_accuracy"]
                 == whole_table[label]["per_client_accuracy"])
     assert os.path.exists(os.path.join(workdir, per_client_report.TABLE_FILE))
+
+
+def test_runs_differing_only_in_the_client_that_is_the_target_share_one_compiled_program():
+    from fedjax_pals.experiment import train as train_lib
+
+    groups, engines = set(), set()
+    for client in (0, 1):
+        resolved = fjp.validate_config(_config(client_as_target=client))
+        task = fjp.build_task(resolved)
+        run = fjp.training.TrainingRun(
+            task.algorithm, task.model, task.dataset, task.partition, task.training, rounds=2,
+            seed=0, client_sets=task.client_sets)
+        groups.add(train_lib.structure_group_key(resolved))
+        engines.add(fjp.training.training_group_key(run))
+        np.testing.assert_allclose(task.partition.target_label_dist,
+                                   task.partition.client_label_dists[client])
+    assert len(groups) == 1 and len(engines) == 1

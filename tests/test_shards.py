@@ -160,10 +160,12 @@ def test_each_sweep_config_groups_as_before_but_for_runs_differing_only_in_the_a
         )
     # The DP release, T's estimator (its settings are read on the host between rounds),
     # FedDisco's a and b (its state's) and DP on updates' C and sigma (its state's) are per-run
-    # state: their sweeps' runs share programs they did not share before.
+    # state, and so is the client that is the target (sweep.each_client): their sweeps' runs
+    # share programs they did not share before.
     shared = any(
         f["algorithm.label_dp_epsilon"] is not None or f["algorithm.target_estimation"] is not None
         or f["algorithm.feddisco_a"] is not None or f["algorithm.dp_clip_norm"] is not None
+        or f.get("evaluation.client_as_target") is not None
         for f in flat
     )
     before, now = len(set(old)), len(set(new))

@@ -599,7 +599,8 @@ def _two_values(key):
 def _per_run_keys():
     from fedjax_pals.experiment import config as config_lib
 
-    return [k.partition(".")[2] for k in config_lib.per_run_state_keys() if k != "seed"]
+    return [k.partition(".")[2] for k in config_lib.per_run_state_keys()
+            if k.startswith("algorithm.")]  # evaluation.client_as_target: test_per_client.py
 
 
 @pytest.mark.parametrize("key", _per_run_keys())
