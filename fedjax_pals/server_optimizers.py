@@ -128,14 +128,17 @@ class ServerOptimizer:
                 "a server optimiser's name must be a Python identifier without '_' (it is the "
                 f"prefix of method keys such as fedadam_fedpals), got {self.name!r}."
             )
-        _validation.check_hook(f"server optimiser {self.name!r}", "build", self.build,
-                               "(**values) -> optax.GradientTransformation")
         unknown = sorted(set(self.keys) - set(SERVER_KEYS))
         if unknown or "learning_rate" not in self.keys:
             raise ValueError(
                 f"server optimiser {self.name!r}: keys must be among the config's server keys "
                 f"{list(SERVER_KEYS)} and include 'learning_rate', got {list(self.keys)}."
             )
+        # `server_optimizer` calls build(**{key: value for key in keys}): a signature that does
+        # not take them is refused here, not as a traceback in round 1.
+        _validation.check_hook(f"server optimiser {self.name!r}", "build", self.build,
+                               "(**values) -> optax.GradientTransformation",
+                               keywords=tuple(self.keys))
 
 
 _REGISTERED: dict[str, ServerOptimizer] = {}
@@ -183,7 +186,25 @@ def server_optimizer(
         raise ValueError(f"server optimizer must be one of {list(_REGISTERED)}, got {name!r}.")
     given = dict(learning_rate=learning_rate, momentum=momentum, b1=b1, b2=b2, tau=tau)
     registered = _REGISTERED[name]
-    return registered.build(**{key: given[key] for key in registered.keys})
+    transformation = registered.build(**{key: given[key] for key in registered.keys})
+    _check_transformation(name, transformation)
+    return transformation
+
+
+def _check_transformation(name: str, transformation: Any) -> None:
+    """What a server optimiser's build returned is an optax transformation (callable `init` and
+    `update`): refused where it is first built, before any training, not in round 1."""
+    if not all(callable(getattr(transformation, attr, None)) for attr in ("init", "update")):
+        raise TypeError(
+            f"server optimiser {name!r}: build must return an optax.GradientTransformation "
+            f"(an object with callable init and update), got {_brief(transformation)}."
+        )
+
+
+def _brief(value: Any) -> str:
+    """`value` for a one-line message: its type and a repr cut to one short line."""
+    text = " ".join(repr(value).split())
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
 
 
 def _fedopt(variant: str):

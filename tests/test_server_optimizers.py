@@ -429,3 +429,31 @@ def test_a_server_optimizer_reading_a_key_the_config_has_not_is_refused():
         fjp.ServerOptimizer("my_opt", "Mine", lambda learning_rate: None)
     with pytest.raises(ValueError, match="already registered"):
         fjp.register_server_optimizer(so.registered_server_optimizers()["fedadam"])
+
+
+def test_a_server_optimizer_build_that_does_not_fit_is_named_in_one_line():
+    """A build without learning_rate is refused when registered; one returning no optax
+    transformation, when the task is built (before any training): each one line naming it."""
+    with pytest.raises(TypeError) as info:
+        fjp.register_server_optimizer(fjp.ServerOptimizer(
+            "nolr", "NoLR", lambda lr: optax.sgd(lr)))
+    assert "server optimiser 'nolr'" in str(info.value) and "learning_rate" in str(info.value)
+    assert "\n" not in str(info.value) and "nolr" not in so.registered_server_optimizers()
+    with pytest.raises(TypeError, match="server optimiser 'nob1'.*momentum"):
+        fjp.ServerOptimizer("nob1", "NoB1", lambda learning_rate: optax.sgd(learning_rate),
+                            ("learning_rate", "momentum"))
+    fjp.register_server_optimizer(fjp.ServerOptimizer(
+        "notx", "NotTx", lambda learning_rate: {"lr": learning_rate}))
+    try:
+        config = {"dataset": {"name": "synthetic"}, "algorithm": {"name": "notx_fedavg"},
+                  "server": {"learning_rate": 0.1}}
+        with pytest.raises(fjp.TaskError) as info:
+            fjp.build_task(config)
+        message = str(info.value)
+        assert message.startswith("server optimiser 'notx': build must return an optax")
+        assert "got dict" in message and "\n" not in message
+    finally:
+        so._REGISTERED.pop("notx")
+        so.SERVER_OPTIMIZER_LABELS.pop("notx")
+        fjp.extensions.forget_registration("server_optimizer", "notx")
+        so.server_optimizer.cache_clear()

@@ -304,7 +304,13 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     if config.server.optimizer is not None:  # else the plain weighted average, as before
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
         name = registry.server_optimizer_key(config.server.optimizer, algorithm.name)
-        algorithm = server_optimizer_for(algorithm, **config.server.to_dict())._replace(name=name)
+        try:  # a registered optimiser's build may refuse its values or return no transformation
+            algorithm = server_optimizer_for(algorithm, **config.server.to_dict())
+        except (ValueError, TypeError) as error:
+            prefix = f"server optimiser {config.server.optimizer!r}: "
+            message = str(error) if str(error).startswith(prefix) else f"{prefix}{error}"
+            raise TaskError(message) from None
+        algorithm = algorithm._replace(name=name)
     t = config.training
     clients = training_partition.num_clients
     problem = round_shape_mismatch(
