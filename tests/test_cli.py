@@ -219,3 +219,56 @@ def test_a_warning_is_a_warning_line_not_an_absl_log_line(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     (line,) = [l for l in completed.stderr.splitlines() if "fedprox" in l]
     assert line.startswith("warning: the sweep selects fedprox without the grid"), line
+
+
+# configs/synthetic.py with a user's feature whose Monitor.update_state returns a state of
+# another shape (its parameters cut to one column): registered by the config file itself.
+_SHRINKING_FEATURE_CONFIG = '''
+import dataclasses
+import runpy
+
+import jax
+
+import fedjax_pals as fjp
+
+
+@dataclasses.dataclass(frozen=True)
+class Shrink(fjp.Hyperparameters):
+    shrink: bool | None = fjp.hyperparameter(None, kind="bool", optional=True)
+
+
+class ShrinkMonitor(fjp.Monitor):
+    def update_state(self, round_index, state_of):
+        state = state_of()
+        return state._replace(params=jax.tree_util.tree_map(lambda p: p[..., :1], state.params))
+
+
+fjp.register_feature(fjp.Feature(
+    "shrink", "Shrink", Shrink, lambda values, facts: dict(values), stage="algorithm",
+    monitor=lambda hp, task: ShrinkMonitor()), replace=True)
+
+
+def get_config():
+    config = runpy.run_path({synthetic!r})["get_config"]()
+    config.algorithm.shrink = True
+    config.training.rounds = 1
+    return config
+'''
+
+
+def test_a_feature_s_update_state_of_another_shape_is_one_error_line_naming_it(tmp_path):
+    config = tmp_path / "shrink.py"
+    config.write_text(_SHRINKING_FEATURE_CONFIG.format(
+        synthetic=os.path.join(ROOT, "configs", "synthetic.py")))
+    completed = _main("experiments.run", f"--config={config}", f"--workdir={tmp_path / 'w'}",
+                      "--quiet")
+    assert completed.returncode == 1, completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.startswith("error: feature 'shrink': its Monitor.update_state returned a state "
+                           "whose params["), line
+    assert "(before round 1)" in line
+    # A sweep reports such a run as failed, with this message.
+    from fedjax_pals.experiment.task import TaskError
+
+    assert sweep_lib._failure_status(TaskError(line[len("error: "):])) == "failed"

@@ -121,6 +121,9 @@ def _chained(updates: list[tuple[str, Callable]]) -> Callable | None:
     traceback naming neither the feature nor the leaf, and another dtype would train silently."""
     if not updates:
         return None
+    # A TaskError (a ValueError): the feature does not fit this run, which the launchers print
+    # as one `error:` line and a sweep reports as "failed" with this message.
+    from fedjax_pals.experiment.task import TaskError
 
     def update(round_index, state_of):
         new = None
@@ -130,7 +133,7 @@ def _chained(updates: list[tuple[str, Callable]]) -> Callable | None:
             if replaced is not None:
                 problem = state_mismatch(replaced, given())
                 if problem is not None:
-                    raise ValueError(
+                    raise TaskError(
                         f"feature {name!r}: its Monitor.update_state returned {problem} "
                         f"(before round {round_index + 1})."
                     )
