@@ -23,7 +23,7 @@ RESULT_KEYS = (
     "projection_distance clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
-    "target_macro_f1_at_best_val"
+    "target_macro_f1_at_best_val program_runs"
 ).split()
 
 

@@ -15,10 +15,10 @@ One table row per way of serving the clients, each client's test accuracy taken 
 Per seed, over the clients: mean, median, worst 10 % (the mean of the lowest tenth), standard
 deviation and variance (ddof 0; q-FFL's fairness measure), the n_i-weighted mean, and against
 FedAvg's global model the share of clients improved and the mean gain. The table shows each
-statistic's mean over seeds +- its std over seeds (ddof 0). Cost: client-steps (local SGD steps
-of all clients, training and personalisation) and the wall seconds the runs recorded (runs that
-trained together on the runs axis each record their block's time, so their sum counts a block
-once per run in it: divide by the block size for the block's own time).
+statistic's mean over seeds +- its std over seeds (ddof 0). Cost, per seed: client-steps (local
+SGD steps of all clients, training and personalisation) and wall seconds (a run's share of its
+program's time: runs trained together on the runs axis each record the program's time and
+how many runs it held, `program_runs`; results without it count the whole time).
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def per_client_rows(runs: Sequence[Any], results_by_run: Mapping[int, Mapping[st
             continue
         table = rows.setdefault(run.row, {})
         sizes = np.asarray(results["partition"]["client_sizes"], np.float64)
-        steps, wall = _training_client_steps(results), float(results.get("wall_seconds", 0.0))
+        steps = _training_client_steps(results)
+        # Runs trained together each record their program's time: a run's share is that over
+        # the runs of its program (recorded since program_runs was; before, the whole time).
+        wall = float(results.get("wall_seconds", 0.0)) / results.get("program_runs", 1)
         if run.client is None:
             label = _label(run.method, run.hparams)
             table.setdefault(label, {})[run.seed] = dict(

@@ -803,15 +803,22 @@ def plot_client_accuracy_cdf(
     """
     path = _check_path(path, accuracies=(accuracies, "one labelled set of accuracies"))
     fig, ax = _figure((7.2, 4.2))
-    for label, values in accuracies.items():
+    spare = iter(SERIES_COLORS)
+    for index, (label, values) in enumerate(accuracies.items()):
         values = 100 * np.asarray(values, dtype=float).ravel()
         values = np.sort(values[np.isfinite(values)])
         if not values.size:
             continue
-        style = method_style(label)
+        # A method's own colour for a method (FedAvg, "FedPALS per client"); the rows derived
+        # from one (its fine-tuning, Ditto) get colours and dashes of their own.
+        key = _method_key(str(label))
+        exact = key is not None and str(label) in (key, display_label(key))
+        color = method_style(label)["color"] if exact or str(label).endswith(" per client") \
+            else next(spare, None) or method_style(label)["color"]
         share = np.arange(1, values.size + 1) / values.size
         ax.step(np.concatenate([[values[0]], values]), np.concatenate([[0.0], share]),
-                where="post", color=style["color"], label=display_label(label))
+                where="post", color=color, label=display_label(label),
+                linestyle=_VARIANT_LINES[index % len(_VARIANT_LINES)])
     ax.set_xlabel("client's test accuracy (%)")
     ax.set_ylabel("share of clients at or below")
     ax.set_ylim(0, 1.02)

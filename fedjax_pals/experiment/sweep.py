@@ -777,7 +777,7 @@ def write_report(
         from fedjax_pals.experiment import per_client_report
 
         per_client = per_client_report.write_per_client_report(
-            workdir, runs, results_by_run, title=_title(runs, sweep), missing=missing)
+            workdir, runs, results_by_run, title=_per_client_title(runs, sweep), missing=missing)
     else:
         per_client = {"files": {}}
     if not sweep["protocol"] or not results_by_run or not is_main_process():
@@ -891,6 +891,17 @@ def _failure_status(error: BaseException) -> str:
     if isinstance(error, ValueError) and "ESS fraction" in text and "out of range" in text:
         return "unreachable"
     return "failed"
+
+
+def _per_client_title(runs: Sequence[SweepRun], sweep: Mapping[str, Any]) -> str:
+    """The per-client report's title: the training clients it evaluates (the scheme's target
+    client, when the scheme has one, is not among them)."""
+    clients = "/".join(str(c) for c in dict.fromkeys(
+        run.resolved["partition"]["num_clients"] - 1 for run in runs))
+    rounds = "/".join(str(r) for r in dict.fromkeys(
+        run.resolved["training"]["rounds"] for run in runs))
+    return (f"{sweep['row_label']}: {clients} training clients, {rounds} rounds, "
+            f"{len(sweep['seeds'])} seed{'s' * (len(sweep['seeds']) != 1)}")
 
 
 def _title(runs: Sequence[SweepRun], sweep: Mapping[str, Any]) -> str:

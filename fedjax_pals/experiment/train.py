@@ -328,6 +328,9 @@ class _PreparedRun:
             "best_val_round": history.rounds[best],
             "target_accuracy_at_best_val": history.target_accuracy[best],
             "target_macro_f1_at_best_val": history.target_macro_f1[best],
+            # The runs its program trained together (this launch): wall_seconds is the
+            # program's, so a run's share of it is wall_seconds / program_runs.
+            "program_runs": getattr(self, "program_runs", 1),
         }
         if state is not None:
             for monitor in self.monitors:
@@ -500,7 +503,9 @@ def train_and_evaluate(
       backend, engine (the backend and devices each round ran on), rounds, target_accuracy,
       target_macro_f1, val_accuracy, val_macro_f1, train_loss, wall_seconds,
       final_target_accuracy, final_target_macro_f1, best_val_round,
-      target_accuracy_at_best_val, target_macro_f1_at_best_val.
+      target_accuracy_at_best_val, target_macro_f1_at_best_val, program_runs (the runs its program
+      trained together; its wall_seconds are the program's); with evaluation.per_client, the
+      per-client entries (docs/guide/per_client.md).
 
     Raises:
       ConfigError: a bad config (before any data loading).
@@ -534,6 +539,8 @@ def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) ->
     """run_trainings of the prepared runs (on the first one's engine settings); with `progress`,
     one bar over the group's rounds."""
     runs = [p.run for p in prepared]
+    for p in prepared:  # recorded: a run's wall time is its program's, shared by its runs
+        p.program_runs = len(prepared)
     ACTIVITY.run_training(p.key for p in prepared)
     engine = prepared[0].config.engine
     options = dict(backend=engine.backend, chunk_size=engine.chunk_size)
