@@ -106,11 +106,15 @@ from fedjax_pals.metrics import (  # noqa: E402
     client_accuracy_summary,
 )
 from fedjax_pals.personalization import (  # noqa: E402
+    Personalization,
+    PersonalizationContext,
     PersonalizationResult,
     ditto,
     fine_tune,
     local_only,
     personalize,
+    register_personalization,
+    registered_personalizations,
 )
 
 # -- experiments: configs, tasks, workdirs, sweeps and the paper's protocol, restore
@@ -203,7 +207,8 @@ __all__ = [
     # per-client evaluation and personalisation
     "ClientEvaluationSets", "client_evaluation_sets", "ClientEvaluation", "client_accuracies",
     "client_accuracy_summary", "PersonalizationResult", "personalize", "fine_tune", "ditto",
-    "local_only",
+    "local_only", "Personalization", "PersonalizationContext", "register_personalization",
+    "registered_personalizations",
     # experiments
     "ConfigError", "ResolvedConfig", "config_digest", "default_config", "resolve_config",
     "validate_config", "Task", "TaskError",

@@ -39,6 +39,7 @@ NAMED_BY = {
     "model": ("model",),
     "backend": ("engine.backend",),
     "server_optimizer": ("server.optimizer",),
+    "personalization": ("evaluation.personalization",),
 }
 IMPORTS_FORMAT = 1
 # A run's own record of the user modules its config needs (in its workdir, next to
@@ -147,6 +148,8 @@ def needed_registrations(
                 keys.add(path)
             if isinstance(value, str):
                 values.setdefault(path, set()).add(value)
+            elif isinstance(value, (list, tuple)):  # evaluation.personalization: names
+                values.setdefault(path, set()).update(v for v in value if isinstance(v, str))
     named = set()
     for key in method_keys:
         # "fedadam_trimmed_mean_fedpals" names trimmed_mean: every run of its parts.

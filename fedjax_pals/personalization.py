@@ -32,6 +32,7 @@ the results are the same, as every client's randomness depends only on its index
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -404,3 +405,105 @@ def local_only(
     return personalize(apply_fn, initial_params, *_data("local_only", data),
                        learning_rates=learning_rates, steps=steps, batch_size=batch_size,
                        key=key, **options)
+
+
+# ----------------------------------------------------------------------------
+# The registry of personalisations (config evaluation.personalization).
+
+
+class PersonalizationContext(NamedTuple):
+    """What a registered personalisation reads of a finished run.
+
+    apply_fn: the run's model (taking the data as stored); global_params: the final global
+      model (`FederatedAlgorithm.eval_params` of the final state); initial_params: the run's
+      initial params; data: `personalize`'s 10 data arguments, in its order (the clients'
+      training examples and their validation and test sets); evaluation: the run's resolved
+      `evaluation` section (its grids: fine_tuning_steps, fine_tuning_learning_rates,
+      ditto_lams, local_steps); learning_rate, batch_size: the run's local training; key: the
+      mode's own key (a function of the run's seed and the mode's name).
+    """
+
+    apply_fn: Callable
+    global_params: chex.ArrayTree
+    initial_params: chex.ArrayTree
+    data: tuple
+    evaluation: Any
+    learning_rate: float
+    batch_size: int
+    key: chex.PRNGKey
+
+
+@dataclasses.dataclass(frozen=True)
+class Personalization:
+    """A way of giving every client its own model after training (evaluation.personalization).
+
+    name: its config name; personalize(context: PersonalizationContext) ->
+    PersonalizationResult (each client's choice made on its validation set); label: its row
+    in the per-client report, after the method's label ("+ fine-tuning"), or the whole row
+    when `federated` is False; federated: False for a mode that does not use the federated
+    model (local training), whose row is the same whatever the method.
+    """
+
+    name: str
+    personalize: Callable[[PersonalizationContext], PersonalizationResult]
+    label: str | None = None
+    federated: bool = True
+
+    def __post_init__(self) -> None:
+        _validation.check_registered_name("personalisation", self.name)
+        _validation.check_hook(f"personalisation {self.name!r}", "personalize",
+                               self.personalize, "(context) -> PersonalizationResult")
+
+    def row(self, method_label: str) -> str:
+        """Its row in the per-client report."""
+        label = self.label or f"+ {self.name}"
+        return f"{method_label} {label}" if self.federated else label
+
+
+_PERSONALIZATIONS: dict[str, Personalization] = {}
+
+
+def register_personalization(mode: Personalization, *, replace: bool = False) -> Personalization:
+    """Registers `mode` under its name, for `config.evaluation.personalization` (its grids are
+    the evaluation section's, which a user's mode may read from its context)."""
+    from fedjax_pals import extensions
+
+    if not isinstance(mode, Personalization):
+        raise TypeError("register_personalization takes a fedjax_pals.Personalization, got "
+                        f"{type(mode).__name__}.")
+    if mode.name in _PERSONALIZATIONS and not replace:
+        raise ValueError(f"a personalisation {mode.name!r} is already registered.")
+    _PERSONALIZATIONS[mode.name] = mode
+    extensions.note_registration("personalization", mode.name)
+    return mode
+
+
+def registered_personalizations() -> dict[str, Personalization]:
+    """The registered personalisations, in registration order."""
+    return dict(_PERSONALIZATIONS)
+
+
+def _fine_tuning(c: PersonalizationContext) -> PersonalizationResult:
+    return fine_tune(c.apply_fn, c.global_params, *c.data,
+                     learning_rates=c.evaluation["fine_tuning_learning_rates"],
+                     steps=c.evaluation["fine_tuning_steps"], batch_size=c.batch_size, key=c.key)
+
+
+def _ditto(c: PersonalizationContext) -> PersonalizationResult:
+    return ditto(c.apply_fn, c.global_params, *c.data, lams=c.evaluation["ditto_lams"],
+                 learning_rates=(c.learning_rate,), steps=c.evaluation["fine_tuning_steps"],
+                 batch_size=c.batch_size, key=c.key)
+
+
+def _local(c: PersonalizationContext) -> PersonalizationResult:
+    return local_only(c.apply_fn, c.initial_params, *c.data,
+                      learning_rates=c.evaluation["fine_tuning_learning_rates"],
+                      steps=c.evaluation["local_steps"], batch_size=c.batch_size, key=c.key)
+
+
+for _mode in (
+    Personalization("fine_tuning", _fine_tuning, "+ fine-tuning"),
+    Personalization("ditto", _ditto, "+ Ditto"),
+    Personalization("local", _local, "local only", federated=False),
+):
+    register_personalization(_mode)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import extensions, models
+from fedjax_pals import extensions, models, personalization
 from fedjax_pals.algorithms import registry
 from fedjax_pals.data import datasets as datasets_lib
 from fedjax_pals.data import partitions as partitions_lib
@@ -124,6 +124,15 @@ def two_class_target(values, context):
 
 fjp.register_partition(fjp.Partition("mx_two_class", two_class_target, TwoClassTarget),
                        replace=True)
+
+# -- a personalisation: two fine-tuning steps at half the run's learning rate, or none
+def half_step(context):
+    return fjp.fine_tune(context.apply_fn, context.global_params, *context.data,
+                         learning_rates=(context.learning_rate / 2,), steps=(0, 2),
+                         batch_size=context.batch_size, key=context.key)
+
+fjp.register_personalization(fjp.Personalization("mx_half_step", half_step, "+ half step"),
+                             replace=True)
 '''
 
 SWEEP_CONFIG = '''
@@ -142,6 +151,7 @@ def get_config():
     config.training.rounds = 2
     config.training.batch_size = 32
     config.training.learning_rate = 0.2
+    config.evaluation.personalization = ("mx_half_step",)
     config.sweep = ml_collections.ConfigDict(dict(
         seeds=(0,),
         methods=("mx_scaled", "mx_prox_fedpals", "fedpals"),
@@ -180,6 +190,8 @@ KINDS = {
     "a data set with client_ids under the natural partition": lambda r: (
         r["config"]["partition"]["scheme"] == "natural"),
     "a user partition scheme": lambda r: r["config"]["partition"]["scheme"] == "mx_two_class",
+    "a user personalisation": lambda r: (
+        tuple(r["config"]["evaluation"]["personalization"] or ()) == ("mx_half_step",)),
 }
 
 
@@ -192,7 +204,7 @@ def project(tmp_path_factory):
     (directory / "my_run.py").write_text(RUN_CONFIG)
     saved = (dict(registry._METHODS), dict(registry._FEATURES), dict(models.MODELS),
              dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS),
-             dict(extensions._REGISTRATIONS))
+             dict(extensions._REGISTRATIONS), dict(personalization._PERSONALIZATIONS))
     sys.path.insert(0, str(directory))
     try:
         import my_sweep  # noqa: F401
@@ -203,7 +215,8 @@ def project(tmp_path_factory):
         for name in ("mx_ext", "my_sweep"):
             sys.modules.pop(name, None)
         live = (registry._METHODS, registry._FEATURES, models.MODELS, datasets_lib._REGISTERED,
-                partitions_lib._PARTITIONS, extensions._REGISTRATIONS)
+                partitions_lib._PARTITIONS, extensions._REGISTRATIONS,
+                personalization._PERSONALIZATIONS)
         for registered, before in zip(live, saved):
             registered.clear()
             registered.update(before)
@@ -251,6 +264,10 @@ def _assert_same_run(got, want):
     np.testing.assert_allclose(got["train_loss"], want["train_loss"], rtol=LOSS_RTOL)
     assert got["target_accuracy"] == want["target_accuracy"]
     np.testing.assert_allclose(got["alpha"], want["alpha"], atol=1e-6)
+    # The user's personalisation ran on every path (its accuracies are within float32
+    # summation order of each other: checked alone against NumPy in test_personalization.py).
+    assert set(got["personalization"]) == set(want["personalization"]) == {"mx_half_step"}
+    assert len(got["per_client_accuracy"]) == len(want["per_client_accuracy"])
 
 
 def _assert_sweep_equals_alone(workdir, alone):

@@ -229,3 +229,18 @@ def test_runs_differing_only_in_the_client_that_is_the_target_share_one_compiled
         np.testing.assert_allclose(task.partition.target_label_dist,
                                    task.partition.client_label_dists[client])
     assert len(groups) == 1 and len(engines) == 1
+
+
+def test_personalisations_are_registered_values_checked_where_registered():
+    assert list(fjp.registered_personalizations())[:3] == ["fine_tuning", "ditto", "local"]
+    with pytest.raises(TypeError, match="takes a fedjax_pals.Personalization"):
+        fjp.register_personalization(lambda context: None)
+    with pytest.raises(ValueError, match="already registered"):
+        fjp.register_personalization(fjp.Personalization("ditto", lambda context: None))
+    with pytest.raises(ValueError, match="Python identifier"):
+        fjp.Personalization("fine tuning", lambda context: None)
+    with pytest.raises(fjp.ConfigError, match=r"personalization\[0\] must be one of"):
+        config_lib.validate_config(_config(personalization="nope"))
+    local = fjp.registered_personalizations()["local"]
+    assert local.row("FedAvg") == "local only" and fjp.registered_personalizations()[
+        "ditto"].row("FedAvg") == "FedAvg + Ditto"

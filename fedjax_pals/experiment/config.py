@@ -102,9 +102,10 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
     evaluation.client_as_target None | j: the run's target is training client j (T = S_j, its
                                 validation and test sets the client's own); a sweep's
                                 sweep.each_client sets it for every client
-    evaluation.personalization  None | a tuple of fine_tuning, ditto, local: after training, each
-                                client's personalised model (personalization.py), its steps and
-                                learning rate (ditto: its lambda) chosen on its validation set
+    evaluation.personalization  None | a tuple of fine_tuning, ditto, local (or a registered one,
+                                fjp.register_personalization): after training, each client's
+                                personalised model (personalization.py), its steps and learning
+                                rate (ditto: its lambda) chosen on its validation set
     evaluation.fine_tuning_steps, fine_tuning_learning_rates, ditto_lams, local_steps
                                 their grids (the learning rates default to training.learning_rate
                                 and a tenth of it)
@@ -153,6 +154,7 @@ from fedjax_pals.algorithms.base import fedavg_weighting
 from fedjax_pals.hyperparameters import (
     hyperparameter_checks, hyperparameter_defaults, per_run_fields,
 )
+from fedjax_pals.personalization import registered_personalizations
 from fedjax_pals.server_optimizers import registered_server_optimizers
 
 # The method and feature hyperparameters that were config keys before the registry: in a run's
@@ -221,7 +223,6 @@ _SECTIONS = ("dataset", "partition", "algorithm", "training", "server", "evaluat
 # client's own validation set. Ours: the fine-tuning and local budgets span a few local epochs
 # of the paper's clients (600 examples, batch 32: 19 steps an epoch); Ditto's lambda spans the
 # range Li et al. (ICML 2021) tune it in.
-PERSONALIZATIONS = ("fine_tuning", "ditto", "local")
 FINE_TUNING_STEPS = (0, 5, 10, 20, 40)
 DITTO_LAMS = (0.01, 0.1, 1.0)
 LOCAL_STEPS = (20, 40, 80, 160)
@@ -841,11 +842,12 @@ def _evaluation_section(e: dict, training_clients: int, learning_rate: float) ->
     if wanted is not None:
         if isinstance(wanted, str):
             wanted = (wanted,)
+        modes = tuple(registered_personalizations())
         if not isinstance(wanted, (list, tuple)) or not wanted:
             raise ConfigError(
                 "config.evaluation.personalization must be None or a non-empty tuple of "
-                f"{list(PERSONALIZATIONS)}, got {wanted!r}.")
-        wanted = tuple(_choice(f"evaluation.personalization[{i}]", w, PERSONALIZATIONS)
+                f"{list(modes)} (fjp.register_personalization), got {wanted!r}.")
+        wanted = tuple(_choice(f"evaluation.personalization[{i}]", w, modes)
                        for i, w in enumerate(wanted))
         if len(set(wanted)) != len(wanted):
             raise ConfigError(f"config.evaluation.personalization repeats a mode: {wanted}.")
@@ -855,7 +857,11 @@ def _evaluation_section(e: dict, training_clients: int, learning_rate: float) ->
         return {key: None for key in e}
     lrs = e["fine_tuning_learning_rates"]
     lrs = (learning_rate, learning_rate / 10) if lrs is None else lrs
+    # The built-in modes' grids, resolved where one uses them; a user's mode (which may read
+    # any of them) resolves them all.
     uses = set(wanted or ())
+    if uses - {"fine_tuning", "ditto", "local"}:
+        uses |= {"fine_tuning", "ditto", "local"}
     return dict(
         per_client=True,
         client_val_fraction=float(_real("evaluation.client_val_fraction",

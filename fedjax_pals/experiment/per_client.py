@@ -141,43 +141,35 @@ def personalize(run, state, evaluation: Mapping[str, Any], batch_size: int,
 
     sets, out = run.client_sets, {}
     eval_x, eval_y, val_indices, test_indices = _evaluation_examples(run)
-    global_params = run.algorithm.eval_params(state)
-    grids = {
-        "fine_tuning": dict(start=global_params, anchor=None,
-                            learning_rates=evaluation["fine_tuning_learning_rates"],
-                            steps=evaluation["fine_tuning_steps"], prox=(0.0,)),
-        "ditto": dict(start=global_params, anchor=global_params,
-                      learning_rates=(run.training.learning_rate,),
-                      steps=evaluation["fine_tuning_steps"], prox=evaluation["ditto_lams"]),
-        "local": dict(start=run.initial_params(), anchor=None,
-                      learning_rates=evaluation["fine_tuning_learning_rates"],
-                      steps=evaluation["local_steps"], prox=(0.0,)),
-    }
-    for mode in evaluation["personalization"] or ():
-        grid = grids[mode]
+    data = (run.dataset.train.x, run.dataset.train.y, run.partition.client_indices,
+            run.partition.client_sizes, eval_x, eval_y, val_indices, sets.val_sizes,
+            test_indices, sets.test_sizes)
+    modes = lib.registered_personalizations()
+    for name in evaluation["personalization"] or ():
+        context = lib.PersonalizationContext(
+            apply_fn=run.model.apply, global_params=run.algorithm.eval_params(state),
+            initial_params=run.initial_params(), data=data, evaluation=evaluation,
+            learning_rate=run.training.learning_rate, batch_size=batch_size,
+            key=personalization_key(run.seed, name))
         started = time.perf_counter()
-        result = lib.personalize(
-            run.model.apply, grid["start"],
-            run.dataset.train.x, run.dataset.train.y,
-            run.partition.client_indices, run.partition.client_sizes,
-            eval_x, eval_y, val_indices, sets.val_sizes, test_indices, sets.test_sizes,
-            learning_rates=grid["learning_rates"], steps=grid["steps"], prox=grid["prox"],
-            anchor_params=grid["anchor"], batch_size=batch_size,
-            key=personalization_key(run.seed, mode),
-        )
+        result = modes[name].personalize(context)
+        if not isinstance(result, lib.PersonalizationResult):
+            raise TypeError(f"personalisation {name!r} returned {type(result).__name__}, not a "
+                            "fjp.PersonalizationResult.")
         accuracy = np.asarray(result.chosen_test_accuracy, np.float64)
-        out[mode] = {
+        out[name] = {
             "per_client_accuracy": _floats(accuracy),
             "summary": client_accuracy_summary(accuracy, run.partition.client_sizes,
                                                reference=reference),
             "chosen": {
                 "steps": np.asarray(result.chosen_steps).tolist(),
                 "learning_rate": np.asarray(result.chosen_learning_rate).tolist(),
-                **({"lam": np.asarray(result.chosen_prox).tolist()} if mode == "ditto" else {}),
+                "lam": np.asarray(result.chosen_prox).tolist(),
             },
             "client_steps": int(result.client_steps),
             "wall_seconds": time.perf_counter() - started,
-            "grid": {"learning_rates": list(grid["learning_rates"]),
-                     "steps": list(grid["steps"]), "prox": list(grid["prox"])},
+            "grid": {"learning_rates": np.asarray(result.learning_rates).tolist(),
+                     "steps": np.asarray(result.steps).tolist(),
+                     "prox": np.asarray(result.prox).tolist()},
         }
     return out

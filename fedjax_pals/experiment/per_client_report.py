@@ -33,10 +33,10 @@ from fedjax_pals.algorithms import registry
 from fedjax_pals.experiment.plots import plot_client_accuracy_cdf
 from fedjax_pals.experiment.workdir import write_json
 from fedjax_pals.metrics import client_accuracy_summary
+from fedjax_pals.personalization import registered_personalizations
 
 TABLE_FILE, TABLE_JSON, CDF_FIGURE = "per_client_table.md", "per_client_table.json", \
     "per_client_cdf.png"
-MODE_LABELS = {"fine_tuning": "+ fine-tuning", "ditto": "+ Ditto", "local": "local only"}
 COLUMNS = (
     ("mean", "mean"), ("median", "median"), ("worst_10", "worst 10 %"), ("std", "std"),
     ("variance", "variance"), ("weighted_mean", "n_i-weighted"),
@@ -85,12 +85,14 @@ def per_client_rows(runs: Sequence[Any], results_by_run: Mapping[int, Mapping[st
             table.setdefault(label, {})[run.seed] = dict(
                 accuracy=_values(results["per_client_accuracy_at_best_val"]), sizes=sizes,
                 client_steps=steps, wall_seconds=wall)
+            modes = registered_personalizations()
             for mode, record in (results.get("personalization") or {}).items():
-                shown = "local only" if mode == "local" else f"{label} {MODE_LABELS[mode]}"
+                federated = mode not in modes or modes[mode].federated
+                shown = modes[mode].row(label) if mode in modes else f"{label} + {mode}"
                 table.setdefault(shown, {}).setdefault(run.seed, dict(
                     accuracy=_values(record["per_client_accuracy"]), sizes=sizes,
-                    client_steps=steps * (mode != "local") + record["client_steps"],
-                    wall_seconds=wall * (mode != "local") + record["wall_seconds"]))
+                    client_steps=steps * federated + record["client_steps"],
+                    wall_seconds=wall * federated + record["wall_seconds"]))
             continue
         label = f"{registry.method_label(run.method)} per client"
         cell = table.setdefault(label, {}).setdefault(run.seed, dict(
