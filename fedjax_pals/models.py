@@ -269,12 +269,25 @@ def with_input_scaling(model: Model, scaling: Any, stored_dtype: str) -> Model:
             f"model {model.name!r} takes {model.input_dtype} inputs, not the float32 an input "
             "scaling gives; a model of tokens takes them as stored (no input_scaling)."
         )
+    try:
+        return _scaled_model(model, scaling, str(np.dtype(stored_dtype)))
+    except TypeError:  # an unhashable model or scaling (a user's): wrapped anew
+        return _scaled_model.__wrapped__(model, scaling, str(np.dtype(stored_dtype)))
+
+
+# One wrapped Model per (model, scaling, dtype): the runs of a sweep then share its `apply`,
+# and with it every program cached by the apply function (the evaluators, the per-client
+# evaluation). A new closure per run compiled (or loaded) those programs anew for every run
+# and kept them all: a 100-run sweep in one process ran out of memory maps (vm.max_map_count)
+# after about 50 runs and died in LLVM ("Cannot allocate memory", then a segfault).
+@functools.lru_cache(maxsize=64)
+def _scaled_model(model: Model, scaling: Any, stored_dtype: str) -> Model:
     inner_apply = model.apply
 
     def apply(params, x):
         return inner_apply(params, scaling(x))
 
-    return model._replace(apply=apply, input_dtype=str(np.dtype(stored_dtype)))
+    return model._replace(apply=apply, input_dtype=stored_dtype)
 
 
 def model_for_data(model: Model, dataset: Any, *, data: str | None = None) -> Model:

@@ -455,3 +455,28 @@ def test_poisson_capacity_is_the_binomial_tail_quantile_and_overflow_is_an_error
     with pytest.raises(ValueError,
                        match=r"Poisson sampling rate must be a number in \(0, 1\], got 0"):
         training.poisson_capacity(10, 0.0)
+
+
+def test_runs_on_one_stored_data_set_share_their_compiled_evaluators():
+    # A sweep's runs each build their model for the data (uint8 pixels scaled in the step):
+    # the same wrapped model, so the evaluators compile once. A new wrapper per run compiled
+    # them anew and kept every copy: a 100-run sweep ran out of memory maps halfway.
+    from fedjax_pals import metrics, models
+
+    rng = np.random.default_rng(0)
+    split = lambda n: fjp.LabeledSplit(rng.integers(0, 256, (n, 8, 8, 1)).astype(np.uint8),
+                                       np.arange(n, dtype=np.int32) % 3)
+    dataset = fjp.Dataset("u8", split(120), split(90), 3, source="test",
+                          input_scaling=fjp.InputScaling(127.5, -1.0))
+    partition = fjp.dirichlet_partition(dataset.train.y, dataset.test.y, num_clients=4, seed=0,
+                                        beta=1.0, num_classes=3, min_target_test_size=10)
+    base = models.make_model("logistic_regression", (8, 8, 1), 3)
+    sizes = []
+    for seed in range(3):
+        model = models.model_for_data(base, dataset)
+        fjp.training.TrainingRun(fjp.fedavg(), model, dataset, partition,
+                                 fjp.LocalTraining(batch_size=8), rounds=1, seed=seed)
+        sizes.append(metrics._compiled_evaluation.cache_info().currsize)
+    assert sizes[0] == sizes[1] == sizes[2]
+    assert models.model_for_data(base, dataset).apply is models.model_for_data(base,
+                                                                                dataset).apply
