@@ -244,3 +244,16 @@ def test_personalisations_are_registered_values_checked_where_registered():
     local = fjp.registered_personalizations()["local"]
     assert local.row("FedAvg") == "local only" and fjp.registered_personalizations()[
         "ditto"].row("FedAvg") == "FedAvg + Ditto"
+
+
+def test_a_per_client_run_is_extended_by_more_rounds_despite_its_recorded_lists(tmp_path):
+    # results.json records the evaluation section's tuples (grids, modes) as lists: the same
+    # values, so a larger training.rounds alone extends the run instead of refusing it.
+    config = _config(personalization=("fine_tuning",), fine_tuning_steps=(0, 1))
+    first = fjp.train_and_evaluate({**config, "training": {**SYNTHETIC["training"], "rounds": 1}},
+                                   tmp_path / "run", quiet=True)
+    extended = fjp.train_and_evaluate(config, tmp_path / "run", quiet=True)
+    assert extended["rounds"][0] == first["rounds"][0] and extended["rounds"][-1] == 3
+    # ... and personalises its new final model, not the first launch's.
+    assert first["personalization"]["fine_tuning"]["round"] == 1
+    assert extended["personalization"]["fine_tuning"]["round"] == 3

@@ -1037,9 +1037,21 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
+def _as_recorded(value: Any) -> Any:
+    """A config value as a JSON record holds it: a tuple (a grid, evaluation.personalization)
+    is a list there, and the same value."""
+    if isinstance(value, (list, tuple)):
+        return [_as_recorded(v) for v in value]
+    return value
+
+
 def mapping_differences(old: Any, new: Any) -> list[str]:
-    """The flattened keys on which two nested mappings differ, as "key: old -> new" lines."""
+    """The flattened keys on which two nested mappings differ, as "key: old -> new" lines (a
+    tuple and a list of the same values are no difference: results.json records tuples as
+    lists)."""
     a, b, missing = flatten(old), flatten(new), "<absent>"
+    a = {key: _as_recorded(value) for key, value in a.items()}
+    b = {key: _as_recorded(value) for key, value in b.items()}
     return [
         f"{key}: {a.get(key, missing)!r} -> {b.get(key, missing)!r}"
         for key in sorted(set(a) | set(b))

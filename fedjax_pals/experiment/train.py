@@ -423,17 +423,20 @@ class _PreparedRun:
         wanted = self.config.evaluation.personalization
         if self.clients is None or not wanted:
             return
-        missing = [mode for mode in wanted if mode not in self.clients.personalization]
+        done = int(state.round)  # a run extended by more rounds personalises its new model
+        missing = [mode for mode in wanted
+                   if self.clients.personalization.get(mode, {}).get("round") != done]
         if not missing:
             return
         evaluation = {**self.config.evaluation.to_dict(), "personalization": tuple(missing)}
         with uninterrupted():
             self.progress.write(f"  personalisation: {', '.join(missing)} for "
                                 f"{len(self.clients.sizes)} clients")
-            self.clients.personalization.update(personalize(
-                self.run, state, evaluation, self.config.training.batch_size,
-                reference=self.clients.at_best_val,
-            ))
+            records = personalize(self.run, state, evaluation, self.config.training.batch_size,
+                                  reference=self.clients.at_best_val)
+            for record in records.values():
+                record["round"] = done  # the round of the model it personalised
+            self.clients.personalization.update(records)
 
     def finish(self, outcome) -> dict | BaseException:
         """Final results (results.json, curves.png) or the run's exception; closes its resources."""
