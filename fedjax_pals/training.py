@@ -441,14 +441,21 @@ class TrainingRun:
         )
 
 
+def renumbered(indices: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The examples that `indices` (rows valid in [:sizes]) use, and the indices renumbered
+    into them (padding 0)."""
+    valid = np.arange(indices.shape[1])[None, :] < sizes[:, None]
+    used = np.unique(indices[valid]) if valid.any() else np.zeros(1, np.int64)
+    return used, np.where(valid, np.searchsorted(used, indices), 0).astype(np.int32)
+
+
 def _compact(split, indices: np.ndarray, sizes: np.ndarray) -> tuple:
     """(x, y, indices, sizes) of the examples that `indices` (valid in [:sizes]) use, on the
     device, the indices renumbered into them."""
-    valid = np.arange(indices.shape[1])[None, :] < sizes[:, None]
-    used = np.unique(indices[valid]) if valid.any() else np.zeros(1, np.int64)
-    renumbered = np.where(valid, np.searchsorted(used, indices), 0).astype(np.int32)
+    used, renumbered_indices = renumbered(indices, sizes)
     x, y = np.asarray(split.x)[used], np.asarray(split.y)[used]
-    return jnp.asarray(x), jnp.asarray(y), jnp.asarray(renumbered), jnp.asarray(sizes, jnp.int32)
+    return (jnp.asarray(x), jnp.asarray(y), jnp.asarray(renumbered_indices),
+            jnp.asarray(sizes, jnp.int32))
 
 
 def _stacked_client_tables(runs: Sequence[TrainingRun]) -> DeviceData:

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedjax_pals.metrics import client_accuracy_summary
+from fedjax_pals.training import renumbered
 
 # TensorBoard scalars of the per-client summary (clients/<name>), in this order.
 SUMMARY_SCALARS = ("mean", "median", "worst_10", "std", "weighted_mean")
@@ -106,19 +107,12 @@ class PerClientRecord:
         return shown
 
 
-def _renumbered(indices: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The examples `indices` (valid in [:sizes]) use, and the indices renumbered into them."""
-    valid = np.arange(indices.shape[1])[None, :] < sizes[:, None]
-    used = np.unique(indices[valid]) if valid.any() else np.zeros(1, np.int64)
-    return used, np.where(valid, np.searchsorted(used, indices), 0).astype(np.int32)
-
-
 def _evaluation_examples(run) -> tuple:
     """One array of the clients' validation (train split) and test (test split) examples, and
     their indices into it: what the personalisation evaluates on."""
     sets = run.client_sets
-    val_used, val_indices = _renumbered(sets.val_indices, sets.val_sizes)
-    test_used, test_indices = _renumbered(sets.test_indices, sets.test_sizes)
+    val_used, val_indices = renumbered(sets.val_indices, sets.val_sizes)
+    test_used, test_indices = renumbered(sets.test_indices, sets.test_sizes)
     train, test = run.dataset.train, run.dataset.test
     x = np.concatenate([np.asarray(train.x)[val_used], np.asarray(test.x)[test_used]])
     y = np.concatenate([np.asarray(train.y)[val_used], np.asarray(test.y)[test_used]])
