@@ -43,6 +43,12 @@ from fedjax_pals.data import (  # noqa: E402
     sparsity_partition,
     synthetic_label_shift_task,
 )
+from fedjax_pals.data.index_lists import (  # noqa: E402  (registers the scheme "index_lists")
+    index_lists_from_partitioner,
+    load_index_lists,
+    partition_from_index_lists,
+    save_index_lists,
+)
 
 # -- server weights (pure JAX: jit- and vmap-able over lam and targets)
 from fedjax_pals.server_weights import (  # noqa: E402
@@ -186,6 +192,8 @@ __all__ = [
     "sparsity_partition", "synthetic_label_shift_task", "Partition", "natural_partition",
     "partition_from_label_counts", "register_partition", "InputScaling", "DataFacts",
     "ClientExamples", "DataFileError", "assemble_clients", "register_reader",
+    "partition_from_index_lists", "index_lists_from_partitioner", "save_index_lists",
+    "load_index_lists",
     # server weights
     "effective_sample_size", "fedavg_weights", "fedpals_weights", "lambda_for_ess",
     "projection_distance",
