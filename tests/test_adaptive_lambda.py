@@ -233,7 +233,7 @@ def test_config_resolves_the_schedule_and_refuses_what_cannot_adapt():
     assert fjp.config_digest(fixed) != fjp.config_digest(resolved)
     with pytest.raises(fjp.ConfigError, match="applies to algorithm.name='fedpals' only"):
         fjp.validate_config(_config(name="fedavg", ess_fraction=None))
-    with pytest.raises(fjp.ConfigError, match="starting lambda > 0"):
+    with pytest.raises(fjp.ConfigError, match="starting lambda; set algorithm.ess_fraction"):
         fjp.validate_config(_config(ess_fraction=None))
     with pytest.raises(fjp.ConfigError, match="lam_schedule"):
         fjp.validate_config(_config(lam_schedule="cosine"))
@@ -255,3 +255,44 @@ def test_an_unreachable_ess_fraction_starts_the_schedule_at_the_lower_end(tmp_pa
     assert results["lam"] == pytest.approx(58 * 1e-6, rel=1e-6)
     with pytest.raises(fjp.TaskError, match="out of range"):  # a fixed lambda still refuses it
         fjp.build_task(_config(ess_fraction=0.05, lam_schedule="fixed"))
+
+
+def test_the_variant_brings_its_starting_lambda_where_the_config_gives_none():
+    # Every shipped config leaves lam and ess_fraction open; fedpals_adaptive starts at ESS
+    # 50 % of N there, and keeps a start the config gives.
+    resolved = fjp.validate_config(
+        _config(name="fedpals_adaptive", ess_fraction=None, lam_schedule=None))
+    assert resolved.algorithm.ess_fraction == adaptive_lambda.START_ESS_FRACTION == 0.5
+    assert resolved.algorithm.lam is None
+    assert resolved.algorithm.lam_schedule == "hypergradient"
+    # Behind a server optimiser it is refused for what it is (its server update is its own),
+    # no longer for a missing start.
+    with pytest.raises(fjp.ConfigError, match="has a server update of its own"):
+        fjp.validate_config(_config(name="fedadam_fedpals_adaptive", ess_fraction=None))
+    given = fjp.validate_config(_config(name="fedpals_adaptive", ess_fraction=0.25))
+    assert given.algorithm.ess_fraction == 0.25
+    lam = fjp.validate_config(_config(name="fedpals_adaptive", ess_fraction=None, lam=3.0))
+    assert lam.algorithm.lam == 3.0 and lam.algorithm.ess_fraction is None
+    # The same run as one that names the start itself: one identity.
+    explicit = fjp.validate_config(_config(ess_fraction=0.5))
+    assert fjp.config_digest(explicit) == fjp.config_digest(
+        fjp.validate_config(_config(name="fedpals_adaptive", ess_fraction=None)))
+
+
+def test_lambda_zero_starts_the_schedule_at_the_lower_end(tmp_path):
+    # lam = 0 (the protocol grid's lambda -> 0+ point) under the schedule: log-space needs a
+    # start > 0, the lower end of lambda_for_ess's range, as for an unreachable ESS.
+    task = fjp.build_task(_config(ess_fraction=None, lam=0.0))
+    assert task.lam == pytest.approx(58 * 1e-6, rel=1e-6)
+    assert fjp.build_task(_config(ess_fraction=None, lam=0.0, lam_schedule="fixed")).lam == 0.0
+
+
+def test_a_variant_is_checked_where_it_is_registered():
+    with pytest.raises(TypeError, match="takes a fedjax_pals.Variant"):
+        fjp.register_variant(("fedpals_x", "x", "fedpals", {}))
+    with pytest.raises(ValueError, match="in both overrides and defaults"):
+        fjp.register_variant(fjp.Variant(
+            "fedpals_x", "x", "fedpals", {"algorithm.lam": 1.0}, defaults={"algorithm.lam": 2.0}))
+    with pytest.raises(ValueError, match="config paths 'section.key'"):
+        fjp.register_variant(fjp.Variant("fedpals_x", "x", "fedpals", {"lam": 1.0}))
+    assert "fedpals_x" not in fjp.algorithms.registry.method_keys()

@@ -54,18 +54,21 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
 
 
 def _prepare(hp: FedPalsLambda, context: registry.MethodContext) -> registry.MethodContext:
-    if hp.ess_fraction is None:
-        return context.replace(lam=hp.lam)
     partition = context.partition
-    try:
-        lam = float(lambda_for_ess(
-            context.weight_label_dists, partition.target_label_dist, partition.client_sizes,
-            hp.ess_fraction,
-        ))
-    except ValueError as error:
-        if not (context.lam_floor and "out of range" in str(error)):
-            raise
-        lam = 0.0
+    if hp.ess_fraction is None:
+        if hp.lam is None or not context.lam_floor:
+            return context.replace(lam=hp.lam)
+        lam = float(hp.lam)
+    else:
+        try:
+            lam = float(lambda_for_ess(
+                context.weight_label_dists, partition.target_label_dist, partition.client_sizes,
+                hp.ess_fraction,
+            ))
+        except ValueError as error:
+            if not (context.lam_floor and "out of range" in str(error)):
+                raise
+            lam = 0.0
     if context.lam_floor and lam == 0.0:
         # The lower end of lambda_for_ess's range, which stands for lambda -> 0+.
         lam = float(np.sum(partition.client_sizes)) * 10.0 ** LOG10_LAM_RANGE[0]

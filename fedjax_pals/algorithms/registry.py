@@ -262,12 +262,21 @@ def make_algorithm(
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """A key that means a registered method with some config keys set."""
+    """A key that means a registered method with some config keys set.
+
+    `overrides` are what the key means: a config that sets one of them to another value than
+    the variant's (and than its default) is refused. `defaults` are settings the variant brings
+    when the config leaves them open: applied together, and only where the config holds every
+    key they name at its default (a None value names a key that must be open and stays so).
+    `fedpals_adaptive` starts lambda at ESS 50 % of N unless the config gives `algorithm.lam`
+    or `algorithm.ess_fraction`: `{"algorithm.ess_fraction": 0.5, "algorithm.lam": None}`.
+    """
 
     name: str
     label: str
     method: str
     overrides: Mapping[str, Any]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _METHODS: dict[str, Method] = {}
@@ -306,9 +315,29 @@ def register_method(method: Method, *, replace: bool = False) -> Method:
 
 
 def register_variant(variant: Variant, *, replace: bool = False) -> Variant:
+    if not isinstance(variant, Variant):
+        raise TypeError(
+            f"register_variant takes a fedjax_pals.Variant, got {type(variant).__name__}."
+        )
     if not replace and (variant.name in _METHODS or variant.name in _VARIANTS):
         raise ValueError(f"a method {variant.name!r} is already registered.")
     get_method(variant.method)
+    for field in ("overrides", "defaults"):
+        keys = getattr(variant, field)
+        if not isinstance(keys, Mapping) or not all(
+            isinstance(k, str) and k.count(".") == 1 for k in keys
+        ):
+            raise ValueError(
+                f"variant {variant.name!r}: {field} must map config paths 'section.key' to "
+                f"values, got {keys!r}."
+            )
+    both = sorted(set(variant.overrides) & set(variant.defaults))
+    if both:
+        raise ValueError(
+            f"variant {variant.name!r}: {both[0]!r} is in both overrides and defaults; a key the "
+            "variant means goes in overrides, one it only brings when the config leaves it open "
+            "in defaults."
+        )
     _VARIANTS[variant.name] = variant
     extensions.note_registration("variant", variant.name)
     return variant
@@ -402,6 +431,16 @@ def method_overrides(key: str) -> dict[str, Any]:
             f"client-side methods {list(client_side_methods())} combine."
         )
     raise _unknown(key)
+
+
+def method_defaults(key: str) -> dict[str, Any]:
+    """The settings a method key brings when the config leaves them open (`Variant.defaults`;
+    {} for a key that is not a variant)."""
+    optimizer, rest = _server_optimizer_split(key)
+    if optimizer is not None:
+        return method_defaults(rest)
+    variant = _VARIANTS.get(key)
+    return dict(variant.defaults) if variant is not None else {}
 
 
 def method_label(key: str) -> str:

@@ -501,8 +501,9 @@ def _method_key_overrides(c: dict, defaults: dict) -> dict:
     such as `fedpals_adaptive`, a server optimiser in front: `fedadam_fedpals`): the keys it
     means, laid over the config. A key that the config holds at its default is no
     contradiction (every config holds the defaults: lam_schedule='fixed' beside
-    fedpals_adaptive's 'hypergradient'); another value is. `defaults`: `default_config()`
-    as nested dicts."""
+    fedpals_adaptive's 'hypergradient'); another value is. Then the settings the key brings
+    (`Variant.defaults`: fedpals_adaptive's starting ESS), where the config leaves all of them
+    open. `defaults`: `default_config()` as nested dicts."""
     name = c["algorithm"]["name"]
     if not isinstance(name, str) or name in registry.registered_methods():
         return c
@@ -524,6 +525,13 @@ def _method_key_overrides(c: dict, defaults: dict) -> dict:
                 "is set too; give one of them."
             )
         c[section][key] = value
+    brought = registry.method_defaults(name)
+    if all(c[p.partition(".")[0]].get(p.partition(".")[2]) in (None, defaults.get(p))
+           for p in brought):
+        for path, value in brought.items():
+            section, _, key = path.partition(".")
+            if value is not None:
+                c[section][key] = value
     return c
 
 
