@@ -12,15 +12,22 @@ import fedjax_pals as fjp
 
 
 def _reference_macro_f1(labels, predictions, num_classes):
+    """scikit-learn's f1_score(labels, predictions, labels=np.unique(labels), average="macro"),
+    in float64 NumPy: the mean F1 over the classes present in the labels."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
     scores = []
-    for k in range(num_classes):
-        tp = np.sum((labels == k) & (predictions == k))
-        fp = np.sum((labels != k) & (predictions == k))
-        fn = np.sum((labels == k) & (predictions != k))
-        if tp + fp + fn == 0:
-            continue  # class absent from labels and predictions
-        scores.append(2 * tp / (2 * tp + fp + fn))
+    for k in np.unique(labels):
+        tp = np.sum((labels == k) & (predictions == k), dtype=np.float64)
+        fp = np.sum((labels != k) & (predictions == k), dtype=np.float64)
+        fn = np.sum((labels == k) & (predictions != k), dtype=np.float64)
+        scores.append(2 * tp / (2 * tp + fp + fn))  # tp + fn > 0: k is in the labels
     return float(np.mean(scores))
+
+
+def _macro_f1(labels, predictions, num_classes):
+    confusion = fjp.metrics.confusion_matrix(
+        np.asarray(labels), np.asarray(predictions), num_classes)
+    return fjp.metrics.macro_f1_from_confusion(np.asarray(confusion))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -28,15 +35,50 @@ def test_confusion_accuracy_and_macro_f1_match_numpy(seed):
     rng = np.random.default_rng(seed)
     num_classes = 6
     labels = rng.choice([0, 2, 3, 5], size=300)  # classes 1 and 4 never occur
+    # Predictions stray into 1 and 4 (absent from the labels): errors of the true classes.
     predictions = np.where(rng.random(300) < 0.6, labels, rng.integers(0, 5, 300))
+    assert set(predictions.tolist()) >= {1, 4}
     confusion = np.asarray(fjp.metrics.confusion_matrix(labels, predictions, num_classes))
     expected = np.zeros((num_classes, num_classes), int)
     np.add.at(expected, (labels, predictions), 1)
     np.testing.assert_array_equal(confusion, expected)
     assert fjp.metrics.accuracy_from_confusion(confusion) == pytest.approx(np.mean(labels == predictions))
     assert fjp.metrics.macro_f1_from_confusion(confusion) == pytest.approx(
-        _reference_macro_f1(labels, predictions, num_classes)
+        _reference_macro_f1(labels, predictions, num_classes), rel=1e-12
     )
+
+
+def test_macro_f1_averages_over_the_classes_in_the_labels_only():
+    # A nearly perfect model on a target of 3 classes that strays once into each of 4 classes
+    # the target lacks: averaging those 4 as F1 = 0 would report 3/7 of its quality.
+    labels = np.repeat([0, 1, 2], 100)
+    predictions = labels.copy()
+    predictions[[0, 100, 200, 201]] = [5, 6, 7, 8]
+    f1 = _macro_f1(labels, predictions, 10)
+    assert f1 == pytest.approx(_reference_macro_f1(labels, predictions, 10), rel=1e-12)
+    assert f1 == pytest.approx(np.mean([2 * 99 / 199, 2 * 99 / 199, 2 * 98 / 198]), rel=1e-12)
+    assert f1 > 0.98
+    # A class in the labels that is never predicted counts, with F1 0.
+    never = _macro_f1([0, 0, 1, 1], [0, 0, 0, 0], 3)
+    assert never == pytest.approx(np.mean([2 * 2 / (4 + 2), 0.0]), rel=1e-12)
+    assert never == pytest.approx(_reference_macro_f1([0, 0, 1, 1], [0, 0, 0, 0], 3))
+    # Every prediction of an absent class: F1 0 for each class present, not NaN.
+    assert _macro_f1([0, 1], [2, 2], 3) == 0.0
+    # A class with neither labels nor predictions is left out; an empty set is NaN.
+    assert _macro_f1([0, 1], [0, 1], 5) == 1.0
+    assert math.isnan(fjp.metrics.macro_f1_from_confusion(np.zeros((3, 3), int)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_macro_f1_matches_the_reference_on_random_sets_with_absent_classes(seed):
+    rng = np.random.default_rng(100 + seed)
+    num_classes = int(rng.integers(2, 11))
+    present = rng.choice(num_classes, size=int(rng.integers(1, num_classes + 1)), replace=False)
+    n = int(rng.integers(1, 60))
+    labels = rng.choice(present, size=n)
+    predictions = np.where(rng.random(n) < rng.random(), labels, rng.integers(0, num_classes, n))
+    assert _macro_f1(labels, predictions, num_classes) == pytest.approx(
+        _reference_macro_f1(labels, predictions, num_classes), rel=1e-12)
 
 
 def test_masked_entries_are_ignored():

@@ -481,8 +481,9 @@ def table_markdown(table: Mapping[str, Any]) -> str:
     lines += [
         "",
         "Target test macro-F1 (%), mean ± std over seeds. Macro-F1: the unweighted mean of each "
-        "class's F1 = 2 TP / (2 TP + FP + FN), over the classes in the target's labels or "
-        "predictions (a class absent from both is left out, not counted as 0).",
+        "class's F1 = 2 TP / (2 TP + FP + FN) over the classes present in the target's test "
+        "labels (a prediction of a class the target lacks is an error of the true class; the "
+        "absent class is not averaged in as F1 = 0).",
         "",
         header,
         rule,
