@@ -746,7 +746,9 @@ def projection_distance(
 ) -> jax.Array:
     """d(T, S) = min_{alpha in simplex} ||T - alpha^T S||_2^2 (Sec. 5).
 
-    Zero exactly when T lies in Conv(S) (Assumption 2, target coverage).
+    Zero exactly when T lies in Conv(S) (Assumption 2, target coverage). A run reports it for
+    the S its server weights are solved with (label DP's release where there is one) and the
+    true T: `experiment.task.task_projection_distance`.
     """
     if _validation.is_concrete(client_label_dists, target_label_dist):
         _validation.check_problem(client_label_dists, target_label_dist, None)

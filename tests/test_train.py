@@ -20,10 +20,10 @@ CONFIG = {
 RESULT_KEYS = (
     "config config_digest dataset_source partition lam alpha ess alpha_round_1 ess_round_1 "
     "total_examples "
-    "projection_distance clients_per_round backend engine rounds target_accuracy target_macro_f1 "
+    "projection_distance projection_distance_s clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
-    "target_macro_f1_at_best_val program_runs"
+    "target_macro_f1_at_best_val macro_f1_classes program_runs"
 ).split()
 
 
@@ -442,6 +442,45 @@ def test_the_config_grouping_is_the_engines_for_the_per_run_state_keys():
     assert list(by_config.values()) == list(by_engine.values()) == [[0, 1], [2, 3, 4, 5, 6, 7]]
 
 
+def _two_client_projection_distance(dists, target):
+    """min over the simplex of ||T - a S_1 - (1 - a) S_2||^2, in closed form (M = 2, float64)."""
+    s1, s2, t = (np.asarray(v, np.float64) for v in (dists[0], dists[1], target))
+    gap = np.dot(s1 - s2, s1 - s2)  # 0: one point (a release can make S_1 = S_2)
+    a = np.clip(np.dot(t - s2, s1 - s2) / gap, 0.0, 1.0) if gap > 0 else 0.0
+    residual = t - a * s1 - (1 - a) * s2
+    return float(residual @ residual)
+
+
+def test_the_reported_projection_distance_is_that_of_the_s_the_weights_are_solved_with(
+    tmp_path, capsys
+):
+    # The synthetic task at delta = 1: T = [0, .5, .5] lies outside Conv(S), d(T, S) = 0.375.
+    exact = task_lib.build_task(_dp_config(None) | {"dataset": {"name": "synthetic",
+                                                                 "synthetic_delta": 1.0}})
+    private = task_lib.build_task(_dp_config(0.5) | {"dataset": {"name": "synthetic",
+                                                                  "synthetic_delta": 1.0}})
+    truth = exact.partition.target_label_dist
+    exact_d = _two_client_projection_distance(exact.partition.client_label_dists, truth)
+    released = np.asarray(private.server_label_dists)
+    private_d = _two_client_projection_distance(released, truth)
+    assert abs(private_d - exact_d) > 1e-3  # the release moves S, and with it d(T, S)
+    summary = task_lib.task_summary(exact)
+    assert summary["projection_distance"] == pytest.approx(exact_d, rel=1e-5)
+    assert summary["projection_distance_s"] == "partition.client_label_dists"
+    summary = task_lib.task_summary(private)
+    assert summary["projection_distance"] == pytest.approx(private_d, rel=1e-5)
+    assert summary["projection_distance_s"] == "server_label_dists"
+    np.testing.assert_allclose(summary["server_label_dists"], released)
+    # The partition's own d(T, S) stays that of the exact S_i.
+    assert summary["partition"]["projection_distance"] == pytest.approx(exact_d, rel=1e-5)
+    # The run's first line says which S its d(T, S) is of.
+    config = _dp_config(0.5) | {"dataset": {"name": "synthetic", "synthetic_delta": 1.0}}
+    prepared = train_lib._PreparedRun(config, str(tmp_path), overwrite=False, quiet=False)
+    prepared.stack.close()
+    header = capsys.readouterr().err.splitlines()[0]
+    assert f"d(T,S)={private_d:.4g} (S: label DP's release)," in header, header
+
+
 def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monkeypatch):
     # 3 epsilons x 1 seed (and the exact S, another program: its state holds no release).
     configs = [_dp_config(epsilon) for epsilon in (1.0, 0.1, 0.01, None)]
@@ -463,8 +502,12 @@ def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monke
     (exact_engine,) = next(engines for runs, engines in calls if runs == 1)
     assert all(engine is dp_engines[0] for engine in dp_engines)  # one compiled round
     assert dp_engines[0] is not exact_engine
-    # The epsilons' releases differ (the state differs), so do their weights.
+    # The epsilons' releases differ (the state differs), so do their weights and d(T, S).
     assert len({json.dumps(o["alpha"]) for o in outcomes[:3]}) == 3
+    for outcome in outcomes[:3]:
+        assert outcome["projection_distance_s"] == "server_label_dists"
+        assert outcome["projection_distance"] == pytest.approx(_two_client_projection_distance(
+            outcome["server_label_dists"], outcome["partition"]["target_label_dist"]), rel=1e-5)
 
 
 @pytest.mark.parametrize(

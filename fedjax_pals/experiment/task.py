@@ -29,7 +29,7 @@ from fedjax_pals.experiment.config import ResolvedConfig, validate_config
 from fedjax_pals import models
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.server_optimizers import server_optimizer_for
-from fedjax_pals.server_weights import effective_sample_size
+from fedjax_pals.server_weights import effective_sample_size, projection_distance
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
 MIN_TARGET_TEST_EXAMPLES = 100
@@ -364,17 +364,32 @@ def server_weights(task: Task, state: Any = None) -> np.ndarray:
     return alpha if task.sampling_rate is None else alpha * task.sampling_rate
 
 
+def task_projection_distance(task: Task) -> tuple[float, str]:
+    """d(T, S) of the run, with where in results.json its S lies: the S the server's weights
+    are solved with (after the `label_marginals` features: label DP's release,
+    "server_label_dists"; else the clients' exact S_i, "partition.client_label_dists"), against
+    the target's true T ("partition.target_label_dist"). The partition's own
+    `projection_distance` (results.json's partition section) stays that of the exact S_i."""
+    partition, released = task.partition, task.server_label_dists
+    dists = partition.client_label_dists if released is None else released
+    where = "partition.client_label_dists" if released is None else "server_label_dists"
+    return float(projection_distance(dists, partition.target_label_dist)), where
+
+
 def task_summary(task: Task) -> dict:
     """What results.json records about the task: the data source, the partition, lambda, the
     server weights alpha with every client taking part at the initial state (round 1's; the
     run replaces `alpha` and `ess` by the weights in use at its end, keeping these as
-    `alpha_round_1` and `ess_round_1`), their ESS, N, d(T, S), the participants per round and,
-    under label DP, the server's released S (`server_label_dists`)."""
+    `alpha_round_1` and `ess_round_1`), their ESS, N, d(T, S) of the S the weights are solved
+    with and which S that is (`projection_distance_s`, see `task_projection_distance`), the
+    participants per round and, under label DP, the server's released S
+    (`server_label_dists`)."""
     partition = task.partition
     sizes = partition.client_sizes
     alpha = server_weights(task)
     ess = float(effective_sample_size(alpha, sizes))
     summary, released = partition.summary(), task.server_label_dists
+    distance, distance_s = task_projection_distance(task)
     return {
         "dataset_source": task.dataset.source,
         "partition": summary,
@@ -384,7 +399,8 @@ def task_summary(task: Task) -> dict:
         "alpha_round_1": alpha.tolist(),
         "ess_round_1": ess,
         "total_examples": int(np.sum(sizes)),
-        "projection_distance": summary["projection_distance"],
+        "projection_distance": distance,
+        "projection_distance_s": distance_s,
         "clients_per_round": task.clients_per_round,
         **({} if task.sampling_rate is None else {"sampling_rate": task.sampling_rate}),
         **({} if released is None else {"server_label_dists": np.asarray(released).tolist()}),

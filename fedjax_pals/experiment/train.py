@@ -46,6 +46,7 @@ from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter
+from fedjax_pals.metrics import MACRO_F1_CLASSES
 from fedjax_pals.runtime import is_main_process
 from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.training import TrainingHistory, TrainingRun, run_trainings, training_group_key
@@ -258,7 +259,9 @@ class _PreparedRun:
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
                 f"{self.title}: lam={lam} ESS={summary['ess']:.0f}/{summary['total_examples']} "
-                f"d(T,S)={summary['projection_distance']:.4g}, {rounds} rounds, backend "
+                f"d(T,S)={summary['projection_distance']:.4g}"
+                + (" (S: label DP's release)" if task.server_label_dists is not None else "")
+                + f", {rounds} rounds, backend "
                 f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
             )
             if task.sampling_rate is not None:  # another estimator: say so under the first line
@@ -328,6 +331,7 @@ class _PreparedRun:
             "best_val_round": history.rounds[best],
             "target_accuracy_at_best_val": history.target_accuracy[best],
             "target_macro_f1_at_best_val": history.target_macro_f1[best],
+            "macro_f1_classes": MACRO_F1_CLASSES,  # what every macro-F1 above averages over
             # The runs its program trained together (this launch): wall_seconds is the
             # program's, so a run's share of it is wall_seconds / program_runs.
             "program_runs": getattr(self, "program_runs", 1),
@@ -502,11 +506,16 @@ def train_and_evaluate(
 
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
-      partition, lam, alpha, ess, total_examples, projection_distance, clients_per_round,
+      partition, lam, alpha, ess, total_examples, projection_distance (d(T, S) of the S the
+      server's weights are solved with: label DP's release where there is one),
+      projection_distance_s (where that S is: "server_label_dists" or
+      "partition.client_label_dists"), clients_per_round,
       backend, engine (the backend and devices each round ran on), rounds, target_accuracy,
       target_macro_f1, val_accuracy, val_macro_f1, train_loss, wall_seconds,
       final_target_accuracy, final_target_macro_f1, best_val_round,
-      target_accuracy_at_best_val, target_macro_f1_at_best_val, program_runs (the runs its program
+      target_accuracy_at_best_val, target_macro_f1_at_best_val, macro_f1_classes ("present in
+      the labels": each macro-F1 is the mean F1 over the classes of the evaluated set's labels,
+      `metrics.macro_f1_from_confusion`), program_runs (the runs its program
       trained together; its wall_seconds are the program's); with evaluation.per_client, the
       per-client entries (docs/guide/per_client.md).
 
