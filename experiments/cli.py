@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import shutil
 import sys
 import types
 from typing import Callable, Iterable
@@ -39,6 +41,61 @@ def lazy_import(name: str) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# The packages the mains live in: the repository's folder, and its name once installed.
+MAIN_PACKAGES = ("experiments", "fedjax_pals_experiments")
+SCRIPT_PREFIX = "fedjax-pals-"
+
+
+def script_name(main: str) -> str:
+    """The console script of a main: "sweep" -> fedjax-pals-sweep, "benchmarks.solve_time" ->
+    fedjax-pals-benchmark-solve-time (pyproject.toml's [project.scripts])."""
+    return SCRIPT_PREFIX + main.replace("benchmarks.", "benchmark-").replace("_", "-")
+
+
+def _python() -> str:
+    """This interpreter as a user would type it: `python` (or `python3`) when that is the one
+    on PATH, else its path (a venv's python run by its path, the venv not active)."""
+    executable = sys.executable or "python"
+    for name in ("python", "python3", os.path.basename(executable)):
+        found = shutil.which(name)
+        # Paths as they are, not resolved: a venv's python links to the system's.
+        if found and os.path.abspath(found) == os.path.abspath(executable):
+            return name
+    return executable
+
+
+def command_for(main: str, argv0: str | None = None, main_module: str | None = None) -> str:
+    """The command that runs the main `main` ("sweep", "benchmarks.round") the way this process
+    was launched, for the hints a main prints (`--collect` after the shards, ...):
+    `python -m experiments.sweep` when launched as `python -m experiments.<main>` (from the
+    repository root), `python -m fedjax_pals_experiments.sweep` when so, `fedjax-pals-sweep`
+    when launched as a console script (its path if its folder is not on PATH). Otherwise
+    (the main called from Python) the console script, which runs from any directory.
+
+    `argv0` and `main_module` default to sys.argv[0] and the name `__main__` was run as."""
+    if main_module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        main_module = getattr(spec, "name", None)
+    if argv0 is None:
+        argv0 = sys.argv[0] if sys.argv else ""
+    package = (main_module or "").partition(".")[0]
+    if package in MAIN_PACKAGES:
+        return f"{_python()} -m {package}.{main}"
+    name = script_name(main)
+    found = shutil.which(name)
+    if os.path.basename(argv0 or "").startswith(SCRIPT_PREFIX) and os.path.dirname(argv0):
+        beside = os.path.join(os.path.dirname(argv0), name)
+        if found and os.path.abspath(found) == os.path.abspath(beside):
+            return name
+        # Its folder (a venv's bin/) is not on PATH, or another comes first: as it was typed.
+        return beside
+    if not found:  # called from Python: the script of this interpreter's environment
+        beside = os.path.join(os.path.dirname(sys.executable or ""), name)
+        if os.path.isfile(beside):
+            return beside
+    return name
 
 
 def usage_error(message: str) -> None:

@@ -31,18 +31,22 @@ def _load(path: str) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "table.json")
     if not os.path.isfile(path):
-        raise SystemExit(f"error: {path} does not exist; run the sweep (experiments.sweep) first.")
+        raise SystemExit(
+            f"error: {path} does not exist; run the sweep ({common.command_for('sweep')}) first."
+        )
     try:
         with open(path) as f:
             table = json.load(f)
     except (OSError, ValueError) as error:
         raise SystemExit(
             f"error: cannot read {path} ({type(error).__name__}: {' '.join(str(error).split())}); "
-            "it is not a table.json written by experiments.sweep: run that sweep again."
+            f"it is not a table.json written by {common.command_for('sweep')}: run that sweep "
+            "again."
         ) from None
     if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
         raise SystemExit(
-            f"error: {path} is not a table.json written by experiments.sweep (no 'rows'); run "
+            f"error: {path} is not a table.json written by {common.command_for('sweep')} (no "
+            "'rows'); run "
             "that sweep again."
         )
     return table

@@ -21,11 +21,18 @@ import difflib
 import importlib.util
 import os
 import re
+import sys
+import traceback
 from typing import Any, Mapping, Sequence
 
 
 class ConfigArgError(ValueError):
-    """A config file or override that cannot be used (the message names it)."""
+    """A config file or override that cannot be used (the message names it; `hint`, when set,
+    is a second line saying what to do)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 # Sections of the sweep whose keys are run-config paths (new ones are legitimate axes).
@@ -52,8 +59,65 @@ def find_config_path(argv: Sequence[str], name: str) -> tuple[str | None, int]:
     return None, -1
 
 
-def load_config_file(spec: str, flag: str = "config") -> Any:
-    """Loads `get_config()` of a config file as ml_collections does; a mistake is one line."""
+def _same_directory(entry: str, directory: str) -> bool:
+    try:
+        return os.path.realpath(entry or os.getcwd()) == os.path.realpath(directory)
+    except (OSError, ValueError):
+        return False
+
+
+def add_config_directory(spec: str | None, path: list[str] | None = None) -> str | None:
+    """Puts the directory of the config file `spec` (`file.py` or `file.py:argument`) first on
+    the import path (`sys.path`), as Python does for a script's: a config file imports a module
+    of the user's that lies beside it (`import my_extension`) from whichever directory the
+    command runs, `python -m` or a console script alike. A directory already on the path
+    (`python -m` run from it) stays where it is. Returns the directory, or None when `spec`
+    names no file (the config check reports that).
+
+    A sweep's shard jobs need not get it: the modules a sweep's runs need are recorded with the
+    directory they were imported from (`fedjax_pals.extensions`) and imported from there."""
+    file = (spec or "").partition(":")[0]
+    if not file or not os.path.isfile(file):
+        return None
+    directory = os.path.dirname(os.path.abspath(file))
+    entries = sys.path if path is None else path
+    if not any(_same_directory(entry, directory) for entry in entries):
+        entries.insert(0, directory)
+    return directory
+
+
+def _where_raised(error: BaseException) -> str:
+    """' (at FILE, line N: CODE)': the innermost frame of the error's traceback outside
+    importlib's own, i.e. the user's line that failed; '' without one."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if not f.filename.startswith("<frozen ")
+    ]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    code = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
+    return f" (at {os.path.normpath(frame.filename)}, line {frame.lineno}{code})"
+
+
+def _import_hint(error: ImportError, path: str, command: str) -> str | None:
+    """What to do about a module that a config file (or a module it imports) cannot find."""
+    name = getattr(error, "name", None)
+    if not isinstance(error, ModuleNotFoundError) or not name:
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    top = name.partition(".")[0]
+    return (
+        f"hint: {top!r} is looked for beside the config file (in {directory}) and on the "
+        "import path (sys.path): a module of yours elsewhere needs its directory on PYTHONPATH "
+        f"(PYTHONPATH=/its/directory {command} ...); a package needs installing into this "
+        f"environment ({sys.executable} -m pip install ...)."
+    )
+
+
+def load_config_file(spec: str, flag: str = "config", command: str = "<command>") -> Any:
+    """Loads `get_config()` of a config file as ml_collections does; a mistake is one line (a
+    module it cannot import: with a hint naming `command`, the launcher, as a second)."""
     path, _, argument = spec.partition(":")
     where = f"--{flag}={spec}"
     if not path:
@@ -77,6 +141,12 @@ def load_config_file(spec: str, flag: str = "config") -> Any:
     except SyntaxError as error:
         raise ConfigArgError(
             f"{where}: syntax error in {path}, line {error.lineno}: {error.msg}."
+        ) from None
+    except ImportError as error:  # the config file's imports, or those of a module of yours
+        raise ConfigArgError(
+            f"{where}: loading {path} raised {type(error).__name__}: {_one_line(error)}"
+            f"{_where_raised(error)}",
+            hint=_import_hint(error, path, command),
         ) from None
     except Exception as error:  # noqa: BLE001 - whatever the file raises is the user's to fix
         raise ConfigArgError(
@@ -200,6 +270,7 @@ def check_config_argv(
     *,
     schema_paths: set[str],
     sweep_keys: Sequence[str],
+    command: str = "<command>",
 ) -> tuple[list[str], dict[str, Any]]:
     """Checks the config file and overrides in argv.
 
@@ -216,7 +287,7 @@ def check_config_argv(
     overrides = list(_overrides(argv, flag))
     if spec is None:
         return list(argv), {}  # absl reports the missing required flag
-    config = load_config_file(spec, flag)
+    config = load_config_file(spec, flag, command)
     new: dict[str, Any] = {}
     dropped: set[int] = set()
     # A key given twice: the last wins, as for any absl flag (ml_collections would append a

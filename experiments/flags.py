@@ -4,9 +4,11 @@
 --overwrite     replace a run of another config held in --workdir
 --quiet         no progress bar or lines, no log lines (CI); results and `wrote:` stay
 --mlflow_tracking_uri
-                also log every run's params and metrics to this MLflow store (optional extra)
+                also log every run's params and metrics to this MLflow store (optional extra;
+                default $MLFLOW_TRACKING_URI, where set)
 --mlflow_experiment
-                the MLflow experiment of those runs (default fedjax_pals)
+                the MLflow experiment of those runs (default $MLFLOW_EXPERIMENT_NAME, where
+                set, else fedjax_pals)
 --cpu_devices, --coordinator_address, --num_processes, --process_id
                 the JAX runtime: host devices of this process, and the `jax.distributed`
                 settings of a multi-process launch (see fjp.configure_runtime)
@@ -57,13 +59,14 @@ MLFLOW_TRACKING_URI = flags.DEFINE_string(
     None,
     "Also log each run's params and metrics to this MLflow tracking store (e.g. "
     "file:///abs/mlruns with MLFLOW_ALLOW_FILE_STORE=true, or http://host:5000); needs "
-    'pip install "fedjax_pals[mlflow]".',
+    'pip install "fedjax_pals[mlflow]". Unset: $MLFLOW_TRACKING_URI where set, else no MLflow.',
 )
 MLFLOW_EXPERIMENT = flags.DEFINE_string(
     "mlflow_experiment",
-    "fedjax_pals",
+    None,
     "The MLflow experiment that --mlflow_tracking_uri logs the runs into (created if missing); "
-    "each run is named by its key in the sweep (fedpals/seed_0) or its workdir's name.",
+    "each run is named by its key in the sweep (fedpals/seed_0) or its workdir's name. Unset: "
+    "$MLFLOW_EXPERIMENT_NAME where set, else fedjax_pals.",
 )
 CPU_DEVICES = flags.DEFINE_string(
     "cpu_devices",
@@ -118,6 +121,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
 # The command-line conventions (one `error:` line, exit status 2), shared with the benchmarks.
 USAGE_ERROR_STATUS = cli.USAGE_ERROR_STATUS
 usage_error = cli.usage_error
+# The command that runs a main ("sweep") the way this process was launched, for hints.
+command_for = cli.command_for
 check_number_list = cli.check_number_list
 require_items = cli.require_items
 
@@ -191,6 +196,16 @@ def _say_required_in_help() -> None:
             flag.default_as_str = None
 
 
+def _main_name(main: Callable) -> str:
+    """"sweep" of experiments.sweep's (or fedjax_pals_experiments.sweep's) main."""
+    module = getattr(main, "__module__", None) or ""
+    if module == "__main__":  # `python -m experiments.sweep`: the name it was run as
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = getattr(spec, "name", None) or ""
+    package, _, name = module.partition(".")
+    return name if package in cli.MAIN_PACKAGES and name else "run"
+
+
 def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
     cli.show_main_flags_in_help(main)
@@ -203,6 +218,10 @@ def run(main: Callable[[list[str]], object]) -> None:
         config_lib, sweep_lib = fjp.experiment.config, fjp.experiment.sweep
         schema_paths = set(config_lib.flatten(config_lib.default_config()))
     for name, default in checks.items():
+        # The config file's own directory first on the import path, as Python does for a
+        # script's: it imports a module of the user's beside it (docs/extending.md).
+        spec, _ = config_args.find_config_path(argv, name)
+        config_args.add_config_directory(spec if spec is not None else default)
         try:
             argv, new_keys[name] = config_args.check_config_argv(
                 argv,
@@ -210,8 +229,12 @@ def run(main: Callable[[list[str]], object]) -> None:
                 default,
                 schema_paths=schema_paths,
                 sweep_keys=sweep_lib.SWEEP_KEYS,
+                command=command_for(_main_name(main)),
             )
         except config_args.ConfigArgError as error:
+            if error.hint:  # a second line: what to do (a module the config cannot import)
+                print(f"error: {' '.join(str(error).split())}\n{error.hint}", file=sys.stderr)
+                sys.exit(USAGE_ERROR_STATUS)
             usage_error(str(error))
     sys.argv = argv  # ml_collections reads the overrides from sys.argv
 

@@ -31,6 +31,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv  # a stray argument is refused by common.run
+    if _CONFIG.value.get("sweep"):  # the library's message names fjp.run_sweep, not a command
+        raise SystemExit(
+            "error: config.sweep is set: this config describes a sweep of runs; run it with "
+            f"{common.command_for('sweep')}, or delete config.sweep for one run."
+        )
     common.configure_runtime()
     started = time.time()
     with common.user_errors():

@@ -149,7 +149,7 @@ def _run_shard(workdir: str) -> None:
         done = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
         print(
             f"shard {summary['shard']}: {done} (of {summary['total_runs']} runs in the sweep). "
-            f"Once every shard has ended: python -m experiments.sweep --workdir={workdir} "
+            f"Once every shard has ended: {common.command_for('sweep')} --workdir={workdir} "
             "--collect"
         )
     failed = [name for name, s in summary["runs"].items() if s == "failed"]

@@ -1,5 +1,6 @@
 """Command-line mistakes of the mains: one `error:` line, exit status 2, before any data is read."""
 
+import json
 import os
 import subprocess
 import sys
@@ -272,3 +273,174 @@ def test_a_feature_s_update_state_of_another_shape_is_one_error_line_naming_it(t
     from fedjax_pals.experiment.task import TaskError
 
     assert sweep_lib._failure_status(TaskError(line[len("error: "):])) == "failed"
+
+
+# -- a config file that imports a module beside it; the commands the hints name -----------------
+
+BIN = os.path.dirname(sys.executable)
+
+_MY_EXT = """
+import fedjax_pals as fjp
+
+fjp.register_method(fjp.Method("my_avg", "MyAvg", lambda hp, context: fjp.fedavg()))
+"""
+_MY_CFG = """
+import fedjax_pals as fjp
+import my_ext  # noqa: F401  (beside this file: registers my_avg)
+
+
+def get_config():
+    config = fjp.default_config()
+    config.dataset.name = "synthetic"
+    config.algorithm.name = "my_avg"
+    config.training.rounds = 1
+    config.training.batch_size = 8
+    return config
+"""
+_MY_SWEEP = """
+import ml_collections
+import my_cfg  # beside this file
+
+
+def get_config():
+    config = my_cfg.get_config()
+    config.sweep = ml_collections.ConfigDict(dict(seeds=(0,), methods=("my_avg",)))
+    return config
+"""
+
+
+@pytest.fixture
+def users_files(tmp_path):
+    """tmp/ext holding my_ext.py (registers the method my_avg), my_cfg.py and my_sweep.py that
+    import it, and tmp/elsewhere, a directory to run the commands from."""
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    (ext / "my_ext.py").write_text(_MY_EXT)
+    (ext / "my_cfg.py").write_text(_MY_CFG)
+    (ext / "my_sweep.py").write_text(_MY_SWEEP)
+    (tmp_path / "elsewhere").mkdir()
+    return tmp_path
+
+
+def _command(command, cwd, timeout=600):
+    # The venv's bin first on PATH, as when it is active: the hints name `fedjax-pals-sweep`.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SGE_"))},
+        "PATH": BIN + os.pathsep + os.environ.get("PATH", ""),
+        "JAX_PLATFORMS": "cpu",
+    }
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=env)
+
+
+def test_the_config_file_s_directory_goes_first_on_the_import_path_once(tmp_path, monkeypatch):
+    config = tmp_path / "my_cfg.py"
+    config.write_text("def get_config():\n    return {}\n")
+    path = ["/somewhere", "/else"]
+    assert config_args.add_config_directory(f"{config}:argument", path) == str(tmp_path)
+    assert path == [str(tmp_path), "/somewhere", "/else"]
+    config_args.add_config_directory(str(config), path)  # again: not a second entry
+    assert path == [str(tmp_path), "/somewhere", "/else"]
+    # `python -m` run from that directory: its '' entry is it; nothing is added.
+    monkeypatch.chdir(tmp_path)
+    path = ["", "/somewhere"]
+    config_args.add_config_directory("my_cfg.py", path)
+    assert path == ["", "/somewhere"]
+    # No such file: nothing (the config check names it).
+    assert config_args.add_config_directory("nope.py", path) is None and path == ["", "/somewhere"]
+
+
+def test_a_module_the_config_file_cannot_import_is_named_where_it_failed_with_a_hint(
+    tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(tmp_path))  # as the launcher does (add_config_directory)
+    (tmp_path / "my_ext.py").write_text("import my_helpers  # not there\n")
+    config = tmp_path / "my_cfg.py"
+    config.write_text("import my_ext\n\n\ndef get_config():\n    return {}\n")
+    with pytest.raises(config_args.ConfigArgError) as info:
+        config_args.load_config_file(str(config), command="fedjax-pals-run")
+    message, hint = str(info.value), info.value.hint
+    assert message.endswith(
+        "raised ModuleNotFoundError: No module named 'my_helpers' "
+        f"(at {tmp_path / 'my_ext.py'}, line 1: import my_helpers  # not there)"
+    ), message
+    assert hint.startswith(f"hint: 'my_helpers' is looked for beside the config file (in {tmp_path})")
+    assert "PYTHONPATH=/its/directory fedjax-pals-run ..." in hint
+
+
+def test_the_command_says_what_to_do_about_a_module_it_cannot_import(users_files):
+    (users_files / "ext" / "my_ext.py").write_text("import my_helpers\n")
+    completed = _command(
+        [os.path.join(BIN, "fedjax-pals-run"), "--config=../ext/my_cfg.py", "--workdir=w"],
+        users_files / "elsewhere", timeout=300,
+    )
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    error, hint = completed.stderr.strip().splitlines()
+    assert error.startswith("error: --config=../ext/my_cfg.py: loading ../ext/my_cfg.py raised "
+                            "ModuleNotFoundError: No module named 'my_helpers' (at ")
+    assert hint.startswith("hint: 'my_helpers' is looked for beside the config file")
+    assert "PYTHONPATH=/its/directory fedjax-pals-run ..." in hint
+    assert not (users_files / "elsewhere" / "w").exists()
+
+
+@pytest.mark.parametrize("main_module, argv0, path_has_bin, main, expected", [
+    ("experiments.sweep", "/r/experiments/sweep.py", True, "sweep", "python -m experiments.sweep"),
+    ("experiments.run", "/r/experiments/run.py", True, "sweep", "python -m experiments.sweep"),
+    ("fedjax_pals_experiments.sweep", "/x/sweep.py", True, "sweep",
+     "python -m fedjax_pals_experiments.sweep"),
+    ("", os.path.join(BIN, "fedjax-pals-sweep"), True, "sweep", "fedjax-pals-sweep"),
+    ("", os.path.join(BIN, "fedjax-pals-run"), True, "sweep", "fedjax-pals-sweep"),
+    ("", os.path.join(BIN, "fedjax-pals-sweep"), False, "sweep",
+     os.path.join(BIN, "fedjax-pals-sweep")),  # the venv not active: the script's path
+    ("", os.path.join(BIN, "fedjax-pals-run"), True, "benchmarks.solve_time",
+     "fedjax-pals-benchmark-solve-time"),
+    ("", "/usr/bin/pytest", True, "sweep", "fedjax-pals-sweep"),  # called from Python
+])
+def test_a_hint_names_the_launcher_actually_used(
+    monkeypatch, main_module, argv0, path_has_bin, main, expected
+):
+    from experiments import cli
+
+    monkeypatch.setenv("PATH", (BIN + os.pathsep if path_has_bin else "") + "/usr/bin:/bin")
+    command = cli.command_for(main, argv0=argv0, main_module=main_module)
+    if expected.startswith("python -m"):  # the interpreter as typed: `python` on that PATH
+        expected = expected.replace("python", cli._python(), 1)
+        assert cli._python() in ("python", "python3", os.path.basename(sys.executable))
+    assert command == expected
+
+
+@pytest.mark.integration
+def test_a_config_importing_a_module_beside_it_runs_from_any_directory(users_files):
+    """The layout of docs/extending.md, run from another directory: the console script and
+    `python -m experiments.run`; a sweep's shard, whose `--collect` hint names the launcher
+    used, and the collect from a third directory (it imports my_ext from where it was found)."""
+    ext, elsewhere = users_files / "ext", users_files / "elsewhere"
+    run = _command(
+        [os.path.join(BIN, "fedjax-pals-run"), "--config=../ext/my_cfg.py", "--workdir=w", "--quiet"],
+        elsewhere,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(elsewhere / "w" / "results.json") as f:
+        assert json.load(f)["config"]["algorithm"]["name"] == "my_avg"
+    run = _command([sys.executable, "-m", "experiments.run", f"--config={ext / 'my_cfg.py'}",
+                    f"--workdir={users_files / 'w2'}", "--quiet"], ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert os.path.exists(users_files / "w2" / "results.json")
+
+    sweep = str(users_files / "sweep")
+    shard = _command([os.path.join(BIN, "fedjax-pals-sweep"), "--config=../ext/my_sweep.py",
+                      f"--workdir={sweep}", "--shard=0/1", "--quiet"], elsewhere)
+    assert shard.returncode == 0, shard.stderr[-3000:]
+    assert shard.stdout.strip().endswith(
+        f"Once every shard has ended: fedjax-pals-sweep --workdir={sweep} --collect"
+    ), shard.stdout
+    # Again as `python -m experiments.sweep` (its run is done: skipped): the hint says so.
+    shard = _command([sys.executable, "-m", "experiments.sweep", f"--config={ext / 'my_sweep.py'}",
+                      f"--workdir={sweep}", "--shard=0/1", "--quiet"], ROOT)
+    assert shard.returncode == 0, shard.stderr[-3000:]
+    hint = shard.stdout.strip().splitlines()[-1]
+    assert hint.endswith(f" -m experiments.sweep --workdir={sweep} --collect"), hint
+    collected = _command([os.path.join(BIN, "fedjax-pals-sweep"), f"--workdir={sweep}",
+                          "--collect", "--quiet"], users_files)
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    assert "| Synthetic | **" in collected.stdout and os.path.exists(os.path.join(sweep, "table.md"))
