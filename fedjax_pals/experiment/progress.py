@@ -54,14 +54,23 @@ def duration(seconds: float) -> str:
 
 def result_line(results: dict, launch_seconds: float, start_round: int = 0) -> str:
     """A run's result in one line (what `experiments.run` ends with): its accuracies in percent,
-    as in the tables, and the time of this launch, with the round it began after when
-    `start_round` > 0 (a resume or an extension). One clock: the training time summed over
-    the launches is results.json's `wall_seconds`."""
+    as in the tables, a DP run's epsilon and delta (DP on updates: spent through the last round,
+    results.json's `dp_epsilon`, per client; label DP's, per example), and the time of this
+    launch, with the round it began after when `start_round` > 0 (a resume or an extension).
+    One clock: the training time summed over the launches is results.json's `wall_seconds`."""
     line = (
         f"final target accuracy {percent(results['final_target_accuracy'])}; at best val "
         f"(round {results['best_val_round']}) {percent(results['target_accuracy_at_best_val'])}; "
-        f"{launch_seconds:.1f} s this launch"
     )
+    if results.get("dp_epsilon") is not None:  # DP on updates: what the rounds spent
+        line += (f"DP epsilon {results['dp_epsilon']:.4g} at delta {results['dp_delta']:g} "
+                 "(per client); ")
+    label_dp = (results.get("config") or {}).get("algorithm") or {}
+    if label_dp.get("label_dp_epsilon") is not None:  # resolved: None where no S is read
+        delta = label_dp.get("label_dp_delta")
+        line += (f"label DP epsilon {label_dp['label_dp_epsilon']:g}"
+                 + (f" at delta {delta:g}" if delta is not None else "") + " (per example); ")
+    line += f"{launch_seconds:.1f} s this launch"
     if start_round:
         line += f", which resumed after round {start_round}"
     return line

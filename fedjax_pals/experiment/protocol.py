@@ -305,6 +305,14 @@ def _group(records: Iterable[RunRecord]):
     return grouped
 
 
+def _privacy(results: Mapping[str, Any]) -> dict[str, float]:
+    """A DP run's epsilon and delta (DP on updates: spent through its last round, per client);
+    nothing for a run without DP on updates."""
+    if results.get("dp_epsilon") is None:
+        return {}
+    return {"dp_epsilon": float(results["dp_epsilon"]), "dp_delta": float(results["dp_delta"])}
+
+
 def select_method(
     runs: Mapping[tuple, Mapping[int, RunRecord]],
     seeds: Sequence[int],
@@ -320,7 +328,7 @@ def select_method(
 
     Returns:
       {"selected": grid point(s), "per_seed": [{seed, hparams, round, val_accuracy,
-      target_accuracy, target_macro_f1}], "target_accuracy": {"mean", "std", "n"},
+      target_accuracy, target_macro_f1, and a DP run's dp_epsilon, dp_delta}], "target_accuracy": {"mean", "std", "n"},
       "target_macro_f1": {...}, "val_accuracy": {...}, "candidates": [{hparams, mean_val,
       eligible}]}; or {"selected": None, ...} when no grid point is eligible.
     """
@@ -351,7 +359,8 @@ def select_method(
             chosen.append((s, max(having, key=lambda h: points[h][s]["val_accuracy"])))
     if not chosen:
         return {"selected": None, "per_seed": [], "candidates": candidates}
-    per_seed = [{"seed": s, "hparams": [list(kv) for kv in h], **points[h][s]} for s, h in chosen]
+    per_seed = [{"seed": s, "hparams": [list(kv) for kv in h], **points[h][s],
+                 **_privacy(runs[h][s].results)} for s, h in chosen]
     selected = [row["hparams"] for row in per_seed]
     if selection == "mean_over_seeds":
         selected = [list(kv) for kv in chosen[0][1]]
@@ -453,6 +462,13 @@ def _cell_text(cell: Mapping[str, Any] | None, metric: str = "target_accuracy") 
     return "n/a" if cell.get("selected") is None else _pm(cell[metric])
 
 
+def _privacy_text(per_seed: Sequence[Mapping[str, Any]]) -> str:
+    """The selected runs' epsilon (delta), each value once ("7.996 (1e-05)"); "" without DP."""
+    spent = dict.fromkeys(
+        f"{p['dp_epsilon']:.4g} ({p['dp_delta']:g})" for p in per_seed if "dp_epsilon" in p)
+    return ", ".join(spent)
+
+
 def table_markdown(table: Mapping[str, Any]) -> str:
     """The table in markdown, shaped like the paper's Table 1 (rows: data / split; columns:
     methods), then the macro-F1 table, the selected grid points, and the rule used."""
@@ -491,12 +507,18 @@ def table_markdown(table: Mapping[str, Any]) -> str:
     for row in table["rows"]:
         cells = [_cell_text(row["cells"].get(m), "target_macro_f1") for m in methods]
         lines.append(f"| {row['row']} | " + " | ".join(cells) + " |")
+    # DP runs' epsilon (delta): a column only when a selected run is private.
+    private = any("dp_epsilon" in p for r in table["rows"] for c in r["cells"].values()
+                  for p in c.get("per_seed") or ())
     lines += [
         "",
-        "Selected on the target validation set",
+        "Selected on the target validation set" + (
+            "; ε (δ): DP on updates, spent over each run's rounds, per client" if private
+            else ""),
         "",
-        "| data / split | method | selected | val acc (%) | best-val rounds |",
-        "|---|---|---|---|---|",
+        "| data / split | method | selected | val acc (%) | best-val rounds |"
+        + " ε (δ) |" * private,
+        "|---|---|---|---|---|" + "---|" * private,
     ]
     for row in table["rows"]:
         for m in methods:
@@ -504,7 +526,8 @@ def table_markdown(table: Mapping[str, Any]) -> str:
             if cell is None:
                 continue
             if cell["selected"] is None:
-                lines.append(f"| {row['row']} | {table['labels'].get(m, m)} | none eligible | | |")
+                lines.append(f"| {row['row']} | {table['labels'].get(m, m)} | none eligible | | |"
+                             + " |" * private)
                 continue
             if table["selection"] == "mean_over_seeds":
                 selected = hparams_label(cell["selected"])
@@ -514,6 +537,7 @@ def table_markdown(table: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {row['row']} | {table['labels'].get(m, m)} | {selected} | "
                 f"{100 * cell['val_accuracy']['mean']:.1f} | {rounds} |"
+                + (f" {_privacy_text(cell['per_seed'])} |" if private else "")
             )
     seeds_text = "/".join(str(n) for n in n_seeds)
     lines += ["", f"Protocol: {table['protocol']} ({seeds_text} seeds per row)."]
