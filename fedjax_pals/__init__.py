@@ -144,6 +144,7 @@ from fedjax_pals.experiment.shards import (  # noqa: E402
 from fedjax_pals.experiment.submission import submit_sweep  # noqa: E402
 from fedjax_pals.experiment.protocol import PAPER_METHODS, protocol_grid, table1_config  # noqa: E402
 from fedjax_pals.experiment.restore import RestoredRun, restore_run  # noqa: E402
+from fedjax_pals.dp_statement import PrivacyStatement, privacy_statement  # noqa: E402
 from fedjax_pals.experiment.checkpoints import (  # noqa: E402
     CheckpointError,
     CheckpointMismatchError,
@@ -223,6 +224,7 @@ __all__ = [
     "build_task", "train_and_evaluate", "train_and_evaluate_many", "expand_sweep", "run_sweep",
     "Shard", "assign_shards", "collect_sweep", "run_shard", "submit_sweep",
     "PAPER_METHODS", "protocol_grid", "table1_config", "RestoredRun", "restore_run",
+    "PrivacyStatement", "privacy_statement",
     "CheckpointError", "CheckpointMismatchError", "Checkpointer", "WorkdirError",
     "WorkdirLockedError",
     "DiskFullError", "ExtensionImportError",

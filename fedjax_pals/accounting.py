@@ -77,6 +77,18 @@ def _event(noise_multiplier: float, rounds: int, num_clients: int, clients_per_r
     return dp_accounting.SelfComposedDpEvent(one, int(rounds)), relation
 
 
+def updates_dp_event(
+    noise_multiplier: float, rounds: int, *, num_clients: int, clients_per_round: int,
+    sampling_rate: float | None = None,
+):
+    """(the dp-accounting `DpEvent` that `rounds` rounds of DP on updates are, the
+    `NeighboringRelation` it is accounted under): what `updates_epsilon` composes (the module
+    docstring), for a statement of what is accounted (`fjp.privacy_statement`)."""
+    _check(noise_multiplier, rounds, num_clients, clients_per_round, None, sampling_rate)
+    rate = None if sampling_rate is None else float(sampling_rate)
+    return _event(noise_multiplier, rounds, num_clients, clients_per_round, rate)
+
+
 def _accountant(kind: str, relation):
     from dp_accounting import pld, rdp
 

@@ -1,0 +1,375 @@
+"""What a run's config guarantees, stated without training: `privacy_statement(config)`.
+
+The analogue of TF-Privacy's `compute_dp_sgd_privacy_statement` and Opacus' `get_epsilon` for
+a fedjax_pals config: the mechanisms the run applies (DP on the model updates, DP on the label
+marginals), their parameters as the run will use them, the (epsilon, delta) they spend, the
+unit of privacy, and the assumptions in words.
+
+The numbers are the training's own: the config is resolved by `resolve_config` (no data is
+read: the clients are counted from the config, `partition.num_clients - 1`, a reader's from its
+files' description), whose feature resolution already checks the budget, and the noise
+multiplier and epsilon come from `fedjax_pals.algorithms.private_updates.budget_for`, the one
+function a training run calls to calibrate sigma and account each round
+(`fedjax_pals.accounting`: dp-accounting's accountant, its event and neighbouring relation).
+What the statement says is therefore what the run's results.json records as `dp_epsilon` and
+`dp_noise_multiplier`, and it follows any change of the accounting.
+
+No data set is loaded, no partition drawn, no model built or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import textwrap
+from typing import Any
+
+from fedjax_pals import accounting, privacy
+from fedjax_pals.algorithms import private_updates, registry
+from fedjax_pals.data import dataset_label
+from fedjax_pals.experiment.config import ResolvedConfig, as_dict, resolve_config
+
+# The accountant a run uses: `UpdatesBudget.epsilon` and `calibrate_noise_multiplier` call the
+# accounting with its default.
+_ACCOUNTANT = inspect.signature(accounting.updates_epsilon).parameters["accountant"].default
+
+# dp-accounting's neighbouring relations, in words (the unit of privacy is one client).
+_RELATIONS = {
+    "ADD_OR_REMOVE_ONE": "adding or removing one client (with its whole data set)",
+    "REPLACE_ONE": "replacing one client's whole data set by another",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatesPrivacy:
+    """DP on the model updates (user-level DP-FedAvg) as a run of the config applies it.
+
+    Attributes:
+      clip_norm: C, the L2 norm each participant's update is clipped to (the initial C under
+        adaptive clipping).
+      clip_quantile: adaptive clipping's gamma, or None (C fixed).
+      noise_multiplier: sigma of each round's release (given, or calibrated).
+      updates_noise_multiplier: the updates' own multiplier (sigma itself; lower under adaptive
+        clipping, whose clipped count shares the release).
+      calibrated: sigma was calibrated to `target_epsilon` (not given).
+      target_epsilon: `algorithm.dp_target_epsilon`, or None.
+      delta: the delta of (epsilon, delta).
+      rounds: the rounds accounted (`training.rounds`).
+      num_clients: M, the training clients.
+      clients_per_round: m, the participants a round (Poisson sampling: the lanes a round runs).
+      sampling: "every_client", "without_replacement" (m of M a round) or "poisson".
+      sampling_rate: Poisson sampling's q, or None.
+      accountant: the dp-accounting accountant ("rdp").
+      neighbouring: the dp-accounting neighbouring relation the epsilon is for
+        ("ADD_OR_REMOVE_ONE", "REPLACE_ONE").
+      event: the dp-accounting event accounted, as text (None for sigma = 0).
+      epsilon: the epsilon the run's rounds spend at `delta` (inf for sigma = 0): what the
+        run's results.json records as `dp_epsilon`.
+    """
+
+    clip_norm: float
+    clip_quantile: float | None
+    noise_multiplier: float
+    updates_noise_multiplier: float
+    calibrated: bool
+    target_epsilon: float | None
+    delta: float
+    rounds: int
+    num_clients: int
+    clients_per_round: int
+    sampling: str
+    sampling_rate: float | None
+    accountant: str
+    neighbouring: str | None
+    event: str | None
+    epsilon: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelPrivacy:
+    """DP on the clients' label marginals S_i(Y) (`algorithm.label_dp_epsilon`).
+
+    Attributes:
+      epsilon, delta: the release's guarantee per training example (delta None: Laplace, pure
+        epsilon-DP).
+      mechanism: "laplace" or "gaussian".
+      noise_std: the noise's standard deviation per label count.
+    """
+
+    epsilon: float
+    delta: float | None
+    mechanism: str
+    noise_std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyStatement:
+    """What a run of the config guarantees (`privacy_statement`); `text()` says it in words.
+
+    Attributes:
+      method: the method's display name ("FedPALS").
+      data: the data set and its clients, in words.
+      updates: DP on the model updates, or None (not applied).
+      labels: DP on the label marginals, or None (not applied).
+      notes: remarks on the config (a DP key that does not apply to its method).
+    """
+
+    method: str
+    data: str
+    updates: UpdatesPrivacy | None
+    labels: LabelPrivacy | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def private(self) -> bool:
+        """Some differential privacy is applied."""
+        return self.updates is not None or self.labels is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The statement as JSON-able data (the text in "text")."""
+        return {
+            "method": self.method, "data": self.data,
+            "updates": None if self.updates is None else dataclasses.asdict(self.updates),
+            "labels": None if self.labels is None else dataclasses.asdict(self.labels),
+            "notes": list(self.notes), "text": self.text(),
+        }
+
+    def text(self) -> str:
+        """The statement in words: the mechanisms, the (epsilon, delta), the unit of privacy
+        and the assumptions."""
+        lines = [f"Privacy statement: {self.method} on {self.data}.", ""]
+        if not self.private:
+            lines += [
+                "No differential privacy is applied (algorithm.dp_clip_norm and "
+                "algorithm.label_dp_epsilon are unset): the server sees every participant's exact "
+                "model update and every client's exact label distribution.",
+            ]
+            lines += [f"Note: {n}" for n in self.notes]
+            return "\n".join(_wrapped(line) for line in lines) + "\n"
+        if self.updates is not None:
+            lines += _updates_text(self.updates) + [""]
+        else:
+            lines += ["DP on model updates: not applied (algorithm.dp_clip_norm is unset); the "
+                      "server sees every participant's exact update.", ""]
+        if self.labels is not None:
+            lines += _labels_text(self.labels) + [""]
+        else:
+            lines += ["DP on label marginals: not applied; the server's weights read the exact "
+                      "S_i.", ""]
+        lines += ["Assumptions:"] + [f"* {a}" for a in self._assumptions()]
+        lines += [f"Note: {n}" for n in self.notes]
+        return "\n".join(_wrapped(line) for line in lines) + "\n"
+
+    def _assumptions(self) -> list[str]:
+        said = []
+        if self.updates is not None:
+            u = self.updates
+            if u.sampling == "poisson":
+                drawn = f"each client independently with probability {u.sampling_rate:g} a round."
+            elif u.sampling == "every_client":
+                drawn = "every training client takes part in every round."
+            else:
+                drawn = (f"{u.clients_per_round} of the {u.num_clients} uniformly at random "
+                         "without replacement, independently each round.")
+            said += [
+                "The guarantee covers every round's release (each round's noised aggregate, "
+                "hence every intermediate global model), not only the final model.",
+                "The weights alpha are public: the server computes them from the clients' sizes "
+                "and label distributions" + (" (their DP release)" if self.labels else "")
+                + " and T, and the noise is scaled to C max_i alpha_i"
+                + (" / q over every client (the fixed-denominator estimator)."
+                   if u.sampling == "poisson" else "."),
+                f"The clients are drawn as accounted: {drawn}",
+                "A client's whole data set is the unit: the epsilon bounds what the releases "
+                "tell about any one client, not per example.",
+            ]
+        if self.labels is not None:
+            said.append(
+                "Label DP is per training example (neighbouring data sets replace one example, "
+                "so n_i is public); each client releases its label counts once, before "
+                "training, and everything the server derives from them is post-processing."
+            )
+        if self.updates is not None and self.labels is not None:
+            said.append(
+                "The two guarantees are for different units, so no combined epsilon is "
+                "stated: at the client level, label DP's release is n_i x epsilon_S-DP for a "
+                "client of n_i examples only through group privacy (Laplace), and basic "
+                "composition adds that to the updates' epsilon."
+            )
+        said.append(
+            "This is a simulation on one machine: results.json (the experimenter's record, "
+            "not the server's) holds the exact label counts and per-run data."
+        )
+        return said
+
+
+_WIDTH = 96
+
+
+def _wrapped(line: str) -> str:
+    """A line of the statement wrapped at `_WIDTH` columns, continuation lines indented under
+    its text (a "  key:   value" line's value, a bullet's text)."""
+    if len(line) <= _WIDTH:
+        return line
+    if line.startswith("  ") and ":" in line:
+        head = line.index(":") + 1
+        indent = head + len(line[head:]) - len(line[head:].lstrip())
+    else:
+        indent = 2 if line.startswith("* ") else 0
+    return textwrap.fill(line, _WIDTH, subsequent_indent=" " * indent,
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _number(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def _updates_text(u: UpdatesPrivacy) -> list[str]:
+    clip = (f"clipped to L2 norm C = {u.clip_norm:g}" if u.clip_quantile is None else
+            f"clipped to C, starting at {u.clip_norm:g} and following the {u.clip_quantile:g} "
+            "quantile of the update norms (adaptive clipping; the clipped count is released "
+            f"within the same sigma, the updates' own multiplier is "
+            f"{_number(u.updates_noise_multiplier)})")
+    how = (f"calibrated to epsilon {u.target_epsilon:g} at delta {u.delta:g} over the run's "
+           f"{u.rounds} rounds" if u.calibrated else "given")
+    if u.target_epsilon is not None and not u.calibrated:
+        how += f", within the budget epsilon {u.target_epsilon:g}"
+    if u.sampling == "poisson":
+        sampling = (f"each of the {u.num_clients} training clients with probability "
+                    f"q = {u.sampling_rate:g} a round (Poisson sampling; {u.clients_per_round} "
+                    "lanes)")
+    elif u.sampling == "every_client":
+        sampling = f"all {u.num_clients} training clients every round"
+    else:
+        sampling = (f"{u.clients_per_round} of the {u.num_clients} training clients a round, "
+                    "drawn without replacement")
+    lines = [
+        "DP on model updates (user-level DP-FedAvg):",
+        f"  mechanism:    each participant's update {clip}; the weighted aggregate plus "
+        "N(0, (sigma C max_i alpha_i)^2) per coordinate",
+        f"  noise:        multiplier sigma = {_number(u.noise_multiplier)} ({how})",
+        f"  rounds:       {u.rounds}",
+        f"  clients:      {sampling}",
+    ]
+    if u.event is None:
+        lines += [
+            "  accounting:   none: sigma = 0 clips without noise",
+            f"  guarantee:    none (epsilon = inf at delta = {u.delta:g})",
+        ]
+        return lines
+    lines += [
+        f"  accounting:   dp-accounting's {u.accountant.upper()} accountant, neighbouring "
+        f"federations differ by {_RELATIONS.get(u.neighbouring, u.neighbouring)} "
+        f"({u.neighbouring}); the event {u.event}",
+        f"  unit:         one client's whole data set (user-level)",
+        f"  guarantee:    (epsilon, delta) = ({_number(u.epsilon)}, {u.delta:g}) over "
+        f"{u.rounds} rounds",
+    ]
+    return lines
+
+
+def _labels_text(l: LabelPrivacy) -> list[str]:
+    if l.mechanism == "laplace":
+        mechanism = (f"Laplace noise of scale {l.noise_std / math.sqrt(2):.4g} (std "
+                     f"{l.noise_std:.4g}) on each of the K label counts")
+        guarantee = f"epsilon = {l.epsilon:g} (pure epsilon-DP)"
+    else:
+        mechanism = (f"Gaussian noise of std {l.noise_std:.4g} (the analytic calibration) on "
+                     "each of the K label counts")
+        guarantee = f"(epsilon, delta) = ({l.epsilon:g}, {l.delta:g})"
+    return [
+        "DP on label marginals (the clients' S_i(Y), released once before training):",
+        f"  mechanism:    {mechanism}; projected onto the simplex",
+        "  unit:         one training example (neighbours replace one example: L1 "
+        "sensitivity 2, L2 sqrt(2))",
+        f"  guarantee:    {guarantee} per example, for the whole federation's release "
+        "(parallel composition: each client releases once)",
+    ]
+
+
+def _settings(name: str, algorithm: Any) -> Any:
+    """The feature's hyperparameters in the resolved section, as the run's task reads them
+    (None: off)."""
+    (feature,) = [f for f in registry.registered_features() if f.name == name]
+    return feature.settings(algorithm)
+
+
+def _updates(algorithm: Any, training: Any, num_clients: int) -> UpdatesPrivacy | None:
+    hp = _settings("dp_updates", algorithm)
+    if hp is None:
+        return None
+    rate = training.client_fraction if training.client_sampling == "poisson" else None
+    per_round = int(min(training.clients_per_round or num_clients, num_clients))
+    rounds = int(training.rounds)
+    # The training's own calibration and accounting (`budget` of the built task).
+    spent = private_updates.budget_for(hp, num_clients, per_round, rounds, sampling_rate=rate)
+    sigma = spent.noise_multiplier
+    updates_sigma = sigma
+    if hp.dp_clip_quantile is not None:
+        updates_sigma = private_updates.updates_noise_multiplier(
+            sigma, private_updates.COUNT_STD_PER_PARTICIPANT * per_round)
+    event = relation = None
+    if sigma > 0:
+        dp_event, dp_relation = accounting.updates_dp_event(
+            sigma, rounds, num_clients=num_clients, clients_per_round=per_round,
+            sampling_rate=rate)
+        event, relation = str(dp_event), dp_relation.name
+    sampling = ("poisson" if rate is not None else
+                "every_client" if per_round == num_clients else "without_replacement")
+    return UpdatesPrivacy(
+        clip_norm=float(hp.dp_clip_norm), clip_quantile=hp.dp_clip_quantile,
+        noise_multiplier=float(sigma), updates_noise_multiplier=float(updates_sigma),
+        calibrated=spent.calibrated, target_epsilon=hp.dp_target_epsilon, delta=spent.delta,
+        rounds=rounds, num_clients=num_clients, clients_per_round=per_round, sampling=sampling,
+        sampling_rate=rate, accountant=_ACCOUNTANT, neighbouring=relation, event=event,
+        epsilon=float(spent.epsilon(rounds)),
+    )
+
+
+def _labels(algorithm: Any) -> LabelPrivacy | None:
+    hp = _settings("label_dp", algorithm)
+    if hp is None:
+        return None
+    epsilon, mechanism, delta = hp.label_dp_epsilon, hp.label_dp_mechanism, hp.label_dp_delta
+    scale = privacy.noise_scale(epsilon, mechanism, delta=delta)
+    std = math.sqrt(2.0) * scale if mechanism == "laplace" else scale
+    return LabelPrivacy(float(epsilon), delta, mechanism, float(std))
+
+
+def privacy_statement(config: Any) -> PrivacyStatement:
+    """What a run of `config` guarantees, without training (module docstring).
+
+    The noise multiplier (given, or calibrated to `algorithm.dp_target_epsilon` exactly as the
+    run calibrates it) and the epsilon come from the same accountant function the training
+    calls (`private_updates.budget_for`, `fedjax_pals.accounting`), so they equal the run's
+    results.json `dp_noise_multiplier` and `dp_epsilon`. The config is validated and resolved
+    (`resolve_config`); no data is loaded, no model built.
+
+    Args:
+      config: a run's config (a ConfigDict, a mapping laid over `default_config()`, or a
+        `ResolvedConfig`); not a sweep's.
+
+    Returns:
+      A `PrivacyStatement`; `.text()` says it in words, `.as_dict()` as data, `.private` is
+      False for a config without DP.
+
+    Raises:
+      ConfigError: a bad config, one whose budget no noise multiplier meets, or a sweep's.
+    """
+    given = {} if isinstance(config, ResolvedConfig) else as_dict(config)
+    resolved = resolve_config(config)
+    c = resolved.config
+    num_clients = int(c.partition.num_clients) - 1  # the last client is the target
+    data = f"{dataset_label(c.dataset.name)}, {num_clients} training clients"
+    notes = []
+    asked = (given.get("algorithm") or {}).get("label_dp_epsilon")
+    if asked is not None and c.algorithm.label_dp_epsilon is None:
+        notes.append(
+            f"algorithm.label_dp_epsilon={asked!r} is set, but {resolved.label}'s server weights "
+            "read no label distribution: nothing is released, and the key has no effect."
+        )
+    return PrivacyStatement(
+        method=resolved.label, data=data, updates=_updates(c.algorithm, c.training, num_clients),
+        labels=_labels(c.algorithm), notes=tuple(notes),
+    )
