@@ -8,6 +8,8 @@ import tomllib
 
 import pytest
 
+from experiments import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
@@ -80,6 +82,7 @@ def test_every_console_script_names_the_entry_function_of_a_main():
                    for node in tree.body), name
         # Named after its module: fedjax-pals-unknown-target-report, -benchmark-solve-time.
         assert name == "fedjax-pals-" + main.replace("benchmarks.", "benchmark-").replace("_", "-")
+        assert cli.script_name(main) == name  # what the hints name (cli.command_for)
 
 
 def test_one_version_in_pyproject_the_package_and_the_changelog_s_newest_entry():
@@ -88,7 +91,7 @@ def test_one_version_in_pyproject_the_package_and_the_changelog_s_newest_entry()
     import fedjax_pals as fjp
 
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
-        newest = re.search(r"^## (\d+\.\d+\.\d+)\b", f.read(), re.M).group(1)
+        newest = re.search(r"^## \[(\d+\.\d+\.\d+)\] - ", f.read(), re.M).group(1)
     assert _pyproject()["project"]["version"] == fjp.__version__ == newest
 
 
