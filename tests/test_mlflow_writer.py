@@ -49,6 +49,13 @@ CONFIG = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_variables_unset(monkeypatch):
+    """A user's own MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME would change these tests."""
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_a_missing_mlflow_is_one_error_naming_the_extra(tmp_path, monkeypatch):
     _without_mlflow(monkeypatch)
     with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
@@ -66,6 +73,60 @@ def test_a_missing_mlflow_stops_the_run_before_its_workdir_or_data(tmp_path, mon
     with pytest.raises(mlflow_writer.MlflowError, match=r"fedjax_pals\[mlflow\]"):
         fjp.train_and_evaluate(CONFIG, str(workdir), quiet=True, mlflow_tracking_uri="http://x")
     assert not workdir.exists()
+
+
+def test_mlflows_variables_apply_where_the_run_sets_nothing_and_given_values_win(monkeypatch):
+    assert mlflow_writer.tracking_uri(None) is None
+    assert mlflow_writer.experiment_name(None) == mlflow_writer.DEFAULT_EXPERIMENT == "fedjax_pals"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from_env")
+    assert mlflow_writer.tracking_uri(None) == "http://env:5000"
+    assert mlflow_writer.experiment_name(None) == "from_env"
+    assert mlflow_writer.tracking_uri("http://given:5000") == "http://given:5000"
+    assert mlflow_writer.experiment_name("given") == "given"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # set but empty: not set
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "")
+    assert mlflow_writer.tracking_uri(None) is None
+    assert mlflow_writer.experiment_name(None) == "fedjax_pals"
+
+
+def test_an_mlflow_tracking_uri_variable_turns_mlflow_on_and_is_named_in_its_errors(
+    tmp_path, monkeypatch
+):
+    _without_mlflow(monkeypatch)
+    _no_task_is_built(monkeypatch)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:5000")
+    message = (r"MLFLOW_TRACKING_URI='http://env:5000' \(from the environment\) needs MLflow, "
+               r"which is not installed: .*fedjax_pals\[mlflow\].*or unset MLFLOW_TRACKING_URI")
+    with pytest.raises(mlflow_writer.MlflowError, match=message):
+        fjp.experiment.MetricWriter(str(tmp_path / "w"))
+    workdir = tmp_path / "run"
+    with pytest.raises(mlflow_writer.MlflowError, match=message):
+        fjp.train_and_evaluate(CONFIG, str(workdir), quiet=True)
+    assert not workdir.exists()  # checked before the workdir and the data, as a given URI
+    # A URI given wins: its name in the error, not the variable's.
+    with pytest.raises(mlflow_writer.MlflowError, match=r"^mlflow_tracking_uri='http://x' needs"):
+        fjp.experiment.MetricWriter(str(tmp_path / "w"), mlflow_tracking_uri="http://x")
+
+
+def test_mlflows_variables_name_the_store_and_experiment_of_a_run(tmp_path, monkeypatch):
+    mlflow = _mlflow()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    env_uri, given_uri = (tmp_path / "env").as_uri(), (tmp_path / "given").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "env_experiment")
+    fjp.experiment.MetricWriter(str(tmp_path / "a")).close()  # both from the environment
+    fjp.experiment.MetricWriter(str(tmp_path / "b"), mlflow_experiment="given").close()
+    fjp.experiment.MetricWriter(str(tmp_path / "c"), mlflow_tracking_uri=given_uri).close()
+
+    def runs(uri):
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        return sorted((e.name, os.path.basename(r.data.tags[mlflow_writer.WORKDIR_TAG]))
+                      for e in client.search_experiments()
+                      for r in client.search_runs([e.experiment_id]))
+
+    assert runs(env_uri) == [("env_experiment", "a"), ("given", "b")]
+    assert runs(given_uri) == [("env_experiment", "c")]
 
 
 def _refused_uri() -> str:

@@ -7,13 +7,21 @@ and inf included), and at the end of the run its results.json, curves.png and hp
 artifacts. Histograms (alpha) stay in TensorBoard: MLflow has no histogram type.
 
 One MLflow run per workdir, in the experiment `fedjax_pals` unless named otherwise
-(`--mlflow_experiment`). The run is named short: a sweep's run by its key in the sweep
-(`fedpals/seed_0`), a single run by its workdir's name; it is found again by its tag
-`fedjax_pals.workdir` (the absolute path), so a resumed or extended run logs into the run it
-started, renamed if an earlier version named it by that path. MLflow params cannot change: an
-extended run's new `training.rounds` is the tag `fedjax_pals.now.training.rounds`. MLflow keeps
-every value logged, so the rounds a resumed run re-does after its last checkpoint appear twice
-at their step (TensorBoard and metrics.jsonl drop the first copy; MLflow cannot).
+(`--mlflow_experiment`, or MLflow's variable `MLFLOW_EXPERIMENT_NAME`). The run is named short:
+a sweep's run by its key in the sweep (`fedpals/seed_0`), a single run by its workdir's name;
+it is found again by its tag `fedjax_pals.workdir` (the absolute path), so a resumed or
+extended run logs into the run it started, renamed if an earlier version named it by that
+path. MLflow params cannot change: an extended run's new `training.rounds` is the tag
+`fedjax_pals.now.training.rounds`. MLflow keeps every value logged, so the rounds a resumed
+run re-does after its last checkpoint appear twice at their step (TensorBoard and
+metrics.jsonl drop the first copy; MLflow cannot).
+
+MLflow's environment variables are honoured where the run's own setting is not given: with
+no `--mlflow_tracking_uri` (`mlflow_tracking_uri=None`), a non-empty `MLFLOW_TRACKING_URI`
+turns the MLflow copy on and names the store; with no `--mlflow_experiment`
+(`mlflow_experiment=None`), a non-empty `MLFLOW_EXPERIMENT_NAME` names the experiment. A value
+given to the launcher or the function wins over the variable (`tracking_uri`,
+`experiment_name`).
 
 The URI is MLflow's: `file:///abs/mlruns` (MLflow 3 refuses its file store unless
 MLFLOW_ALLOW_FILE_STORE=true is set), `sqlite:///mlflow.db` (the full `mlflow` package),
@@ -36,6 +44,9 @@ from typing import Any, Iterator, Mapping
 
 WORKDIR_TAG = "fedjax_pals.workdir"
 DEFAULT_EXPERIMENT = "fedjax_pals"
+# MLflow's own variables, read where the run does not set the value itself.
+TRACKING_URI_VARIABLE = "MLFLOW_TRACKING_URI"
+EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
 
 # MLflow's request settings while the store is opened (see the module docstring).
 CONNECT_SETTINGS = {
@@ -49,17 +60,45 @@ class MlflowError(RuntimeError):
     """MLflow is not installed, or its tracking store cannot be reached or refuses the run."""
 
 
-def _import_mlflow(uri: Any):
+def tracking_uri(uri: str | None) -> str | None:
+    """The tracking store a run logs to: `uri` where given (`--mlflow_tracking_uri`, the
+    `mlflow_tracking_uri` argument), else `$MLFLOW_TRACKING_URI` where set and non-empty, else
+    None: no MLflow. The given value wins over the variable."""
+    if uri is not None:
+        return uri
+    return os.environ.get(TRACKING_URI_VARIABLE) or None
+
+
+def experiment_name(experiment: str | None) -> str:
+    """The MLflow experiment a run logs into: `experiment` where given (`--mlflow_experiment`,
+    the `mlflow_experiment` argument), else `$MLFLOW_EXPERIMENT_NAME` where set and non-empty,
+    else `DEFAULT_EXPERIMENT` ("fedjax_pals"). The given value wins over the variable."""
+    if experiment is not None:
+        return experiment
+    return os.environ.get(EXPERIMENT_VARIABLE) or DEFAULT_EXPERIMENT
+
+
+def _import_mlflow(given: Any):
+    """MLflow and the URI: `given`, or $MLFLOW_TRACKING_URI where `given` is None; the errors
+    name where the URI came from."""
+    uri = tracking_uri(given)
+    where = (f"mlflow_tracking_uri={uri!r}" if given is not None
+             else f"{TRACKING_URI_VARIABLE}={uri!r} (from the environment)")
+    unset = "leave the URI unset" if given is not None else f"unset {TRACKING_URI_VARIABLE}"
+    if given is None and uri is None:
+        raise MlflowError(
+            f"no MLflow tracking store: give mlflow_tracking_uri, or set {TRACKING_URI_VARIABLE}."
+        )
     if not isinstance(uri, str) or not uri:
         raise MlflowError(f"mlflow_tracking_uri must be a non-empty string, got {uri!r}.")
     try:
         import mlflow
     except ImportError as error:
         raise MlflowError(
-            f"mlflow_tracking_uri={uri!r} needs MLflow, which is not installed: "
-            'pip install "fedjax_pals[mlflow]" (mlflow-skinny), or leave the URI unset.'
+            f"{where} needs MLflow, which is not installed: "
+            f'pip install "fedjax_pals[mlflow]" (mlflow-skinny), or {unset}.'
         ) from error
-    return mlflow
+    return mlflow, uri
 
 
 @contextlib.contextmanager
@@ -95,26 +134,32 @@ def _store_errors(mlflow, uri: str, doing: str) -> Iterator[None]:
         ) from error
 
 
-def check_store(uri: str) -> None:
+def check_store(uri: str | None) -> None:
     """Raises `MlflowError` (one line) unless MLflow is installed and the tracking store at
-    `uri` answers; bounded in time (module docstring). Creates nothing in the store."""
-    mlflow = _import_mlflow(uri)
+    `uri` (None: `$MLFLOW_TRACKING_URI`, `tracking_uri`) answers; bounded in time (module
+    docstring). Creates nothing in the store."""
+    mlflow, uri = _import_mlflow(uri)
     with _store_errors(mlflow, uri, "cannot be reached"):
         mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 class MlflowWriter:
-    """Logs params and scalars of the run in `workdir` to the MLflow tracking store at `uri`."""
+    """Logs params and scalars of the run in `workdir` to the MLflow tracking store at `uri`,
+    in the MLflow experiment `experiment`. None for either: MLflow's variable
+    (`MLFLOW_TRACKING_URI`, `MLFLOW_EXPERIMENT_NAME`) where set, else no store (an error) and
+    the experiment `fedjax_pals`; a value given wins over the variable."""
 
     def __init__(
         self,
-        uri: str,
+        uri: str | None,
         workdir: str,
         *,
-        experiment: str = DEFAULT_EXPERIMENT,
+        experiment: str | None = None,
         run_name: str | None = None,
     ):
-        mlflow = _import_mlflow(uri)
+        mlflow, uri = _import_mlflow(uri)
+        experiment = experiment_name(experiment)
+        self.uri, self.experiment = uri, experiment
         if not isinstance(experiment, str) or not experiment:
             raise MlflowError(
                 f"the MLflow experiment must be a non-empty name, got {experiment!r}."

@@ -47,7 +47,7 @@ from typing import Any, Mapping, Sequence
 
 from fedjax_pals.data import registered_datasets
 from fedjax_pals.experiment import config as config_lib
-from fedjax_pals.experiment import locks, mlflow_writer
+from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import sweep as sweep_lib
 from fedjax_pals.experiment.train import (
     MAX_RUNS_PER_PROGRAM,
@@ -504,7 +504,7 @@ def run_shard(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     reshard: bool = False,
 ) -> dict[str, Any]:
     """Runs shard `shard` ("i/N", "auto" or a Shard) of the sweep `config` in `workdir`.

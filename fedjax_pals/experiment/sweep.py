@@ -545,7 +545,7 @@ def execute_runs(
     overwrite: bool = False,
     names: Sequence[str] | None = None,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
     skipped: int = 0,
 ) -> list[dict | BaseException]:
@@ -567,8 +567,10 @@ def execute_runs(
       names: labels of the runs for the progress bar and names of their MLflow runs
         (default: the workdirs' names).
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
-        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None: no MLflow.
-      mlflow_experiment: the MLflow experiment of those runs.
+        (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir). None:
+        `$MLFLOW_TRACKING_URI` where set, else no MLflow.
+      mlflow_experiment: the MLflow experiment of those runs (None: `$MLFLOW_EXPERIMENT_NAME`
+        where set, else `fedjax_pals`).
       on_done: called with (index, outcome) as each run ends (after its error.txt is written).
       skipped: runs of the same sweep already finished, not among `configs`: said in one line
         at the start, and counted in the progress ([k/N] of all the sweep's runs).
@@ -698,7 +700,7 @@ def execute_sweep_runs(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     on_status: Callable[[str, str, str | None], None] | None = None,
 ) -> tuple[dict[str, str], dict[str, str], dict[int, Mapping[str, Any]]]:
     """Runs each of `runs` not finished yet (`previous[i]`: its results.json so far).
@@ -821,7 +823,7 @@ def run_sweep(
     quiet: bool = False,
     overwrite: bool = False,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = train_lib.mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     reshard: bool = False,
 ) -> dict[str, Any]:
     """Runs every run of the sweep `config` in `<workdir>/runs/<name>/`, then the protocol.

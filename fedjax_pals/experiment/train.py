@@ -28,6 +28,7 @@ import numpy as np
 from absl import logging
 
 from fedjax_pals.algorithms.base import state_mismatch
+from fedjax_pals.data.datasets import dataset_label
 from fedjax_pals.engine import resolve_backend
 from fedjax_pals.experiment import diskspace, mlflow_writer
 from fedjax_pals.experiment.config import (
@@ -189,7 +190,7 @@ class _PreparedRun:
         self.config = resolved.config
         self.main = main = is_main_process()
         quiet = quiet or not main
-        if main and mlflow_tracking_uri is not None:
+        if main and mlflow_writer.tracking_uri(mlflow_tracking_uri) is not None:
             # Before the workdir is made and the data read: a missing MLflow or an unreachable
             # store is one line in seconds, not after the loading (or minutes of retries).
             mlflow_writer.check_store(mlflow_tracking_uri)
@@ -221,6 +222,10 @@ class _PreparedRun:
             rounds = self.config.training.rounds
             self.method = resolved.method  # as a sweep names it ("fedprox_fedpals")
             self.title = f"{resolved.label} on {task.partition.description}"
+            # The figures' title names the data set too (the description may already).
+            data = dataset_label(self.config.dataset.name)
+            self.figure_title = (self.title if data.lower() in self.title.lower()
+                                 else f"{data}: {self.title}")
             previous = _read_results(wd.file(RESULTS_FILE)) if start_round else None
             segments, engine_warning = engine_segments(previous, start_round, self.backend)
             if engine_warning and main:
@@ -455,13 +460,13 @@ class _PreparedRun:
             if self.main:
                 write_json(self.workdir.file(RESULTS_FILE), results)
                 plot_curves(
-                    self.workdir.file("curves.png"), {self.method: results}, self.title
+                    self.workdir.file("curves.png"), {self.method: results}, self.figure_title
                 )
                 figures = ["curves.png"]
                 if self.clients is not None:
                     plot_client_accuracy_cdf(
                         self.workdir.file(CLIENTS_FIGURE), self.clients.accuracies(),
-                        f"{self.title}: per-client test accuracy",
+                        f"{self.figure_title}: per-client test accuracy",
                         note=f"{len(self.clients.sizes)} clients, seed {self.config.seed}")
                     figures.append(CLIENTS_FIGURE)
                 # The run's files into its MLflow run (nothing without MLflow).
@@ -485,7 +490,7 @@ def train_and_evaluate(
     overwrite: bool = False,
     quiet: bool = False,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
 ) -> dict:
     """Trains and evaluates the run described by `config` in `workdir`; returns its results.
 
@@ -500,9 +505,10 @@ def train_and_evaluate(
       quiet: no progress bar and no log lines.
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store
         (`pip install "fedjax_pals[mlflow]"`; one MLflow run per workdir, named by the
-        workdir's name; results.json, curves.png and hparams.json its artifacts). None: no
-        MLflow.
-      mlflow_experiment: the MLflow experiment of that run.
+        workdir's name; results.json, curves.png and hparams.json its artifacts). None:
+        `$MLFLOW_TRACKING_URI` where set (MLflow's variable), else no MLflow.
+      mlflow_experiment: the MLflow experiment of that run (None: `$MLFLOW_EXPERIMENT_NAME`
+        where set, else `fedjax_pals`). A value given wins over MLflow's variable.
 
     Returns:
       The results (also in results.json): config (resolved), config_digest, dataset_source,
@@ -609,7 +615,7 @@ def train_and_evaluate_many(
     max_runs_per_program: int | None = None,
     on_done: Callable[[int, dict | BaseException], None] | None = None,
     mlflow_tracking_uri: str | None = None,
-    mlflow_experiment: str = mlflow_writer.DEFAULT_EXPERIMENT,
+    mlflow_experiment: str | None = None,
     run_names: Sequence[str] | None = None,
 ) -> list[dict | BaseException]:
     """`train_and_evaluate` of every (config, workdir), runs that share structure trained at once.

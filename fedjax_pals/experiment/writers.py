@@ -268,8 +268,10 @@ class MetricWriter:
       resume_step: when resuming from a checkpoint of round r, pass r to drop at once every
         logged step > r; without it the log is rewound at the first write (see module doc).
       mlflow_tracking_uri: also log params and scalars to this MLflow tracking store (one
-        MLflow run per logdir; `mlflow_writer.py`). None: no MLflow.
-      mlflow_experiment: the MLflow experiment of that run.
+        MLflow run per logdir; `mlflow_writer.py`). None: `$MLFLOW_TRACKING_URI` where set,
+        else no MLflow.
+      mlflow_experiment: the MLflow experiment of that run (None: `$MLFLOW_EXPERIMENT_NAME`
+        where set, else `fedjax_pals`).
       mlflow_run_name: the MLflow run's name (default: the logdir's name); the absolute logdir
         is its tag `fedjax_pals.workdir`, which finds the run again.
       record: called with the name of each file the writer creates in `logdir`, before it
@@ -309,9 +311,9 @@ class MetricWriter:
         self._changed_only = re.compile(changed_only) if changed_only else None
         if not self.enabled:
             return
-        if mlflow_tracking_uri is not None:
-            from fedjax_pals.experiment.mlflow_writer import MlflowWriter
+        from fedjax_pals.experiment.mlflow_writer import MlflowWriter, tracking_uri
 
+        if tracking_uri(mlflow_tracking_uri) is not None:  # given, or $MLFLOW_TRACKING_URI
             self._mlflow = MlflowWriter(
                 mlflow_tracking_uri,
                 self.logdir,
