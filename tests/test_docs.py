@@ -105,3 +105,33 @@ def test_the_readme_is_a_landing_page_with_one_figure():
     text = _text("README.md")
     assert len(text.splitlines()) <= 150
     assert len(re.findall(r"!\[[^\]]+\]\(docs/[^)]+\.png\)", text)) == 1
+
+
+# The API reference: docs/reference.md (the topics) and one page per topic under docs/reference/,
+# each public name one `::: fedjax_pals.<name>` entry.
+REFERENCE_PAGES = ["docs/reference.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "reference", "*.md")))
+ENTRY = re.compile(r"^:::\s*(\S+)", re.M)
+
+
+def test_the_api_reference_files_every_public_name_once_and_nothing_private():
+    import fedjax_pals
+
+    entries = [(page, name) for page in REFERENCE_PAGES for name in ENTRY.findall(_text(page))]
+    assert len(entries) >= 100, entries
+    whole = [f"{page}: {name}" for page, name in entries if not name.startswith("fedjax_pals.")]
+    assert not whole, f"an entry that is not one name of fedjax_pals (a whole module?): {whole}"
+    names = [name.split(".", 1)[1] for _, name in entries]
+    public = set(fedjax_pals.__all__)
+    unfiled = sorted(public - set(names))
+    assert not unfiled, (
+        f"public names (fedjax_pals.__all__) on no page of the API reference: {unfiled}; file "
+        "each as `::: fedjax_pals.<name>` under its topic in docs/reference/")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    assert not twice, f"names listed on more than one entry of the API reference: {twice}"
+    private = sorted({name for name in names if any(p.startswith("_") for p in name.split("."))})
+    assert not private, f"private names in the API reference: {private}"
+    extra = sorted(set(names) - public)
+    assert not extra, f"the API reference lists names that fedjax_pals.__all__ does not: {extra}"
+    assert set(REFERENCE_PAGES) <= set(DOC_PAGES), "a reference page is missing from the nav"
+
