@@ -135,3 +135,32 @@ def test_the_api_reference_files_every_public_name_once_and_nothing_private():
     assert not extra, f"the API reference lists names that fedjax_pals.__all__ does not: {extra}"
     assert set(REFERENCE_PAGES) <= set(DOC_PAGES), "a reference page is missing from the nav"
 
+
+def _nav_sections() -> dict[str, int]:
+    """Each section of mkdocs.yml's nav, and how many entries it holds directly."""
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        nav = f.read().split("\nnav:", 1)[1]
+    sections, stack = {}, []  # stack: (indent, title)
+    for line in nav.splitlines():
+        item = re.match(r"^(\s*)- (.*)$", line)
+        if not item:
+            continue
+        indent, text = len(item.group(1)), item.group(2).strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if stack:
+            sections[stack[-1][1]] += 1
+        if text.endswith(":"):
+            title = text[:-1].strip("\"'")
+            sections[title] = 0
+            stack.append((indent, title))
+    return sections
+
+
+def test_the_sidebar_groups_the_decisions_and_starts_with_getting_started():
+    sections = _nav_sections()
+    assert sections["Decisions"] <= 10, sections  # the index and the groups, not 100 pages
+    assert max(sections.values()) <= 30, sections
+    assert DOC_PAGES[1:3] == ["docs/index.md", "docs/getting_started.md"], DOC_PAGES[:4]
+    decisions = [p for p in DOC_PAGES if re.match(r"docs/decisions/\d{4}-", p)]
+    assert len(decisions) == len(set(decisions)) >= 90
