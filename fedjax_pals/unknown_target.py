@@ -107,8 +107,8 @@ class UnknownTarget(Hyperparameters):
     # state. The hold-out share changes the clients' data, so it is not.
     target_estimation: str | None = hyperparameter(
         None, kind="choice", choices=METHODS, optional=True,
-        doc="None (T known) | bbse_constrained (recommended) | mlls | bbse | bbse_soft | em: T "
-        "re-estimated as the run trains",
+        doc="None (T known) | bbse_constrained (recommended) | mlls | bbse | bbse_soft | em | "
+        "em_output_prior | mapls: T re-estimated as the run trains",
         per_run=True,
     )
     target_estimation_every: int | None = hyperparameter(
@@ -158,6 +158,14 @@ class UnknownTarget(Hyperparameters):
         "round 1, from its final model: one more run's client work)",
         per_run=True,
     )
+    # MAPLS' key; None (its adaptive prior learning) keeps every earlier run's digest.
+    target_estimation_concentration: float | None = hyperparameter(
+        None, kind="real", low=0.0, high=1e9, optional=True,
+        doc="mapls: the Dirichlet prior's concentration c = sum_k (alpha_k - 1) around the "
+        "uniform mean, in pseudo-examples against the target's n (0: EM's MLE); None: MAPLS' "
+        "adaptive prior learning chooses it from the data",
+        per_run=True,
+    )
     target_shrinkage: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point); "
@@ -181,7 +189,10 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
                 f"config.algorithm.{key} is None, but {facts.method.name} with "
                 "target_estimation needs it."
             )
-    return {key: value if estimates else None for key, value in values.items()}
+    resolved = {key: value if estimates else None for key, value in values.items()}
+    if estimator != "mapls":  # another estimator's key, as another method's: None
+        resolved["target_estimation_concentration"] = None
+    return resolved
 
 
 def _prepare(hp: UnknownTarget, context: registry.MethodContext) -> registry.MethodContext:
@@ -209,6 +220,7 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
             final=hp.target_estimation_model == "fedavg_pretrained",
         ),
         ensemble=hp.target_estimation_model == "fedavg_shadow_ensemble",
+        concentration=hp.target_estimation_concentration,
     )
 
 

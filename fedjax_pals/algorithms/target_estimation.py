@@ -59,12 +59,12 @@ from fedjax_pals.calibration import (
 from fedjax_pals.privacy import project_to_simplex
 from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
-METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior")
+METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior", "mapls")
 # How a run's header and the variants' labels name them.
 METHOD_LABELS = {
     "bbse": "BBSE", "bbse_soft": "soft BBSE", "em": "EM",
     "bbse_constrained": "constrained soft BBSE", "mlls": "BCTS + MLLS",
-    "em_output_prior": "EM (mean-output prior)",
+    "em_output_prior": "EM (mean-output prior)", "mapls": "MAPLS (MAP-EM, Dirichlet prior)",
 }
 # Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
 # squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
@@ -206,6 +206,112 @@ def em_label_dist(
     return estimate
 
 
+_ROUNDING_DIVERGENCE = 1e-12
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    """KL(p || q) in nats over the support of p (q > 0 there)."""
+    mask = p > 0
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+
+
+def _confidence(divergence: float, at_half: float) -> float:
+    """MAPLS' map from a divergence d >= 0 to [0, 1): gamma d / (1 + gamma d) with gamma chosen
+    so that d = 1/2 maps to `at_half`, i.e. at_half d / (at_half d + (1 - at_half) / 2)
+    (`lam_forward(d, lam_inv(0.5, at_half))` of the authors' code); 0 at d = 0, and so for a
+    d that is rounding error (< 1e-12; at at_half = 1 the map jumps from 0 to 1 at d = 0)."""
+    if divergence < _ROUNDING_DIVERGENCE:
+        return 0.0
+    numerator = at_half * divergence
+    denominator = numerator + (1.0 - at_half) / 2.0
+    return float(numerator / denominator) if denominator > 0 else 0.0
+
+
+def mapls_prior_weight(target_probs: Any, source_label_dist: Any, **em_options: Any) -> float:
+    """MAPLS' adaptive prior learning (APL): the weight lambda in (0, 1] of the data against the
+    Dirichlet prior, from how far the MLE of T (`em_label_dist`) lies from the prior's uniform
+    mean U and from the source prior S (Ye et al., WACV 2024; `get_lamda` in
+    github.com/ChangkunYe/MAPLS, label_shift/mapls.py):
+
+        c_SU = 1 - conf(KL(S || U), 0.2),   c_TU = conf(KL(T_mle || U), c_SU),
+        c_TS = conf(KL(T_mle || S), c_SU),  lambda = 0.9 c_TU + 0.1 (1 - c_TS),
+
+    conf as in `_confidence`. An MLE far from uniform gets a weak prior (lambda near 1); one
+    near uniform, a strong one. U, S and T are taken over the classes present in S."""
+    probs = _probs("target_probs", target_probs)
+    source = _validation.check_distribution("source_label_dist", source_label_dist)
+    support = source > 0
+    uniform = np.where(support, 1.0 / support.sum(), 0.0)
+    mle = em_label_dist(probs, source, **em_options)
+    su = _confidence(_kl(source, uniform), 0.2)
+    c_su = 1.0 - su
+    c_tu = _confidence(_kl(mle, uniform), c_su)
+    c_ts = _confidence(_kl(mle, source), c_su)
+    return 0.9 * c_tu + 0.1 * (1.0 - c_ts)
+
+
+def mapls_label_dist(
+    target_probs: Any, source_label_dist: Any, *, concentration: float | None = None,
+    max_iter: int = EM_DEFAULT_MAX_ITER, tol: float = EM_DEFAULT_TOL,
+) -> np.ndarray:
+    """T^ by MAPLS: the maximum a posteriori T under a Dirichlet prior, by EM (Ye, Tsuchida,
+    Petersson & Barnes, "Label Shift Estimation for Class-Imbalance Problem: A Bayesian
+    Approach", WACV 2024; the authors' code github.com/ChangkunYe/MAPLS, label_shift/mapls.py).
+
+    The prior is Dirichlet(alpha) on T over the K' classes present in S, alpha_k = 1 + c / K'
+    (mean uniform, as the authors' code sets it; c = sum_k (alpha_k - 1) the concentration in
+    pseudo-examples). Saerens et al.'s E-step is kept (`em_label_dist`) and the M-step becomes
+    the MAP update
+
+        T_k <- (sum_j p_T(k | x_j) + alpha_k - 1) / (n + sum_k alpha_k - K')
+             = lambda mean_j p_T(k | x_j) + (1 - lambda) / K',   lambda = n / (n + c),
+
+    whose fixed point maximises sum_j log sum_k T_k / S_k p_S(k | x_j) + sum_k (alpha_k - 1)
+    log T_k on the simplex (concave: the maximiser is unique for c > 0). c = 0 is EM's MLE;
+    c -> infinity keeps T at the uniform prior mean.
+
+    Args:
+      target_probs: (n, K) the model's posteriors p_S(y|x) on the unlabeled target data.
+      source_label_dist: (K,) the prior the posteriors were trained under; classes it lacks
+        are not identifiable and get T^ = 0 (the prior lives on its support).
+      concentration: c >= 0; None: MAPLS' adaptive prior learning (`mapls_prior_weight`)
+        chooses lambda, i.e. c = n (1 - lambda) / lambda.
+      max_iter, tol: the iteration budget and the stopping tolerance on max_k |dT_k|.
+
+    Returns:
+      (K,) float64 on the simplex.
+    """
+    probs = _probs("target_probs", target_probs)
+    source = _validation.check_distribution("source_label_dist", source_label_dist)
+    if source.shape[0] != probs.shape[1]:
+        raise ValueError(
+            f"source_label_dist has {source.shape[0]} classes, target_probs {probs.shape[1]}."
+        )
+    _validation.check_positive_int("max_iter", max_iter)
+    _validation.check_positive_float("tol", tol)
+    n = probs.shape[0]
+    if concentration is None:
+        weight = mapls_prior_weight(probs, source, max_iter=max_iter, tol=tol)
+    else:
+        concentration = _validation.check_nonnegative("concentration", concentration)
+        weight = n / (n + concentration)
+    support = source > 0
+    mean = np.where(support, 1.0 / support.sum(), 0.0)
+    base = np.where(support[None, :], probs / np.where(support, source, 1.0)[None, :], 0.0)
+    estimate = source.copy()
+    for _ in range(max_iter):
+        joint = base * estimate[None, :]
+        norm = joint.sum(axis=1, keepdims=True)
+        posterior = joint / np.where(norm > 0, norm, 1.0)
+        updated = weight * posterior.mean(axis=0) + (1.0 - weight) * mean
+        updated /= updated.sum()
+        converged = np.max(np.abs(updated - estimate)) < tol
+        estimate = updated
+        if converged:
+            break
+    return estimate
+
+
 class SourceStatistics(NamedTuple):
     """Per-class sums over labeled source data: all that the server needs from the clients'
     held-out shares (what secure aggregation of the clients' sums would give it).
@@ -326,10 +432,12 @@ def estimate_target_label_dist(
     target_probs: Any, *, method: str = "em", source_probs: Any = None,
     source_labels: Any = None, source_label_dist: Any = None,
     max_iter: int = EM_DEFAULT_MAX_ITER, tol: float = EM_DEFAULT_TOL, rho: float = DEFAULT_RHO,
+    concentration: float | None = None,
 ) -> np.ndarray:
     """T^(Y) from a model's outputs on unlabeled target data.
 
-    method "em" (Saerens et al., 2002; `em_label_dist`) needs `source_label_dist`, or
+    method "em" (Saerens et al., 2002; `em_label_dist`) and "mapls" (Ye et al., 2024;
+    `mapls_label_dist`, with `concentration`) need `source_label_dist`, or
     `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
     (Lipton et al., 2018; `bbse_label_dist`), "bbse_constrained"
     (`constrained_bbse_label_dist`, with `rho`), "mlls" (`mlls_label_dist`: pass
@@ -337,13 +445,16 @@ def estimate_target_label_dist(
     source prior taken as their mean on the source data, `mlls_label_dist` without the
     calibration) need `source_probs` and `source_labels`.
     """
-    if _method(method) == "em":
+    if _method(method) in ("em", "mapls"):
         if source_label_dist is None:
             if source_labels is None:
-                raise ValueError("method='em' needs source_label_dist (or source_labels).")
+                raise ValueError(f"method={method!r} needs source_label_dist (or source_labels).")
             k = np.asarray(target_probs).shape[-1]
             labels = np.asarray(source_labels)
             source_label_dist = np.bincount(labels, minlength=k) / labels.size
+        if method == "mapls":
+            return mapls_label_dist(target_probs, source_label_dist, concentration=concentration,
+                                    max_iter=max_iter, tol=tol)
         return em_label_dist(target_probs, source_label_dist, max_iter=max_iter, tol=tol)
     if source_probs is None or source_labels is None:
         raise ValueError(f"method={method!r} needs source_probs and source_labels.")
@@ -415,7 +526,8 @@ class TargetReestimation(registry.Monitor):
     (`estimate_target_label_dist`; default "bbse_constrained", ridge `rho`) estimates T^ from
     their softmax: "mlls" calibrated by bias-corrected temperature scaling fitted on the source
     data, "em" uncalibrated with the clients' pooled label distribution as the source prior
-    (the calibration's likelihood and gradient are per-class sums too).
+    (the calibration's likelihood and gradient are per-class sums too), "mapls" as "em" with
+    MAPLS' Dirichlet prior of `concentration` (None: its adaptive prior learning).
 
     The estimate is used when the model is ready (`readiness`: the soft confusion matrix's
     smallest singular value >= `gate_sigma_min` and every present class's recall >=
@@ -450,8 +562,13 @@ class TargetReestimation(registry.Monitor):
         truth: Any = None, rho: float = DEFAULT_RHO, gate_sigma_min: float | None = None,
         gate_min_recall: float | None = None, damping: float = 1.0, warmup: int = 0,
         shrinkage: float = 0.0, shadow: Any = None, ensemble: bool = False,
+        concentration: float | None = None,
     ):
         self.method = _method(method)
+        self.concentration = (
+            None if concentration is None
+            else _validation.check_nonnegative("concentration", concentration)
+        )
         self.truth = None if truth is None else np.asarray(truth, np.float64)
         self.every = _validation.check_positive_int("every", every)
         source_size = _validation.check_positive_int("source_size", source_size)
@@ -527,6 +644,7 @@ class TargetReestimation(registry.Monitor):
         estimate = estimate_target_label_dist(
             target_probs, method=self.method, source_probs=source_probs,
             source_labels=self.source_y, source_label_dist=self.source_prior, rho=self.rho,
+            concentration=self.concentration,
         )
         return estimate, stats, beta
 
