@@ -397,7 +397,7 @@ def _check_every_saved_figure(monkeypatch):
 
 
 # The demo's real comparison title: the one that ran off the figure's left edge.
-_DEMO_TITLE = "Fashion-MNIST C=3: 10 clients (incl. target), 4 rounds, E=1, 2 seed(s)"
+_DEMO_TITLE = "Fashion-MNIST C=3: 10 clients (incl. target), 4 rounds, E=1, 2 seeds"
 _ROW = {
     "row": "Fashion-MNIST C=3",
     "cells": {
@@ -612,3 +612,111 @@ def test_the_weights_figure_gives_each_lambda_a_colour_of_its_own(tmp_path, monk
         assert np.linalg.norm(colour - fedavg) > 25  # apart from FedAvg's dots
         for other in shown[i + 1 :]:
             assert np.linalg.norm(colour - other) > 25  # Delta E: clearly different colours
+
+
+# -- titles wrap at sensible points, the colour bar shows its gradient, curves keep their axis
+# (issue 57) -----------------------------------------------------------------------------------
+
+
+def _saved_figures(monkeypatch):
+    """Spies on savefig: per PNG file name, its Figure (drawn, so that the layout is done)."""
+    import matplotlib.figure
+
+    figures = {}
+    original = matplotlib.figure.Figure.savefig
+
+    def spy(self, path, *args, **kwargs):
+        result = original(self, path, *args, **kwargs)
+        if str(path).endswith(".png"):
+            figures[os.path.basename(str(path))] = self
+        return result
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    return figures
+
+
+def _balanced(line):
+    return line.count("(") == line.count(")")
+
+
+@pytest.mark.parametrize("width", range(20, 80, 3))
+def test_titles_never_break_inside_parentheses_nor_at_a_hyphen(width):
+    titles = [
+        _DEMO_TITLE,
+        "synthetic label shift delta=1 (App. C.4), 3 clients (2 train + target), seed 0: label "
+        "distributions and server weights",
+        "FedPALS on sparsity C=3 (1000 per label), 10 clients (9 train + target), seed 0",
+    ]
+    for title in titles:
+        lines = plots.wrap_title(title, width)
+        assert " ".join(lines) == title
+        assert all(_balanced(line) for line in lines), lines
+        assert not any(line.endswith("-") for line in lines), lines
+
+
+def test_a_title_breaks_after_its_phrases_when_that_costs_no_line():
+    assert plots.wrap_title(_DEMO_TITLE, 50) == [
+        "Fashion-MNIST C=3: 10 clients (incl. target),", "4 rounds, E=1, 2 seeds"]
+    assert plots.wrap_title("short", 50) == ["short"]
+
+
+def test_the_comparison_title_keeps_its_parentheses_whole_and_counts_seeds(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from fedjax_pals.experiment import sweep
+
+    figures = _saved_figures(monkeypatch)
+    plots.plot_comparison(tmp_path / "c.png", [_ROW], _DEMO_TITLE)
+    shown = figures["c.png"]._suptitle.get_text().split("\n")
+    assert len(shown) == 2 and all(_balanced(line) for line in shown), shown
+    assert "(incl. target)" in "\n".join(shown)
+    # The sweep's title counts its seeds in words: "1 seed", "3 seeds", never "seed(s)".
+    run = SimpleNamespace(resolved={"partition": {"num_clients": 10},
+                                    "training": {"rounds": 4, "local_epochs": 1}})
+    for seeds, words in (((0,), "1 seed"), ((0, 1, 2), "3 seeds")):
+        title = sweep._title([run], {"row_label": "Fashion-MNIST C=3", "seeds": seeds})
+        assert title == f"Fashion-MNIST C=3: 10 clients (incl. target), 4 rounds, E=1, {words}"
+
+
+@pytest.mark.parametrize("num_clients", [2, 9, 60])
+def test_the_label_distribution_colour_bar_is_a_full_height_gradient(
+    tmp_path, monkeypatch, num_clients
+):
+    figures = _saved_figures(monkeypatch)
+    rng = np.random.default_rng(num_clients)
+    dists = rng.dirichlet(np.ones(3), num_clients)
+    alphas = {"FedPALS": np.full(num_clients, 1 / num_clients)}
+    plots.plot_label_distributions(tmp_path / "h.png", dists, [0.0, 0.5, 0.5], alphas)
+    fig = figures["h.png"]
+    heat = fig.axes[0]
+    (bar,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    inches = lambda box: (box.width / fig.dpi, box.height / fig.dpi)
+    bar_width, bar_height = inches(bar.get_window_extent())
+    # A bar, not a sliver (the 2-client figure's was 0.06 x 0.4 inch): wide enough to see the
+    # colours, as tall as the rows (less its extension triangle below).
+    assert bar_width >= 0.12, bar_width
+    assert bar_height >= 0.85 * inches(heat.get_window_extent())[1]
+    # Its colours run over every share in (0, 1], 0 below them (white).
+    mappable = heat.images[0]
+    assert mappable.norm.vmin <= 1e-6 and mappable.norm.vmax == 1.0
+    colours = mappable.to_rgba(np.linspace(0.01, 1.0, 5))[:, :3]
+    assert np.linalg.norm(colours[0] - colours[-1]) > 0.8  # a gradient, not one colour
+
+
+def test_curves_keep_a_fixed_accuracy_axis(tmp_path, monkeypatch):
+    figures = _saved_figures(monkeypatch)
+    close = {"rounds": [1, 2, 3], "target_accuracy": [0.91, 0.912, 0.915]}
+    plots.plot_curves(tmp_path / "c.png", {"fedpals": close}, "t")
+    assert figures["c.png"].axes[0].get_ylim() == (0.0, 100.0)  # not zoomed onto 91-92 %
+    plots.plot_curves(tmp_path / "z.png", {"fedpals": close}, "t", y_range=None)
+    low, high = figures["z.png"].axes[0].get_ylim()
+    assert 85 < low and high < 95
+
+
+def test_a_runs_figure_title_names_its_data_set():
+    title = "FedPALS on sparsity C=3 (1000 per label), 10 clients (9 train + target), seed 0"
+    assert plots.with_dataset(title, "Fashion-MNIST") == f"Fashion-MNIST: {title}"
+    synthetic = "FedPALS on synthetic label shift delta=1 (App. C.4), 3 clients, seed 0"
+    assert plots.with_dataset(synthetic, "Synthetic") == synthetic

@@ -481,6 +481,16 @@ def test_the_reported_projection_distance_is_that_of_the_s_the_weights_are_solve
     assert f"d(T,S)={private_d:.4g} (S: label DP's release)," in header, header
 
 
+def test_a_runs_curves_figure_is_titled_with_its_data_set(tmp_path, monkeypatch):
+    titles = []
+    monkeypatch.setattr(train_lib, "plot_curves", lambda path, curves, title: titles.append(title))
+    # The synthetic task's description names it already; under another label the title says it.
+    monkeypatch.setattr(train_lib, "dataset_label", lambda name: "Gaussian blobs")
+    fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path), quiet=True)
+    (title,) = titles
+    assert title.startswith("Gaussian blobs: FedPALS on synthetic label shift"), title
+
+
 def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monkeypatch):
     # 3 epsilons x 1 seed (and the exact S, another program: its state holds no release).
     configs = [_dp_config(epsilon) for epsilon in (1.0, 0.1, 0.01, None)]

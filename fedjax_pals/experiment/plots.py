@@ -197,16 +197,54 @@ def _figure(figsize, **kwargs):
     return _pyplot().subplots(figsize=figsize, layout="constrained", **kwargs)
 
 
+# A space that does not break a title's line while it is wrapped (restored to a space after).
+_GLUE = "\u00a0"
+
+
+def _glued(title: str, phrases: bool) -> str:
+    """`title` with the spaces inside parentheses glued, and with `phrases` every space but
+    those after a ",", ":" or ";" too."""
+    depth, out = 0, []
+    for i, char in enumerate(title):
+        depth = depth + (char == "(") - (char == ")" and depth > 0)
+        breaks = depth == 0 and (not phrases or (i > 0 and title[i - 1] in ",:;"))
+        out.append(_GLUE if char == " " and not breaks else char)
+    return "".join(out)
+
+
+def wrap_title(title: str, width: int) -> list[str]:
+    """A title's lines of about `width` characters at most, broken at sensible points: after a
+    ",", ":" or ";" when that takes no more lines than breaking between words does, else
+    between words, but never inside parentheses ("(incl. target)" stays whole), at a hyphen
+    ("Fashion-MNIST") or inside a word (a longer unbreakable piece keeps its own line); of
+    even length (no lone last word): the narrowest wrap with as few lines."""
+
+    def wrap(text: str, w: int) -> list[str]:
+        return textwrap.wrap(text, w, break_on_hyphens=False, break_long_words=False)
+
+    title = str(title)
+    words, phrases = _glued(title, False), _glued(title, True)
+    text = phrases if len(wrap(phrases, width)) <= len(wrap(words, width)) else words
+    lines = wrap(text, width)
+    while len(lines) > 1 and width > 20 and len(wrap(text, width - 1)) <= len(lines):
+        width -= 1
+    return [line.replace(_GLUE, " ") for line in wrap(text, width)]
+
+
+def with_dataset(title: str, dataset: str) -> str:
+    """A run's figure title that names its data set: "Fashion-MNIST: FedPALS on sparsity C=3
+    ..."; `title` as it is when it names the data set already (any case: "synthetic label
+    shift ..." for "Synthetic")."""
+    title, dataset = str(title), str(dataset)
+    return title if dataset.lower() in title.lower() else f"{dataset}: {title}"
+
+
 def _title(fig, title: str, fontsize: float = 10) -> None:
     """The figure's title, centred on the figure and wrapped to its width (a title centred on
-    a narrow axes with a legend beside it would run off the figure's left edge)."""
+    a narrow axes with a legend beside it would run off the figure's left edge): `wrap_title`."""
     # DejaVu Sans averages about 0.55 em a character: 0.62 em leaves a margin.
     width = max(20, int(fig.get_figwidth() * 72 / (0.62 * fontsize)) - 2)
-    lines = textwrap.wrap(str(title), width)
-    # Lines of even length (no lone last word): the narrowest wrap with as few lines.
-    while len(lines) > 1 and width > 20 and len(textwrap.wrap(str(title), width - 1)) <= len(lines):
-        width -= 1
-    fig.suptitle("\n".join(textwrap.wrap(str(title), width)), fontsize=fontsize)
+    fig.suptitle("\n".join(wrap_title(title, width)), fontsize=fontsize)
 
 
 # A legend beside the axes, right of them.
@@ -254,8 +292,17 @@ def file_stems(texts: Sequence[str]) -> dict[str, str]:
     return stems
 
 
-def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) -> None:
+def plot_curves(
+    path: str,
+    curves: Mapping[str, Mapping[str, Any]],
+    title: str,
+    *,
+    y_range: tuple[float, float] | None = (0.0, 100.0),
+) -> None:
     """Target accuracy per round: test solid, validation dotted, one colour per curve.
+
+    The accuracy axis is fixed at `y_range` (%, default 0 to 100), so curves of different runs
+    compare by eye and a change of a point does not fill the figure; None fits it to the data.
 
     Args:
       curves: label -> {"rounds": [r...], "target_accuracy": ..., "val_accuracy": ...}; each
@@ -301,6 +348,8 @@ def plot_curves(path: str, curves: Mapping[str, Mapping[str, Any]], title: str) 
 
         handles.append(Patch(color="gray", alpha=0.3, label=f"band: {_seeds_note(seeds)}"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y_range is not None:
+        ax.set_ylim(*y_range)
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     _finish(fig, ax, path, title, handles=handles, fontsize=8, **_BESIDE)
@@ -670,7 +719,12 @@ def plot_label_distributions(
                 if value >= 0.005:
                     shade = "white" if value < 0.6 else "black"
                     ax_heat.text(k, r, f"{value:.2f}", color=shade, **centred)
-    bar = fig.colorbar(image, ax=ax_heat, fraction=0.025, aspect=35, pad=0.01, extend="min")
+    # A bar as tall as the rows and about 0.16 inch wide, whatever the number of clients: its
+    # aspect is the rows' height (the figure's less about 1.1 inch of title and ticks) over that
+    # width; `fraction` only caps the width. (A fixed aspect of 35 drew the 2-client figure's
+    # bar as a 0.06 x 0.4 inch sliver in which no gradient showed.)
+    aspect = max(4.0, (height - 1.1) / 0.16)
+    bar = fig.colorbar(image, ax=ax_heat, fraction=0.1, aspect=aspect, pad=0.01, extend="min")
     bar.set_label("P(Y = class); white: 0", fontsize=8)
     ax_heat.set_title("label distributions S_i(Y) and T(Y)", fontsize=9)
     width = 0.8 / len(alphas)

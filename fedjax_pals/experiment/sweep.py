@@ -914,7 +914,7 @@ def _title(runs: Sequence[SweepRun], sweep: Mapping[str, Any]) -> str:
     return (
         f"{sweep['row_label']}: {values('partition', 'num_clients')} clients (incl. target), "
         f"{values('training', 'rounds')} rounds, E={values('training', 'local_epochs')}, "
-        f"{len(sweep['seeds'])} seed(s)"
+        f"{len(sweep['seeds'])} seed{'s' * (len(sweep['seeds']) != 1)}"
     )
 
 

@@ -41,7 +41,7 @@ from fedjax_pals.experiment.config import (
 )
 from fedjax_pals.experiment.engine_record import engine_segments
 from fedjax_pals.experiment.per_client import PerClientRecord, personalize
-from fedjax_pals.experiment.plots import plot_client_accuracy_cdf, plot_curves
+from fedjax_pals.experiment.plots import plot_client_accuracy_cdf, plot_curves, with_dataset
 from fedjax_pals.experiment.interruption import ACTIVITY, uninterrupted
 from fedjax_pals.experiment.progress import Progress, percent
 from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
@@ -223,9 +223,7 @@ class _PreparedRun:
             self.method = resolved.method  # as a sweep names it ("fedprox_fedpals")
             self.title = f"{resolved.label} on {task.partition.description}"
             # The figures' title names the data set too (the description may already).
-            data = dataset_label(self.config.dataset.name)
-            self.figure_title = (self.title if data.lower() in self.title.lower()
-                                 else f"{data}: {self.title}")
+            self.figure_title = with_dataset(self.title, dataset_label(self.config.dataset.name))
             previous = _read_results(wd.file(RESULTS_FILE)) if start_round else None
             segments, engine_warning = engine_segments(previous, start_round, self.backend)
             if engine_warning and main:
