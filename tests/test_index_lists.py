@@ -324,3 +324,45 @@ def test_a_run_trains_on_the_clients_of_an_index_lists_file(registries_restored,
     assert results["config"]["partition"]["index_lists_file"] == str(path)
     assert results["partition"]["client_sizes"] == [50] * 5
     assert len(results["rounds"]) == 1
+
+
+# ---- docs/guide/flower_fedjax.md -------------------------------------------------------
+
+GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                     "guide", "flower_fedjax.md")
+
+
+def _guide_blocks():
+    import re
+
+    with open(GUIDE) as f:
+        text = f.read()
+    return {tag: body for tag, body in re.findall(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.M | re.S)}
+
+
+def test_the_guides_python_block_prints_what_the_guide_says(registries_restored, tmp_path,
+                                                             monkeypatch, capsys):
+    blocks = _guide_blocks()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks["python"], GUIDE, "exec"), {})
+    assert capsys.readouterr().out == blocks["text"]
+    assert fjp.load_index_lists(tmp_path / "clients.json")["target_client"] == 5
+
+
+def test_the_guides_flower_block_runs_in_flowers_environment(tmp_path):
+    """The guide's ```py block (flwr-datasets' DirichletPartitioner, the rows as JSON), run as
+    written in an interpreter that has flwr-datasets; its file makes a partition here."""
+    python = _flower_python()
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    done = subprocess.run([python, "-c", _guide_blocks()["py"]], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = fjp.load_index_lists(tmp_path / "clients.json")
+    lists = record["client_indices"]
+    assert len(lists) == 11 and record["target_client"] == 10
+    assert sorted(np.concatenate(lists).tolist()) == list(range(2000))
+    labels = np.random.default_rng(0).integers(0, 4, 2000)  # the block's table
+    p = fjp.partition_from_index_lists(labels, np.arange(400) % 4, **record, seed=0)
+    assert p.num_clients == 10 and min(p.client_sizes) >= 20  # its min_partition_size
+    assert sorted(p.target_val_indices.tolist()) == sorted(lists[10])
