@@ -58,6 +58,27 @@ def macro_f1_from_confusion(confusion: np.ndarray) -> float:
     return float(f1.mean())
 
 
+class Scores(dict):
+    """{"accuracy", "macro_f1", "loss"} of a model on a set (`RestoredRun.evaluate`): accuracy
+    and macro-F1 are fractions in [0, 1], as results.json records them (the screen and the
+    tables show them in percent: 0.969 is 96.9 %); loss is the mean cross-entropy in nats. A
+    plain dict (equal to one, JSON-ready) whose repr shows the percentages beside the fractions:
+    Scores(accuracy=0.969 (96.9%), macro_f1=0.9545 (95.5%), loss=0.1311)."""
+
+    PERCENT = ("accuracy", "macro_f1")
+
+    def __repr__(self) -> str:
+        parts = []
+        for name, value in self.items():
+            text = f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value!r}"
+            if name in self.PERCENT and isinstance(value, float) and np.isfinite(value):
+                text += f" ({100 * value:.1f}%)"
+            parts.append(text)
+        return f"Scores({', '.join(parts)})"
+
+    __str__ = __repr__
+
+
 @functools.cache
 def _compiled_evaluation(apply_fn: Callable, num_classes: int):
     """(params, xs, ys, mask) -> (confusion, mean loss), batches scanned in one jit.

@@ -289,3 +289,13 @@ def test_client_accuracy_summary_edges():
         fjp.metrics.client_accuracy_summary([0.5, 0.6], reference=[0.1])
     with pytest.raises(ValueError, match="non-empty 1-D"):
         fjp.metrics.client_accuracy_summary([])
+
+
+def test_scores_are_fractions_whose_repr_shows_percent_too():
+    scores = fjp.metrics.Scores({"accuracy": 0.969, "macro_f1": 0.95454, "loss": 0.13112})
+    assert scores == {"accuracy": 0.969, "macro_f1": 0.95454, "loss": 0.13112}  # a plain dict
+    assert json.loads(json.dumps(scores)) == scores
+    assert repr(scores) == str(scores) == (
+        "Scores(accuracy=0.969 (96.9%), macro_f1=0.9545 (95.5%), loss=0.1311)")
+    # A NaN (an empty set's macro-F1) has no percentage.
+    assert "nan (" not in repr(fjp.metrics.Scores({"accuracy": float("nan")}))

@@ -128,6 +128,10 @@ def test_run_evaluate_gives_the_accuracy_and_macro_f1_that_results_json_recorded
         assert run.evaluate("test") == target  # training's name for the target's test set
         assert np.isfinite(target["loss"]) and np.isfinite(val["loss"])
         assert run.evaluate() == target
+        # Fractions, as results.json has them; the repr says the percentages too.
+        assert isinstance(target, fjp.metrics.Scores) and 0.0 <= target["accuracy"] <= 1.0
+        assert f"accuracy={target['accuracy']:.4g} ({100 * target['accuracy']:.1f}%)" in repr(
+            target)
     assert run.round == 20 and target["accuracy"] == recorded["final_target_accuracy"]
     best = fjp.restore_run(workdir, which="best")
     assert best.evaluate("target")["accuracy"] == recorded["target_accuracy_at_best_val"]

@@ -3,6 +3,7 @@
     run = fjp.restore_run("runs/fedpals", which="best")
     logits = run.model.apply(run.params, x)   # x as the data set stores it (uint8 pixels)
     run.evaluate("target")   # {"accuracy", "macro_f1", "loss"}: what results.json recorded
+                             # (fractions in [0, 1]; its repr shows them in % too)
 
 The run's resolved config comes from its newest readable checkpoint (the identity saved with
 it; a damaged newer one is skipped, with one warning line naming its round), the task is
@@ -32,7 +33,7 @@ from fedjax_pals.experiment.checkpoints import CheckpointError, Checkpointer, Da
 from fedjax_pals.experiment.config import validate_config
 from fedjax_pals.experiment.task import Task, build_task
 from fedjax_pals.experiment.workdir import CHECKPOINT_DIR
-from fedjax_pals.metrics import make_evaluator
+from fedjax_pals.metrics import Scores, make_evaluator
 from fedjax_pals.models import Model
 from fedjax_pals.training import TrainingHistory
 
@@ -60,8 +61,11 @@ class RestoredRun(NamedTuple):
     state: ServerState
     task: Task
 
-    def evaluate(self, split: str = "target") -> dict:
-        """{"accuracy", "macro_f1", "loss"} of `params` on one of the run's target sets.
+    def evaluate(self, split: str = "target") -> Scores:
+        """{"accuracy", "macro_f1", "loss"} of `params` on one of the run's target sets:
+        accuracy and macro-F1 as fractions in [0, 1], as results.json records them (not the
+        percentages of the screen and the tables); a `fedjax_pals.metrics.Scores`, a dict whose
+        repr shows the percentages too: Scores(accuracy=0.969 (96.9%), ...).
 
         split: "target" (the target's test set: results.json's target_accuracy and
         target_macro_f1 at `round`; "test" is a synonym, training's name for it) or "val" (the
@@ -85,7 +89,7 @@ class RestoredRun(NamedTuple):
         evaluate = make_evaluator(
             self.model.apply, examples.x[indices], examples.y[indices], self.model.num_classes
         )
-        return evaluate(self.params)
+        return Scores(evaluate(self.params))
 
 
 def restore_run(
