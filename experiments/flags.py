@@ -275,13 +275,14 @@ def run(main: Callable[[list[str]], object]) -> None:
     cli.run_app(checked_main, argv=argv, flags_parser=_parse_flags)
 
 
-def configure_runtime() -> None:
-    """Applies the runtime flags (before any JAX computation)."""
+def configure_runtime() -> dict:
+    """Applies the runtime flags (before any JAX computation); returns the settings
+    (`fjp.configure_runtime`'s: the compilation cache directory in use, ...)."""
     cpu_devices = CPU_DEVICES.value
     if cpu_devices is not None and cpu_devices != "auto":
         cpu_devices = int(cpu_devices)  # `_check_cpu_devices` vetted it while absl parsed
     try:
-        fjp.configure_runtime(
+        settings = fjp.configure_runtime(
             cpu_devices=cpu_devices,
             coordinator_address=COORDINATOR_ADDRESS.value,
             num_processes=NUM_PROCESSES.value,
@@ -292,6 +293,7 @@ def configure_runtime() -> None:
         usage_error(str(error))
     if fjp.experiment.interruption.signals_handled():
         fjp.experiment.interruption.handle_signals()  # again: jax.distributed's preemption notifier takes SIGTERM
+    return settings
 
 
 def _signal_of(error: KeyboardInterrupt) -> int:

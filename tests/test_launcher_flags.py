@@ -111,3 +111,65 @@ def test_compare_names_a_damaged_table(tmp_path):
         1,
     )
     assert f"cannot read {tmp_path / 'a' / 'table.json'} (JSONDecodeError" in line
+
+
+# -- the demo says what it compiled and what it loaded from the compilation cache ----------------
+
+
+def test_the_compilation_count_tells_compiled_from_loaded_programs(monkeypatch):
+    from experiments import demo
+
+    count = demo.CompilationCount()
+    for _ in range(3):  # three programs built, two of them loaded from the cache
+        count.on_duration(demo.BACKEND_COMPILE_EVENT, 0.2, fun_name="f")
+    count.on_event(demo.CACHE_HIT_EVENT)
+    count.on_event(demo.CACHE_HIT_EVENT)
+    count.on_duration(demo.CACHE_SAVED_EVENT, 1.25)
+    count.on_event("/jax/compilation_cache/compile_requests_use_cache")  # not a program
+    count.on_duration("/jax/core/compile/jaxpr_trace_duration", 0.1)
+    assert (count.programs, count.compiled, count.loaded) == (3, 1, 2)
+    monkeypatch.setenv("HOME", "/home/me")
+    assert count.summary("/home/me/.cache/fedjax_pals/jax") == (
+        "compiled 1 program, loaded 2 from the compilation cache in ~/.cache/fedjax_pals/jax "
+        "(about 1.2 s of compiling saved)"
+    )
+    assert count.summary("/home/meow/jax").endswith("in /home/meow/jax (about 1.2 s of "
+                                                    "compiling saved)")
+    assert count.summary(None) == ("compiled 1 program (no persistent compilation cache: "
+                                   "--compilation_cache=none)")
+    assert demo.CompilationCount().summary("/c") == (
+        "no program compiled or loaded (the compilation cache is /c)")
+    first = demo.CompilationCount()
+    first.on_duration(demo.BACKEND_COMPILE_EVENT, 0.2)
+    first.on_duration(demo.BACKEND_COMPILE_EVENT, 0.2)
+    assert first.summary("/c") == ("compiled 2 programs, loaded none from the compilation cache "
+                                   "in /c (kept there: the next launch loads them)")
+
+
+_COUNT_TWO_PROGRAMS = """
+import sys
+import jax, jax.numpy as jnp
+import fedjax_pals as fjp
+from experiments.demo import CompilationCount
+
+fjp.configure_runtime(compilation_cache=sys.argv[1])
+with CompilationCount() as count:
+    jax.jit(lambda x: jnp.sin(x) * 3.0)(jnp.arange(5.0)).block_until_ready()
+    jax.jit(lambda x: jnp.cos(x) + 2.0)(jnp.arange(7.0)).block_until_ready()
+print(count.compiled, count.loaded)
+"""
+
+
+def test_a_second_process_counts_the_programs_it_loaded_from_the_cache(tmp_path):
+    # JAX's own events, in fresh processes sharing a cache: the event names of this jax version.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
+    counts = []
+    for _ in range(2):
+        completed = subprocess.run(
+            [sys.executable, "-c", _COUNT_TWO_PROGRAMS, str(tmp_path / "cache")],
+            capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+        )
+        assert completed.returncode == 0, completed.stderr[-2000:]
+        counts.append(completed.stdout.split())
+    (compiled, none), (again, loaded) = counts  # the two jitted functions, jnp.arange's
+    assert int(compiled) >= 2 and none == "0" and again == "0" and loaded == compiled, counts
