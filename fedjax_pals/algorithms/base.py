@@ -73,6 +73,11 @@ class ClientMethod(NamedTuple):
     correct_grads(grads, info, server_state) -> grads     (SCAFFOLD's c - c_i)
     init_client_state(params) -> state                    (per-client persistent state)
     update_client_state(info, server_state, local_params, num_steps, learning_rate) -> state
+    data_loss(logits, labels, mask, info, server_state, global_logits) -> scalar, or None:
+      the batch's data loss from its (adjusted) logits, labels and mask of valid examples, in
+      place of the mean cross-entropy over the valid examples (IW-ERM's weighted loss,
+      FedVLS' distillation); `global_logits()` gives the broadcast global model's logits on
+      the batch (constant in the local params), computed only where it is called.
     """
 
     name: str
@@ -81,6 +86,8 @@ class ClientMethod(NamedTuple):
     correct_grads: Callable[[Params, ClientInfo, ServerState], Params]
     init_client_state: Callable[[Params], PyTree]
     update_client_state: Callable[[ClientInfo, ServerState, Params, jax.Array, float], PyTree]
+    # Last and defaulted: a client method built before it (positionally too) keeps its loss.
+    data_loss: Callable[..., jax.Array] | None = None
 
 
 def _identity_logits(logits, info, state):

@@ -124,16 +124,21 @@ def make_local_step(
 ) -> Callable:
     """One client's SGD step on one batch: (carry, x, y, mask, info, state) -> carry.
 
-    The loss is the mean cross-entropy over the batch's valid examples (plus the client method's
-    regulariser); a step whose batch is all padding leaves the carry unchanged.
+    The loss is the mean cross-entropy over the batch's valid examples, or the client method's
+    `data_loss` (plus its regulariser); a step whose batch is all padding leaves the carry
+    unchanged.
     """
     method = algorithm.client
 
     def step(carry: LocalCarry, x, y, mask, info: ClientInfo, state: ServerState) -> LocalCarry:
         def loss_fn(params):
             logits = method.adjust_logits(model.apply(params, x), info, state)
-            losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            data_loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+            if method.data_loss is None:
+                losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+                data_loss = jnp.sum(jnp.where(mask, losses, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+            else:
+                global_logits = lambda: jax.lax.stop_gradient(model.apply(state.params, x))
+                data_loss = method.data_loss(logits, y, mask, info, state, global_logits)
             return data_loss + method.regularizer(params, state.params)
 
         loss, grads = jax.value_and_grad(loss_fn)(carry.params)
