@@ -491,6 +491,28 @@ def test_a_runs_curves_figure_is_titled_with_its_data_set(tmp_path, monkeypatch)
     assert title.startswith("Gaussian blobs: FedPALS on synthetic label shift"), title
 
 
+def test_runs_trained_together_print_their_accuracies_at_every_evaluation(tmp_path, capsys):
+    # Without a terminal (stderr is captured here), one line per evaluation for the group, with
+    # the accuracies the guide promises: their mean and range over the group's runs.
+    configs = [_config(rounds=2, eval_every=1) | {"seed": seed} for seed in (0, 1)]
+    workdirs = [str(tmp_path / f"run{seed}") for seed in (0, 1)]
+    outcomes = fjp.train_and_evaluate_many(configs, workdirs, round_progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    for at, done in enumerate((1, 2)):
+        accuracies = [(o["target_accuracy"][at], o["val_accuracy"][at]) for o in outcomes]
+        shown = train_lib.group_accuracies(accuracies)
+        expected = (f"2 runs [run0, run1]: round {done}/2, target acc {shown['target acc']}, "
+                    f"val acc {shown['val acc']}, loss ")
+        assert [line for line in lines if line.startswith(expected)], (expected, lines)
+
+
+def test_the_accuracies_of_runs_trained_together_are_their_mean_and_range():
+    assert train_lib.group_accuracies([(0.846, 0.841)]) == {
+        "target acc": "84.6%", "val acc": "84.1%"}
+    assert train_lib.group_accuracies([(0.80, 0.5), (0.90, 0.7), (0.86, 0.6)]) == {
+        "target acc": "mean 85.3% (80.0-90.0%)", "val acc": "mean 60.0% (50.0-70.0%)"}
+
+
 def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monkeypatch):
     # 3 epsilons x 1 seed (and the exact S, another program: its state holds no release).
     configs = [_dp_config(epsilon) for epsilon in (1.0, 0.1, 0.01, None)]

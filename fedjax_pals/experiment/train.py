@@ -396,11 +396,14 @@ class _PreparedRun:
         }
         for monitor in self.monitors:
             self._evaluated.update(monitor.progress(self.run.state))
+        self._accuracies = (metrics["test"]["accuracy"], metrics["val"]["accuracy"])
 
     def _show_evaluation(self) -> None:
         evaluated, self._evaluated = getattr(self, "_evaluated", None), None
         if evaluated is not None:
             self.progress.update(0, **evaluated)
+            if getattr(self, "on_shown", None) is not None:  # its group's line (`_train_group`)
+                self.on_shown(self, self._accuracies)
 
     def _write_evaluation(self, done: int, metrics: dict, history: TrainingHistory) -> None:
         test, val = metrics["test"], metrics["val"]
@@ -569,7 +572,7 @@ def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) ->
     more = f" +{len(runs) - 3}" if len(runs) > 3 else ""
     with Progress(
         first.rounds,
-        desc=f"{len(runs)} run(s) [{names}{more}]",
+        desc=f"{len(runs)} run{'s' * (len(runs) != 1)} [{names}{more}]",
         initial=first.start_round,
         quiet=not is_main_process(),
         first_step_compiles=True,
@@ -582,7 +585,34 @@ def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) ->
             bar.update(1, loss=loss)
 
         first.on_round = on_round_and_bar
+        # An evaluation is shown (a line of its own without a terminal) once every run of the
+        # group has saved its checkpoint of the round: their accuracies, `group_accuracies`.
+        shown: dict[int, dict] = {}
+
+        def on_shown(run: _PreparedRun, accuracies: tuple[float, float]) -> None:
+            of_round = shown.setdefault(bar.n, {})
+            of_round[id(run)] = accuracies
+            if len(of_round) == len(prepared):
+                del shown[bar.n]
+                bar.update(0, **group_accuracies(list(of_round.values())))
+
+        for p in prepared:
+            p.on_shown = on_shown
         return run_trainings(runs, **options)
+
+
+def group_accuracies(accuracies: Sequence[tuple[float, float]]) -> dict[str, str]:
+    """The progress of runs trained together at one evaluation, from each run's (target test,
+    validation) accuracy: {"target acc": ..., "val acc": ...}, in percent as on screen; one run's
+    as it is ("84.6%"), several runs' mean and range ("mean 84.6% (80.1-86.0%)")."""
+    shown = {}
+    for name, values in zip(("target acc", "val acc"), np.asarray(accuracies, np.float64).T):
+        if len(values) == 1:
+            shown[name] = percent(values[0])
+        else:
+            low, high = percent(values.min()), percent(values.max())
+            shown[name] = f"mean {percent(values.mean())} ({low[:-1]}-{high})"
+    return shown
 
 
 # A runs axis of this many runs at most per program: each holds a workdir lock, a metric
