@@ -1,0 +1,137 @@
+"""IW-ERM: the ratios and one local step against float64 NumPy (a class absent from the client,
+a tiny S_i(y) hitting the cap), T = S_i is FedAvg bit for bit, the T in use (FedPALS' state,
+re-estimated), and its composition with FedPALS' weights and a server optimiser."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_pals as fjp
+from fedjax_pals.algorithms.target_estimation import with_target_label_dist
+from method_testing import (
+    DIM, K, TRAINING, _one_local_step, _softmax64, label_task, run, task_data, tree_close,
+    tree_equal,
+)
+
+
+def _linear(dim, num_classes):
+    """z = x W + b, a logistic-regression head."""
+
+    def init(key):
+        kw, kb = jax.random.split(key)
+        return {"W": jax.random.normal(kw, (dim, num_classes)) * 0.7,
+                "b": jax.random.normal(kb, (num_classes,)) * 0.3}
+
+    return fjp.Model("linear", init, lambda p, x: x @ p["W"] + p["b"], num_classes, False)
+
+
+def _ref_ratios(target, label_dist, max_ratio):
+    t, s = np.asarray(target, np.float64), np.asarray(label_dist, np.float64)
+    r = np.where(s > 0, t / np.where(s > 0, s, 1.0), 0.0)
+    return r if max_ratio is None else np.minimum(r, max_ratio)
+
+
+def _ref_step(params, x, y, target, label_dist, max_ratio, lr):
+    """One SGD step on (1/B) sum_b r(y_b) CE(x_b W + b, y_b) (the reference's mean of r * loss),
+    in float64."""
+    W, b = np.asarray(params["W"], np.float64), np.asarray(params["b"], np.float64)
+    x64 = np.asarray(x, np.float64)
+    r = _ref_ratios(target, label_dist, max_ratio)[y]
+    residual = r[:, None] * (_softmax64(x64 @ W + b) - np.eye(W.shape[1])[y]) / len(y)
+    return W - lr * x64.T @ residual, b - lr * residual.sum(axis=0)
+
+
+def test_the_ratios_are_t_over_s_capped_and_zero_where_the_client_lacks_the_class():
+    target = np.array([0.2, 0.5, 0.3, 0.0])
+    label_dist = np.array([0.6, 0.01, 0.0, 0.39])
+    for cap in (None, 10.0, 1.0):
+        got = fjp.algorithms.iwerm_ratios(target, label_dist, cap)
+        np.testing.assert_allclose(got, _ref_ratios(target, label_dist, cap), rtol=1e-6)
+    # 0.5 / 0.01 = 50 is capped at 10; the absent class 2 weighs 0, not inf.
+    np.testing.assert_allclose(fjp.algorithms.iwerm_ratios(target, label_dist, 10.0),
+                               [1 / 3, 10.0, 0.0, 0.0], rtol=1e-6)
+    with pytest.raises(ValueError, match="max_ratio must be > 0"):
+        fjp.algorithms.iwerm_client(0.0)
+
+
+@pytest.mark.parametrize("cap", [None, 10.0])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_local_step_is_sgd_on_the_importance_weighted_loss(cap, seed):
+    # The client lacks class 2 and holds class 1 at S = 0.01 (T / S = 50: capped at 10); its
+    # batch has a class-1 example, so the cap changes the step.
+    rng = np.random.default_rng(seed)
+    lr = 0.3
+    target = 0.5 * rng.dirichlet(np.ones(K)) + np.array([0.0, 0.5, 0.0])  # T(1) >= 0.5
+    label_dist = np.array([0.99, 0.01, 0.0])
+    model = _linear(DIM, K)
+    w = model.init(jax.random.PRNGKey(seed))
+    x = rng.normal(size=(8, DIM)).astype(np.float32)
+    y = np.array([0, 0, 1, 0, 0, 0, 1, 0], np.int32)
+    info = fjp.ClientInfo(jnp.asarray(label_dist, jnp.float32), jnp.int32(100), ())
+    algorithm = fjp.algorithms.iwerm(target, cap)
+    state = fjp.init_server_state(algorithm, w, 1)
+    got = _one_local_step(algorithm, model, w, state, x, y, info, lr)
+    W, b = _ref_step(w, x, y, target, label_dist, cap, lr)
+    np.testing.assert_allclose(got["W"], W, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["b"], b, rtol=1e-5, atol=1e-5)
+    # The cap applies: the uncapped step (ratio 50 on class 1) is another step.
+    other = None if cap is not None else 10.0
+    W_other, _ = _ref_step(w, x, y, target, label_dist, other, lr)
+    assert not np.allclose(got["W"], W_other, atol=1e-3)
+    # Not the mean divided by sum r (self-normalised weights): another step too.
+    r = _ref_ratios(target, label_dist, cap)[y]
+    W_norm, _ = _ref_step(w, x, y, target, label_dist, cap, lr * len(y) / r.sum())
+    assert not np.allclose(got["W"], W_norm, atol=1e-3)
+
+
+def test_with_t_equal_to_every_clients_s_it_is_fedavg_bit_for_bit():
+    # Every client and the target hold the classes alike: T = S_i, r = 1 on every class.
+    counts = [[10, 10, 10], [20, 20, 20], [6, 6, 6], [8, 8, 8]]
+    x, y, partition = label_task(counts, seed=0)
+    data, model = task_data(x, y, partition), fjp.logistic_regression((DIM,), K)
+    np.testing.assert_array_equal(partition.client_label_dists[0], partition.target_label_dist)
+    ref, _ = run(fjp.fedavg(), data, model, TRAINING, rounds=2)
+    got, _ = run(fjp.algorithms.iwerm(partition.target_label_dist), data, model, TRAINING,
+                 rounds=2)
+    assert tree_equal(got[-1].params, ref[-1].params)
+    # Another T moves it.
+    moved, _ = run(fjp.algorithms.iwerm([0.6, 0.3, 0.1]), data, model, TRAINING, rounds=2)
+    assert not tree_close(moved[-1].params, ref[-1].params, atol=1e-5)
+
+
+def test_with_fedpals_weights_the_clients_read_the_t_in_use():
+    target, other = np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.1, 0.8])
+    pals = fjp.algorithms.iwerm(other, weighting=fjp.fedpals_weighting(target, 0.0))
+    assert pals.name == "iwerm+fedpals"
+    state = fjp.init_server_state(pals, {"w": jnp.zeros(1)}, 2)
+    assert state.algorithm_state == ()  # no second copy of T: FedPALS' is the one
+    np.testing.assert_allclose(fjp.algorithms.iwerm_target(state), target, rtol=1e-6)
+    # T re-estimated between rounds (fedjax_pals.unknown_target) reaches the clients' ratios.
+    estimate = np.array([0.2, 0.7, 0.1])
+    np.testing.assert_allclose(
+        fjp.algorithms.iwerm_target(with_target_label_dist(state, estimate)), estimate, rtol=1e-6
+    )
+    plain = fjp.algorithms.iwerm(other)
+    np.testing.assert_allclose(
+        fjp.algorithms.iwerm_target(fjp.init_server_state(plain, {"w": jnp.zeros(1)}, 2)), other,
+        rtol=1e-6,
+    )
+
+
+def test_the_keys_resolve_and_iwerm_fedpals_trains_a_round(tmp_path):
+    _, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    algorithm = fjp.make_algorithm("iwerm_fedpals", partition=partition, lam=0.0,
+                                   iwerm_max_ratio=5.0)
+    assert algorithm.name == "iwerm_fedpals"
+    assert algorithm.client is fjp.algorithms.iwerm_client(5.0)
+    assert fjp.get_method("iwerm").label == "IW-ERM"
+    resolved = fjp.validate_config(
+        {"dataset": {"name": "synthetic"}, "algorithm": {"name": "fedadam_iwerm"}}
+    )
+    assert (resolved.algorithm.name, resolved.server.optimizer) == ("iwerm", "fedadam")
+    assert resolved.algorithm.iwerm_max_ratio == fjp.algorithms.IWERM_DEFAULT_MAX_RATIO
+    config = {"dataset": {"name": "synthetic"}, "algorithm": {"name": "iwerm_fedpals"},
+              "training": {"rounds": 1, "eval_every": 1, "batch_size": 8}}
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    assert np.isfinite(results["final_target_accuracy"])
