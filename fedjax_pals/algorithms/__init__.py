@@ -42,6 +42,10 @@ from fedjax_pals.algorithms.iwerm import (
     IWERM_DEFAULT_MAX_RATIO, IwermHyperparameters, IwermState, iwerm, iwerm_client, iwerm_ratios,
     iwerm_target,
 )
+from fedjax_pals.algorithms.fedvls import (
+    FEDVLS_DEFAULT_LAMBDA, FEDVLS_DEFAULT_LS_WEIGHT, FedVLSHyperparameters, fedvls, fedvls_client,
+    fedvls_loss,
+)
 # The features, in the order of their hooks: T_p, the DP release, adaptive lambda, T unknown,
 # and last lambda (searched by ESS on what the others set).
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
@@ -81,7 +85,8 @@ __all__ = [
     "feddisco_weighting", "feddisco_weights", "FEDLC_DEFAULT_TAU", "FEDLC_MIN_COUNT",
     "FedLCHyperparameters", "fedlc", "fedlc_calibrated_logits", "fedlc_client",
     "IWERM_DEFAULT_MAX_RATIO", "IwermHyperparameters", "IwermState", "iwerm", "iwerm_client",
-    "iwerm_ratios", "iwerm_target",
+    "iwerm_ratios", "iwerm_target", "FEDVLS_DEFAULT_LAMBDA", "FEDVLS_DEFAULT_LS_WEIGHT",
+    "FedVLSHyperparameters", "fedvls", "fedvls_client", "fedvls_loss",
     # beyond the paper: DP label marginals and updates, adaptive lambda, unknown T
     "ServerLabelDistsState", "with_server_label_dists", "PrivateUpdates", "PrivateUpdatesState",
     "clip_updates", "with_private_updates", "PoissonSamplingState", "with_poisson_sampling",
