@@ -47,6 +47,10 @@ METHOD_STYLES = {
     "fedrs_fedpals": ("#ff9896", "P"),
     "fedshift_fedpals": ("#c49c94", "X"),
     "fedlc_fedpals": ("#dbdb8d", "p"),
+    "iwerm": ("#5254a3", "H"),
+    "iwerm_fedpals": ("#fd8d3c", "H"),
+    "fedvls": ("#8ca252", "d"),
+    "fedvls_fedpals": ("#e7969c", "d"),
     "fedpals_adaptive": ("#a50f15", "d"),
     "fedpals_unknown_t_bbse": ("#fb6a4a", "<"),
     "fedpals_unknown_t_bbse_soft": ("#fc9272", ">"),
@@ -99,6 +103,9 @@ AXIS_LABELS = {
     "prox_mu": "μ (FedProx)",
     "fedrs_alpha": "α (FedRS)",
     "fedlc_tau": "τ (FedLC)",
+    "iwerm_max_ratio": "cap on T(y)/S_i(y) (IW-ERM)",
+    "fedvls_lambda": "λ (FedVLS)",
+    "fedvls_ls_weight": "logit-suppression weight (FedVLS)",
     "projection_distance": "projection distance d(T, S)",
 }
 
