@@ -135,3 +135,16 @@ def test_the_keys_resolve_and_iwerm_fedpals_trains_a_round(tmp_path):
               "training": {"rounds": 1, "eval_every": 1, "batch_size": 8}}
     results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
     assert np.isfinite(results["final_target_accuracy"])
+
+
+def test_iwerm_fedpals_trains_with_t_estimated_and_its_clients_use_the_estimate(tmp_path):
+    # --config.algorithm.target_estimation: T re-estimated before round 2 into FedPALS' state,
+    # which the clients' ratios read (test_with_fedpals_weights_the_clients_read_the_t_in_use).
+    config = {"dataset": {"name": "synthetic"},
+              "algorithm": {"name": "iwerm_fedpals", "target_estimation": "bbse_constrained",
+                            "target_estimation_every": 1, "lam": 0.0, "ess_fraction": None},
+              "training": {"rounds": 2, "eval_every": 1, "batch_size": 8}}
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    (record,) = results["target_estimation_records"]
+    assert record["round"] == 1 and record["used"]
+    np.testing.assert_allclose(results["target_estimate"], record["target"], rtol=1e-6)
