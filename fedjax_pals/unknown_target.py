@@ -24,7 +24,7 @@ from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.algorithms.target_estimation import (
-    DEFAULT_RHO, METHOD_LABELS, METHODS, TargetReestimation,
+    DEFAULT_RHO, METHOD_LABELS, METHODS, VRLS_DEFAULT_ENTROPY_WEIGHT, TargetReestimation,
 )
 from fedjax_pals.data.partitions import hold_out_stratified
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
@@ -108,7 +108,7 @@ class UnknownTarget(Hyperparameters):
     target_estimation: str | None = hyperparameter(
         None, kind="choice", choices=METHODS, optional=True,
         doc="None (T known) | bbse_constrained (recommended) | mlls | bbse | bbse_soft | em | "
-        "em_output_prior | mapls: T re-estimated as the run trains",
+        "em_output_prior | mapls | vrls: T re-estimated as the run trains",
         per_run=True,
     )
     target_estimation_every: int | None = hyperparameter(
@@ -166,6 +166,14 @@ class UnknownTarget(Hyperparameters):
         "adaptive prior learning chooses it from the data",
         per_run=True,
     )
+    # VRLS' key; None off VRLS (no earlier run's digest changes), its default under it.
+    target_estimation_entropy_weight: float | None = hyperparameter(
+        None, kind="real", low=0.0, high=1.0, optional=True,
+        doc="vrls: the Shannon-entropy weight zeta of the temperature's fit, mean CE - zeta "
+        f"mean H on the source data (0: plain temperature scaling); None: "
+        f"{VRLS_DEFAULT_ENTROPY_WEIGHT:g} (the authors' notebook)",
+        per_run=True,
+    )
     target_shrinkage: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, low_open=True, high_open=True, optional=True,
         doc="T^ <- (1 - s) T^ + s A before use, A the clients' aggregate (FedAvg's point); "
@@ -192,6 +200,10 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
     resolved = {key: value if estimates else None for key, value in values.items()}
     if estimator != "mapls":  # another estimator's key, as another method's: None
         resolved["target_estimation_concentration"] = None
+    if not estimates or estimator != "vrls":
+        resolved["target_estimation_entropy_weight"] = None
+    elif resolved["target_estimation_entropy_weight"] is None:
+        resolved["target_estimation_entropy_weight"] = VRLS_DEFAULT_ENTROPY_WEIGHT
     return resolved
 
 
@@ -221,6 +233,8 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
         ),
         ensemble=hp.target_estimation_model == "fedavg_shadow_ensemble",
         concentration=hp.target_estimation_concentration,
+        entropy_weight=(VRLS_DEFAULT_ENTROPY_WEIGHT if hp.target_estimation_entropy_weight is None
+                        else hp.target_estimation_entropy_weight),
     )
 
 

@@ -1,11 +1,18 @@
-"""MAPLS (MAP-EM with a Dirichlet prior on T; Ye et al., WACV 2024) as an estimator of T:
-checked against the MAP objective maximised by scipy in float64, against EM (concentration 0),
-the prior (concentration -> infinity), the closed form of a 2-class toy (a quadratic), and the
-authors' adaptive prior weight re-derived from their code; its edge cases, keys and one run."""
+"""Two estimators of T from unlabeled target data, each against an independent float64
+reference and closed forms on toy problems, with their edge cases, keys and one run each.
+
+MAPLS (MAP-EM with a Dirichlet prior on T; Ye et al., WACV 2024): against the MAP objective
+maximised by scipy, EM (concentration 0), the prior (concentration -> infinity), the root of a
+2-class quadratic, and the authors' adaptive prior weight written out from their code.
+
+VRLS (Wu et al., ICLR 2025): the ratio's MLE against scipy on the constrained likelihood and
+EM's fixed point (its closed form); the entropy-regularised temperature against a brute-force
+grid of the objective written with scipy's log-softmax and entropy, and against the temperature
+a known rescaling of calibrated logits undoes."""
 
 import numpy as np
 import pytest
-from scipy import optimize, stats
+from scipy import optimize, special, stats
 
 import fedjax_pals as fjp
 from fedjax_pals.algorithms import target_estimation
@@ -248,5 +255,200 @@ def test_a_mapls_run_estimates_t_through_the_unknown_target_path(tmp_path):
     assert results["config"]["algorithm"]["target_estimation_concentration"] == 30.0
     # The estimate is MAPLS' on the run's model (its records' T^ is on the simplex and off
     # the clients' aggregate, where the server started).
+    estimate = np.asarray(records[-1]["estimate"])
+    assert estimate.sum() == pytest.approx(1.0) and np.all(estimate >= 0)
+
+
+# -- VRLS ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vrls_data():
+    """Exactly calibrated posteriors (under SOURCE) of 3,000 target and 4,000 labeled source
+    points, and their logits log p shown at temperature 1/3 (logits 3 log p: over-confident)."""
+    rng = np.random.default_rng(5)
+    target_labels = rng.choice(3, size=3000, p=TARGET)
+    source_labels = rng.choice(3, size=4000, p=SOURCE)
+    target = _posteriors(rng.normal(MEANS[target_labels], 1.0))
+    source = _posteriors(rng.normal(MEANS[source_labels], 1.0))
+    return target, source, source_labels
+
+
+def _scipy_ratio(probs, source):
+    """Independent float64 reference: argmax_{w >= 0, S.w = 1} sum_j log (p_j . w), SLSQP over
+    the ratios of the classes S holds (w = 0 elsewhere)."""
+    support = source > 0
+
+    def negative(w):
+        return -np.sum(np.log(probs[:, support] @ w))
+
+    def gradient(w):
+        return -(probs[:, support] / (probs[:, support] @ w)[:, None]).sum(axis=0)
+
+    result = optimize.minimize(
+        negative, np.ones(support.sum()), jac=gradient, method="SLSQP",
+        bounds=[(0.0, None)] * support.sum(),
+        constraints=[{"type": "eq", "fun": lambda w: w @ source[support] - 1.0,
+                      "jac": lambda w: source[support]}],
+        options={"ftol": 1e-15, "maxiter": 1000},
+    )
+    assert result.success, result.message
+    w = np.zeros(source.shape[0])
+    w[support] = result.x
+    return w
+
+
+def test_vrls_ratio_is_the_constrained_likelihood_maximum_and_em_s_fixed_point(vrls_data):
+    target = vrls_data[0][:600]
+    ratio = target_estimation.density_ratio_mle(target, SOURCE)
+    reference = _scipy_ratio(target, SOURCE)
+    np.testing.assert_allclose(ratio, reference, atol=1e-5)
+    assert ratio @ SOURCE == pytest.approx(1.0, abs=1e-12) and np.all(ratio >= 0)
+    # Closed form: with T = S w the problem is EM's likelihood on the simplex, so S w^ is the
+    # EM fixed point of Saerens et al.: mean_j of the re-weighted posteriors is S w^ itself.
+    t = SOURCE * ratio
+    reweighted = target * ratio[None, :]
+    reweighted /= reweighted.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(reweighted.mean(axis=0), t, atol=1e-8)
+    np.testing.assert_allclose(t, target_estimation.em_label_dist(target, SOURCE), atol=1e-12)
+
+
+def _brute_force_temperature(logits, labels, zeta):
+    """The VRLS objective written independently (scipy's log-softmax and entropy), minimised
+    by brute force: a grid of inverse temperatures in [0.05, 1] in steps of 1e-3, then steps of
+    1e-5 within 2e-3 of its best point."""
+    def objective(beta):
+        log_probs = special.log_softmax(beta * logits, axis=1)
+        cross_entropy = -log_probs[np.arange(len(labels)), labels].mean()
+        entropy = stats.entropy(np.exp(log_probs), axis=1).mean()
+        return cross_entropy - zeta * entropy
+
+    coarse = np.arange(0.05, 1.0 + 1e-9, 1e-3)
+    best = coarse[int(np.argmin([objective(b) for b in coarse]))]
+    fine = np.arange(best - 2e-3, best + 2e-3 + 1e-12, 1e-5)
+    return fine[int(np.argmin([objective(b) for b in fine]))]
+
+
+def test_vrls_temperature_minimises_the_entropy_regularised_loss(vrls_data):
+    _, source, labels = vrls_data
+    logits = 3.0 * np.log(source) + 0.5  # calibrated posteriors shown 3 times too sharp
+    fitted = {}
+    for zeta in (0.0, 0.1, 0.5):
+        fitted[zeta] = target_estimation.fit_vrls_temperature(logits, labels, zeta)
+        reference = _brute_force_temperature(logits, labels, zeta)
+        assert abs(fitted[zeta] - reference) <= 2e-5, (zeta, fitted[zeta], reference)
+        assert target_estimation.vrls_objective(fitted[zeta], logits, labels, zeta) <= (
+            target_estimation.vrls_objective(reference, logits, labels, zeta) + 1e-12)
+    # Closed form at zeta = 0: temperature scaling undoes the factor 3 (1/3 up to the NLL
+    # minimiser's sampling error on 4,000 points, about 2 %).
+    assert fitted[0.0] == pytest.approx(1 / 3, rel=0.05)
+    # The entropy term rewards softer outputs: d/dbeta (-H) = beta Var_p(z) >= 0, so the
+    # minimiser moves down as zeta grows.
+    assert fitted[0.5] < fitted[0.1] < fitted[0.0]
+
+
+def test_vrls_without_regularisation_on_calibrated_logits_is_em_and_recovers_t(vrls_data):
+    target, source, labels = vrls_data
+    target_logits, source_logits = np.log(target), np.log(source)
+    estimate = target_estimation.vrls_label_dist(
+        source_logits, labels, target_logits, SOURCE, entropy_weight=0.0)
+    beta = target_estimation.fit_vrls_temperature(source_logits, labels, 0.0)
+    assert beta == pytest.approx(1.0, rel=0.05)  # already calibrated
+    np.testing.assert_allclose(
+        estimate, target_estimation.em_label_dist(
+            target_estimation.softmax(beta * target_logits), SOURCE), atol=1e-12)
+    # The MLE's std at n = 3,000 is about 0.01-0.02 per class here.
+    assert np.max(np.abs(estimate - TARGET)) < 0.06, estimate
+    # From over-confident logits (x3) VRLS' temperature recovers nearly the same T; EM on their
+    # softmax does not.
+    sharp = target_estimation.vrls_label_dist(
+        3 * source_logits, labels, 3 * target_logits, SOURCE, entropy_weight=0.0)
+    np.testing.assert_allclose(sharp, estimate, atol=0.02)
+    naive = target_estimation.em_label_dist(target_estimation.softmax(3 * target_logits), SOURCE)
+    assert np.max(np.abs(naive - TARGET)) > np.max(np.abs(sharp - TARGET)) + 0.03
+    # Through the dispatcher: the caller calibrates, "vrls" is then the ratio's MLE.
+    np.testing.assert_allclose(
+        target_estimation.estimate_target_label_dist(
+            target_estimation.softmax(beta * target_logits), method="vrls",
+            source_label_dist=SOURCE),
+        estimate, atol=1e-12)
+
+
+def test_vrls_edge_cases(vrls_data):
+    target = vrls_data[0][:600]
+    # A class absent from the sources has no ratio: w = 0 and T^ = 0 there.
+    source = np.array([0.6, 0.4, 0.0])
+    probs = _posteriors(np.linspace(-3, 3, 300), source)
+    ratio = target_estimation.density_ratio_mle(probs, source)
+    assert ratio[2] == 0.0
+    np.testing.assert_allclose(ratio, _scipy_ratio(probs, source), atol=1e-5)
+    rng = np.random.default_rng(6)
+    labels = rng.choice(2, size=200, p=[0.6, 0.4])
+    estimate = target_estimation.vrls_label_dist(
+        np.log(probs[:200] + 1e-300), labels, np.log(probs + 1e-300), source)
+    assert estimate[2] == 0.0 and estimate.sum() == pytest.approx(1.0)
+    # A class absent from the target: its ratio goes to (nearly) 0.
+    x = rng.normal(MEANS[rng.choice([0, 1], size=600)], 1.0)
+    ratio = target_estimation.density_ratio_mle(_posteriors(x), SOURCE)
+    assert ratio[2] * SOURCE[2] < 0.02
+    # Near-singular: classes 1 and 2 give every point the same posterior; the likelihood cannot
+    # split their mass. The maximum's value is scipy's, and so is the mass they share.
+    merged = np.stack([target[:, 0], target[:, 1:].sum(axis=1) / 2,
+                       target[:, 1:].sum(axis=1) / 2], axis=1)
+    source = np.array([0.4, 0.3, 0.3])
+    ratio = target_estimation.density_ratio_mle(merged, source)
+    reference = _scipy_ratio(merged, source)
+    assert np.sum(np.log(merged @ ratio)) == pytest.approx(np.sum(np.log(merged @ reference)),
+                                                           abs=1e-7)
+    assert ratio[1:] @ source[1:] == pytest.approx(reference[1:] @ source[1:], abs=1e-5)
+    # Arguments.
+    logits = np.log(target)
+    labels = rng.choice(3, size=600)
+    with pytest.raises(ValueError, match="entropy_weight must be"):
+        target_estimation.fit_vrls_temperature(logits, labels, -0.1)
+    with pytest.raises(ValueError, match="entropy_weight must be"):
+        target_estimation.fit_vrls_temperature(logits, labels, 2.0)
+    with pytest.raises(ValueError, match="target_logits has 2 classes"):
+        target_estimation.vrls_label_dist(logits, labels, logits[:, :2])
+    with pytest.raises(ValueError, match="source_labels must lie"):
+        target_estimation.vrls_label_dist(logits, np.full(600, 3), logits)
+    with pytest.raises(ValueError, match="must be finite"):
+        target_estimation.fit_vrls_temperature(np.full((3, 3), np.nan), np.zeros(3, int))
+
+
+def test_vrls_keys_are_resolved_and_checked():
+    resolved = fjp.validate_config(_config(name="fedpals_unknown_t_vrls"))
+    assert resolved.algorithm.target_estimation == "vrls"
+    assert resolved.algorithm.target_estimation_entropy_weight == (
+        target_estimation.VRLS_DEFAULT_ENTROPY_WEIGHT)
+    assert fjp.config_digest(resolved) == fjp.config_digest(
+        _config(name="fedpals", target_estimation="vrls", target_estimation_entropy_weight=0.1))
+    plain = fjp.validate_config(_config(name="fedpals_unknown_t_vrls",
+                                        target_estimation_entropy_weight=0.0))
+    assert plain.algorithm.target_estimation_entropy_weight == 0.0
+    assert fjp.config_digest(plain) != fjp.config_digest(resolved)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(fjp.ConfigError, match="target_estimation_entropy_weight"):
+            fjp.validate_config(_config(name="fedpals_unknown_t_vrls",
+                                        target_estimation_entropy_weight=bad))
+    # Off VRLS it is None: other estimators' and known-T runs keep their digests.
+    for name in ("fedpals_unknown_t_bbse_constrained", "fedpals", "fedavg"):
+        other = fjp.validate_config(_config(name=name, target_estimation_entropy_weight=0.3))
+        assert other.algorithm.target_estimation_entropy_weight is None
+        assert fjp.config_digest(other) == fjp.config_digest(_config(name=name))
+        assert "target_estimation_entropy_weight" not in (
+            fjp.experiment.config.config_identity(other)["algorithm"])
+
+
+def test_a_vrls_run_estimates_t_through_the_unknown_target_path(tmp_path):
+    results = fjp.train_and_evaluate(_config(name="fedpals_unknown_t_vrls"), str(tmp_path),
+                                     quiet=True)
+    records = results["target_estimation_records"]
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["estimator"] == "vrls" for r in records)
+    assert any(r["used"] for r in records)
+    # The record's inverse temperature is the entropy-regularised fit's.
+    assert all(1e-3 <= r["calibration_beta"] <= 1e3 for r in records)
+    assert results["config"]["algorithm"]["target_estimation_entropy_weight"] == 0.1
     estimate = np.asarray(records[-1]["estimate"])
     assert estimate.sum() == pytest.approx(1.0) and np.all(estimate >= 0)

@@ -650,6 +650,7 @@ _PER_RUN_SETTINGS = {
         "target_gate_min_recall", "target_damping", "target_warmup_rounds",
         "target_shrinkage", "target_estimation_model")},
     "target_estimation_concentration": {"target_estimation": "mapls"},
+    "target_estimation_entropy_weight": {"target_estimation": "vrls"},
 }
 # Two values of a key where its bounds alone do not give two usable ones (an ESS fraction out
 # of reach of the synthetic task's clients).

@@ -59,16 +59,22 @@ from fedjax_pals.calibration import (
 from fedjax_pals.privacy import project_to_simplex
 from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
-METHODS = ("em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior", "mapls")
+METHODS = (
+    "em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior", "mapls", "vrls",
+)
 # How a run's header and the variants' labels name them.
 METHOD_LABELS = {
     "bbse": "BBSE", "bbse_soft": "soft BBSE", "em": "EM",
     "bbse_constrained": "constrained soft BBSE", "mlls": "BCTS + MLLS",
     "em_output_prior": "EM (mean-output prior)", "mapls": "MAPLS (MAP-EM, Dirichlet prior)",
+    "vrls": "VRLS (entropy-regularised temperature + ratio MLE)",
 }
 # Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
 # squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
 DEFAULT_RHO = 1e-4
+# VRLS' Shannon-entropy weight zeta: the authors' notebook (zhiyuan-11/VRLS_main,
+# Density_Ratio_Estimation.ipynb: entropy_weight=0.1).
+VRLS_DEFAULT_ENTROPY_WEIGHT = 0.1
 EM_DEFAULT_MAX_ITER = 10_000
 EM_DEFAULT_TOL = 1e-10
 
@@ -312,6 +318,119 @@ def mapls_label_dist(
     return estimate
 
 
+def density_ratio_mle(
+    target_probs: Any, source_label_dist: Any, *, max_iter: int = EM_DEFAULT_MAX_ITER,
+    tol: float = EM_DEFAULT_TOL,
+) -> np.ndarray:
+    """The maximum-likelihood label density ratio w(y) = T(y) / S(y) from unlabeled target data
+    (VRLS' estimator, Wu, Choi, Cao, Cevher & Ramezani-Kebrya, ICLR 2025, arXiv 2502.02544; the
+    MLLS of Garg et al., NeurIPS 2020):
+
+        w^ = argmax_{w >= 0, sum_y w_y S(y) = 1} sum_j log sum_y p_S(y | x_j) w_y,
+
+    the target's likelihood p_T(x) = p_S(x) sum_y p_S(y|x) w_y over the ratios whose T = S w
+    is a distribution. With T = S w this is EM's likelihood on the simplex, so EM's fixed point
+    (`em_label_dist`) solves it: w^ = T^ / S on the support of S, 0 elsewhere (a class the
+    source lacks has no ratio).
+
+    Args:
+      target_probs: (n, K) calibrated posteriors p_S(y|x) on the unlabeled target data.
+      source_label_dist: (K,) S, the prior the posteriors are calibrated to.
+      max_iter, tol: EM's budget and stopping tolerance.
+
+    Returns:
+      (K,) float64 w^ >= 0 with sum_y w^_y S(y) = 1.
+    """
+    source = _validation.check_distribution("source_label_dist", source_label_dist)
+    estimate = em_label_dist(target_probs, source, max_iter=max_iter, tol=tol)
+    return np.where(source > 0, estimate / np.where(source > 0, source, 1.0), 0.0)
+
+
+def vrls_objective(beta: float, logits: Any, labels: Any, entropy_weight: float) -> float:
+    """VRLS' regularised training loss at inverse temperature `beta`: mean_i CE(softmax(beta
+    z_i), y_i) - zeta mean_i H(softmax(beta z_i)), H the Shannon entropy (nats). The paper
+    trains the predictor with it (zeta > 0 penalises over-confidence); here it is fitted to
+    the post-hoc temperature (`fit_vrls_temperature`)."""
+    z = np.asarray(logits, np.float64) * beta
+    shifted = z - z.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(shifted).sum(axis=1))
+    log_probs = shifted - log_norm[:, None]
+    probs = np.exp(log_probs)
+    cross_entropy = -np.take_along_axis(log_probs, np.asarray(labels)[:, None], axis=1)[:, 0]
+    entropy = -np.sum(probs * log_probs, axis=1)
+    return float(np.mean(cross_entropy) - entropy_weight * np.mean(entropy))
+
+
+# The fitted temperature's range: inverse temperatures in [1e-3, 1e3], scanned on a log grid of
+# 121 points (0.05 decades), then refined by bounded Brent between the best point's neighbours.
+_VRLS_LOG_BETA = (np.log(1e-3), np.log(1e3))
+_VRLS_GRID = 121
+
+
+def fit_vrls_temperature(
+    logits: Any, labels: Any, entropy_weight: float = VRLS_DEFAULT_ENTROPY_WEIGHT,
+) -> float:
+    """VRLS' calibration: the inverse temperature beta in [1e-3, 1e3] minimising
+    `vrls_objective` on labeled source data (the authors' notebook fits the network with
+    cross-entropy - 0.1 entropy, then a temperature by NLL; a server cannot retrain the clients'
+    model, so the regularised loss is fitted to the one parameter it trains, the temperature:
+    zeta = 0 is Guo et al.'s temperature scaling, zeta > 0 a softer one). The objective need not
+    be convex in beta: a grid over log beta, then bounded Brent around its minimum."""
+    from scipy import optimize  # scipy comes with jax
+
+    z = _logits_matrix("logits", logits)
+    n, k = z.shape
+    y = _labels(labels, n, k)
+    zeta = _validation.check_number("entropy_weight", entropy_weight, low=0.0, high=1.0)
+
+    def loss(log_beta):
+        return vrls_objective(float(np.exp(log_beta)), z, y, zeta)
+
+    grid = np.linspace(*_VRLS_LOG_BETA, _VRLS_GRID)
+    values = np.array([loss(g) for g in grid])
+    best = int(np.argmin(values))
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, _VRLS_GRID - 1)]
+    result = optimize.minimize_scalar(loss, bounds=(low, high), method="bounded",
+                                      options={"xatol": 1e-10})
+    log_beta = result.x if result.fun <= values[best] else grid[best]
+    return float(np.exp(log_beta))
+
+
+def vrls_label_dist(
+    source_logits: Any, source_labels: Any, target_logits: Any, source_label_dist: Any = None,
+    *, entropy_weight: float = VRLS_DEFAULT_ENTROPY_WEIGHT, max_iter: int = EM_DEFAULT_MAX_ITER,
+    tol: float = EM_DEFAULT_TOL,
+) -> np.ndarray:
+    """T^ by VRLS (Wu et al., ICLR 2025): the temperature fitted by `fit_vrls_temperature` on
+    the labeled source logits, then the maximum-likelihood ratio w^ (`density_ratio_mle`) on the
+    target's calibrated posteriors, T^ = S w^. `source_label_dist` S: the clients' pooled label
+    distribution (as `em`; the authors' code divides by the training labels' marginal); None:
+    the source labels' empirical distribution."""
+    z_source = _logits_matrix("source_logits", source_logits)
+    z_target = _logits_matrix("target_logits", target_logits)
+    if z_target.shape[1] != z_source.shape[1]:
+        raise ValueError(
+            f"target_logits has {z_target.shape[1]} classes, source_logits {z_source.shape[1]}."
+        )
+    labels = _labels(source_labels, *z_source.shape)
+    if source_label_dist is None:
+        source_label_dist = np.bincount(labels, minlength=z_source.shape[1]) / labels.size
+    beta = fit_vrls_temperature(z_source, labels, entropy_weight)
+    source = _validation.check_distribution("source_label_dist", source_label_dist)
+    ratio = density_ratio_mle(softmax(beta * z_target), source, max_iter=max_iter, tol=tol)
+    estimate = source * ratio
+    return estimate / estimate.sum()
+
+
+def _logits_matrix(name: str, logits: Any) -> np.ndarray:
+    array = np.asarray(logits, np.float64)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
+        raise ValueError(f"{name} must be an (n, K) matrix with n >= 1, K >= 2, got {array.shape}.")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite.")
+    return array
+
+
 class SourceStatistics(NamedTuple):
     """Per-class sums over labeled source data: all that the server needs from the clients'
     held-out shares (what secure aggregation of the clients' sums would give it).
@@ -436,8 +555,10 @@ def estimate_target_label_dist(
 ) -> np.ndarray:
     """T^(Y) from a model's outputs on unlabeled target data.
 
-    method "em" (Saerens et al., 2002; `em_label_dist`) and "mapls" (Ye et al., 2024;
-    `mapls_label_dist`, with `concentration`) need `source_label_dist`, or
+    method "em" (Saerens et al., 2002; `em_label_dist`), "mapls" (Ye et al., 2024;
+    `mapls_label_dist`, with `concentration`) and "vrls" (Wu et al., 2025: the ratio MLE,
+    `density_ratio_mle`, on posteriors the caller calibrated by `fit_vrls_temperature`; the
+    whole of it from logits is `vrls_label_dist`) need `source_label_dist`, or
     `source_labels` to take it as their empirical distribution; "bbse" / "bbse_soft"
     (Lipton et al., 2018; `bbse_label_dist`), "bbse_constrained"
     (`constrained_bbse_label_dist`, with `rho`), "mlls" (`mlls_label_dist`: pass
@@ -445,7 +566,7 @@ def estimate_target_label_dist(
     source prior taken as their mean on the source data, `mlls_label_dist` without the
     calibration) need `source_probs` and `source_labels`.
     """
-    if _method(method) in ("em", "mapls"):
+    if _method(method) in ("em", "mapls", "vrls"):  # the caller calibrates for "vrls"
         if source_label_dist is None:
             if source_labels is None:
                 raise ValueError(f"method={method!r} needs source_label_dist (or source_labels).")
@@ -527,7 +648,9 @@ class TargetReestimation(registry.Monitor):
     their softmax: "mlls" calibrated by bias-corrected temperature scaling fitted on the source
     data, "em" uncalibrated with the clients' pooled label distribution as the source prior
     (the calibration's likelihood and gradient are per-class sums too), "mapls" as "em" with
-    MAPLS' Dirichlet prior of `concentration` (None: its adaptive prior learning).
+    MAPLS' Dirichlet prior of `concentration` (None: its adaptive prior learning), "vrls"
+    calibrated by a temperature fitted with VRLS' entropy regulariser (`entropy_weight`) on the
+    source data, then the ratio's MLE with the clients' pooled label distribution as S.
 
     The estimate is used when the model is ready (`readiness`: the soft confusion matrix's
     smallest singular value >= `gate_sigma_min` and every present class's recall >=
@@ -563,8 +686,11 @@ class TargetReestimation(registry.Monitor):
         gate_min_recall: float | None = None, damping: float = 1.0, warmup: int = 0,
         shrinkage: float = 0.0, shadow: Any = None, ensemble: bool = False,
         concentration: float | None = None,
+        entropy_weight: float = VRLS_DEFAULT_ENTROPY_WEIGHT,
     ):
         self.method = _method(method)
+        self.entropy_weight = _validation.check_number("entropy_weight", entropy_weight,
+                                                       low=0.0, high=1.0)
         self.concentration = (
             None if concentration is None
             else _validation.check_nonnegative("concentration", concentration)
@@ -617,13 +743,16 @@ class TargetReestimation(registry.Monitor):
 
     def _probabilities(self, params: Any) -> tuple[np.ndarray, np.ndarray, float | None]:
         """One model's output probabilities on the source and target inputs (calibrated for
-        "mlls"), and the calibration's inverse temperature (None without)."""
+        "mlls" and "vrls"), and the calibration's inverse temperature (None without)."""
         source = model_logits(self.model.apply, params, self.source_x)
         target = model_logits(self.model.apply, params, self.target_x)
         if self.method == "mlls":
             calibration = fit_bias_corrected_temperature(source, self.source_y)
             return (calibrated_probabilities(calibration, source),
                     calibrated_probabilities(calibration, target), calibration.beta)
+        if self.method == "vrls":
+            beta = fit_vrls_temperature(source, self.source_y, self.entropy_weight)
+            return softmax(beta * source), softmax(beta * target), beta
         return softmax(source), softmax(target), None
 
     def estimate(self, state: Any) -> tuple[np.ndarray, SourceStatistics, float | None]:
