@@ -23,7 +23,8 @@ weights, eq. 8), and any server optimiser (`fedadam_iwerm`).
 The clip. The reference divides by S_i(y) unclipped (its partitions give every class a
 positive share, down to about 0.3 %). Here r_i(y) = T(y) / S_i(y) is capped at
 R = `algorithm.iwerm_max_ratio` (default 10, our choice: neither the paper nor its code has a
-cap; None: uncapped, the reference): a class of which client i holds one example in a thousand
+cap; uncapped as the reference: `iwerm(T, None)`, or in a config a value above every ratio,
+e.g. 1e6, since a config's key with a default is never None): a class of which client i holds one example in a thousand
 while T gives it a third would otherwise weigh 333 x the rest, one SGD step on it moving the
 model by that much. The cap does not bind on FedPALS' sparsity partitions with C <= 10 labels a
 client (each client uniform over its C labels: T(y) / S_i(y) <= C), only on tiny shares
@@ -146,8 +147,9 @@ def iwerm(
 @dataclasses.dataclass(frozen=True)
 class IwermHyperparameters(Hyperparameters):
     iwerm_max_ratio: float | None = hyperparameter(
-        IWERM_DEFAULT_MAX_RATIO, low=0.0, low_open=True, optional=True,
-        doc="IW-ERM's cap on the ratio T(y) / S_i(y); None: uncapped (the reference code)",
+        IWERM_DEFAULT_MAX_RATIO, low=0.0, low_open=True,
+        doc="IW-ERM's cap on the ratio T(y) / S_i(y); a value above every ratio (1e6) leaves "
+        "it uncapped, as the reference code",
     )
 
 
