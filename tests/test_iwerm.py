@@ -148,3 +148,12 @@ def test_iwerm_fedpals_trains_with_t_estimated_and_its_clients_use_the_estimate(
     (record,) = results["target_estimation_records"]
     assert record["round"] == 1 and record["used"]
     np.testing.assert_allclose(results["target_estimate"], record["target"], rtol=1e-6)
+
+
+def test_runs_that_differ_in_t_share_one_compiled_round():
+    # T is per-run data (IwermState), not compiled in.
+    model = fjp.logistic_regression((DIM,), K)
+    first = fjp.engine.round_engine(fjp.algorithms.iwerm([0.2, 0.3, 0.5]), model, TRAINING)
+    assert fjp.engine.round_engine(fjp.algorithms.iwerm([0.6, 0.3, 0.1]), model, TRAINING) is first
+    assert fjp.engine.round_engine(fjp.algorithms.iwerm([0.6, 0.3, 0.1], 3.0), model,
+                                   TRAINING) is not first
