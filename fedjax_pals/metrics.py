@@ -63,9 +63,15 @@ class Scores(dict):
     and macro-F1 are fractions in [0, 1], as results.json records them (the screen and the
     tables show them in percent: 0.969 is 96.9 %); loss is the mean cross-entropy in nats. A
     plain dict (equal to one, JSON-ready) whose repr shows the percentages beside the fractions:
-    Scores(accuracy=0.969 (96.9%), macro_f1=0.9545 (95.5%), loss=0.1311)."""
+    Scores(accuracy=0.969 (96.9%), macro_f1=0.9545 (95.5%), loss=0.1311).
+
+    `make_evaluator`'s carry two attributes besides (not keys): `predicted`, the number of
+    examples predicted as each class, and `support`, the number labelled with each (the
+    confusion matrix's column and row sums, int64 (K,)); None elsewhere."""
 
     PERCENT = ("accuracy", "macro_f1")
+    predicted: np.ndarray | None = None
+    support: np.ndarray | None = None
 
     def __repr__(self) -> str:
         parts = []
@@ -110,7 +116,8 @@ def make_evaluator(
     """An evaluator of `params` on a fixed labelled set, compiled once.
 
     The set is padded to whole batches and kept on the device; each call scans
-    the batches inside one jit and returns {"accuracy", "macro_f1", "loss"}.
+    the batches inside one jit and returns {"accuracy", "macro_f1", "loss"}, a `Scores` with
+    the predictions and labels per class as its `predicted` and `support`.
     """
     num = int(len(y))
     if num == 0:
@@ -128,11 +135,14 @@ def make_evaluator(
         confusion, loss = jax.device_get(
             _compiled_evaluation(apply_fn, num_classes)(params, xs, ys, mask)
         )
-        return {
-            "accuracy": accuracy_from_confusion(confusion),
-            "macro_f1": macro_f1_from_confusion(confusion),
-            "loss": float(loss),
-        }
+        scores = Scores(
+            accuracy=accuracy_from_confusion(confusion),
+            macro_f1=macro_f1_from_confusion(confusion),
+            loss=float(loss),
+        )
+        scores.predicted = np.asarray(confusion, np.int64).sum(axis=0)
+        scores.support = np.asarray(confusion, np.int64).sum(axis=1)
+        return scores
 
     return evaluate
 

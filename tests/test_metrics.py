@@ -299,3 +299,16 @@ def test_scores_are_fractions_whose_repr_shows_percent_too():
         "Scores(accuracy=0.969 (96.9%), macro_f1=0.9545 (95.5%), loss=0.1311)")
     # A NaN (an empty set's macro-F1) has no percentage.
     assert "nan (" not in repr(fjp.metrics.Scores({"accuracy": float("nan")}))
+
+
+def test_the_evaluator_counts_the_predictions_and_labels_of_each_class():
+    rng = np.random.default_rng(7)
+    model = fjp.logistic_regression((4,), 5)
+    params = model.init(jax.random.PRNGKey(1))
+    x = rng.normal(size=(41, 4)).astype(np.float32)
+    y = rng.choice([0, 2, 3], size=41).astype(np.int32)  # classes 1 and 4 absent
+    scores = fjp.metrics.make_evaluator(model.apply, x, y, 5, batch_size=8)(params)
+    predictions = np.asarray(model.apply(params, x)).argmax(1)
+    np.testing.assert_array_equal(scores.predicted, np.bincount(predictions, minlength=5))
+    np.testing.assert_array_equal(scores.support, np.bincount(y, minlength=5))
+    assert set(scores) == {"accuracy", "macro_f1", "loss"}  # counts are attributes, not keys

@@ -513,6 +513,38 @@ def test_the_accuracies_of_runs_trained_together_are_their_mean_and_range():
         "target acc": "mean 85.3% (80.0-90.0%)", "val acc": "mean 60.0% (50.0-70.0%)"}
 
 
+def _scores(accuracy, predicted, support):
+    scores = fjp.metrics.Scores(accuracy=accuracy)
+    scores.predicted, scores.support = np.asarray(predicted), np.asarray(support)
+    return scores
+
+
+def test_an_evaluation_below_chance_says_which_class_the_model_predicts():
+    note = train_lib.below_chance_note(1, _scores(0.003, [1979, 6, 15], [0, 1000, 1000]))
+    assert note == (
+        "  round 1: target acc 0.3% is below chance (50.0%, T's 2 classes) because the model "
+        "predicts class 0 for 99.0% of the target's test examples, of which 0.0% are class 0 "
+        "(an early model is often near-constant)")
+    # At or above chance, or predictions spread over the classes: nothing to explain.
+    assert train_lib.below_chance_note(1, _scores(0.5, [2000, 0, 0], [1000, 1000, 0])) is None
+    assert train_lib.below_chance_note(1, _scores(0.2, [700, 700, 600], [1000, 1000, 0])) is None
+    assert train_lib.below_chance_note(1, fjp.metrics.Scores(accuracy=0.0)) is None  # no counts
+
+
+def test_a_run_whose_first_model_is_far_below_chance_says_why(tmp_path, capsys):
+    # The synthetic task at delta = 1 (T = [0, .5, .5]), seed 0: the untrained logistic
+    # regression on inputs far from the origin predicts class 0 almost everywhere, and one round
+    # does not change that: 0.3 % where a guess gets 50 %.
+    config = _config(rounds=1, eval_every=1) | {
+        "dataset": {"name": "synthetic", "synthetic_delta": 1.0}}
+    results = fjp.train_and_evaluate(config, str(tmp_path))
+    lines = capsys.readouterr().err.splitlines()
+    (note,) = [line for line in lines if "is below chance" in line]
+    assert note.startswith(f"  round 1: target acc {100 * results['target_accuracy'][0]:.1f}%")
+    assert "(50.0%, T's 2 classes) because the model predicts class 0 for" in note
+    assert note.endswith("of which 0.0% are class 0 (an early model is often near-constant)")
+
+
 def test_a_label_dp_epsilon_sweep_trains_its_runs_in_one_program(tmp_path, monkeypatch):
     # 3 epsilons x 1 seed (and the exact S, another program: its state holds no release).
     configs = [_dp_config(epsilon) for epsilon in (1.0, 0.1, 0.01, None)]

@@ -89,7 +89,7 @@ class RestoredRun(NamedTuple):
         evaluate = make_evaluator(
             self.model.apply, examples.x[indices], examples.y[indices], self.model.num_classes
         )
-        return Scores(evaluate(self.params))
+        return evaluate(self.params)  # a Scores
 
 
 def restore_run(

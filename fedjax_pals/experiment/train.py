@@ -145,6 +145,31 @@ def _chained(updates: list[tuple[str, Callable]]) -> Callable | None:
     return update
 
 
+def below_chance_note(done: int, scores: Any) -> str | None:
+    """Why an evaluation's target accuracy is below chance (a uniform guess over the classes of
+    the target's test labels, 1 / K_T), when most of the model's predictions fall on one class:
+    which class, how many of the target's examples it takes and how few of them hold it. An
+    early model is often near-constant (the synthetic task's untrained logistic regression on
+    inputs far from the origin predicts one class almost everywhere), and a constant model
+    scores that class's share of the target, 0 for a class the target lacks. None otherwise
+    (or without the counts: `metrics.Scores.predicted`, `support`)."""
+    predicted, support = getattr(scores, "predicted", None), getattr(scores, "support", None)
+    if predicted is None or support is None or not np.sum(support):
+        return None
+    total, present = float(np.sum(support)), int(np.count_nonzero(support))
+    chance = 1.0 / present
+    top = int(np.argmax(predicted))
+    share = predicted[top] / max(float(np.sum(predicted)), 1.0)
+    if not scores["accuracy"] < chance or share < 0.5:
+        return None
+    return (
+        f"  round {done}: target acc {percent(scores['accuracy'])} is below chance "
+        f"({percent(chance)}, T's {present} classes) because the model predicts class {top} for "
+        f"{percent(share)} of the target's test examples, of which {percent(support[top] / total)}"
+        f" are class {top} (an early model is often near-constant)"
+    )
+
+
 class _TrackedCheckpointer:
     """The run's checkpointer, its saves uncut by a signal and recorded in `ACTIVITY` (the round
     an interrupted command resumes from)."""
@@ -397,11 +422,15 @@ class _PreparedRun:
         for monitor in self.monitors:
             self._evaluated.update(monitor.progress(self.run.state))
         self._accuracies = (metrics["test"]["accuracy"], metrics["val"]["accuracy"])
+        # A run's first evaluation far below chance says why, under its line.
+        self._note = below_chance_note(done, metrics["test"]) if len(history.rounds) == 1 else None
 
     def _show_evaluation(self) -> None:
         evaluated, self._evaluated = getattr(self, "_evaluated", None), None
         if evaluated is not None:
             self.progress.update(0, **evaluated)
+            if getattr(self, "_note", None):
+                self.progress.write(self._note)
             if getattr(self, "on_shown", None) is not None:  # its group's line (`_train_group`)
                 self.on_shown(self, self._accuracies)
 
