@@ -38,7 +38,8 @@ VLS_loss * lamda`, with `PriorCELoss` (2), `new_LADEloss` (3) times its hard-cod
 lambda = `algorithm.fedvls_lambda`, default 1.0 (`system/main.py`'s `-lam` default; the README's
 CIFAR-10 example uses 0.1: the protocol's grid tries both). N counts the batch's valid examples
 (the reference's batch size; padding is left out of every sum). The reference trains locally
-with SGD momentum 0.9 and weight decay; ours with the package's plain SGD as every method
+with SGD momentum 0.9 (its client sets weight decay to 0); ours with the package's plain SGD as
+every method
 (`fedjax_pals.algorithms.base`). Evaluation uses the plain logits f, as the reference does.
 
 FedVLS is a client-side method: `fedvls_fedpals` trains with it and aggregates with FedPALS'
