@@ -87,6 +87,10 @@ ABLATION = {
     "unknown_t_pretrained": (
         "FedPALS, T^ once from FedAvg trained first", "bbse_constrained",
         {**IN_SAMPLE, "algorithm.target_estimation_model": "fedavg_pretrained"}),
+    # Issue 60's estimators at their defaults, in-sample: MAPLS (its adaptive prior) and VRLS
+    # (its entropy weight 0.1). In no row list yet: name them in --config.sweep.methods.
+    "unknown_t_mapls": ("FedPALS, T^ by MAPLS (in-sample)", "mapls", IN_SAMPLE),
+    "unknown_t_vrls": ("FedPALS, T^ by VRLS (in-sample)", "vrls", IN_SAMPLE),
 }
 # Issue 45's yardstick: FedPALS given T up to App. B.6's noise (`algorithm.target_perturbation`
 # = delta; T_p = normalise(T + delta max(eps, 0))), the estimate no estimator beats. At 1e-3 T_p

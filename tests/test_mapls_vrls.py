@@ -452,3 +452,60 @@ def test_a_vrls_run_estimates_t_through_the_unknown_target_path(tmp_path):
     assert results["config"]["algorithm"]["target_estimation_entropy_weight"] == 0.1
     estimate = np.asarray(records[-1]["estimate"])
     assert estimate.sum() == pytest.approx(1.0) and np.all(estimate >= 0)
+
+
+# -- the unknown-T report --------------------------------------------------------------------
+
+
+def test_the_unknown_target_report_names_the_new_rows(tmp_path):
+    # The ablation's rows (configs/beyond_unknown_target.py, registered by the report) and the
+    # package's own variants come out under their labels, with their L1 columns.
+    import json
+    import os
+
+    from experiments import unknown_target_report as report_lib
+
+    rounds = [1, 2, 3, 4, 5]
+
+    def _write(root, method, seed, accuracy, val_best, estimated=None, l1=None, used=None):
+        run = os.path.join(root, "runs", method, "lam=0", f"seed_{seed}")
+        os.makedirs(run)
+        results = {
+            "config": {"seed": seed, "training": {"rounds": 5}, "algorithm": {}},
+            "partition": {"target_label_dist": None}, "rounds": rounds,
+            "target_accuracy": accuracy, "final_target_accuracy": accuracy[-1],
+            "target_accuracy_at_best_val": accuracy[val_best],
+        }
+        if estimated is not None:
+            results["target_estimation_history"] = [
+                {"round": r, "estimated_accuracy": e, "target_l1_error": d}
+                for r, e, d in zip(rounds, estimated, l1)]
+            results["target_estimation_records"] = [
+                {"round": r, "used": u, "estimate_l1_error": d / 2}
+                for r, u, d in zip(rounds[:-1], used, l1)]
+        with open(os.path.join(run, "results.json"), "w") as f:
+            json.dump(results, f)
+
+    root = str(tmp_path / "sweep")
+    methods = ("unknown_t_mapls", "unknown_t_vrls", "fedpals_unknown_t_mapls",
+               "fedpals_unknown_t_vrls")
+    for seed in (0, 1):
+        _write(root, "fedavg", seed, [0.5, 0.6, 0.6, 0.7, 0.7], 3)
+        _write(root, "fedpals", seed, [0.8, 0.9, 0.9, 0.95, 0.94], 3)
+        for method in methods:
+            _write(root, method, seed, [0.5, 0.7, 0.9, 0.8, 0.85], 2,
+                   estimated=[0.5, 0.8, 0.95, 0.9, 0.9], l1=[1.2, 0.4, 0.2, 0.1, 0.05],
+                   used=[True] * 4)
+    report_lib._register_ablation()
+    text = report_lib.report(root)
+    labels = {
+        "unknown_t_mapls": "FedPALS, T^ by MAPLS (in-sample)",
+        "unknown_t_vrls": "FedPALS, T^ by VRLS (in-sample)",
+        "fedpals_unknown_t_mapls": "FedPALS (T^ by MAPLS (MAP-EM, Dirichlet prior))",
+        "fedpals_unknown_t_vrls":
+            "FedPALS (T^ by VRLS (entropy-regularised temperature + ratio MLE))",
+    }
+    for method in methods:
+        assert fjp.method_label(method) == labels[method]
+        row = next(line for line in text.splitlines() if line.startswith(f"| {labels[method]} |"))
+        assert row.split("|")[6].strip() == "0.100 ± 0.000"  # the L1 after round 4
