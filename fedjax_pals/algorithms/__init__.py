@@ -62,7 +62,8 @@ from fedjax_pals.algorithms.target_estimation import (
     EstimateNotIdentified, Readiness, SourceStatistics, TargetReestimation, bbse_confusion,
     bbse_label_dist, constrained_bbse_label_dist, em_label_dist, estimate_target_label_dist,
     mlls_label_dist, model_logits, model_probabilities, readiness, source_statistics,
-    with_target_label_dist,
+    with_target_label_dist, mapls_label_dist, mapls_prior_weight, density_ratio_mle,
+    fit_vrls_temperature, vrls_label_dist,
 )
 from fedjax_pals.algorithms import fedpals_lambda  # noqa: F401  (registers its feature)
 from fedjax_pals.algorithms.registry import make_algorithm
@@ -96,5 +97,6 @@ __all__ = [
     "bbse_label_dist", "em_label_dist", "estimate_target_label_dist", "model_probabilities",
     "with_target_label_dist", "perturb_label_dist", "Readiness", "SourceStatistics",
     "constrained_bbse_label_dist", "mlls_label_dist", "model_logits", "readiness",
-    "source_statistics",
+    "source_statistics", "mapls_label_dist", "mapls_prior_weight", "density_ratio_mle",
+    "fit_vrls_temperature", "vrls_label_dist",
 ]
