@@ -91,6 +91,10 @@ ABLATION = {
     # (its entropy weight 0.1). In no row list yet: name them in --config.sweep.methods.
     "unknown_t_mapls": ("FedPALS, T^ by MAPLS (in-sample)", "mapls", IN_SAMPLE),
     "unknown_t_vrls": ("FedPALS, T^ by VRLS (in-sample)", "vrls", IN_SAMPLE),
+    "unknown_t_mapls_output_prior": (
+        "FedPALS, T^ by MAPLS, mean-output prior (in-sample)", "mapls_output_prior", IN_SAMPLE),
+    "unknown_t_vrls_output_prior": (
+        "FedPALS, T^ by VRLS, mean-output prior (in-sample)", "vrls_output_prior", IN_SAMPLE),
 }
 # Issue 45's yardstick: FedPALS given T up to App. B.6's noise (`algorithm.target_perturbation`
 # = delta; T_p = normalise(T + delta max(eps, 0))), the estimate no estimator beats. At 1e-3 T_p

@@ -24,7 +24,8 @@ from fedjax_pals.algorithms.fedavg import fedavg
 from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.algorithms.target_estimation import (
-    DEFAULT_RHO, METHOD_LABELS, METHODS, VRLS_DEFAULT_ENTROPY_WEIGHT, TargetReestimation,
+    DEFAULT_RHO, MAPLS_METHODS, METHOD_LABELS, METHODS, VRLS_DEFAULT_ENTROPY_WEIGHT,
+    VRLS_METHODS, TargetReestimation,
 )
 from fedjax_pals.data.partitions import hold_out_stratified
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
@@ -108,7 +109,8 @@ class UnknownTarget(Hyperparameters):
     target_estimation: str | None = hyperparameter(
         None, kind="choice", choices=METHODS, optional=True,
         doc="None (T known) | bbse_constrained (recommended) | mlls | bbse | bbse_soft | em | "
-        "em_output_prior | mapls | vrls: T re-estimated as the run trains",
+        "em_output_prior | mapls | vrls | mapls_output_prior | vrls_output_prior: T "
+        "re-estimated as the run trains",
         per_run=True,
     )
     target_estimation_every: int | None = hyperparameter(
@@ -161,16 +163,16 @@ class UnknownTarget(Hyperparameters):
     # MAPLS' key; None (its adaptive prior learning) keeps every earlier run's digest.
     target_estimation_concentration: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1e9, optional=True,
-        doc="mapls: the Dirichlet prior's concentration c = sum_k (alpha_k - 1) around the "
-        "uniform mean, in pseudo-examples against the target's n (0: EM's MLE); None: MAPLS' "
-        "adaptive prior learning chooses it from the data",
+        doc="mapls(_output_prior): the Dirichlet prior's concentration c = sum_k (alpha_k - 1) "
+        "around the uniform mean, in pseudo-examples against the target's n (0: EM's MLE); "
+        "None: MAPLS' adaptive prior learning chooses it from the data",
         per_run=True,
     )
     # VRLS' key; None off VRLS (no earlier run's digest changes), its default under it.
     target_estimation_entropy_weight: float | None = hyperparameter(
         None, kind="real", low=0.0, high=1.0, optional=True,
-        doc="vrls: the Shannon-entropy weight zeta of the temperature's fit, mean CE - zeta "
-        f"mean H on the source data (0: plain temperature scaling); None: "
+        doc="vrls(_output_prior): the Shannon-entropy weight zeta of the temperature's fit, "
+        "mean CE - zeta mean H on the source data (0: plain temperature scaling); None: "
         f"{VRLS_DEFAULT_ENTROPY_WEIGHT:g} (the authors' notebook)",
         per_run=True,
     )
@@ -198,9 +200,9 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
                 "target_estimation needs it."
             )
     resolved = {key: value if estimates else None for key, value in values.items()}
-    if estimator != "mapls":  # another estimator's key, as another method's: None
+    if estimator not in MAPLS_METHODS:  # another estimator's key, as another method's: None
         resolved["target_estimation_concentration"] = None
-    if not estimates or estimator != "vrls":
+    if not estimates or estimator not in VRLS_METHODS:
         resolved["target_estimation_entropy_weight"] = None
     elif resolved["target_estimation_entropy_weight"] is None:
         resolved["target_estimation_entropy_weight"] = VRLS_DEFAULT_ENTROPY_WEIGHT

@@ -244,13 +244,14 @@ def test_mapls_keys_are_resolved_and_checked():
         "FedPALS (T^ by MAPLS (MAP-EM, Dirichlet prior))")
 
 
-def test_a_mapls_run_estimates_t_through_the_unknown_target_path(tmp_path):
+@pytest.mark.parametrize("estimator", ["mapls", "mapls_output_prior"])
+def test_a_mapls_run_estimates_t_through_the_unknown_target_path(tmp_path, estimator):
     results = fjp.train_and_evaluate(
-        _config(name="fedpals_unknown_t_mapls", target_estimation_concentration=30.0),
+        _config(name=f"fedpals_unknown_t_{estimator}", target_estimation_concentration=30.0),
         str(tmp_path), quiet=True)
     records = results["target_estimation_records"]
     assert [r["round"] for r in records] == [1, 2]
-    assert all(r["estimator"] == "mapls" for r in records)
+    assert all(r["estimator"] == estimator for r in records)
     assert any(r["used"] for r in records)
     assert results["config"]["algorithm"]["target_estimation_concentration"] == 30.0
     # The estimate is MAPLS' on the run's model (its records' T^ is on the simplex and off
@@ -440,18 +441,54 @@ def test_vrls_keys_are_resolved_and_checked():
             fjp.experiment.config.config_identity(other)["algorithm"])
 
 
-def test_a_vrls_run_estimates_t_through_the_unknown_target_path(tmp_path):
-    results = fjp.train_and_evaluate(_config(name="fedpals_unknown_t_vrls"), str(tmp_path),
-                                     quiet=True)
+@pytest.mark.parametrize("estimator", ["vrls", "vrls_output_prior"])
+def test_a_vrls_run_estimates_t_through_the_unknown_target_path(tmp_path, estimator):
+    results = fjp.train_and_evaluate(_config(name=f"fedpals_unknown_t_{estimator}"),
+                                     str(tmp_path), quiet=True)
     records = results["target_estimation_records"]
     assert [r["round"] for r in records] == [1, 2]
-    assert all(r["estimator"] == "vrls" for r in records)
+    assert all(r["estimator"] == estimator for r in records)
     assert any(r["used"] for r in records)
     # The record's inverse temperature is the entropy-regularised fit's.
     assert all(1e-3 <= r["calibration_beta"] <= 1e3 for r in records)
     assert results["config"]["algorithm"]["target_estimation_entropy_weight"] == 0.1
     estimate = np.asarray(records[-1]["estimate"])
     assert estimate.sum() == pytest.approx(1.0) and np.all(estimate >= 0)
+
+
+# -- the mean-output prior ----------------------------------------------------------------------
+
+
+def test_the_output_prior_variants_take_s_as_the_mean_source_output(vrls_data):
+    # "mapls_output_prior" / "vrls_output_prior": the same estimators with S the model's mean
+    # output on the labeled source data (over the classes the labels hold), not their counts.
+    target, source, labels = vrls_data[0][:500], vrls_data[1][:800], vrls_data[2][:800]
+    source = source.copy()
+    labels = np.where(labels == 2, 1, labels)  # class 2 absent from the source labels
+    prior = source.mean(axis=0) * np.array([1.0, 1.0, 0.0])
+    prior /= prior.sum()
+    assert np.abs(prior - np.bincount(labels, minlength=3) / labels.size).sum() > 0.05
+    got = target_estimation.estimate_target_label_dist(
+        target, method="mapls_output_prior", source_probs=source, source_labels=labels,
+        concentration=25.0)
+    np.testing.assert_allclose(
+        got, target_estimation.mapls_label_dist(target, prior, concentration=25.0), atol=1e-12)
+    assert got[2] == 0.0
+    got = target_estimation.estimate_target_label_dist(
+        target, method="vrls_output_prior", source_probs=source, source_labels=labels)
+    np.testing.assert_allclose(got, target_estimation.em_label_dist(target, prior), atol=1e-12)
+    np.testing.assert_allclose(got, prior * _scipy_ratio(target, prior), atol=1e-5)
+    with pytest.raises(ValueError, match="'vrls_output_prior' needs source_probs"):
+        target_estimation.estimate_target_label_dist(target, method="vrls_output_prior")
+    # Their keys are MAPLS' and VRLS'.
+    mapls = fjp.validate_config(_config(name="fedpals_unknown_t_mapls_output_prior",
+                                        target_estimation_concentration=5.0))
+    assert mapls.algorithm.target_estimation_concentration == 5.0
+    assert mapls.algorithm.target_estimation_entropy_weight is None
+    vrls = fjp.validate_config(_config(name="fedpals_unknown_t_vrls_output_prior",
+                                       target_estimation_concentration=5.0))
+    assert vrls.algorithm.target_estimation_entropy_weight == 0.1
+    assert vrls.algorithm.target_estimation_concentration is None
 
 
 # -- the unknown-T report --------------------------------------------------------------------

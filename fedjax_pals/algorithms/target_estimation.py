@@ -61,13 +61,21 @@ from fedjax_pals.server_weights import fedpals_weights, projection_distance
 
 METHODS = (
     "em", "bbse", "bbse_soft", "bbse_constrained", "mlls", "em_output_prior", "mapls", "vrls",
+    "mapls_output_prior", "vrls_output_prior",
 )
+# MAPLS' and VRLS' estimators, with the source prior S the clients' pooled labels (the papers'
+# label marginal) or, "_output_prior", the model's mean (calibrated) output on the source data
+# (MAPLS' code's "soft" prior; the prior the posteriors are calibrated to, as in MLLS).
+MAPLS_METHODS = ("mapls", "mapls_output_prior")
+VRLS_METHODS = ("vrls", "vrls_output_prior")
 # How a run's header and the variants' labels name them.
 METHOD_LABELS = {
     "bbse": "BBSE", "bbse_soft": "soft BBSE", "em": "EM",
     "bbse_constrained": "constrained soft BBSE", "mlls": "BCTS + MLLS",
     "em_output_prior": "EM (mean-output prior)", "mapls": "MAPLS (MAP-EM, Dirichlet prior)",
     "vrls": "VRLS (entropy-regularised temperature + ratio MLE)",
+    "mapls_output_prior": "MAPLS (mean-output prior)",
+    "vrls_output_prior": "VRLS (mean-output prior)",
 }
 # Constrained soft BBSE's ridge rho (||C T - mu||^2 + rho ||T||^2): small against the
 # squared singular values of a useful confusion matrix (the gate's >= 0.1 gives >= 1e-2).
@@ -547,6 +555,15 @@ def mlls_label_dist(
     return em_label_dist(target_probs, prior / prior.sum(), **em_options)
 
 
+def output_prior(source_probs: Any, source_labels: Any) -> np.ndarray:
+    """The model's mean output on labeled source data, over the classes the labels hold (0
+    elsewhere), normalised: the source prior its posteriors are calibrated to (MLLS' prior,
+    `mlls_label_dist`; MAPLS' code's "soft" prior)."""
+    stats = source_statistics(source_probs, source_labels)
+    prior = np.where(stats.present, stats.mean_posterior, 0.0)
+    return prior / prior.sum()
+
+
 def estimate_target_label_dist(
     target_probs: Any, *, method: str = "em", source_probs: Any = None,
     source_labels: Any = None, source_label_dist: Any = None,
@@ -564,9 +581,16 @@ def estimate_target_label_dist(
     (`constrained_bbse_label_dist`, with `rho`), "mlls" (`mlls_label_dist`: pass
     calibrated posteriors) and "em_output_prior" (EM on the uncalibrated posteriors with the
     source prior taken as their mean on the source data, `mlls_label_dist` without the
-    calibration) need `source_probs` and `source_labels`.
+    calibration) need `source_probs` and `source_labels`; so do "mapls_output_prior" and
+    "vrls_output_prior", "mapls" and "vrls" with the source prior taken as the mean of
+    `source_probs` over the classes the source labels hold (`output_prior`).
     """
-    if _method(method) in ("em", "mapls", "vrls"):  # the caller calibrates for "vrls"
+    if _method(method) in ("mapls_output_prior", "vrls_output_prior"):
+        if source_probs is None or source_labels is None:
+            raise ValueError(f"method={method!r} needs source_probs and source_labels.")
+        method = method.removesuffix("_output_prior")
+        source_label_dist = output_prior(source_probs, source_labels)
+    if method in ("em", "mapls", "vrls"):  # the caller calibrates for "vrls"
         if source_label_dist is None:
             if source_labels is None:
                 raise ValueError(f"method={method!r} needs source_label_dist (or source_labels).")
@@ -750,7 +774,7 @@ class TargetReestimation(registry.Monitor):
             calibration = fit_bias_corrected_temperature(source, self.source_y)
             return (calibrated_probabilities(calibration, source),
                     calibrated_probabilities(calibration, target), calibration.beta)
-        if self.method == "vrls":
+        if self.method in VRLS_METHODS:
             beta = fit_vrls_temperature(source, self.source_y, self.entropy_weight)
             return softmax(beta * source), softmax(beta * target), beta
         return softmax(source), softmax(target), None

@@ -55,7 +55,8 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 hypergradient (algorithms/adaptive_lambda.py)
     algorithm.lam_hyper_lr      the hypergradient's Adam step on log lambda, > 0
     algorithm.target_estimation None (the server knows T) | bbse_constrained | mlls | bbse |
-                                bbse_soft | em | em_output_prior | mapls | vrls: T(Y) unknown; FedPALS
+                                bbse_soft | em | em_output_prior | mapls | vrls |
+                                mapls_output_prior | vrls_output_prior: T(Y) unknown; FedPALS
                                 starts from the clients' aggregate and re-estimates T from the
                                 global model as the run trains
                                 (unknown_target.py); needs lam (not
@@ -70,10 +71,10 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 from (the run's, a FedAvg shadow's, or both averaged), the
                                 estimate's share of the clients' aggregate
     algorithm.target_estimation_concentration
-                                mapls: the Dirichlet prior's concentration (pseudo-examples;
+                                mapls*: the Dirichlet prior's concentration (pseudo-examples;
                                 0: EM's MLE); None: MAPLS' adaptive prior learning
     algorithm.target_estimation_entropy_weight
-                                vrls: the entropy weight zeta of its temperature's fit, mean
+                                vrls*: the entropy weight zeta of its temperature's fit, mean
                                 CE - zeta mean H on the source data, in [0, 1]; None: 0.1
     algorithm.label_dp_epsilon  None (the server sees the exact S_i) or epsilon > 0: the server's
                                 weights (FedPALS, FedDisco) and the ESS search see S_i released
