@@ -540,7 +540,8 @@ def table_markdown(table: Mapping[str, Any]) -> str:
                 + (f" {_privacy_text(cell['per_seed'])} |" if private else "")
             )
     seeds_text = "/".join(str(n) for n in n_seeds)
-    lines += ["", f"Protocol: {table['protocol']} ({seeds_text} seeds per row)."]
+    seeds_word = "seed" if n_seeds and max(n_seeds) == 1 else "seeds"
+    lines += ["", f"Protocol: {table['protocol']} ({seeds_text} {seeds_word} per row)."]
     runs = table.get("runs")
     if runs and runs.get("not_finished"):
         counts = collections.Counter(runs["not_finished"].values())
