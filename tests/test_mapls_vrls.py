@@ -254,6 +254,11 @@ def test_a_mapls_run_estimates_t_through_the_unknown_target_path(tmp_path, estim
     assert all(r["estimator"] == estimator for r in records)
     assert any(r["used"] for r in records)
     assert results["config"]["algorithm"]["target_estimation_concentration"] == 30.0
+    # results.json says whether the estimate in use was identified, and which were not.
+    assert results["target_estimate_identified"] == [r for r in records if r["used"]][-1][
+        "identified"]
+    assert results["target_estimation_unidentified_rounds"] == [
+        r["round"] for r in records if not r["identified"]]
     # The estimate is MAPLS' on the run's model (its records' T^ is on the simplex and off
     # the clients' aggregate, where the server started).
     estimate = np.asarray(records[-1]["estimate"])
@@ -546,3 +551,49 @@ def test_the_unknown_target_report_names_the_new_rows(tmp_path):
         assert fjp.method_label(method) == labels[method]
         row = next(line for line in text.splitlines() if line.startswith(f"| {labels[method]} |"))
         assert row.split("|")[6].strip() == "0.100 ± 0.000"  # the L1 after round 4
+
+
+# -- an estimate that is not identified says so -------------------------------------------------
+
+
+def test_an_unidentified_estimate_is_flagged_in_the_records_results_progress_and_log(caplog):
+    dataset, partition = fjp.synthetic_label_shift_task(0.5, seed=0)
+    model = fjp.logistic_regression((2,), 3)
+    training = fjp.LocalTraining(local_epochs=1, batch_size=8, learning_rate=1.0)
+    sizes = partition.client_sizes
+    start = sizes @ partition.client_label_dists / sizes.sum()
+    algorithm = fjp.fedpals(start, 0.0)
+    reestimation = fjp.algorithms.TargetReestimation(
+        algorithm, model, dataset, partition, every=1, seed=0, method="mapls")
+    real = reestimation.estimate
+    calls = []
+
+    def estimate(state):  # round 2's model cannot tell classes 1 and 2 apart
+        estimate, stats, beta = real(state)
+        calls.append(1)
+        if len(calls) == 2:
+            sums = stats.posterior_sums.copy()
+            sums[1:] = np.outer(stats.counts[1:], sums[1:].sum(axis=0) / stats.counts[1:].sum())
+            stats = stats._replace(posterior_sums=sums)  # its columns 1 and 2 now equal
+        return estimate, stats, beta
+
+    reestimation.estimate = estimate
+    with caplog.at_level("WARNING"):
+        state, _ = fjp.training.run_training(
+            algorithm, model, dataset, partition, training, rounds=4, seed=0,
+            update_state=reestimation.update_state)
+    records = reestimation.records
+    assert [r["round"] for r in records] == [1, 2, 3]
+    assert [r["identified"] for r in records] == [True, False, True]
+    assert records[1]["sigma_min"] < target_estimation.IDENTIFIED_SIGMA_MIN <= min(
+        records[0]["sigma_min"], records[2]["sigma_min"])
+    assert all(r["used"] for r in records)  # reported, not gated
+    assert "T^ before round 2 is not identified" in caplog.text
+    results = reestimation.results(state)
+    assert results["target_estimation_unidentified_rounds"] == [2]
+    assert results["target_estimate_identified"] is True  # the last one used (round 3)
+    reestimation.records = records[:2]
+    assert reestimation.results(state)["target_estimate_identified"] is False
+    assert reestimation.progress(state)["T^"].endswith(", not identified")
+    reestimation.records = []
+    assert reestimation.results(state)["target_estimate_identified"] is None

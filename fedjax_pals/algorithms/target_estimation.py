@@ -83,6 +83,12 @@ DEFAULT_RHO = 1e-4
 # VRLS' Shannon-entropy weight zeta: the authors' notebook (zhiyuan-11/VRLS_main,
 # Density_Ratio_Estimation.ipynb: entropy_weight=0.1).
 VRLS_DEFAULT_ENTROPY_WEIGHT = 0.1
+# Below this smallest singular value of the soft confusion matrix (`readiness`) an estimate is
+# recorded as not identified and a warning says so (it is still used unless a gate is set).
+# Provisional, from a handful of runs (issue 60): the failing seed it reports had 0.0000 at
+# round 4 and MAPLS' failing run on seed 12 2.1e-5, where the default's good in-sample estimates
+# (L1 0.05 by round 3) had 0.0015-0.009 and held-out ones a median of 0.001 (REPRODUCTION.md).
+IDENTIFIED_SIGMA_MIN = 1e-4
 EM_DEFAULT_MAX_ITER = 10_000
 EM_DEFAULT_TOL = 1e-10
 
@@ -242,7 +248,7 @@ def _confidence(divergence: float, at_half: float) -> float:
 
 
 def mapls_prior_weight(target_probs: Any, source_label_dist: Any, **em_options: Any) -> float:
-    """MAPLS' adaptive prior learning (APL): the weight lambda in (0, 1] of the data against the
+    """MAPLS' adaptive prior learning (APL): the weight lambda in (0, 1) of the data against the
     Dirichlet prior, from how far the MLE of T (`em_label_dist`) lies from the prior's uniform
     mean U and from the source prior S (Ye et al., WACV 2024; `get_lamda` in
     github.com/ChangkunYe/MAPLS, label_shift/mapls.py):
@@ -698,9 +704,12 @@ class TargetReestimation(registry.Monitor):
 
     `records` lists one dict per re-estimation of this process (round, estimator, the gate's
     quantities, whether it was used, T^ and the T put in use, their L1 errors to `truth` when
-    given, the calibration's inverse temperature). At each evaluation `scalars` reports the T
-    in use, its L1 error and `estimated_accuracy` (the stopping criterion of a target without
-    labels); `results` adds the records and the per-evaluation history.
+    given, the calibration's inverse temperature, `identified`: the soft confusion matrix's
+    smallest singular value >= `IDENTIFIED_SIGMA_MIN`, below which a warning says the estimate
+    is not identified). At each evaluation `scalars` reports the T in use, its L1 error and
+    `estimated_accuracy` (the stopping criterion of a target without labels); `results` adds
+    the records, the per-evaluation history, whether the last estimate used was identified and
+    the rounds whose estimates were not.
     """
 
     def __init__(
@@ -845,7 +854,13 @@ class TargetReestimation(registry.Monitor):
             sigma_min=ready.sigma_min, min_recall=ready.min_recall,
             recall=[None if np.isnan(r) else float(r) for r in stats.recall],
             calibration_beta=beta, estimate=estimate.tolist(), estimate_l1_error=self._l1(estimate),
+            identified=ready.sigma_min >= IDENTIFIED_SIGMA_MIN,
         )
+        if not record["identified"]:
+            logging.warning(
+                "T^ before round %d is not identified: the soft confusion matrix's smallest "
+                "singular value is %.2g (< %g), so the model's outputs cannot tell some classes' "
+                "shares of the target apart", round_index, ready.sigma_min, IDENTIFIED_SIGMA_MIN)
         if not ready.passes(*self.gate):
             self._skip(
                 record,
@@ -915,6 +930,8 @@ class TargetReestimation(registry.Monitor):
         text = f"moved {last['target_change_l1']:.3f}"
         if last.get("target_l1_error") is not None:
             text += f", L1 err {last['target_l1_error']:.3f}"
+        if last.get("identified") is False:
+            text += ", not identified"
         return {"T^": text}
 
     def estimated_accuracy(self, state: Any, estimate: np.ndarray) -> float:
@@ -950,9 +967,14 @@ class TargetReestimation(registry.Monitor):
     def results(self, state: Any) -> dict:
         """The last T in use and its L1 error; this process's re-estimations and evaluations."""
         estimate = np.asarray(self.current(state), np.float64)
+        used = [r for r in self.records if r["used"]]
         return {
             "target_estimate": estimate.tolist(),
             "target_estimate_l1_error": self._l1(estimate),
+            # Whether the last estimate put to use was identified (None: none used yet).
+            "target_estimate_identified": used[-1].get("identified") if used else None,
+            "target_estimation_unidentified_rounds": [
+                r["round"] for r in self.records if r.get("identified") is False],
             "target_estimation_skipped_rounds": [r for r, _ in self.skipped],
             "target_estimation_records": self.records,
             "target_estimation_history": self.evaluations,
