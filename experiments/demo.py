@@ -175,7 +175,8 @@ def _run(config, cache_dir: str | None, compilations: CompilationCount) -> None:
         for name, message in summary["errors"].items():
             print(f"{name}: {message}")
         raise SystemExit(f"error: {len(failed)} demo run(s) failed; see {workdir}/runs/*/error.txt")
-    print(f"\nFedPALS vs FedAvg on {config.dataset.name}, {config.training.rounds} rounds\n")
+    print(f"\nFedPALS vs FedAvg on {fjp.data.dataset_label(config.dataset.name)}, "
+          f"{config.training.rounds} rounds\n")
     print(summary["markdown"])
     label_distribution_figure(workdir)
     print()

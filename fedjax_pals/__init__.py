@@ -80,6 +80,7 @@ from fedjax_pals.algorithms.registry import (  # noqa: E402
     Hyperparameters,
     Method,
     MethodContext,
+    MethodKey,
     Monitor,
     RunFacts,
     Variant,
@@ -206,6 +207,7 @@ __all__ = [
     "weighted_average_update", "afl", "combine", "fedprox", "fedrs", "fedshift", "oracle",
     "scaffold", "feddisco", "fedlc", "Hyperparameters", "Method", "MethodContext", "get_method",
     "hyperparameter", "make_algorithm", "method_label", "register_method", "registered_methods",
+    "MethodKey",
     "Variant", "register_variant",
     "Feature", "Monitor", "RunFacts", "register_feature",
     # server optimisers

@@ -484,7 +484,8 @@ def test_a_resolved_config_holds_the_digest_and_the_method_key_it_was_given():
     assert (resolved.method, resolved.imports) == ("fedprox_fedpals", None)
     assert resolved.label == registry.method_label("fedprox_fedpals")
     assert fjp.resolve_config(resolved) is resolved  # taken as it is, not resolved again
-    # The most specific key, whatever the spelling: fedprox under FedPALS' weights.
+    # Read from the resolved config (MethodKey.of_settings), whatever the spelling: fedprox
+    # under FedPALS' weights.
     spelled = {"name": "fedprox", "weights": "fedpals"}
     assert fjp.resolve_config({**config, "algorithm": spelled}).method == "fedprox_fedpals"
     # Two keys that mean the same run (a user's variant with a built-in's settings): the run
@@ -502,10 +503,10 @@ def test_a_resolved_config_holds_the_digest_and_the_method_key_it_was_given():
         for key in ("fedpals_unknown_t_bbse", "bbse_again"):
             named = {**config, "algorithm": {"name": key, "lam": 0.1}}
             assert fjp.resolve_config(named).method == key
+        # Spelled out, no variant was given: the run is named by its method (a variant is
+        # what the config was given, never searched for among the registered ones).
         spelled = {"name": "fedpals", "target_estimation": "bbse", "lam": 0.1}
-        assert fjp.resolve_config({**config, "algorithm": spelled}).method == (
-            "fedpals_unknown_t_bbse"  # the first registered of the two
-        )
+        assert fjp.resolve_config({**config, "algorithm": spelled}).method == "fedpals"
     finally:
         registry._VARIANTS.pop("fedpals_again")
         registry._VARIANTS.pop("bbse_again")

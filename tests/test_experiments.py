@@ -330,25 +330,25 @@ def test_ctrl_c_and_sigterm_end_a_run_in_one_line_and_the_same_command_resumes(t
         r"resumes from round (\d+) \(the last checkpoint\)\."
     )
     first = _Child("experiments.run", *command)
-    evaluation = first.wait_for(lambda line: line.startswith("fedpals seed 0: round "))
+    evaluation = first.wait_for(lambda line: line.startswith("FedPALS seed 0: round "))
     assert re.fullmatch(
-        r"fedpals seed 0: round 5/300, target acc [\d.]+%, val acc [\d.]+%, .*ETA (\d+:\d\d|\?)",
+        r"FedPALS seed 0: round 5/300, target acc [\d.]+%, val acc [\d.]+%, .*ETA (\d+:\d\d|\?)",
         evaluation,
     ), evaluation
     status, rest = first.stop(signal.SIGINT)
     assert status == 130, rest
     # Perhaps an evaluation or two more before the signal landed, then the one line.
-    assert all(line.startswith("fedpals seed 0: round ") for line in rest[:-1]), rest
+    assert all(line.startswith("FedPALS seed 0: round ") for line in rest[:-1]), rest
     name, reached, resume = re.fullmatch(pattern, rest[-1]).groups()
     assert name == "SIGINT" and int(resume) % 5 == 0 and int(resume) < int(reached)
 
     second = _Child("experiments.run", *command)
     header = second.wait_for(lambda line: "rounds, backend" in line)
     assert header.endswith(f", resuming after round {resume}")  # the round the line named
-    second.wait_for(lambda line: line.startswith("fedpals seed 0: round "))
+    second.wait_for(lambda line: line.startswith("FedPALS seed 0: round "))
     status, rest = second.stop(signal.SIGTERM)
     assert status == 143, rest
-    assert all(line.startswith("fedpals seed 0: round ") for line in rest[:-1]), rest
+    assert all(line.startswith("FedPALS seed 0: round ") for line in rest[:-1]), rest
     assert re.fullmatch(pattern, rest[-1]).group(1) == "SIGTERM", rest
     assert "Traceback" not in "\n".join(second.lines + rest)
 

@@ -258,7 +258,7 @@ def test_quiet_prints_nothing_and_otherwise_a_progress_bar(tmp_path, capfd, monk
     # (Indented lines are notes under a line: this run's round 1 is below chance, and says why.)
     lines = [line for line in err.splitlines() if not line.startswith("  ")]
     assert "FedPALS on synthetic label shift" in lines[0] and "%|" not in err
-    assert lines[1].startswith("fedpals seed 0: round 1/1, target acc ") and len(lines) == 2
+    assert lines[1].startswith("FedPALS seed 0: round 1/1, target acc ") and len(lines) == 2
     # In a terminal: the bar instead of the lines.
     monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     fjp.train_and_evaluate(_config(rounds=1, eval_every=1), str(tmp_path / "loud"))
@@ -637,7 +637,7 @@ def test_an_interrupted_run_says_the_round_it_reached_and_resumes_from_its_last_
     )
     lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("  ")]
     accuracy = progress.percent(expected["target_accuracy"][0])
-    assert lines[1].startswith(f"fedpals seed 0: round 2/6, target acc {accuracy}, val acc ")
+    assert lines[1].startswith(f"FedPALS seed 0: round 2/6, target acc {accuracy}, val acc ")
     assert " ETA " in lines[1] and len(lines) == 2  # the header, then one line per evaluation
 
     trained = _instrument(monkeypatch)  # the lock was let go: the same call resumes

@@ -408,55 +408,167 @@ def server_optimizer_key(optimizer: str, key: str) -> str:
     return optimizer if key == "fedavg" else f"{optimizer}_{key}"
 
 
-def method_overrides(key: str) -> dict[str, Any]:
-    """The config keys that a method key sets: {"algorithm.name": ..., "algorithm.weights": ...}
-    plus a variant's own keys, and "server.optimizer" for a server optimiser in front."""
-    if not isinstance(key, str):
-        raise ValueError(f"a method key must be a string, got {key!r}.")
-    optimizer, rest = _server_optimizer_split(key)
-    if optimizer is not None:
-        return {**method_overrides(rest), "server.optimizer": optimizer}
-    if key in _VARIANTS:
-        variant = _VARIANTS[key]
-        return {"algorithm.name": variant.method, "algorithm.weights": None, **variant.overrides}
-    if key in _METHODS:
-        return {"algorithm.name": key, "algorithm.weights": None}
-    split = _lender_split(key)
-    if split is not None:
-        base, lender = split
-        if _METHODS[base].client_side:
-            return {"algorithm.name": base, "algorithm.weights": lender}
-        raise ValueError(
-            f"{key!r} combines {_METHODS[lender].label}'s weights with {base!r}, but only the "
-            f"client-side methods {list(client_side_methods())} combine."
+@dataclasses.dataclass(frozen=True)
+class MethodKey:
+    """A method key as a value: what `algorithm.name` or `sweep.methods` names, in parts.
+
+    method: the registered method (`algorithm.name` once resolved: "fedprox");
+    lender: the method whose server weights a client-side method uses (`algorithm.weights`:
+      "fedpals"), None for the method's own weights or FedAvg's;
+    optimizer: the server optimiser in front (`server.optimizer`: "fedadam"), None for plain
+      SGD (the weighted average);
+    variant: the registered `Variant` the key names ("fedpals_adaptive"), None for none.
+
+    `MethodKey.parse("fedadam_fedprox_fedpals")` is its inverse of `str(key)` / `key.key`;
+    `label` is how every table, figure and screen line names it ("FedAdam+FedProx+FedPALS");
+    `overrides` the config keys it means; `defaults` the settings its variant brings where
+    the config leaves them open (`Variant.defaults`).
+
+    `MethodKey.of(resolved)` is the key a `ResolvedConfig` was built from, read, not searched:
+    the resolved config's algorithm.name, algorithm.weights and server.optimizer give the
+    method, lender and optimizer, and the variant is the one the given key named (a variant
+    cannot be read back from settings: two variants, or a variant and a method, may mean the
+    same settings, "fedpals_again" copying FedPALS'). There is no candidate list to pick
+    from, so no "first match" or "most specific match" rule can be wrong: the key a run is
+    named by is the key it was given, whatever other key would give the same config.
+    """
+
+    method: str
+    lender: str | None = None
+    optimizer: str | None = None
+    variant: str | None = None
+
+    @classmethod
+    def parse(cls, key: Any) -> "MethodKey":
+        """The parts of a key ("fedadam_fedpals", "fedprox_fedpals", "fedpals_adaptive", a bare
+        "fedadam" for FedAvg with FedAdam); ValueError for a key that names nothing
+        registered, or a combination with a method that is not client-side."""
+        if not isinstance(key, str):
+            raise ValueError(f"a method key must be a string, got {key!r}.")
+        optimizer, rest = _server_optimizer_split(key)
+        if optimizer is not None:
+            return dataclasses.replace(cls.parse(rest), optimizer=optimizer)
+        if key in _VARIANTS:
+            variant = _VARIANTS[key]
+            lender = variant.overrides.get("algorithm.weights")
+            return cls(variant.method, None if lender == "fedavg" else lender, variant=key)
+        if key in _METHODS:
+            return cls(key)
+        split = _lender_split(key)
+        if split is not None:
+            base, lender = split
+            if _METHODS[base].client_side:
+                return cls(base, lender)
+            raise ValueError(
+                f"{key!r} combines {_METHODS[lender].label}'s weights with {base!r}, but only "
+                f"the client-side methods {list(client_side_methods())} combine."
+            )
+        raise _unknown(key)
+
+    @classmethod
+    def of_settings(
+        cls, name: str, weights: str | None = None, optimizer: str | None = None,
+        named: Any = None,
+    ) -> "MethodKey":
+        """The key of a resolved config's algorithm.name, algorithm.weights and
+        server.optimizer, with the variant of `named` (the key the config was given, whose
+        overrides the config was resolved with; None or a key that is no variant of `name`:
+        no variant)."""
+        variant = None
+        if isinstance(named, str):
+            try:
+                given = cls.parse(named)
+            except ValueError:
+                given = None
+            if given is not None and given.variant is not None and given.method == name:
+                variant = given.variant
+        return cls(
+            name,
+            None if weights in (None, "fedavg") else weights,
+            None if optimizer in (None, "sgd") else optimizer,
+            variant,
         )
-    raise _unknown(key)
+
+    @staticmethod
+    def of(resolved: Any) -> "MethodKey":
+        """The key `resolved` (a `ResolvedConfig`) was built from: its `key`, recorded when it
+        was resolved (see the class docstring: by construction, not by search)."""
+        key = getattr(resolved, "key", None)
+        if not isinstance(key, MethodKey):
+            raise TypeError(
+                "MethodKey.of takes a fedjax_pals.experiment.ResolvedConfig (resolve_config), "
+                f"got {type(resolved).__name__}."
+            )
+        return key
+
+    @property
+    def key(self) -> str:
+        """The key as a config or a sweep names it ("fedadam_fedprox_fedpals")."""
+        base = self.variant or (f"{self.method}_{self.lender}" if self.lender else self.method)
+        return server_optimizer_key(self.optimizer, base) if self.optimizer else base
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def label(self) -> str:
+        """The display name ("FedAdam+FedProx+FedPALS")."""
+        if self.variant is not None:
+            base = _VARIANTS[self.variant].label if self.variant in _VARIANTS else self.variant
+        else:
+            method = _METHODS[self.method].label if self.method in _METHODS else self.method
+            if self.lender is not None:
+                lender = _METHODS[self.lender].label if self.lender in _METHODS else self.lender
+                method = f"{method}+{lender}"
+            base = method
+        if self.optimizer is None:
+            return base
+        label = SERVER_OPTIMIZER_LABELS.get(self.optimizer, self.optimizer)
+        bare = self.variant is None and self.lender is None and self.method == "fedavg"
+        return label if bare else f"{label}+{base}"
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The config keys the key means: {"algorithm.name": ..., "algorithm.weights": ...}
+        plus a variant's own keys, and "server.optimizer" for a server optimiser in front."""
+        if self.variant is not None:
+            variant = _VARIANTS[self.variant]
+            keys = {"algorithm.name": variant.method, "algorithm.weights": None,
+                    **variant.overrides}
+        else:
+            keys = {"algorithm.name": self.method, "algorithm.weights": self.lender}
+        if self.optimizer is not None:
+            keys["server.optimizer"] = self.optimizer
+        return keys
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The settings the key brings where the config leaves them open (its variant's
+        `Variant.defaults`; {} for a key that is no variant)."""
+        variant = _VARIANTS.get(self.variant) if self.variant is not None else None
+        return dict(variant.defaults) if variant is not None else {}
+
+
+def method_overrides(key: str) -> dict[str, Any]:
+    """The config keys that a method key sets (`MethodKey.parse(key).overrides`)."""
+    return MethodKey.parse(key).overrides
 
 
 def method_defaults(key: str) -> dict[str, Any]:
-    """The settings a method key brings when the config leaves them open (`Variant.defaults`;
-    {} for a key that is not a variant)."""
-    optimizer, rest = _server_optimizer_split(key)
-    if optimizer is not None:
-        return method_defaults(rest)
-    variant = _VARIANTS.get(key)
-    return dict(variant.defaults) if variant is not None else {}
+    """The settings a method key brings when the config leaves them open
+    (`MethodKey.parse(key).defaults`)."""
+    return MethodKey.parse(key).defaults
 
 
-def method_label(key: str) -> str:
-    """The column header / legend of a method key ("FedProx+FedPALS"); unknown keys as they are."""
-    optimizer, rest = _server_optimizer_split(key)
-    if optimizer is not None:
-        label = SERVER_OPTIMIZER_LABELS[optimizer]
-        return label if rest == "fedavg" else f"{label}+{method_label(rest)}"
-    if key in _VARIANTS:
-        return _VARIANTS[key].label
-    if key in _METHODS:
-        return _METHODS[key].label
-    split = _lender_split(key)
-    if split is not None:
-        return f"{_METHODS[split[0]].label}+{_METHODS[split[1]].label}"
-    return key
+def method_label(key: Any) -> str:
+    """The column header / legend of a method key ("FedProx+FedPALS"); unknown keys as they
+    are (a run recorded with a user's key whose module is not imported)."""
+    if isinstance(key, MethodKey):
+        return key.label
+    try:
+        return MethodKey.parse(key).label
+    except ValueError:
+        return key
 
 
 def method_labels() -> dict[str, str]:

@@ -515,9 +515,10 @@ def _method_key_overrides(c: dict, defaults: dict) -> dict:
     if not isinstance(name, str) or name in registry.registered_methods():
         return c
     try:
-        overrides = registry.method_overrides(name)
+        method_key = registry.MethodKey.parse(name)
     except ValueError:
         return c  # not a method key: _choice names the problem, with the registered methods
+    overrides = method_key.overrides
     c = {**c, "algorithm": dict(c["algorithm"]), "server": dict(c["server"])}
     defaults = flatten(defaults)
     for path, value in overrides.items():
@@ -532,7 +533,7 @@ def _method_key_overrides(c: dict, defaults: dict) -> dict:
                 "is set too; give one of them."
             )
         c[section][key] = value
-    brought = registry.method_defaults(name)
+    brought = method_key.defaults
     if all(c[p.partition(".")[0]].get(p.partition(".")[2]) in (None, defaults.get(p))
            for p in brought):
         for path, value in brought.items():
@@ -957,9 +958,12 @@ class ResolvedConfig:
       config: `validate_config`'s resolved ConfigDict (locked sections).
       plain: the same as nested dicts (results.json's and hparams.json's "config").
       digest: `config_digest` (the run's identity, 16 hex digits).
-      method: the method key as a sweep names it: "fedprox_fedpals" where algorithm.name is
-        "fedprox" with FedPALS' weights, "fedadam_fedpals" under server.optimizer="fedadam".
-      label: the method's display name (registry.method_label).
+      key: the `MethodKey` the config was built from (`MethodKey.of(resolved)`): its method,
+        weights and server optimiser as resolved, and the variant the given key named.
+      method: `str(key)`, the method key as a sweep names it: "fedprox_fedpals" where
+        algorithm.name is "fedprox" with FedPALS' weights, "fedadam_fedpals" under
+        server.optimizer="fedadam".
+      label: `key.label`, the method's display name ("FedAdam+FedPALS").
       imports: `extensions.imports_record` of the user modules whose registrations the config
         names (None: only built-in ones), which a process restoring the run imports first.
     """
@@ -967,9 +971,16 @@ class ResolvedConfig:
     config: ml_collections.ConfigDict
     plain: dict
     digest: str
-    method: str
-    label: str
+    key: registry.MethodKey
     imports: dict | None
+
+    @property
+    def method(self) -> str:
+        return self.key.key
+
+    @property
+    def label(self) -> str:
+        return self.key.label
 
 
 def resolve_config(config: Any) -> ResolvedConfig:
@@ -990,54 +1001,23 @@ def resolve_config(config: Any) -> ResolvedConfig:
 def resolved_config_of(plain: Mapping[str, Any], method: Any = None) -> ResolvedConfig:
     """The `ResolvedConfig` of a config that `validate_config` has resolved already, as nested
     dicts (a sweep's runs: validated once per grid point when the sweep is expanded), not
-    validated again. `method`: the method key the run was named by (`_method_key`)."""
+    validated again. `method`: the method key the run was named by (the config's
+    algorithm.name or the sweep's method): the variant it names is recorded, the rest
+    is read from the resolved config (`MethodKey.of_settings`)."""
     plain = copy.deepcopy(dict(plain))
     flat = flatten(plain)
     digest = resolved_config_digest(plain)
     config = ml_collections.ConfigDict(plain)
     for section in _SECTIONS:
         config[section].lock()
-    key = _method_key(flat, method)
-    label = registry.method_label(key)
+    key = registry.MethodKey.of_settings(
+        flat["algorithm.name"], flat.get("algorithm.weights"), flat.get("server.optimizer"),
+        named=method,
+    )
     modules = extensions.modules_for(resolved=[flat])
     imports = extensions.imports_record(modules) if modules else None
     return ResolvedConfig(
-        config=config, plain=plain, digest=digest, method=key, label=label, imports=imports
-    )
-
-
-def _method_key(flat: Mapping[str, Any], named: Any = None) -> str:
-    """The method key of a resolved, flattened config as a sweep names it: the most specific
-    registered key (server-optimiser prefix included) whose config keys the config holds, a
-    key's None leaving its value to the config. Specific = the keys it sets to other than their
-    defaults: `fedprox` is FedProx under either weighting, `fedprox_fedpals` the more specific
-    one under FedPALS' weights; a user's variant that sets a key to its default
-    (`target_holdout=0`) is not more specific than the built-in it copies. Among equally
-    specific ones, `named` (the algorithm.name the config was given), else the first
-    registered."""
-    defaults = flatten(default_config())
-
-    def holds(key: str) -> dict | None:
-        try:
-            overrides = registry.method_overrides(key)
-        except ValueError:
-            return None
-        sets = {p: v for p, v in overrides.items() if v is not None}
-        if not all(flat.get(p) == v for p, v in sets.items()):
-            return None
-        return {p: v for p, v in sets.items() if defaults.get(p, v) != v or p == "algorithm.name"}
-
-    keys = registry.method_keys()
-    optimizer = flat.get("server.optimizer")
-    if optimizer not in (None, "sgd"):
-        keys = (optimizer, *(f"{optimizer}_{key}" for key in keys))
-    best, most = flat.get("algorithm.name"), -1
-    for key in keys:
-        sets = holds(key)
-        if sets is not None and len(sets) > most:
-            best, most = key, len(sets)
-    given = holds(named) if isinstance(named, str) else None
-    return named if given is not None and len(given) == most else best
+        config=config, plain=plain, digest=digest, key=key, imports=imports)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -278,7 +278,7 @@ class _PreparedRun:
             self.progress = progress = stack.enter_context(
                 Progress(
                     rounds,
-                    desc=f"{self.config.algorithm.name} seed {self.config.seed}",
+                    desc=f"{resolved.label} seed {self.config.seed}",  # "FedAdam+FedPALS seed 0"
                     initial=start_round,
                     quiet=quiet,
                     first_step_compiles=True,
@@ -286,7 +286,10 @@ class _PreparedRun:
             )
             lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
             progress.write(
-                f"{self.title}: lam={lam} ESS={summary['ess']:.0f}/{summary['total_examples']} "
+                # The first line names the data set ("Fashion-MNIST: FedPALS on sparsity ..."),
+                # as the figures' titles do.
+                f"{self.figure_title}: lam={lam} "
+                f"ESS={summary['ess']:.0f}/{summary['total_examples']} "
                 f"d(T,S)={summary['projection_distance']:.4g}"
                 + (" (S: label DP's release)" if task.server_label_dists is not None else "")
                 + f", {rounds} rounds, backend "
