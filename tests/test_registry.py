@@ -765,6 +765,166 @@ def test_a_stage_that_is_not_one_is_refused_naming_the_stages():
         _mixing_feature(stage="targt")
 
 
+# -- stage contracts (issue 59): what a stage fixes, a later prepare may not change -------------
+
+
+def _stage_config(method="fedpals"):
+    if "stage_blobs" not in datasets_lib.registered_datasets():
+        _register_blobs("stage_blobs")  # 5 Dirichlet clients; T away from their aggregate
+    return _fit_config("stage_blobs", method=method)
+
+
+def test_a_feature_at_the_lambda_stage_that_changes_t_is_refused_naming_the_target_stage(
+    features_restored, no_training, tmp_path
+):
+    # Run after the ESS search, its T would not be the one lambda was searched on (silently
+    # wrong until issue 59): refused, in one line, before anything trains.
+    fjp.register_feature(_mixing_feature(stage="lambda"))
+    config = _stage_config()
+    config.algorithm.mix_uniform = 0.5
+    message = _refused(config, tmp_path)
+    assert "feature 'mix_uniform' at the stage 'lambda': its prepare changed T " in message
+    assert message.endswith("declare Feature(..., stage='target').")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Floor(fjp.Hyperparameters):
+    s_floor: float | None = fjp.hyperparameter(None, low=0.0, high=1.0, optional=True)
+
+
+def _floor_s(hp, context):
+    floored = np.maximum(np.asarray(context.weight_label_dists, np.float64), hp.s_floor)
+    return context.replace(server_label_dists=floored / floored.sum(axis=1, keepdims=True))
+
+
+def _floor_feature(stage):
+    return fjp.Feature(
+        "s_floor", "S floored", _Floor,
+        lambda values, facts: {"s_floor": values["s_floor"] if facts.reads_target else None},
+        prepare=_floor_s, stage=stage,
+    )
+
+
+def test_a_feature_at_the_lambda_stage_that_changes_s_is_refused_naming_label_marginals(
+    features_restored, no_training, tmp_path
+):
+    fjp.register_feature(_floor_feature("lambda"))
+    config = _stage_config()
+    config.algorithm.s_floor = 0.05
+    message = _refused(config, tmp_path)
+    assert "feature 's_floor' at the stage 'lambda': its prepare changed the S_i the weights " \
+        "see" in message
+    assert message.endswith("declare Feature(..., stage='label_marginals').")
+    # At its own stage the same prepare runs, and the weights see what it made.
+    fjp.register_feature(_floor_feature("label_marginals"), replace=True)
+    task = fjp.build_task(config)
+    assert np.min(task.server_label_dists) > 0.04
+
+
+def test_a_prepare_at_the_algorithm_stage_warns_and_runs_but_may_not_change_t(
+    features_restored, registries_restored, no_training, tmp_path
+):
+    # Today a prepare at 'algorithm' runs (after lambda, before the method is built): what
+    # does not touch T or S still works, with a warning (0.4.0 refuses it) ...
+    seen = []
+
+    def prepare(hp, context):
+        seen.append(context.lam)
+        return context
+
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning,
+                      match=r"feature 's_floor' has a prepare at the stage 'algorithm', which is "
+                            r"wrap-only.* 0\.4\.0 will refuse it"):
+        fjp.register_feature(dataclasses.replace(_floor_feature("algorithm"), prepare=prepare))
+    config = _stage_config()
+    config.algorithm.s_floor = 0.05
+    fjp.build_task(config)
+    assert seen == [0.0]
+    # ... what changes T there is silently wrong today: refused now.
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning, match="wrap-only"):
+        fjp.register_feature(_mixing_feature(stage="algorithm"))
+    config = _stage_config()
+    config.algorithm.mix_uniform = 0.5
+    assert "declare Feature(..., stage='target')" in _refused(config, tmp_path)
+
+
+def _ordered_feature(name, stage="target", after=()):
+    return registry.Feature(name, name, fjp.Hyperparameters, lambda values, facts: {},
+                            stage=stage, after=after)
+
+
+def test_after_orders_features_of_a_stage_registered_in_the_other_order(
+    features_restored, registries_restored
+):
+    fjp.register_feature(_ordered_feature("second", after=("first",)))
+    fjp.register_feature(_ordered_feature("first"))
+    fjp.register_feature(_ordered_feature("third"))
+    names = [f.name for f in registry.registered_features()]
+    # Only what after= declares moves: the others keep their registration order.
+    assert [name for name in names if name in ("first", "second", "third")] == [
+        "first", "second", "third"]
+    assert names.index("perturbed_target") < names.index("unknown_target") < names.index(
+        "first")
+    # A feature of an earlier stage is after it anyway.
+    fjp.register_feature(_ordered_feature("late", stage="lambda", after=("first",)))
+
+
+def test_after_naming_an_unknown_feature_is_refused_when_the_order_is_computed(
+    features_restored, registries_restored
+):
+    config = _synthetic()
+    # Allowed at registration (the module of the one it names may be imported later) ...
+    fjp.register_feature(_ordered_feature("early", stage="lambda", after=("adaptive_lamda",)))
+    # ... refused when a run's features are ordered: every config check.
+    with pytest.raises(ValueError, match=r"feature 'early': after=\('adaptive_lamda',\) names "
+                       r"'adaptive_lamda', which no registered feature is \(did you mean "
+                       r"'adaptive_lambda'\?\)"):
+        registry.registered_features()
+    with pytest.raises(fjp.ConfigError, match="which no registered feature is"):
+        fjp.validate_config(config)
+
+
+def test_after_making_a_cycle_or_naming_a_later_stage_is_refused_at_registration(
+    features_restored, registries_restored
+):
+    fjp.register_feature(_ordered_feature("a", after=("b",)))
+    with pytest.raises(ValueError, match=r"features \['a', 'b'\]: their after= make a cycle "
+                       r"\('(a|b)' after '(a|b)' after '(a|b)'\)"):
+        fjp.register_feature(_ordered_feature("b", after=("a",)))
+    assert "b" not in registry._FEATURES
+    with pytest.raises(ValueError, match=r"feature 'c' \(stage 'target'\): after names "
+                       r"'fedpals_lambda', whose stage 'lambda' runs later"):
+        fjp.register_feature(_ordered_feature("c", after=("fedpals_lambda",)))
+    with pytest.raises(ValueError, match="after names the feature itself"):
+        _ordered_feature("d", after=("d",))
+    with pytest.raises(ValueError, match="after must be a tuple of feature names"):
+        _ordered_feature("d", after="first")
+
+
+def test_fedpals_lambda_declares_it_runs_after_adaptive_lambda_whatever_the_registration_order(
+    features_restored, registries_restored
+):
+    # fedpals_lambda reads adaptive_lambda's lam_floor: declared, not left to import order.
+    lam_feature, adaptive = registry._FEATURES["fedpals_lambda"], registry._FEATURES[
+        "adaptive_lambda"]
+    assert lam_feature.after == ("adaptive_lambda",)
+    for name in ("fedpals_lambda", "adaptive_lambda"):
+        del registry._FEATURES[name]
+    fjp.register_feature(lam_feature)  # first, this time
+    fjp.register_feature(adaptive)
+    names = [f.name for f in registry.registered_features()]
+    assert names.index("adaptive_lambda") < names.index("fedpals_lambda")
+    # lam = 0 with the hypergradient schedule starts at the lower end of the ESS range (the
+    # floor adaptive_lambda sets), not at 0, where log-lambda could not move.
+    from fedjax_pals.server_weights import LOG10_LAM_RANGE
+
+    config = _stage_config("fedpals_adaptive")
+    config.algorithm.lam = 0.0
+    task = fjp.build_task(config)
+    n = float(np.sum(task.partition.client_sizes))
+    np.testing.assert_allclose(task.lam, n * 10.0 ** LOG10_LAM_RANGE[0], rtol=1e-12)
+
+
 def test_an_own_server_update_not_declared_warns_and_runs(registries_restored, tmp_path):
     # Written for the interface before owns_server_update: it still runs, with a warning
     # naming the fix, for one minor version (CHANGELOG.md).

@@ -46,8 +46,10 @@ from fedjax_pals.algorithms.fedvls import (
     FEDVLS_DEFAULT_LAMBDA, FEDVLS_DEFAULT_LS_WEIGHT, FedVLSHyperparameters, fedvls, fedvls_client,
     fedvls_loss,
 )
-# The features, in the order of their hooks: T_p, the DP release, adaptive lambda, T unknown,
-# and last lambda (searched by ESS on what the others set).
+# The features: importing their modules registers them. Their hooks run by stage
+# (registry.FEATURE_STAGES: T_p and T unknown, the DP release, adaptive lambda and FedPALS'
+# lambda, DP on updates), within a stage after what each declares (`Feature.after`:
+# fedpals_lambda after adaptive_lambda), not in the order of these imports.
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
 from fedjax_pals.algorithms.private_marginals import ServerLabelDistsState, with_server_label_dists
 from fedjax_pals.algorithms.poisson_sampling import PoissonSamplingState, with_poisson_sampling

@@ -7,9 +7,10 @@ set: lam = 0, the projection of T onto Conv(S) (eq. 7). Both are per-run data: r
 only in them share one compiled round.
 
 A feature of every run with FedPALS' weights (FedPALS, and a client-side method with
-algorithm.weights='fedpals'); registered after the other built-in features, so that its
-lambda is searched on their T_p or release (`MethodContext.lam_floor`: a schedule that moves
-lambda may start an ESS fraction out of reach at the lower end of the range).
+algorithm.weights='fedpals'), at the stage "lambda", so that its lambda is searched on the T_p
+or release of the stages before; after adaptive_lambda (`after=`), whose `MethodContext.lam_floor`
+it reads (a schedule that moves lambda may start an ESS fraction out of reach at the lower end
+of the range).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _prepare(hp: FedPalsLambda, context: registry.MethodContext) -> registry.Met
 registry.register_feature(
     registry.Feature(
         "fedpals_lambda", "FedPALS' lambda", FedPalsLambda, _resolve, prepare=_prepare,
-        stage="lambda",
+        stage="lambda", after=("adaptive_lambda",),
         description="lambda of eq. 8, given or chosen by ESS (App. B.3)",
     ),
     replace=True,

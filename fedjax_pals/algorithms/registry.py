@@ -644,13 +644,16 @@ class Monitor:
 
 
 # The stages of a run's features, in the order their hooks (`prepare`, then `wrap`) run;
-# within one stage, in registration order. Each stage sees what the stages before it made:
+# within one stage, after the features each declares (`Feature.after`), else in registration
+# order. Each stage sees what the stages before it made, and may not change what they fixed
+# (`prepare_context` refuses it, naming the stage to declare):
 #   target           the data and the T the server's weights aim at (Table 2's perturbed T,
 #                    T estimated from the target's inputs, a user's smoothing of T);
 #   label_marginals  what the weights see of the clients' S_i (label DP's release);
 #   lambda           what parameterises the weights: FedPALS' lambda, searched by ESS on the
 #                    T and S of the stages before, and its schedule (adaptive lambda);
-#   algorithm        the built algorithm only (`wrap`), after every change of the context.
+#   algorithm        the built algorithm only (`wrap`), after every change of the context
+#                    (a `prepare` here is deprecated: it runs after lambda is searched).
 FEATURE_STAGES = ("target", "label_marginals", "lambda", "algorithm")
 # Where a feature that declares no stage runs (deprecated): after every staged one, as all
 # user features did before stages existed.
@@ -671,8 +674,18 @@ class Feature:
       "label_marginals": what the weights see of S; "lambda": what parameterises the
       weights; "algorithm": it only wraps the built algorithm). A feature that changes T must
       say "target", so that FedPALS' lambda search sees the T the weights use.
+    after: the features of its stage whose hooks must run before its own (fedpals_lambda reads
+      adaptive_lambda's `lam_floor`: after=("adaptive_lambda",)); within a stage the hooks run
+      in the order these declare, else in registration order. A name of an earlier stage is
+      satisfied by the stages' order; one of a later stage, or a cycle, is refused at
+      registration; a name no feature has registered yet is allowed then (its module may be
+      imported later) and refused when the order is computed (`registered_features`, when a
+      config is checked) if it is still unknown.
     prepare(hp, context) -> context: what the method is built from (T_p for T, the DP release
-      of S, lambda from an ESS fraction), by stage.
+      of S, lambda from an ESS fraction), by stage. What an earlier stage fixed it may not
+      change (`prepare_context`): after "target" the T the weights aim at, the client sizes
+      and the clients' S_i; after "label_marginals" the S_i the weights see. The "algorithm"
+      stage is wrap-only: a prepare there warns (deprecated; 0.4.0 refuses it).
     wrap(algorithm, hp, context) -> algorithm: the built algorithm with the feature, by stage.
     monitor(hp, task) -> Monitor: its work while the run trains and what it reports.
     owns_server_update: it replaces the server update (a server optimiser cannot).
@@ -694,10 +707,22 @@ class Feature:
     per_run_presence: tuple[str, ...] = ()
     description: str = ""
     stage: str | None = None
+    after: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("feature", self.name)
         owner = f"feature {self.name!r}"
+        if isinstance(self.after, list):
+            object.__setattr__(self, "after", tuple(self.after))
+        if not isinstance(self.after, tuple) or not all(
+            isinstance(name, str) for name in self.after
+        ):
+            raise ValueError(
+                f"{owner}: after must be a tuple of feature names (after=('adaptive_lambda',)), "
+                f"got {self.after!r}."
+            )
+        if self.name in self.after:
+            raise ValueError(f"{owner}: after names the feature itself.")
         _validation.check_hook(owner, "resolve", self.resolve, "(values, facts) -> dict")
         for hook, signature in (("prepare", "(hp, context) -> MethodContext"),
                                 ("wrap", "(algorithm, hp, context) -> FederatedAlgorithm"),
@@ -775,6 +800,22 @@ def register_feature(feature: Feature, *, replace: bool = False) -> Feature:
             f"feature {feature.name!r}: config key algorithm.{taken[0]} is already declared by "
             f"{owners[taken[0]]}; give yours a name of its own."
         )
+    candidates = dict(_FEATURES)
+    candidates[feature.name] = feature
+    # A later stage named in `after`, or a cycle, is refused now; a name not registered yet,
+    # when the order is computed (`registered_features`).
+    _feature_order(tuple(candidates.values()), strict=False)
+    if feature.stage == "algorithm" and feature.prepare is not None:
+        # Today it runs (after lambda is searched, before the method is built): what it
+        # changes of T or S is refused (`prepare_context`), anything else still works.
+        deprecation.warn(
+            f"feature {feature.name!r} has a prepare at the stage 'algorithm', which is "
+            "wrap-only (its prepare runs after FedPALS' lambda is searched). Declare the stage "
+            "of what the prepare changes (Feature(..., stage='target') for T, "
+            "'label_marginals' for the S the weights see, 'lambda' for lambda), or do its "
+            "work in wrap.",
+            refused_in="0.4.0",
+        )
     if feature.stage is None:
         deprecation.warn(
             f"feature {feature.name!r} declares no stage, so its hooks run after every staged "
@@ -816,9 +857,139 @@ def wrap_algorithm(
 
 
 def registered_features() -> tuple[Feature, ...]:
-    """The registered features in the order of their hooks: by stage (`FEATURE_STAGES`), in
-    registration order within one."""
-    return tuple(sorted(_FEATURES.values(), key=stage_index))
+    """The registered features in the order of their hooks: by stage (`FEATURE_STAGES`), and
+    within one after the features each declares (`Feature.after`), else in registration
+    order. ValueError for an `after` that names no registered feature."""
+    return _feature_order(tuple(_FEATURES.values()), strict=True)
+
+
+def _stage_name(feature: Feature) -> str:
+    return "no stage" if feature.stage is None else f"stage {feature.stage!r}"
+
+
+def _feature_order(features: tuple[Feature, ...], *, strict: bool) -> tuple[Feature, ...]:
+    """`features` (in registration order) by stage, then by a topological sort on `after`
+    with registration order breaking ties (features that declare nothing keep their order).
+    ValueError: an `after` naming a feature of a later stage, a cycle, and (strict) a name
+    that no feature in `features` has."""
+    by_name = {feature.name: feature for feature in features}
+    for feature in features:
+        for name in feature.after:
+            other = by_name.get(name)
+            if other is None:
+                if strict:
+                    close = difflib.get_close_matches(name, by_name, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else (
+                        "; import the module that registers it")
+                    raise ValueError(
+                        f"feature {feature.name!r}: after={feature.after!r} names {name!r}, "
+                        f"which no registered feature is{hint}."
+                    )
+                continue
+            if stage_index(other) > stage_index(feature):
+                raise ValueError(
+                    f"feature {feature.name!r} ({_stage_name(feature)}): after names {name!r}, "
+                    f"whose {_stage_name(other)} runs later; features run by stage "
+                    f"{list(FEATURE_STAGES)}: declare a stage no earlier than {other.stage!r}, "
+                    "or leave it out of after."
+                )
+    order: list[Feature] = []
+    for index in sorted({stage_index(feature) for feature in features}):
+        pending = [feature for feature in features if stage_index(feature) == index]
+        here = {feature.name for feature in pending}
+        placed: set[str] = set()
+        while pending:
+            ready = next((feature for feature in pending
+                          if set(feature.after) & here <= placed), None)
+            if ready is None:
+                raise ValueError(_cycle_message(pending, here))
+            order.append(ready)
+            placed.add(ready.name)
+            pending.remove(ready)
+    return tuple(order)
+
+
+def _cycle_message(pending: list[Feature], here: set[str]) -> str:
+    """The refusal of a cycle among `pending` (none of them ready): the cycle, named."""
+    by_name = {feature.name: feature for feature in pending}
+    path, feature = [], pending[0]
+    while feature.name not in path:
+        path.append(feature.name)
+        feature = by_name[next(name for name in feature.after if name in by_name)]
+    cycle = path[path.index(feature.name):] + [feature.name]
+    return (
+        f"features {sorted(set(cycle))}: their after= make a cycle "
+        f"({' after '.join(repr(name) for name in cycle)}); leave one of them out of after."
+    )
+
+
+def _same(before: Any, now: Any) -> bool:
+    """The same array, by identity or by value."""
+    if before is now:
+        return True
+    if before is None or now is None:
+        return False
+    before, now = np.asarray(before), np.asarray(now)
+    if before.shape != now.shape:
+        return False
+    try:
+        return bool(np.array_equal(before, now, equal_nan=True))
+    except TypeError:  # a dtype without NaN
+        return bool(np.array_equal(before, now))
+
+
+def _of_partition(field: str) -> Callable[[MethodContext], Any]:
+    return lambda c: None if c.partition is None else getattr(c.partition, field)
+
+
+# What each stage fixes for the stages after it: (what, its value in a context). After
+# "target": the T the weights aim at and the clients' data (a held-out share changes n_i and
+# S_i); after "label_marginals": the S_i the weights see (a DP release).
+_FIXED_BY_STAGE: dict[str, tuple[tuple[str, Callable[[MethodContext], Any]], ...]] = {
+    "target": (
+        ("T (context.partition.target_label_dist)", _of_partition("target_label_dist")),
+        ("the client sizes (context.partition.client_sizes)", _of_partition("client_sizes")),
+        ("the clients' S_i (context.partition.client_label_dists)",
+         _of_partition("client_label_dists")),
+    ),
+    "label_marginals": (
+        ("the S_i the weights see (context.weight_label_dists)",
+         lambda c: None if c.partition is None and c.server_label_dists is None
+         else c.weight_label_dists),
+    ),
+}
+
+
+def prepare_context(features: Any, context: MethodContext) -> MethodContext:
+    """`context` after the `prepare` of each (feature, settings) of `features`, in their order
+    (`registered_features`'). A staged feature's prepare may not change what an earlier stage
+    fixed (`_FIXED_BY_STAGE`): after "target" T, the client sizes and the S_i; after
+    "label_marginals" the S_i the weights see (FedPALS' lambda is searched on them, and the
+    weights aim at them). ValueError naming the feature and the stage to declare. A feature
+    without a stage (deprecated) is not checked: its warning says that it runs last."""
+    for feature, hp in features:
+        if feature.prepare is None:
+            continue
+        earlier = () if feature.stage is None else FEATURE_STAGES[
+            :FEATURE_STAGES.index(feature.stage)]
+        fixed = [(stage, what, read, read(context)) for stage in earlier
+                 for what, read in _FIXED_BY_STAGE.get(stage, ())]
+        prepared = feature.prepare(hp, context)
+        if not isinstance(prepared, MethodContext):
+            raise ValueError(
+                f"feature {feature.name!r}: its prepare(hp, context) returned "
+                f"{type(prepared).__name__}, not a MethodContext (context.replace(...))."
+            )
+        for stage, what, read, before in fixed:
+            if not _same(before, read(prepared)):
+                raise ValueError(
+                    f"feature {feature.name!r} at the stage {feature.stage!r}: its prepare "
+                    f"changed {what}, which the stage {stage!r} fixes for the stages after it "
+                    f"(FedPALS' lambda is searched on it, the weights aim at it); declare "
+                    f"Feature(..., stage={stage!r})."
+                )
+        context = prepared
+    return context
 
 
 def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], tuple[str, ...]]]:

@@ -544,6 +544,10 @@ def _method_key_overrides(c: dict, defaults: dict) -> dict:
 
 
 def _validate(config: Any, *, check_paths: bool) -> ml_collections.ConfigDict:
+    try:  # a feature's after= naming a feature that no imported module registered
+        registry.registered_features()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     defaults = default_config().to_dict()
     c = _method_key_overrides(_merge(defaults, as_dict(config)), defaults)
     r: dict[str, Any] = {}

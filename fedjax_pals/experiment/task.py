@@ -278,9 +278,8 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         for feature in registry.registered_features()
         if (hp := feature.settings(a)) is not None
     )
-    for feature, hp in features:
-        if feature.prepare is not None:
-            context = feature.prepare(hp, context)
+    # By stage; a prepare that changes what an earlier stage fixed (T, S) is refused.
+    context = registry.prepare_context(features, context)
     # The clients train on what the features left them (T estimated: a held-out share); the
     # task keeps the true T, for evaluation and the record.
     training_partition = dataclasses.replace(
