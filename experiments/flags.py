@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Callable
 
 from absl import flags
@@ -174,6 +175,23 @@ def _warnings_as_lines() -> None:
     absl_logging.get_absl_handler().setFormatter(_WarningLines())
 
 
+def _deprecations_as_lines() -> None:
+    """A `FedjaxPalsDeprecationWarning` (a user's module on an interface that a later version
+    refuses) is one `warning: <message> (<file>:<line>)` line on stderr, like the `error:`
+    lines, not Python's two lines with the source line. By the class's name: the package
+    (and JAX) is not imported for it."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if any(c.__name__ == "FedjaxPalsDeprecationWarning" for c in category.__mro__):
+            print(f"warning: {' '.join(str(message).split())} ({filename}:{lineno})",
+                  file=sys.stderr if file is None else file)
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def _show_launcher_flags_in_help() -> None:
     # absl's --help lists the key flags of the main module (keyed by sys.argv[0]); the flags
     # defined here are every main's own, so they belong in it, not only in --helpfull.
@@ -210,6 +228,7 @@ def run(main: Callable[[list[str]], object]) -> None:
     """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
     cli.show_main_flags_in_help(main)
     _show_launcher_flags_in_help()
+    _deprecations_as_lines()  # before the config file imports a user's module
     argv = list(sys.argv)
     new_keys: dict[str, dict] = {}
     # The help needs neither the config schema nor the package (nor JAX): printed at once.

@@ -848,6 +848,24 @@ def test_a_prepare_at_the_algorithm_stage_warns_and_runs_but_may_not_change_t(
     assert "declare Feature(..., stage='target')" in _refused(config, tmp_path)
 
 
+def test_a_deprecation_is_one_warning_line_at_the_launchers(capsys):
+    # The mains show a FedjaxPalsDeprecationWarning (the one above, raised while the config
+    # file imports the user's module) as one `warning:` line, like their `error:` lines.
+    import warnings
+
+    from experiments import flags as flags_lib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        flags_lib._deprecations_as_lines()
+        fjp.deprecation.warn("feature 'x' has a prepare at the stage 'algorithm'.",
+                             refused_in="0.4.0")
+    err = capsys.readouterr().err
+    assert err.startswith("warning: feature 'x' has a prepare at the stage 'algorithm'. "
+                          "fedjax_pals 0.4.0 will refuse it (CHANGELOG.md). ("), err
+    assert err.count("\n") == 1, err
+
+
 def _ordered_feature(name, stage="target", after=()):
     return registry.Feature(name, name, fjp.Hyperparameters, lambda values, facts: {},
                             stage=stage, after=after)
