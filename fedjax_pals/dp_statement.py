@@ -36,7 +36,7 @@ _ACCOUNTANT = inspect.signature(accounting.updates_epsilon).parameters["accounta
 
 # dp-accounting's neighbouring relations, in words (the unit of privacy is one client).
 _RELATIONS = {
-    "ADD_OR_REMOVE_ONE": "adding or removing one client (with its whole data set)",
+    "ADD_OR_REMOVE_ONE": "adding or removing one client with its whole data set",
     "REPLACE_ONE": "replacing one client's whole data set by another",
 }
 
@@ -163,7 +163,10 @@ class PrivacyStatement:
 
     def _assumptions(self) -> list[str]:
         said = []
-        if self.updates is not None:
+        if self.updates is not None and self.updates.event is None:
+            said.append("sigma = 0: the updates are clipped but not noised, and nothing the "
+                        "server learns from them is private.")
+        elif self.updates is not None:
             u = self.updates
             if u.sampling == "poisson":
                 drawn = f"each client independently with probability {u.sampling_rate:g} a round."
@@ -247,7 +250,9 @@ def _updates_text(u: UpdatesPrivacy) -> list[str]:
     lines = [
         "DP on model updates (user-level DP-FedAvg):",
         f"  mechanism:    each participant's update {clip}; the weighted aggregate plus "
-        "N(0, (sigma C max_i alpha_i)^2) per coordinate",
+        + ("N(0, (sigma C max_i alpha_i / q)^2) per coordinate, alpha the weights over every "
+           "client" if u.sampling == "poisson" else
+           "N(0, (sigma C max_i alpha_i)^2) per coordinate"),
         f"  noise:        multiplier sigma = {_number(u.noise_multiplier)} ({how})",
         f"  rounds:       {u.rounds}",
         f"  clients:      {sampling}",
