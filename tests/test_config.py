@@ -88,7 +88,9 @@ BAD_INPUTS = [
     ({"algorithm.weights": "fedavg"}, r"weights='fedavg' contradicts algorithm\.name='fedpals'"),
     (
         {"algorithm.name": "scaffold", "algorithm.weights": "fedpals"},
-        r"weights='fedpals' applies only to \['fedprox', 'fedrs', 'fedshift', 'fedlc'\]",
+        # Every registered client-side method, the built-ins first (iwerm, fedvls: issue 60).
+        r"weights='fedpals' applies only to \['fedprox', 'fedrs', 'fedshift', 'fedlc', 'iwerm', "
+        r"'fedvls'\]",
     ),
     ({"dataset.name": "synthetic", "model": "lenet"}, r"model='lenet' needs image inputs"),
     (
