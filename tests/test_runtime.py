@@ -230,7 +230,8 @@ print("exit", code, "imported", [m for m in ("jax", "fedjax_pals.experiment") if
 
 @pytest.mark.parametrize("main", [
     "run", "sweep", "demo", "submit", "compare", "weights", "unknown_target_report",
-    "restricted_eval", "dp_updates_report", "benchmarks.round", "benchmarks.solve_time",
+    "restricted_eval", "dp_updates_report", "privacy", "benchmarks.round",
+    "benchmarks.solve_time",
 ])
 def test_a_mains_help_exits_0_before_jax_is_imported(main):
     # The JAX import is seconds (half a minute on a loaded machine) before the help otherwise.
