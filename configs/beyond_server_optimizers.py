@@ -13,8 +13,8 @@ paper's sparsity partition, LeNet, E = 1, batch 32, 8 seeds, 150 rounds), so tha
 method one of:
 
 * fedadam (default): FedAdam+FedPALS, method key `fedadam_fedpals`: FedPALS' weights alpha^lam,
-  the server's step FedAdam's on the weighted mean delta (`fedjax_pals/server_optimizers.py`:
-  b1 = 0.9, b2 = 0.99, tau = 1e-3, v starting at tau^2, no bias correction, as Reddi et al.'s
+  the server's step FedAdam's on the weighted mean delta
+  (`fedjax_pals/algorithms/server_optimizers.py`: b1 = 0.9, b2 = 0.99, tau = 1e-3, v starting at tau^2, no bias correction, as Reddi et al.'s
   Algorithm 2). Grid: server eta in {0.01, 0.03} (Reddi et al. tune eta on a half-decade grid;
   their best FedAdam server rates are around 10^-2 to 10^-1.5 for the image tasks),
   FedPALS' lambda over the protocol's lam = 0 and ESS 10/25/50/75 % of N, learning rate 0.1 /

@@ -94,7 +94,7 @@ from fedjax_pals.algorithms.registry import (  # noqa: E402
 )
 
 # -- server optimisers (a method key's prefix: fedadam_fedpals)
-from fedjax_pals.server_optimizers import (  # noqa: E402
+from fedjax_pals.algorithms.server_optimizers import (  # noqa: E402
     ServerOptimizer,
     register_server_optimizer,
     registered_server_optimizers,
@@ -170,7 +170,6 @@ from fedjax_pals import (  # noqa: E402,F401
     personalization,
     privacy,
     hyperparameters,
-    server_optimizers,
     server_weights,
     training,
     unknown_target,
@@ -231,3 +230,13 @@ __all__ = [
     "WorkdirLockedError",
     "DiskFullError", "ExtensionImportError",
 ]
+
+
+def __getattr__(name: str):
+    # fjp.server_optimizers moved to fjp.algorithms.server_optimizers (0.3.0): the old module
+    # (fedjax_pals/server_optimizers.py) gives the new one and warns; 0.4.0 refuses it.
+    if name == "server_optimizers":
+        import importlib
+
+        return importlib.import_module("fedjax_pals.server_optimizers")
+    raise AttributeError(f"module 'fedjax_pals' has no attribute {name!r}")

@@ -426,7 +426,7 @@ def test_config_resolves_the_new_keys_and_keeps_old_digests():
 
 def _every_method_key():
     from fedjax_pals.algorithms import registry
-    from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
+    from fedjax_pals.algorithms.server_optimizers import SERVER_OPTIMIZER_LABELS
 
     keys = list(registry.method_keys())
     keys += [registry.server_optimizer_key(o, k)

@@ -8,7 +8,7 @@ import pytest
 import fedjax_pals as fjp
 from fedjax_pals.algorithms import registry
 from fedjax_pals.experiment import train as train_lib
-from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS
+from fedjax_pals.algorithms.server_optimizers import SERVER_OPTIMIZER_LABELS
 
 MethodKey = fjp.MethodKey
 

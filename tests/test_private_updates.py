@@ -169,7 +169,7 @@ def test_a_target_epsilon_calibrates_sigma_and_composes_with_a_server_optimizer(
     task = fjp.build_task(config)
     update = task.algorithm.server_update
     assert isinstance(update, private_updates.PrivateUpdates)
-    assert not isinstance(update.inner, fjp.server_optimizers.WeightedAverageUpdate)
+    assert not isinstance(update.inner, fjp.algorithms.server_optimizers.WeightedAverageUpdate)
     state = fjp.algorithms.init_server_state(task.algorithm, task.model.init(
         jax.random.PRNGKey(0)), task.partition.num_clients)
     dp = fjp.algorithms.find_state(state.algorithm_state, private_updates.PrivateUpdatesState)

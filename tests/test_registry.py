@@ -235,7 +235,7 @@ def test_a_misspelt_method_is_refused_suggesting_the_registered_one():
 
 
 def test_server_optimiser_keys_and_labels_cover_every_server_optimiser():
-    from fedjax_pals import server_optimizers
+    from fedjax_pals.algorithms import server_optimizers
 
     # Defined with the optimisers; the registry's name is the same dict.
     assert registry.SERVER_OPTIMIZER_LABELS is server_optimizers.SERVER_OPTIMIZER_LABELS

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import server_optimizers as so
+from fedjax_pals.algorithms import server_optimizers as so
 from fedjax_pals.algorithms import ClientOutputs, weighted_average_update
 from fedjax_pals.experiment import config as config_lib
 from fedjax_pals.experiment import sweep as sweep_lib
@@ -457,3 +457,24 @@ def test_a_server_optimizer_build_that_does_not_fit_is_named_in_one_line():
         so.SERVER_OPTIMIZER_LABELS.pop("notx")
         fjp.extensions.forget_registration("server_optimizer", "notx")
         so.server_optimizer.cache_clear()
+
+
+def test_the_old_module_path_warns_and_gives_the_moved_module(monkeypatch):
+    # fedjax_pals/server_optimizers.py moved into algorithms/ (0.3.0); the old import path
+    # still gives the same module, with a warning naming the version that refuses it.
+    import importlib
+    import sys
+
+    for spelled in ("import", "attribute"):
+        monkeypatch.delitem(sys.modules, "fedjax_pals.server_optimizers", raising=False)
+        if "server_optimizers" in vars(fjp):  # (hasattr would import it: __getattr__)
+            monkeypatch.delattr(fjp, "server_optimizers")
+        with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning,
+                          match="algorithms.server_optimizers.*0.4.0 will refuse"):
+            if spelled == "import":
+                old = importlib.import_module("fedjax_pals.server_optimizers")
+            else:
+                old = fjp.server_optimizers
+        assert old is so and old.SERVER_OPTIMIZER_LABELS is so.SERVER_OPTIMIZER_LABELS
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        fjp.nope  # noqa: B018

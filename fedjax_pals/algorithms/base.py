@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pals import server_weights
-from fedjax_pals.server_optimizers import weighted_average_update
+from fedjax_pals.algorithms.server_optimizers import weighted_average_update
 
 Params = chex.ArrayTree
 PyTree = Any

@@ -31,7 +31,7 @@ import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import FederatedAlgorithm, ServerState, Weighting
-from fedjax_pals.server_optimizers import WeightedAverageUpdate
+from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
 
 
 class PoissonSamplingState(NamedTuple):

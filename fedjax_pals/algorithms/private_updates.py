@@ -43,7 +43,7 @@ from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state, replace_state,
 )
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
-from fedjax_pals.server_optimizers import WeightedAverageUpdate
+from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
 
 # The run's random stream for the noise of DP on updates (one of its own).
 DP_UPDATES_STREAM = 0xD9D0

@@ -56,7 +56,9 @@ from fedjax_pals.hyperparameters import (
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it.
-from fedjax_pals.server_optimizers import SERVER_OPTIMIZER_LABELS, WeightedAverageUpdate
+from fedjax_pals.algorithms.server_optimizers import (
+    SERVER_OPTIMIZER_LABELS, WeightedAverageUpdate,
+)
 
 
 # The method of the default config.

@@ -162,7 +162,7 @@ from fedjax_pals.hyperparameters import (
     hyperparameter_checks, hyperparameter_defaults, per_run_fields,
 )
 from fedjax_pals.personalization import registered_personalizations
-from fedjax_pals.server_optimizers import registered_server_optimizers
+from fedjax_pals.algorithms.server_optimizers import registered_server_optimizers
 
 # The method and feature hyperparameters that were config keys before the registry: in a run's
 # identity even when None (unused), so that the digests of recorded runs stay valid. Every

@@ -28,7 +28,7 @@ from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
 from fedjax_pals import models
 from fedjax_pals.models import Model, abstract_model, make_model
-from fedjax_pals.server_optimizers import server_optimizer_for
+from fedjax_pals.algorithms.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size, projection_distance
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
