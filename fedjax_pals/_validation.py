@@ -256,6 +256,17 @@ def check_integer(name: str, value: Any, low: int, high: int | None = None, why:
     return value
 
 
+def check_logits(name: str, logits: Any) -> np.ndarray:
+    """An (n, K) float64 matrix of finite model outputs, n >= 1 and K >= 2 (calibration's and
+    the label-shift estimators' logits)."""
+    array = np.asarray(logits, np.float64)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
+        raise ValueError(f"{name} must be an (n, K) matrix with n >= 1, K >= 2, got {array.shape}.")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite.")
+    return array
+
+
 def check_shape(name: str, value: Any) -> tuple[int, ...]:
     """An example's shape: positive integers, as a tuple or list, or a string "28,28,1" (an
     absl flag's value)."""

@@ -49,15 +49,6 @@ class Calibration(NamedTuple):
     nll_uncalibrated: float  # and at beta = 1, b = 0 (the model's own softmax)
 
 
-def _logits(name: str, logits: Any) -> np.ndarray:
-    array = np.asarray(logits, np.float64)
-    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
-        raise ValueError(f"{name} must be an (n, K) matrix with n >= 1, K >= 2, got {array.shape}.")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite.")
-    return array
-
-
 def _nll(params, logits, labels, present):
     beta, bias = params
     masked = jnp.where(present[None, :], beta * logits + bias[None, :], -jnp.inf)
@@ -105,7 +96,7 @@ def fit_bias_corrected_temperature(
     Returns:
       The fitted `Calibration`; apply it with `calibrated_probabilities`.
     """
-    z = _logits("logits", logits)
+    z = _validation.check_logits("logits", logits)
     n, k = z.shape
     y = np.asarray(labels)
     if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
@@ -126,7 +117,7 @@ def fit_bias_corrected_temperature(
 
 def calibrated_probabilities(calibration: Calibration, logits: Any) -> np.ndarray:
     """softmax(beta z + b) over the calibration's classes, as float64 (n, K)."""
-    z = _logits("logits", logits)
+    z = _validation.check_logits("logits", logits)
     if z.shape[1] != calibration.bias.shape[0]:
         raise ValueError(
             f"logits have {z.shape[1]} classes, the calibration {calibration.bias.shape[0]}."

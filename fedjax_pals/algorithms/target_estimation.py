@@ -202,6 +202,14 @@ def em_label_dist(
     Returns:
       (K,) float64 on the simplex.
     """
+    probs, source = _em_arguments(target_probs, source_label_dist, max_iter, tol)
+    return _em_fixed_point(probs, source, 1.0, max_iter, tol)
+
+
+def _em_arguments(
+    target_probs: Any, source_label_dist: Any, max_iter: int, tol: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The checked (probs, source) of an EM estimator (`em_label_dist`, `mapls_label_dist`)."""
     probs = _probs("target_probs", target_probs)
     source = _validation.check_distribution("source_label_dist", source_label_dist)
     if source.shape[0] != probs.shape[1]:
@@ -210,14 +218,24 @@ def em_label_dist(
         )
     _validation.check_positive_int("max_iter", max_iter)
     _validation.check_positive_float("tol", tol)
+    return probs, source
+
+
+def _em_fixed_point(
+    probs: np.ndarray, source: np.ndarray, weight: float, max_iter: int, tol: float
+) -> np.ndarray:
+    """Saerens et al.'s EM from T = S until max_k |dT_k| < tol, its M-step
+    T <- weight * mean_x posterior + (1 - weight) * U, U uniform over supp S: weight = 1 is
+    the MLE (`em_label_dist`), weight = n / (n + c) MAPLS' MAP update (`mapls_label_dist`)."""
     support = source > 0
+    mean = np.where(support, 1.0 / support.sum(), 0.0)
     base = np.where(support[None, :], probs / np.where(support, source, 1.0)[None, :], 0.0)
     estimate = source.copy()
     for _ in range(max_iter):
         joint = base * estimate[None, :]
         norm = joint.sum(axis=1, keepdims=True)
         posterior = joint / np.where(norm > 0, norm, 1.0)
-        updated = posterior.mean(axis=0)
+        updated = weight * posterior.mean(axis=0) + (1.0 - weight) * mean
         updated /= updated.sum()
         converged = np.max(np.abs(updated - estimate)) < tol
         estimate = updated
@@ -301,35 +319,14 @@ def mapls_label_dist(
     Returns:
       (K,) float64 on the simplex.
     """
-    probs = _probs("target_probs", target_probs)
-    source = _validation.check_distribution("source_label_dist", source_label_dist)
-    if source.shape[0] != probs.shape[1]:
-        raise ValueError(
-            f"source_label_dist has {source.shape[0]} classes, target_probs {probs.shape[1]}."
-        )
-    _validation.check_positive_int("max_iter", max_iter)
-    _validation.check_positive_float("tol", tol)
+    probs, source = _em_arguments(target_probs, source_label_dist, max_iter, tol)
     n = probs.shape[0]
     if concentration is None:
         weight = mapls_prior_weight(probs, source, max_iter=max_iter, tol=tol)
     else:
         concentration = _validation.check_nonnegative("concentration", concentration)
         weight = n / (n + concentration)
-    support = source > 0
-    mean = np.where(support, 1.0 / support.sum(), 0.0)
-    base = np.where(support[None, :], probs / np.where(support, source, 1.0)[None, :], 0.0)
-    estimate = source.copy()
-    for _ in range(max_iter):
-        joint = base * estimate[None, :]
-        norm = joint.sum(axis=1, keepdims=True)
-        posterior = joint / np.where(norm > 0, norm, 1.0)
-        updated = weight * posterior.mean(axis=0) + (1.0 - weight) * mean
-        updated /= updated.sum()
-        converged = np.max(np.abs(updated - estimate)) < tol
-        estimate = updated
-        if converged:
-            break
-    return estimate
+    return _em_fixed_point(probs, source, weight, max_iter, tol)
 
 
 def density_ratio_mle(
@@ -392,7 +389,7 @@ def fit_vrls_temperature(
     be convex in beta: a grid over log beta, then bounded Brent around its minimum."""
     from scipy import optimize  # scipy comes with jax
 
-    z = _logits_matrix("logits", logits)
+    z = _validation.check_logits("logits", logits)
     n, k = z.shape
     y = _labels(labels, n, k)
     zeta = _validation.check_number("entropy_weight", entropy_weight, low=0.0, high=1.0)
@@ -420,8 +417,8 @@ def vrls_label_dist(
     target's calibrated posteriors, T^ = S w^. `source_label_dist` S: the clients' pooled label
     distribution (as `em`; the authors' code divides by the training labels' marginal); None:
     the source labels' empirical distribution."""
-    z_source = _logits_matrix("source_logits", source_logits)
-    z_target = _logits_matrix("target_logits", target_logits)
+    z_source = _validation.check_logits("source_logits", source_logits)
+    z_target = _validation.check_logits("target_logits", target_logits)
     if z_target.shape[1] != z_source.shape[1]:
         raise ValueError(
             f"target_logits has {z_target.shape[1]} classes, source_logits {z_source.shape[1]}."
@@ -434,15 +431,6 @@ def vrls_label_dist(
     ratio = density_ratio_mle(softmax(beta * z_target), source, max_iter=max_iter, tol=tol)
     estimate = source * ratio
     return estimate / estimate.sum()
-
-
-def _logits_matrix(name: str, logits: Any) -> np.ndarray:
-    array = np.asarray(logits, np.float64)
-    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] < 2:
-        raise ValueError(f"{name} must be an (n, K) matrix with n >= 1, K >= 2, got {array.shape}.")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} must be finite.")
-    return array
 
 
 class SourceStatistics(NamedTuple):
