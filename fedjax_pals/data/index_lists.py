@@ -301,16 +301,7 @@ def partition_from_index_lists(
         if val_size is not None:
             raise ValueError("val_size does not apply with a target list and target_test_indices "
                              "(the target is validated on all of its list).")
-        made = FederatedPartition(
-            client_indices=partitions_lib._pad(rows[:-1]),
-            client_sizes=counts[:-1].sum(axis=1),
-            client_label_counts=counts[:-1],
-            target_label_dist=counts[-1] / counts[-1].sum(),
-            target_val_indices=rows[-1],
-            target_test_indices=rng.permutation(own_test),
-            num_classes=num_classes,
-            description=f"{what}; tested on its own {own_test.size} test examples",
-        )
+        made = partitions_lib._with_own_test_set(rows, counts, own_test, rng, num_classes, what)
     if target is not None:  # T exactly as given or measured, not its rounding to the draws
         made = dataclasses.replace(made, target_label_dist=target)
     return made

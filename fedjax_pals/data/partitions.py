@@ -816,8 +816,17 @@ def natural_partition(
             "target_test_size and val_size do not apply to a target with test examples of its "
             "own (it is tested on all of them and validated on its training share)"
         )
-    # T is the target's training share's label distribution; its test set is its own test
-    # examples as they are (a client's own, not a redraw to T).
+    return _with_own_test_set(rows, counts, own_test, rng, num_classes, description)
+
+
+def _with_own_test_set(
+    rows: Sequence[np.ndarray], counts: np.ndarray, own_test: np.ndarray,
+    rng: np.random.Generator, num_classes: int, description: str,
+) -> FederatedPartition:
+    """The partition of the training clients `rows[:-1]` whose target is `rows[-1]`, validated
+    on all of it and tested on `own_test`: T is the target's training share's label
+    distribution; its test set is its own test examples as they are (a client's own, not a
+    redraw to T). `counts`: (len(rows), K) label counts of the rows."""
     return FederatedPartition(
         client_indices=_pad(rows[:-1]),
         client_sizes=counts[:-1].sum(axis=1),
