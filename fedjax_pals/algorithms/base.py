@@ -247,6 +247,20 @@ def _instance_of(cls: type) -> Callable[[Any], bool]:
     return lambda node: isinstance(node, cls)
 
 
+def _states_of(tree: PyTree, cls: type[StateT]) -> list[StateT]:
+    return [
+        node
+        for node in jax.tree_util.tree_leaves(tree, is_leaf=_instance_of(cls))
+        if isinstance(node, cls)
+    ]
+
+
+def holds_state(tree: PyTree, cls: type) -> bool:
+    """Whether `tree` holds an instance of the NamedTuple type `cls` at any depth (where
+    `find_state` would find one)."""
+    return bool(_states_of(tree, cls))
+
+
 def find_state(tree: PyTree, cls: type[StateT]) -> StateT:
     """The one instance of the NamedTuple type `cls` in `tree` (a state of nested NamedTuples,
     e.g. `ServerLabelDistsState.inner` holds the one it wraps), found at any depth by its type.
@@ -254,11 +268,7 @@ def find_state(tree: PyTree, cls: type[StateT]) -> StateT:
     ValueError, naming the type and what builds it (its class attribute `_built_by`), when
     `tree` holds none (the algorithm was assembled without the piece that keeps it) or several.
     """
-    found = [
-        node
-        for node in jax.tree_util.tree_leaves(tree, is_leaf=_instance_of(cls))
-        if isinstance(node, cls)
-    ]
+    found = _states_of(tree, cls)
     if len(found) != 1:
         fields = ", ".join(getattr(cls, "_fields", ()))
         built_by = getattr(cls, "_built_by", "the method that keeps it")

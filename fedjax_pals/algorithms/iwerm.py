@@ -60,7 +60,7 @@ import optax
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import (
     ClientInfo, ClientMethod, FederatedAlgorithm, ServerState, Weighting, _need, _suffix,
-    combine, find_state, plain_sgd,
+    combine, find_state, holds_state, plain_sgd,
 )
 from fedjax_pals.algorithms.fedpals import FedPalsState
 from fedjax_pals.algorithms.registry import (
@@ -79,17 +79,10 @@ class IwermState(NamedTuple):
     _built_by = "iwerm(target_label_dist)"
 
 
-def _holds(tree, cls) -> bool:
-    return any(
-        isinstance(node, cls)
-        for node in jax.tree_util.tree_leaves(tree, is_leaf=lambda n: isinstance(n, cls))
-    )
-
-
 def iwerm_target(state: ServerState) -> jax.Array:
     """The T a client's ratios use: FedPALS' (the weighting's `FedPalsState`, which T
     re-estimation replaces) when the run has one, else IW-ERM's own `IwermState`."""
-    if _holds(state.weighting_state, FedPalsState):
+    if holds_state(state.weighting_state, FedPalsState):
         return find_state(state.weighting_state, FedPalsState).target_label_dist
     return find_state(state.algorithm_state, IwermState).target_label_dist
 
@@ -138,7 +131,7 @@ def iwerm(
     """
     dist = _validation.check_distribution("target_label_dist", target_label_dist)
     weighting_state = weighting.init() if weighting is not None else ()
-    data = () if _holds(weighting_state, FedPalsState) else IwermState(
+    data = () if holds_state(weighting_state, FedPalsState) else IwermState(
         jnp.asarray(dist, jnp.float32))
     return combine(iwerm_client(max_ratio), weighting, _suffix("iwerm", weighting),
                    algorithm_state=data)
