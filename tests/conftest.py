@@ -126,3 +126,16 @@ def pytest_collection_modifyitems(config, items):
     cost = {name: sum(_FILE_COST[k].get(name, 0) for k in kinds) for name, kinds in passes.items()}
     # Stable: a file's tests keep their order, files of equal cost their collection order.
     items.sort(key=lambda item: (-cost[item.path.name], position[item.path.name]))
+
+
+@pytest.fixture
+def registries_restored():
+    """Whatever a test registers (data sets, partition schemes) is gone after it: the
+    registries are process-wide."""
+    from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
+
+    saved = (dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS))
+    yield
+    for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
+        live.clear()
+        live.update(before)

@@ -9,20 +9,9 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
 from fedjax_pals.experiment import config as config_lib, task as task_lib
 
 K, DIM = 4, 6
-
-
-@pytest.fixture
-def registries_restored():
-    """Whatever a test registers is gone after it (the registries are process-wide)."""
-    saved = (dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS))
-    yield
-    for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
-        live.clear()
-        live.update(before)
 
 
 def _blobs(n, rng, means):

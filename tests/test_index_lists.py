@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals.data import datasets as datasets_lib, index_lists, partitions as partitions_lib
+from fedjax_pals.data import index_lists, partitions as partitions_lib
 from fedjax_pals.experiment import task as task_lib
 
 K = 3
@@ -179,15 +179,6 @@ def test_the_json_file_round_trips_and_bad_files_are_named(tmp_path):
                           ("key.json", r"unknown key\(s\) \['target'\]")):
         with pytest.raises(ValueError, match=message):
             fjp.load_index_lists(tmp_path / name)
-
-
-@pytest.fixture
-def registries_restored():
-    saved = (dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS))
-    yield
-    for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
-        live.clear()
-        live.update(before)
 
 
 def _register_table():

@@ -6,23 +6,12 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals.data import datasets as datasets_lib
 from fedjax_pals.data import pachinko
 from fedjax_pals.data import partitions as partitions_lib
 from fedjax_pals.data.pachinko import pachinko_partition
 from fedjax_pals.experiment import task as task_lib
 
 CIFAR100_LIKE = np.repeat(np.arange(20), 5)  # 20 coarse classes of 5 fine classes
-
-
-@pytest.fixture
-def registries_restored():
-    """Whatever a test registers is gone after it (the registries are process-wide)."""
-    saved = (dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS))
-    yield
-    for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
-        live.clear()
-        live.update(before)
 
 
 def _reference_counts(train, coarse, num_clients, n, alpha, beta, seed):
