@@ -116,6 +116,19 @@ for _name, (_label, _estimator, _overrides) in ABLATION.items():
                     {"algorithm.target_estimation": _estimator, **_overrides}),
         replace=True,
     )
+# Issue 60's IW-ERM (FedAvg's weights, the clients' losses weighted by T^(y) / S_i(y), capped at
+# algorithm.iwerm_max_ratio) with T estimated, the default estimator in-sample; its reference is
+# `iwerm` (T known). In no row list yet: name both in --config.sweep.methods.
+IWERM = {
+    "unknown_t_iwerm": ("IW-ERM, T^ by constrained soft BBSE (in-sample)", "bbse_constrained",
+                        IN_SAMPLE),
+}
+for _name, (_label, _estimator, _overrides) in IWERM.items():
+    fjp.register_variant(
+        fjp.Variant(_name, _label, "iwerm",
+                    {"algorithm.target_estimation": _estimator, **_overrides}),
+        replace=True,
+    )
 
 
 # The rows the C = 3 sweep runs (2-core budget: 8 seeds x 8 methods x 10 rounds, about 50 min):

@@ -1,12 +1,14 @@
 """The feature `unknown_target`: FedPALS with T(Y) estimated as the run trains.
 
-`algorithm.target_estimation` set (for every run with FedPALS' weights; the variants
-`fedpals_unknown_t_<estimator>`) starts the server from the clients' aggregate
-sum_i n_i S_i / N, the guess without target labels, and re-estimates T from a model's outputs
-on the target's unlabeled validation inputs (`algorithms.target_estimation.TargetReestimation`,
-the estimators beside it); the other keys (`UnknownTarget`) set the source data, the gate, the
-damping, the warm-up, the shrinkage and the model estimated from: the run's own, or a FedAvg
-shadow trained beside it (`FedAvgShadow`). This module sits above `fedjax_pals.training`, which
+`algorithm.target_estimation` set (for every run with FedPALS' weights, the variants
+`fedpals_unknown_t_<estimator>`, and for a method that keeps its own T in its state and
+declares it, `declared_target_state`: IW-ERM's loss ratios) starts the server from the
+clients' aggregate sum_i n_i S_i / N, the guess without target labels, and re-estimates T from
+a model's outputs on the target's unlabeled validation inputs
+(`algorithms.target_estimation.TargetReestimation`, the estimators beside it); the other keys
+(`UnknownTarget`) set the source data, the gate, the damping, the warm-up, the shrinkage and
+the model estimated from: the run's own, or a FedAvg shadow trained beside it
+(`FedAvgShadow`). This module sits above `fedjax_pals.training`, which
 the shadow trains with, so that nothing under `fedjax_pals.algorithms` imports the training
 loop.
 """
@@ -184,10 +186,27 @@ class UnknownTarget(Hyperparameters):
     )
 
 
+def declared_target_state(method: registry.Method) -> type | None:
+    """The state type in which `method` keeps the T its own pieces read (IW-ERM's `IwermState`:
+    its loss ratios T(y) / S_i(y)), which T re-estimation replaces; None for a method that reads
+    T only through FedPALS' weights, or not at all. Declared as `target_state` on the method
+    (`registry.Method`, once it has the field) or on its hyperparameters class."""
+    declared = getattr(method, "target_state", None)
+    return declared if declared is not None else getattr(method.hyperparameters, "target_state",
+                                                          None)
+
+
+def reads_estimated_target(facts: registry.RunFacts) -> bool:
+    """Whether the run reads the T that `algorithm.target_estimation` re-estimates: FedPALS'
+    weights (FedPALS, or a client-side method with them), or a method that declares the state
+    keeping its own T (`declared_target_state`: IW-ERM with FedAvg's weights)."""
+    return facts.weights == "fedpals" or declared_target_state(facts.method) is not None
+
+
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
     estimator = values["target_estimation"]
-    estimates = facts.weights == "fedpals" and estimator is not None
-    if estimates and facts.section["ess_fraction"] is not None:
+    estimates = reads_estimated_target(facts) and estimator is not None
+    if estimates and facts.weights == "fedpals" and facts.section["ess_fraction"] is not None:
         raise ValueError(
             "config.algorithm.target_estimation is set, but ess_fraction needs a known T to "
             "find its lambda; give algorithm.lam instead (default 0: the projection of T^)."

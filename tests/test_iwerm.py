@@ -157,3 +157,124 @@ def test_runs_that_differ_in_t_share_one_compiled_round():
     assert fjp.engine.round_engine(fjp.algorithms.iwerm([0.6, 0.3, 0.1]), model, TRAINING) is first
     assert fjp.engine.round_engine(fjp.algorithms.iwerm([0.6, 0.3, 0.1], 3.0), model,
                                    TRAINING) is not first
+
+
+def test_plain_iwerm_state_takes_the_reestimated_t_and_its_step_uses_it():
+    # FedAvg's weights: T lives in IW-ERM's own IwermState, which with_target_label_dist
+    # replaces (IwermState declares _estimated_target); the next local step is SGD on
+    # T^(y) / S_i(y), capped, against float64 NumPy.
+    rng = np.random.default_rng(3)
+    lr, cap = 0.3, 10.0
+    start, estimate = np.array([0.4, 0.3, 0.3]), np.array([0.1, 0.6, 0.3])
+    label_dist = np.array([0.5, 0.04, 0.46])  # 0.6 / 0.04 = 15: capped
+    model = _linear(DIM, K)
+    w = model.init(jax.random.PRNGKey(0))
+    x = rng.normal(size=(8, DIM)).astype(np.float32)
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 2], np.int32)
+    info = fjp.ClientInfo(jnp.asarray(label_dist, jnp.float32), jnp.int32(50), ())
+    algorithm = fjp.algorithms.iwerm(start, cap)
+    state = fjp.init_server_state(algorithm, w, 1)
+    moved = with_target_label_dist(state, estimate)
+    np.testing.assert_allclose(fjp.algorithms.iwerm_target(moved), estimate, rtol=1e-6)
+    np.testing.assert_allclose(
+        fjp.algorithms.TargetReestimation.current(moved), estimate, rtol=1e-6)
+    got = _one_local_step(algorithm, model, w, moved, x, y, info, lr)
+    W, b = _ref_step(w, x, y, estimate, label_dist, cap, lr)
+    np.testing.assert_allclose(got["W"], W, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["b"], b, rtol=1e-5, atol=1e-5)
+    W_start, _ = _ref_step(w, x, y, start, label_dist, cap, lr)
+    assert not np.allclose(got["W"], W_start, atol=1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        with_target_label_dist(state, [0.5, 0.5])
+
+
+def _per_example_weights(algorithm, state, label_dist):
+    """The weight of one example of each class in the client's loss: its data loss at zero
+    logits (cross-entropy log K) on a batch of that one example, over log K."""
+    info = fjp.ClientInfo(jnp.asarray(label_dist, jnp.float32), jnp.int32(1), ())
+    logits = jnp.zeros((1, K), jnp.float32)
+    return np.array([
+        float(algorithm.client.data_loss(logits, jnp.array([k], jnp.int32),
+                                         jnp.array([True]), info, state, None)) / np.log(K)
+        for k in range(K)])
+
+
+def test_plain_iwerm_with_t_estimated_reweights_its_clients_losses_by_each_estimate():
+    # algorithm.target_estimation with method iwerm (FedAvg's weights): the config is accepted,
+    # T starts at the clients' aggregate sum_i n_i S_i / N, and each re-estimate reaches the
+    # clients' per-example weights, min(T^(y) / S_i(y), cap), against float64 NumPy.
+    cap = 0.7  # T^(y) / S_i(y) reaches about 0.75-0.8 on this task
+    config = {"dataset": {"name": "synthetic"},
+              "algorithm": {"name": "iwerm", "target_estimation": "bbse_constrained",
+                            "target_estimation_every": 1, "iwerm_max_ratio": cap},
+              "training": {"rounds": 3, "eval_every": 1, "batch_size": 8}}
+    resolved = fjp.validate_config(config)
+    assert (resolved.algorithm.name, resolved.algorithm.weights) == ("iwerm", "fedavg")
+    assert resolved.algorithm.target_estimation == "bbse_constrained"
+    task = fjp.build_task(config)
+    partition = task.partition
+    sizes = np.asarray(partition.client_sizes, np.float64)
+    dists = np.asarray(partition.client_label_dists, np.float64)
+    aggregate = sizes @ dists / sizes.sum()
+    state0 = fjp.init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)),
+                                   len(sizes))
+    np.testing.assert_allclose(fjp.algorithms.iwerm_target(state0), aggregate, rtol=1e-6)
+    ((feature, hp),) = [(f, h) for f, h in task.features if f.name == "unknown_target"]
+    monitor = feature.monitor(hp, task)
+    seen = []
+
+    def update(round_index, state_of):
+        new = monitor.update_state(round_index, state_of)
+        if new is not None:
+            seen.append(new)
+        return new
+
+    fjp.run_training(task.algorithm, task.model, task.dataset, partition, task.training,
+                     rounds=3, seed=0, update_state=update)
+    used = [r for r in monitor.records if r["used"]]
+    assert [r["round"] for r in used] == [1, 2] and len(seen) == 2
+    clipped = False
+    for record, state in zip(used, seen):
+        estimate = np.asarray(record["target"], np.float64)
+        assert np.abs(estimate - aggregate).sum() > 1e-3  # the estimate moved T
+        for label_dist in dists:
+            got = _per_example_weights(task.algorithm, state, label_dist)
+            np.testing.assert_allclose(got, _ref_ratios(estimate, label_dist, cap), rtol=1e-5,
+                                       atol=1e-6)
+            assert not np.allclose(got, _ref_ratios(aggregate, label_dist, cap), atol=1e-4)
+            clipped |= bool(np.any(_ref_ratios(estimate, label_dist, None) > cap))
+    assert clipped, [r["target"] for r in used]  # the cap binds on some class of some client
+
+
+def test_target_estimation_resolves_only_for_methods_that_read_t():
+    # iwerm declares the state holding its T (IwermState); fedprox (no T read) with FedAvg's
+    # weights keeps target_estimation None, as before.
+    iwerm = fjp.get_method("iwerm")
+    assert fjp.unknown_target.declared_target_state(iwerm) is fjp.algorithms.IwermState
+    assert fjp.unknown_target.declared_target_state(fjp.get_method("fedprox")) is None
+    for estimator in ("vrls", "mapls"):
+        resolved = fjp.validate_config({"dataset": {"name": "synthetic"}, "algorithm": {
+            "name": "iwerm", "target_estimation": estimator}})
+        assert resolved.algorithm.target_estimation == estimator
+    assert resolved.algorithm.target_estimation_concentration is None  # mapls: adaptive
+    resolved = fjp.validate_config({"dataset": {"name": "synthetic"}, "algorithm": {
+        "name": "fedprox", "target_estimation": "vrls"}})
+    assert resolved.algorithm.target_estimation is None
+
+
+def test_the_unknown_t_config_has_an_iwerm_row_with_t_estimated():
+    # configs/beyond_unknown_target.py's unknown_t_iwerm: IW-ERM (FedAvg's weights) with the
+    # default estimator, in-sample, undamped; accepted as a sweep's method beside iwerm.
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "beyond_unknown_target.py")
+    spec = importlib.util.spec_from_file_location("config_beyond_unknown_target_iwerm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("3")
+    config.algorithm.name = "unknown_t_iwerm"
+    resolved = fjp.validate_config(config)
+    assert (resolved.algorithm.name, resolved.algorithm.weights) == ("iwerm", "fedavg")
+    assert resolved.algorithm.target_estimation == "bbse_constrained"
+    assert (resolved.algorithm.target_holdout, resolved.algorithm.target_damping) == (0.0, 1.0)

@@ -52,7 +52,8 @@ from absl import logging
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms import registry
-from fedjax_pals.algorithms.fedpals import fedpals_state, replace_fedpals_state
+from fedjax_pals.algorithms.base import holds_state
+from fedjax_pals.algorithms.fedpals import FedPalsState, fedpals_state, replace_fedpals_state
 from fedjax_pals.calibration import (
     calibrated_probabilities, fit_bias_corrected_temperature, softmax,
 )
@@ -638,24 +639,66 @@ def model_probabilities(
 # -- re-estimating T during training ------------------------------------------------------------
 
 
-def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
-    """`state` with FedPALS' T replaced by `target_label_dist`.
+def _is_target_state(node: Any) -> bool:
+    """A state NamedTuple that declares (class attribute `_estimated_target = True`) that its
+    field target_label_dist is the T its method reads (IW-ERM's `IwermState`)."""
+    return getattr(type(node), "_estimated_target", False) is True
 
-    T is per-run data in the weighting's `FedPalsState` (`fedpals_state`), so a new estimate
-    changes the next rounds' weights without recompiling the round.
+
+def _target_states(tree: Any) -> list:
+    return [node for node in jax.tree_util.tree_leaves(tree, is_leaf=_is_target_state)
+            if _is_target_state(node)]
+
+
+def target_label_dist_in_use(state: Any) -> jax.Array:
+    """The T that `state`'s run reads now (the start, or the latest estimate): the one in the
+    weighting's `FedPalsState` (FedPALS' weights, and the clients of a client-side method
+    with them) when it holds one, else the one of the method's own state that declares it
+    (`_estimated_target = True` on its class: IW-ERM's `IwermState` under FedAvg's weights).
+
+    ValueError when the state holds neither, or several declared ones."""
+    if holds_state(state.weighting_state, FedPalsState):
+        return fedpals_state(state.weighting_state).target_label_dist
+    found = _target_states(state.algorithm_state)
+    if len(found) != 1:
+        raise ValueError(
+            f"the algorithm's state holds no FedPalsState (FedPALS' weights) and "
+            f"{len(found) or 'no'} method state declaring its T (`_estimated_target = True` on "
+            "its class: IW-ERM's IwermState) where one T to re-estimate is expected."
+        )
+    return found[0].target_label_dist
+
+
+def with_target_label_dist(state: Any, target_label_dist: Any) -> Any:
+    """`state` with the T its run reads (`target_label_dist_in_use`) replaced by
+    `target_label_dist`.
+
+    T is per-run data in the state: FedPALS' in the weighting's `FedPalsState`
+    (`fedpals_state`), a method's own in its declared state (IW-ERM's `IwermState`: the T of
+    its loss ratios T(y) / S_i(y)), so a new estimate changes the next rounds' weights or
+    losses without recompiling the round. Every T the state holds is replaced (a run with
+    FedPALS' weights keeps one, there).
     """
     dist = _validation.check_distribution("target_label_dist", target_label_dist)
-    old = fedpals_state(state.weighting_state).target_label_dist
+    old = target_label_dist_in_use(state)
     if old.shape != dist.shape:
         raise ValueError(f"target_label_dist must have shape {old.shape}, got {dist.shape}.")
     new = jnp.asarray(dist, old.dtype)
-    return state._replace(
-        weighting_state=replace_fedpals_state(state.weighting_state, target_label_dist=new)
-    )
+    if holds_state(state.weighting_state, FedPalsState):
+        state = state._replace(
+            weighting_state=replace_fedpals_state(state.weighting_state, target_label_dist=new))
+    if _target_states(state.algorithm_state):
+        state = state._replace(algorithm_state=jax.tree_util.tree_map(
+            lambda node: (node._replace(target_label_dist=new.astype(node.target_label_dist.dtype))
+                          if _is_target_state(node) else node),
+            state.algorithm_state, is_leaf=_is_target_state))
+    return state
 
 
 class TargetReestimation(registry.Monitor):
-    """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds.
+    """A `TrainingRun` state update: T re-estimated from the global model every `every` rounds,
+    into the state's T in use (`with_target_label_dist`: FedPALS' weights', or the method's own,
+    IW-ERM's loss ratios under FedAvg's weights).
 
     Before rounds every, 2 every, ... the global model (`algorithm.eval_params`) gives its
     logits on the target's *unlabeled* validation inputs and on labeled source data: the
@@ -800,8 +843,9 @@ class TargetReestimation(registry.Monitor):
 
     @staticmethod
     def current(state: Any) -> np.ndarray:
-        """The T that `state`'s FedPALS weights use now (the latest estimate, or the start)."""
-        return np.asarray(fedpals_state(state.weighting_state).target_label_dist)
+        """The T that `state`'s run reads now (the latest estimate, or the start): FedPALS'
+        weights' or the method's own (`target_label_dist_in_use`)."""
+        return np.asarray(target_label_dist_in_use(state))
 
     def _skip(self, record: dict, reason: str) -> None:
         record.update(used=False, reason=reason)
@@ -905,8 +949,8 @@ class TargetReestimation(registry.Monitor):
         return (
             f"T unknown: {when}, from {model} outputs on the "
             f"target's {len(self.target_x)} unlabeled validation inputs and on {source}"
-            f"{shrinkage}; until then the weights use the clients' aggregate label distribution "
-            "(FedAvg's weights)"
+            f"{shrinkage}; until then T is the clients' aggregate label distribution (under "
+            "which FedPALS' weights are FedAvg's weights)"
         )
 
     def progress(self, state: Any) -> dict:
