@@ -17,13 +17,18 @@ FedPALS as references; the L1 error of the T in use per round). Columns:
   importance-weighted by T^ / S; ties go to the later round;
 * the L1 error of the T in use after rounds 4 and 10 (the last), and how many re-estimations
   were not used (not identified, or the model not ready);
+* how many re-estimations were not identified (the soft confusion matrix's smallest singular
+  value below `IDENTIFIED_SIGMA_MIN`: results.json's `target_estimation_unidentified_rounds`,
+  or the records' `identified` in a run that wrote none) and in how many runs; beneath the
+  table, per run, the rounds whose estimate was not identified and whether the last estimate
+  put to use was (`target_estimate_identified`);
 * the worst seed's gap to FedAvg (the same seed's FedAvg run, stopped the same way).
 
 Beside it, against FedPALS with T known on the same seed (issue 45's bar): each estimated
 method's (and each yardstick's: T known up to App. B.6's noise, `algorithm.target_perturbation`,
 whose gap is what training moves accuracy by when the weights change a little) mean gap, its
 worst seed, how many seeds fall more than 5 points below T known and how many below FedAvg,
-and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
+how many runs made an estimate that was not identified, and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
 unknown_target_l1.md, the L1 error of the T in use after every round, seed by seed.
 """
 
@@ -88,6 +93,56 @@ def _stopped(results: dict) -> dict[str, float]:
     return accuracy
 
 
+def _unidentified_rounds(results: dict) -> list[int] | None:
+    """The rounds before which the run's estimate of T was not identified
+    (`target_estimation_unidentified_rounds`; from the records' `identified` where a run wrote
+    no such list); None for a run that estimates nothing, or wrote neither (older runs)."""
+    if "target_estimation_records" not in results:
+        return None
+    if "target_estimation_unidentified_rounds" in results:
+        return [int(r) for r in results["target_estimation_unidentified_rounds"]]
+    records = results["target_estimation_records"]
+    if not any("identified" in r for r in records):
+        return None
+    return [int(r["round"]) for r in records if r.get("identified") is False]
+
+
+def _unidentified_cell(results: list[dict]) -> str:
+    """"rounds / re-estimations (runs)" not identified over the runs, or "-" when no run says."""
+    known = [(r, _unidentified_rounds(r)) for r in results]
+    known = [(r, rounds) for r, rounds in known if rounds is not None]
+    if not known:
+        return "-"
+    made = sum(len(r["target_estimation_records"]) for r, _ in known)
+    rounds = sum(len(u) for _, u in known)
+    runs = sum(bool(u) for _, u in known)
+    missing = f", {len(results) - len(known)} runs unrecorded" if len(known) < len(results) else ""
+    return f"{rounds} / {made} ({runs} of {len(known)} runs{missing})"
+
+
+def _unidentified_per_run(runs: dict, methods: list[str]) -> list[str]:
+    """Per estimated method, each run's count of not-identified re-estimations and their
+    rounds, and whether the last estimate used was identified."""
+    lines = ["", "Re-estimations not identified (smallest singular value of the soft confusion "
+             "matrix below 1e-4), per run: seed: count (rounds)", ""]
+    for method in methods:
+        cells = []
+        for seed in sorted(runs[method]):
+            results = runs[method][seed]
+            rounds = _unidentified_rounds(results)
+            if rounds is None:
+                cells.append(f"seed {seed}: -")
+                continue
+            cell = f"seed {seed}: {len(rounds)}"
+            if rounds:
+                cell += f" (rounds {', '.join(map(str, rounds))})"
+            if results.get("target_estimate_identified") is False:
+                cell += ", last used not identified"
+            cells.append(cell)
+        lines.append(f"- {fjp.method_label(method)}: " + "; ".join(cells))
+    return lines
+
+
 def _cell(values) -> str:
     values = 100 * np.asarray(values, float)
     return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) else "-"
@@ -112,13 +167,14 @@ def report(sweep_dir: str) -> str:
     rules = ("validation labels", "last round", "estimated accuracy")
     lines = [
         f"**{row}** ({sweep_dir}): target test accuracy (%), mean ± "
-        f"std over seeds, by stopping rule; L1 error of the T in use; re-estimations not used",
+        f"std over seeds, by stopping rule; L1 error of the T in use; re-estimations not used; "
+        "re-estimations not identified",
         "",
         "| method | seeds | stopped by validation labels | label-free: last round | "
         "label-free: max estimated accuracy | L1 after round "
-        f"{probe} | L1 after round {last} | not used / re-estimations | worst seed vs "
-        "FedAvg (validation labels) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"{probe} | L1 after round {last} | not used / re-estimations | not identified / "
+        "re-estimations (runs) | worst seed vs FedAvg (validation labels) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     fedavg = runs.get("fedavg", {})
     accuracy_curves, l1_curves = {}, {}
@@ -135,9 +191,10 @@ def report(sweep_dir: str) -> str:
             l1_last = _mean_std([e.get(last) for e in l1])
             records = [rec for r in results for rec in r["target_estimation_records"]]
             unused = f"{sum(not rec['used'] for rec in records)} / {len(records)}"
+            unidentified = _unidentified_cell(results)
             l1_curves[method] = (rounds, [[e[r] for r in rounds] for e in l1])
         else:
-            l1_probe = l1_last = unused = "-"
+            l1_probe = l1_last = unused = unidentified = "-"
         gaps = [
             runs[method][s]["target_accuracy_at_best_val"]
             - fedavg[s]["target_accuracy_at_best_val"]
@@ -147,7 +204,7 @@ def report(sweep_dir: str) -> str:
             method != "fedavg") else "-"
         lines.append(
             f"| {fjp.method_label(method)} | {len(seeds)} | {' | '.join(cells)} | {l1_probe} | "
-            f"{l1_last} | {unused} | {worst} |"
+            f"{l1_last} | {unused} | {unidentified} | {worst} |"
         )
         accuracy_curves[method] = (rounds, [r["target_accuracy"] for r in results])
     per_seed = ["", "Per seed (stopped by validation labels): " + " / ".join(
@@ -162,7 +219,8 @@ def report(sweep_dir: str) -> str:
                   and _perturbation(next(iter(runs[m].values())))]
     against = _against_known(runs, estimated_methods + yardsticks, known, fedavg, probe) if (
         known) else []
-    text = "\n".join(lines + per_seed + against) + "\n"
+    unidentified = _unidentified_per_run(runs, estimated_methods) if estimated_methods else []
+    text = "\n".join(lines + per_seed + unidentified + against) + "\n"
     with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
         f.write(text)
     with open(os.path.join(sweep_dir, "unknown_target_l1.md"), "w") as f:
@@ -230,9 +288,9 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
         "", "Against FedPALS with T known on the same seed (stopped by validation labels, "
         "points):", "",
         "| method | seeds | mean gap to T known | worst seed vs T known | seeds more than "
-        f"{GAP_LIMIT:g} below T known | seeds below FedAvg | L1 of T^ from the model after round "
-        f"{probe} |",
-        "|---|---|---|---|---|---|---|",
+        f"{GAP_LIMIT:g} below T known | seeds below FedAvg | runs with a T^ not identified | "
+        f"L1 of T^ from the model after round {probe} |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method in methods:
         seeds, gaps = _gaps(runs[method], known)
@@ -247,9 +305,20 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
             f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
             f"{int(np.sum(gaps < -GAP_LIMIT))} | {len(below_fedavg)}"
             + (f" (seeds {', '.join(map(str, below_fedavg))})" if below_fedavg else "")
+            + f" | {_unidentified_runs(runs[method], seeds)}"
             + f" | {_mean_std([_estimate_l1(runs[method][s], probe) for s in seeds])} |"
         )
     return lines
+
+
+def _unidentified_runs(method_runs: dict, seeds: list[int]) -> str:
+    """How many of the seeds' runs made an estimate that was not identified ("2 (seeds 3, 7)"),
+    "-" where no run records it (a yardstick, or runs written before the flag)."""
+    rounds = {s: _unidentified_rounds(method_runs[s]) for s in seeds}
+    if all(r is None for r in rounds.values()):
+        return "-"
+    flagged = [s for s, r in rounds.items() if r]
+    return f"{len(flagged)}" + (f" (seeds {', '.join(map(str, flagged))})" if flagged else "")
 
 
 def _l1_per_seed(row, runs, methods, rounds) -> str:

@@ -68,11 +68,12 @@ def test_the_report_has_each_stopping_rule_and_the_estimates_errors(sweep):
     assert cells[5] == f"{np.mean([0.1, 0.3]):.3f} ± {np.std([0.1, 0.3]):.3f}"  # round 4
     assert cells[6] == f"{np.mean([0.05, 0.15]):.3f} ± {np.std([0.05, 0.15]):.3f}"  # round 5
     assert cells[7] == "3 / 8"
+    assert cells[8] == "-"  # runs written before the identifiability flag
     # Worst seed against FedAvg, stopped by validation labels: seed 1, 0.75 - 0.65.
-    assert cells[8] == "+10.0 (seed 1)"
+    assert cells[9] == "+10.0 (seed 1)"
     fedavg = next(line for line in text.splitlines() if line.startswith("| FedAvg"))
     fedavg_cells = [c.strip() for c in fedavg.strip("|").split("|")]
-    assert fedavg_cells[4] == "-" and fedavg_cells[8] == "-"  # no T^, no FedAvg to compare
+    assert fedavg_cells[4] == "-" and fedavg_cells[9] == "-"  # no T^, no FedAvg to compare
     assert os.path.exists(os.path.join(sweep, "unknown_target.png"))
     assert os.path.exists(os.path.join(sweep, "unknown_target.pdf"))
     with open(os.path.join(sweep, "unknown_target.md")) as f:
@@ -94,10 +95,10 @@ def test_the_report_measures_each_seed_against_t_known_and_fedavg(sweep):
             for line in table.splitlines() if line.startswith("| unknown_t")}
     # The estimate's own L1 from the model after round 4: half the L1 given at index 3.
     assert rows["unknown_t_x"][1:] == ["2", f"{100 * np.mean([-0.05, -0.17]):+.1f}",
-                                       "-17.0 (seed 1)", "1", "0",
+                                       "-17.0 (seed 1)", "1", "0", "-",
                                        f"{np.mean([0.05, 0.15]):.3f} ± {np.std([0.05, 0.15]):.3f}"]
     # unknown_t_z, seed 0 only: 0.6 against T known's 0.95 and FedAvg's 0.7.
-    assert rows["unknown_t_z"][1:] == ["1", "-35.0", "-35.0 (seed 0)", "1", "1 (seeds 0)",
+    assert rows["unknown_t_z"][1:] == ["1", "-35.0", "-35.0 (seed 0)", "1", "1 (seeds 0)", "-",
                                        "0.350 ± 0.000"]
     with open(os.path.join(sweep, "unknown_target_l1.md")) as f:
         l1 = f.read()
@@ -130,7 +131,7 @@ def test_a_yardstick_row_given_a_noisy_t_is_measured_against_t_known_with_that_t
     assert min(errors) > 0
     # Gaps (validation labels): seed 0: 0.93 - 0.95, seed 1: 0.92 - 0.92.
     assert rows["known_t_noise"][1:] == ["2", f"{100 * np.mean([-0.02, 0.0]):+.1f}",
-                                         "-2.0 (seed 0)", "0", "0",
+                                         "-2.0 (seed 0)", "0", "0", "-",
                                          f"{np.mean(errors):.3f} ± {np.std(errors):.3f}"]
 
 
@@ -152,6 +153,53 @@ def test_a_run_that_estimates_once_before_round_1_reports_that_estimates_error(s
     row = next(line for line in table.splitlines() if line.startswith("| unknown_t_once"))
     assert row.strip("|").split("|")[-1].strip() == (
         f"{np.mean([0.05, 0.1]):.3f} ± {np.std([0.05, 0.1]):.3f}")
+
+
+def _mark_unidentified(sweep, method, seed, rounds, *, listed=True, last_identified=None):
+    """Records of `rounds` not identified (sigma_min < 1e-4), the others identified; with
+    `listed`, results.json's target_estimation_unidentified_rounds as well (a run written
+    with the flag); else only the records say (the list is reconstructed from them)."""
+    path = os.path.join(sweep, "runs", method, "lam=0,learning_rate=0.1", f"seed_{seed}",
+                        "results.json")
+    with open(path) as f:
+        results = json.load(f)
+    for record in results["target_estimation_records"]:
+        record["identified"] = record["round"] not in rounds
+    if listed:
+        results["target_estimation_unidentified_rounds"] = list(rounds)
+        results["target_estimate_identified"] = last_identified
+    with open(path, "w") as f:
+        json.dump(results, f)
+
+
+def test_the_report_counts_the_re_estimations_not_identified_per_run_and_per_method(sweep):
+    # unknown_t_x: seed 0 not identified before rounds 2 and 3 (its last estimate used, of
+    # round 4, identified), seed 1 never; unknown_t_w: seed 0 before round 4 only, recorded in
+    # the records alone (a run written before the list), seed 1 before round 1, the last used
+    # not identified.
+    _mark_unidentified(sweep, "unknown_t_x", 0, [2, 3], last_identified=True)
+    _mark_unidentified(sweep, "unknown_t_x", 1, [], last_identified=True)
+    for seed in (0, 1):
+        _write(sweep, "unknown_t_w", seed, [0.5, 0.7, 0.9, 0.8, 0.85], 2,
+               estimated=[0.5] * 5, l1=[1.0, 0.8, 0.6, 0.4, 0.2], used=[True] * 4)
+    _mark_unidentified(sweep, "unknown_t_w", 0, [4], listed=False)
+    _mark_unidentified(sweep, "unknown_t_w", 1, [1], last_identified=False)
+    text = report_lib.report(sweep)
+    table = text[:text.index("Per seed")]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+             for line in table.splitlines() if line.startswith("| unknown_t")}
+    assert table.splitlines()[2].split("|")[9].strip() == (
+        "not identified / re-estimations (runs)")
+    assert cells["unknown_t_x"][8] == "2 / 8 (1 of 2 runs)"
+    assert cells["unknown_t_w"][8] == "2 / 8 (2 of 2 runs)"
+    assert ("- unknown_t_x: seed 0: 2 (rounds 2, 3); seed 1: 0") in text
+    assert ("- unknown_t_w: seed 0: 1 (rounds 4); seed 1: 1 (rounds 1), last used not "
+            "identified") in text
+    against = text[text.index("Against FedPALS with T known"):]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in against.splitlines() if line.startswith("| unknown_t")}
+    assert rows["unknown_t_x"][6] == "1 (seeds 0)"
+    assert rows["unknown_t_w"][6] == "2 (seeds 0, 1)"
 
 
 def test_a_run_still_training_is_left_out(sweep):
