@@ -76,6 +76,7 @@ from fedjax_pals.algorithms import (  # noqa: E402
     init_server_state, make_algorithm, oracle, scaffold, weighted_average_update,
 )
 from fedjax_pals.algorithms.registry import (  # noqa: E402
+    ContextSlot,
     Feature,
     Hyperparameters,
     Method,
@@ -92,6 +93,7 @@ from fedjax_pals.algorithms.registry import (  # noqa: E402
     register_variant,
     registered_methods,
 )
+from fedjax_pals.algorithms.styles import register_method_style  # noqa: E402
 
 # -- server optimisers (a method key's prefix: fedadam_fedpals)
 from fedjax_pals.algorithms.server_optimizers import (  # noqa: E402
@@ -206,9 +208,10 @@ __all__ = [
     "weighted_average_update", "afl", "combine", "fedprox", "fedrs", "fedshift", "oracle",
     "scaffold", "feddisco", "fedlc", "Hyperparameters", "Method", "MethodContext", "get_method",
     "hyperparameter", "make_algorithm", "method_label", "register_method", "registered_methods",
+    "register_method_style",
     "MethodKey",
     "Variant", "register_variant",
-    "Feature", "Monitor", "RunFacts", "register_feature",
+    "Feature", "Monitor", "RunFacts", "register_feature", "ContextSlot",
     # server optimisers
     "ServerOptimizer", "register_server_optimizer", "registered_server_optimizers",
     # training

@@ -54,7 +54,8 @@ _KINDS = ("real", "integer", "bool", "choice", "shape", "text")
 def hyperparameter(
     default: Any, *, kind: str = "real", low: float | None = None, high: float | None = None,
     low_open: bool = False, high_open: bool = False, choices: tuple = (), optional: bool = False,
-    why: str = "", doc: str = "", per_run: bool = False,
+    why: str = "", doc: str = "", per_run: bool = False, shown: bool = False,
+    axis: str | None = None, label: str | None = None, identity_when_unset: bool = False,
 ) -> Any:
     """A field of a `Hyperparameters` dataclass: its default and its allowed values.
 
@@ -65,7 +66,15 @@ def hyperparameter(
     message of a bad value. per_run: its value is per-run data (held in the run's
     `ServerState`, or used on the host), not compiled into the round: runs that differ only
     in it share one compiled program on the engine's runs axis, and a sweep keeps them
-    together (`config.per_run_state_keys`).
+    together (`config.per_run_state_keys`). shown: a run's TensorBoard HParams table shows it
+    as a column by default (with the method, the seed and the learning rate). axis: keys that
+    name the same axis are alternative ways to give one quantity (FedPALS' `lam` and
+    `ess_fraction` both give lambda): a sweep's grid over them is one axis of their values
+    (each point sets one key), not their product, and a base value of one of them is dropped
+    where the grid sweeps the axis. label: its name on figures' axes ("λ"; None: the key).
+    identity_when_unset: the key is in a run's identity (its digest) even when None, as the
+    keys were that existed before the registry (so the digests of their recorded runs stay
+    valid); every other key is left out while it is None.
     """
     if kind not in _KINDS:
         raise ValueError(f"hyperparameter kind must be one of {list(_KINDS)}, got {kind!r}.")
@@ -73,8 +82,12 @@ def hyperparameter(
         raise ValueError("a 'choice' hyperparameter needs its choices.")
     check = _Check(kind, low, high, low_open, high_open, tuple(choices), optional, why)
     check("the default", default)
+    if axis is not None and (not isinstance(axis, str) or not axis.isidentifier()):
+        raise ValueError(f"a hyperparameter's axis must be an identifier, got {axis!r}.")
     return dataclasses.field(
-        default=default, metadata={"check": check, "doc": doc, "per_run": bool(per_run)}
+        default=default,
+        metadata={"check": check, "doc": doc, "per_run": bool(per_run), "shown": bool(shown),
+                  "axis": axis, "label": label, "identity_when_unset": bool(identity_when_unset)},
     )
 
 
@@ -106,6 +119,11 @@ def hyperparameter_checks(cls: type[Hyperparameters]) -> dict[str, Callable[[str
 
 def hyperparameter_defaults(cls: type[Hyperparameters]) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def field_metadata(cls: type[Hyperparameters], what: str) -> dict[str, Any]:
+    """{field name: its declared `what` ("shown", "axis", "label", "doc")} of `cls`."""
+    return {f.name: f.metadata.get(what) for f in dataclasses.fields(cls)}
 
 
 def per_run_fields(cls: type[Hyperparameters]) -> tuple[str, ...]:

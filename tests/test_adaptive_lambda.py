@@ -283,7 +283,7 @@ def test_lambda_zero_starts_the_schedule_at_the_lower_end(tmp_path):
     # lam = 0 (the protocol grid's lambda -> 0+ point) under the schedule: log-space needs a
     # start > 0, the lower end of lambda_for_ess's range, as for an unreachable ESS.
     task = fjp.build_task(_config(ess_fraction=None, lam=0.0))
-    assert task.lam == pytest.approx(58 * 1e-6, rel=1e-6)
+    assert task.context.lam == pytest.approx(58 * 1e-6, rel=1e-6)
     assert fjp.build_task(_config(ess_fraction=None, lam=0.0, lam_schedule="fixed")).lam == 0.0
 
 

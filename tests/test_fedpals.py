@@ -147,7 +147,7 @@ def test_a_config_selects_the_projected_gradient_solver():
 
     p = task.partition
     expected = fjp.fedpals_weights(
-        p.client_label_dists, task.target_label_dist, p.client_sizes, task.lam,
+        p.client_label_dists, task.target_label_dist, p.client_sizes, task.context.lam,
         solver="projected_gradient",
     )
     np.testing.assert_allclose(task_summary(task)["alpha"], expected, atol=1e-7)

@@ -5,6 +5,8 @@ import os
 import numpy as np
 import pytest
 
+import fedjax_pals as fjp
+from fedjax_pals.algorithms.styles import method_styles
 from fedjax_pals.experiment import plots
 
 
@@ -295,8 +297,8 @@ def test_a_method_has_one_colour_and_marker_in_every_figure(tmp_path, monkeypatc
     # A display label, with or without the grid point after it, is its method's style.
     assert plots.method_style("FedAvg (learning_rate=0.1)") == style
     assert plots.method_style("FedProx+FedPALS") == {
-        "color": plots.METHOD_STYLES["fedprox_fedpals"][0],
-        "marker": plots.METHOD_STYLES["fedprox_fedpals"][1],
+        "color": method_styles()["fedprox_fedpals"][0],
+        "marker": method_styles()["fedprox_fedpals"][1],
     }
     assert plots.method_style("fedpals") != style
     assert plots.method_style("a new method") == plots.method_style("a new method")
@@ -720,3 +722,23 @@ def test_a_runs_figure_title_names_its_data_set():
     assert plots.with_dataset(title, "Fashion-MNIST") == f"Fashion-MNIST: {title}"
     synthetic = "FedPALS on synthetic label shift delta=1 (App. C.4), 3 clients, seed 0"
     assert plots.with_dataset(synthetic, "Synthetic") == synthetic
+
+
+def test_a_registered_method_style_is_the_methods_look_in_every_figure():
+    from fedjax_pals.algorithms import styles
+
+    saved = dict(styles._STYLES)
+    try:
+        assert plots.method_style("My method (lr=0.1)")["color"] in {
+            c for c, _ in plots._SPARE_STYLES}
+        fjp.register_method_style("my_method", "#17becf", "h")
+        with pytest.raises(ValueError, match=r"'my_method' has a style already"):
+            fjp.register_method_style("my_method", "#000000", "h")
+        with pytest.raises(ValueError, match=r"'not-a-colour' is not a Matplotlib colour"):
+            fjp.register_method_style("other", "not-a-colour", "h")
+        with pytest.raises(ValueError, match=r"marker 'Q' is not one of"):
+            fjp.register_method_style("other", "#000000", "Q")
+        assert plots.method_style("my_method") == {"color": "#17becf", "marker": "h"}
+    finally:
+        styles._STYLES.clear()
+        styles._STYLES.update(saved)

@@ -256,7 +256,7 @@ def test_in_a_task_it_composes_with_label_dp_dp_on_updates_and_a_client_side_met
     # FedPALS' eq. 8 over every client's *released* S (label DP), divided by q.
     released = np.asarray(task.server_label_dists, np.float64)
     expected = fjp.server_weights.fedpals_weights(
-        released, task.target_label_dist, task.partition.client_sizes, task.lam)
+        released, task.target_label_dist, task.partition.client_sizes, task.context.lam)
     np.testing.assert_allclose(np.asarray(got) * 0.5, expected, rtol=1e-5, atol=1e-6)
     assert task.sampling_rate == 0.5
 

@@ -670,7 +670,8 @@ def features_restored():
     yield
     registry._FEATURES.clear()
     registry._FEATURES.update(saved)
-    fjp.extensions.forget_registration("feature", "mix_uniform")
+    for name in ("mix_uniform", "test_budget", "test_two_ways"):
+        fjp.extensions.forget_registration("feature", name)
 
 
 def _ess_fraction_reached(ess_fraction, mix):
@@ -940,7 +941,7 @@ def test_fedpals_lambda_declares_it_runs_after_adaptive_lambda_whatever_the_regi
     config.algorithm.lam = 0.0
     task = fjp.build_task(config)
     n = float(np.sum(task.partition.client_sizes))
-    np.testing.assert_allclose(task.lam, n * 10.0 ** LOG10_LAM_RANGE[0], rtol=1e-12)
+    np.testing.assert_allclose(task.context.lam, n * 10.0 ** LOG10_LAM_RANGE[0], rtol=1e-12)
 
 
 def test_an_own_server_update_not_declared_warns_and_runs(registries_restored, tmp_path):
@@ -1060,3 +1061,146 @@ def test_a_client_side_method_with_fedpals_weights_takes_fedpals_own_keys():
     fedprox = fjp.validate_config({**config, "algorithm": {
         "name": "fedprox", "weights_solver": "projected_gradient"}})
     assert fedprox.algorithm.weights_solver is None
+
+
+# -- typed context slots -----------------------------------------------------------------------
+
+_BUDGET = fjp.ContextSlot("test_budget", stage="label_marginals", kind=float,
+                          doc="a user's quantity written at label_marginals")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Budget(fjp.Hyperparameters):
+    test_budget: float | None = fjp.hyperparameter(None, low=0.0, optional=True)
+
+
+def _budget_feature(stage, slot=_BUDGET, name="test_budget"):
+    return fjp.Feature(
+        name, "budget", _Budget,
+        lambda values, facts: {"test_budget": values["test_budget"]},
+        prepare=lambda hp, context: context.with_value(slot, float(hp.test_budget)),
+        stage=stage,
+    )
+
+
+def _budget_config(value):
+    config = _synthetic()
+    config.algorithm.test_budget = value
+    return config
+
+
+def test_a_slot_written_at_its_stage_is_what_later_hooks_and_the_task_read(features_restored):
+    fjp.register_feature(_budget_feature("label_marginals"))
+    value = float(np.random.default_rng().uniform(0.1, 9.0))
+    task = fjp.build_task(_budget_config(value))
+    assert task.context.get(_BUDGET) == value
+    assert fjp.build_task(_synthetic()).context.get(_BUDGET) is None
+
+
+def test_a_feature_writing_a_slot_of_another_stage_is_refused_naming_the_slots_stage(
+    features_restored, no_training, tmp_path
+):
+    fjp.register_feature(_budget_feature("lambda"))
+    message = _refused(_budget_config(1.0), tmp_path)
+    assert "feature 'test_budget' at the stage 'lambda': its prepare wrote the context slot " \
+        "'test_budget', which the stage 'label_marginals' writes" in message
+    assert message.endswith("declare Feature(..., stage='label_marginals').")
+
+
+def test_fedpals_lambda_is_written_only_at_the_lambda_stage(features_restored, no_training,
+                                                            tmp_path):
+    from fedjax_pals.algorithms.fedpals_lambda import LAMBDA
+
+    fjp.register_feature(_budget_feature("target", slot=LAMBDA))
+    message = _refused(_budget_config(3.0), tmp_path)
+    assert "wrote the context slot 'fedpals_lambda', which the stage 'lambda' writes" in message
+
+
+def test_a_slot_refuses_a_value_of_another_kind_and_a_second_slot_of_its_name():
+    with pytest.raises(ValueError, match=r"context slot 'test_budget' holds float, got str"):
+        fjp.MethodContext().with_value(_BUDGET, "much")
+    with pytest.raises(ValueError, match=r"two context slots are named 'test_budget'"):
+        fjp.ContextSlot("test_budget", stage="target", kind=float)
+    with pytest.raises(ValueError, match=r"stage 'algorithm' is not a stage that prepares"):
+        fjp.ContextSlot("test_wrap_only", stage="algorithm", kind=float)
+
+
+def test_the_legacy_lam_field_mirrors_fedpals_lambdas_slot_both_ways():
+    from fedjax_pals.algorithms.fedpals_lambda import LAMBDA
+
+    # lam = 0 (the projection of T onto Conv(S)) is a value, not "unset".
+    built = fjp.MethodContext(None, 0.0)
+    assert built.get(LAMBDA) == 0.0 and built.lam == 0.0
+    written = fjp.MethodContext().with_value(LAMBDA, 2.5)
+    assert written.lam == 2.5
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning,
+                      match=r"replace\(lam=\.\.\.\) is deprecated.*with_value.*0\.4\.0"):
+        replaced = written.replace(lam=0.5)
+    assert replaced.get(LAMBDA) == 0.5 and replaced.lam == 0.5
+
+
+def test_a_legacy_feature_setting_lam_still_sets_fedpals_lambda(features_restored):
+    # A user's feature from before slots: context.replace(lam=...) at the lambda stage, after
+    # fedpals_lambda. It warns, and FedPALS' weights use its lambda.
+    value = float(np.random.default_rng().uniform(0.5, 5.0))
+    fjp.register_feature(fjp.Feature(
+        "test_budget", "budget", _Budget,
+        lambda values, facts: {"test_budget": values["test_budget"]},
+        prepare=lambda hp, context: context.replace(lam=hp.test_budget),
+        stage="lambda", after=("fedpals_lambda",),
+    ))
+    with pytest.warns(fjp.deprecation.FedjaxPalsDeprecationWarning, match=r"replace\(lam="):
+        task = fjp.build_task(_budget_config(value))
+    from fedjax_pals.algorithms.fedpals import FedPalsState
+
+    state = fjp.init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), 2)
+    lam = fjp.algorithms.base.find_state(state.weighting_state, FedPalsState).lam
+    np.testing.assert_allclose(float(lam), value, rtol=1e-6)
+
+
+# -- declarations that replace the experiment layer's lists --------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _TwoWays(fjp.Hyperparameters):
+    test_rate: float | None = fjp.hyperparameter(
+        None, low=0.0, optional=True, shown=True, axis="test_speed", label="rate r")
+    test_period: float | None = fjp.hyperparameter(
+        None, low=0.0, low_open=True, optional=True, axis="test_speed")
+
+
+def test_declared_shown_axis_and_label_are_what_the_registry_reports(features_restored):
+    assert registry.hyperparameter_axes()["lambda"] == ("algorithm.lam", "algorithm.ess_fraction")
+    assert {"algorithm.lam", "algorithm.ess_fraction"} <= set(registry.shown_hyperparameters())
+    fjp.register_feature(fjp.Feature(
+        "test_two_ways", "two ways", _TwoWays, lambda values, facts: dict(values),
+        stage="algorithm",
+        grid={"test_rate": (0.5,), "test_period": (2.0, 4.0)}))
+    assert registry.hyperparameter_axes()["test_speed"] == (
+        "algorithm.test_rate", "algorithm.test_period")
+    assert "algorithm.test_rate" in registry.shown_hyperparameters()
+    assert "algorithm.test_period" not in registry.shown_hyperparameters()
+    assert registry.hyperparameter_labels()["test_rate"] == "rate r"
+    from fedjax_pals.experiment import plots
+
+    assert plots.axis_label("algorithm.test_rate") == "rate r"
+    assert plots.axis_label("algorithm.lam") == "λ"
+    # A feature's grid is in the protocol's, after no method's and before every method's.
+    grid = registry.protocol_grids()
+    assert grid["test_period"] == (2.0, 4.0) and grid["ess_fraction"] == (0.1, 0.25, 0.5, 0.75)
+    assert fjp.protocol_grid().algorithm.test_rate == (0.5,)
+
+
+def test_a_feature_grid_outside_its_hyperparameters_is_refused():
+    with pytest.raises(ValueError, match=r"feature 'test_two_ways': grid key 'speed' is not one"):
+        fjp.Feature("test_two_ways", "two ways", _TwoWays, lambda values, facts: dict(values),
+                    stage="algorithm",
+                    grid={"speed": (1.0,)})
+
+
+def test_the_keys_declared_identity_when_unset_are_those_of_before_the_registry():
+    # The digests of runs recorded before the registry depend on exactly these (None) keys.
+    assert set(registry.identity_when_unset()) == {
+        f"algorithm.{key}" for key in ("prox_mu", "server_lr", "afl_step", "fedrs_alpha",
+                                       "fedrs_soft", "lam", "ess_fraction",
+                                       "target_perturbation")}

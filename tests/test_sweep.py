@@ -784,3 +784,37 @@ def test_the_sweep_eta_is_not_printed_over_runs_that_ended_together(tmp_path, ca
         "[4/4] fedprox/seed_1",
     ]
     assert ["sweep ETA" in l for l in lines] == [False, True, False, False]
+
+
+def test_keys_a_registration_declares_on_one_axis_form_one_axis_not_their_product():
+    import dataclasses
+
+    from fedjax_pals.algorithms import registry
+
+    @dataclasses.dataclass(frozen=True)
+    class TwoWays(fjp.Hyperparameters):
+        axis_rate: float | None = fjp.hyperparameter(None, low=0.0, optional=True,
+                                                     axis="axis_speed")
+        axis_period: float | None = fjp.hyperparameter(None, low=0.0, low_open=True,
+                                                       optional=True, axis="axis_speed")
+
+    saved = dict(registry._FEATURES)
+    try:
+        fjp.register_feature(fjp.Feature(
+            "axis_two_ways", "two ways", TwoWays, lambda values, facts: dict(values),
+            stage="algorithm"))
+        config = _sweep_config(seeds=(0,), methods=("fedavg",), grid=dict(
+            algorithm=dict(axis_rate=(0.5,), axis_period=(2.0, 4.0)),
+            training=dict(learning_rate=(0.1, 0.01))))
+        assert _names(config) == [
+            f"fedavg/{point},learning_rate={lr}/seed_0"
+            for point in ("axis_rate=0.5", "axis_period=2", "axis_period=4")
+            for lr in ("0.1", "0.01")
+        ]
+        runs = dict(fjp.expand_sweep(config))
+        run = runs["fedavg/axis_period=4,learning_rate=0.01/seed_0"]
+        assert run.algorithm.axis_period == 4.0 and run.algorithm.axis_rate is None
+    finally:
+        registry._FEATURES.clear()
+        registry._FEATURES.update(saved)
+        fjp.extensions.forget_registration("feature", "axis_two_ways")

@@ -1,9 +1,11 @@
 """train_and_evaluate: what a run writes, resume after a kill at any moment, data errors before
 training, divergence, and build_task for every algorithm."""
 
+import dataclasses
 import glob
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -18,12 +20,13 @@ CONFIG = {
     "training": {"rounds": 6, "eval_every": 2, "batch_size": 8, "learning_rate": 0.05},
 }
 RESULT_KEYS = (
-    "config config_digest dataset_source partition lam alpha ess alpha_round_1 ess_round_1 "
-    "total_examples "
-    "projection_distance projection_distance_s clients_per_round backend engine rounds target_accuracy target_macro_f1 "
+    "config config_digest dataset_source partition alpha ess alpha_round_1 ess_round_1 "
+    "total_examples clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
-    "target_macro_f1_at_best_val macro_f1_classes program_runs"
+    "target_macro_f1_at_best_val macro_f1_classes program_runs "
+    # What FedPALS' monitor reports of its weights (`Method.monitor`).
+    "lam projection_distance projection_distance_s"
 ).split()
 
 
@@ -273,7 +276,9 @@ def test_build_task_makes_every_algorithm(name):
     task = fjp.build_task(config)
     assert task.algorithm.name.startswith(name)
     assert task.model.num_classes == 3 and task.clients_per_round == 2
-    assert (task.lam is not None) == (name == "fedpals")
+    assert (task.context.lam is not None) == (name == "fedpals")
+    # What the run's method reports while it trains is its own registration's (FedPALS').
+    assert [m.name for m, _ in task.methods] == [name]
     if name == "oracle":  # clients resampled to T (App. B.5)
         np.testing.assert_allclose(
             task.partition.client_label_dists, np.tile(task.target_label_dist, (2, 1)), atol=0.05
@@ -465,12 +470,15 @@ def test_the_reported_projection_distance_is_that_of_the_s_the_weights_are_solve
     released = np.asarray(private.server_label_dists)
     private_d = _two_client_projection_distance(released, truth)
     assert abs(private_d - exact_d) > 1e-3  # the release moves S, and with it d(T, S)
-    summary = task_lib.task_summary(exact)
-    assert summary["projection_distance"] == pytest.approx(exact_d, rel=1e-5)
-    assert summary["projection_distance_s"] == "partition.client_label_dists"
+    from fedjax_pals.algorithms.fedpals import FedPalsMonitor
+
+    report = FedPalsMonitor(None, exact).results(None)
+    assert report["projection_distance"] == pytest.approx(exact_d, rel=1e-5)
+    assert report["projection_distance_s"] == "partition.client_label_dists"
+    report = FedPalsMonitor(None, private).results(None)
+    assert report["projection_distance"] == pytest.approx(private_d, rel=1e-5)
+    assert report["projection_distance_s"] == "server_label_dists"
     summary = task_lib.task_summary(private)
-    assert summary["projection_distance"] == pytest.approx(private_d, rel=1e-5)
-    assert summary["projection_distance_s"] == "server_label_dists"
     np.testing.assert_allclose(summary["server_label_dists"], released)
     # The partition's own d(T, S) stays that of the exact S_i.
     assert summary["partition"]["projection_distance"] == pytest.approx(exact_d, rel=1e-5)
@@ -763,3 +771,72 @@ def test_a_run_resolves_its_config_once(tmp_path, monkeypatch):
     summary = fjp.run_sweep(sweep, str(tmp_path / "sweep"), quiet=True)
     assert len(summary["runs"]) == 4 and set(summary["runs"].values()) == {"done"}
     assert len(calls) < 4
+
+
+# -- what a method reports of itself (Method.monitor) ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReportingHyperparameters(fjp.Hyperparameters):
+    reporting_strength: float = fjp.hyperparameter(0.5, low=0.0, high=1.0, low_open=True)
+
+
+class _ReportingMonitor(fjp.Monitor):
+    def __init__(self, hp, task):
+        self.strength = hp.reporting_strength
+        self.clients = task.partition.num_clients
+
+    def headline(self):
+        return f"strength={self.strength:g} over {self.clients} clients"
+
+    def scalars(self, state):
+        return {"server/reporting_strength": self.strength}
+
+    def results(self, state):
+        return {"reporting_strength_used": self.strength}
+
+
+@pytest.fixture
+def reporting_method():
+    fjp.register_method(fjp.Method(
+        "reporting", "Reporting", lambda hp, context: fjp.fedavg(), _ReportingHyperparameters,
+        client_side=True, monitor=_ReportingMonitor), replace=True)
+    yield
+    fjp.algorithms.registry._METHODS.pop("reporting")
+
+
+def _first_line(config, tmp_path, capsys):
+    prepared = train_lib._PreparedRun(config, str(tmp_path), overwrite=False, quiet=False)
+    prepared.stack.close()
+    return capsys.readouterr().err.splitlines()[0]
+
+
+def test_a_run_shows_what_its_method_reports_and_fedavg_no_fedpals_summary(
+    reporting_method, tmp_path, capsys
+):
+    strength = float(np.random.default_rng().choice([0.25, 0.75]))
+    line = _first_line({**CONFIG, "algorithm": {"name": "reporting", "reporting_strength":
+                                                strength}}, tmp_path / "a", capsys)
+    assert f": strength={strength:g} over 2 clients, 6 rounds, backend " in line, line
+    assert "lam=" not in line and "ESS=" not in line and "d(T,S)" not in line
+    # With FedPALS' weights, the lender reports too, after the method.
+    line = _first_line({**CONFIG, "algorithm": {"name": "reporting_fedpals"}}, tmp_path / "b",
+                       capsys)
+    assert re.search(r": strength=0\.5 over 2 clients, lam=0 ESS=\d+/\d+ d\(T,S\)=[\d.e-]+, 6 "
+                     r"rounds", line), line
+    line = _first_line({**CONFIG, "algorithm": {"name": "fedavg"}}, tmp_path / "c", capsys)
+    assert re.search(r"FedAvg on .*: 6 rounds, backend ", line), line
+    assert "lam=" not in line and "ESS=" not in line
+
+
+def test_a_methods_report_reaches_results_and_tensorboard_scalars(reporting_method, tmp_path):
+    config = {**CONFIG, "algorithm": {"name": "reporting"},
+              "training": {**CONFIG["training"], "rounds": 2}}
+    results = fjp.train_and_evaluate(config, str(tmp_path), quiet=True)
+    assert results["reporting_strength_used"] == 0.5
+    # No FedPALS key in a run without FedPALS' weights; its weights alpha are reported.
+    assert "lam" not in results and "projection_distance" not in results
+    assert abs(sum(results["alpha"]) - 1.0) < 1e-5 and results["ess"] > 0
+    written = [line for line in _metrics(tmp_path) if "server/reporting_strength" in line]
+    # Written when it changes: once.
+    assert [line["server/reporting_strength"] for line in written] == [0.5]

@@ -65,6 +65,7 @@ from fedjax_pals.algorithms.base import (
     weighted_average_update,
 )
 from fedjax_pals.algorithms.fedpals import fedpals_state, fedpals_weighting, replace_fedpals_state
+from fedjax_pals.algorithms.fedpals_lambda import LAMBDA, LAMBDA_FLOOR
 from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.registry import Variant, register_variant
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
@@ -327,7 +328,7 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
 
 def _prepare(hp: AdaptiveLambda, context: registry.MethodContext) -> registry.MethodContext:
     # A fixed lambda would be out of reach (or 0); the hypergradient only needs a start > 0.
-    return context.replace(lam_floor=True)
+    return context.with_value(LAMBDA_FLOOR, True)
 
 
 def _wrap(
@@ -336,7 +337,7 @@ def _wrap(
     inputs, labels = context.target_validation
     adaptive = adaptive_fedpals(
         context.partition.target_label_dist, context.weight_label_dists,
-        context.partition.client_sizes, context.lam, context.model.apply, inputs, labels,
+        context.partition.client_sizes, context.get(LAMBDA), context.model.apply, inputs, labels,
         rounds=context.rounds, hyper_learning_rate=hp.lam_hyper_lr,
     )
     return adaptive._replace(weighting=algorithm.weighting)

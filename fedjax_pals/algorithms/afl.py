@@ -150,7 +150,8 @@ def afl(step_size: float, average_iterates: bool = True) -> FederatedAlgorithm:
 @dataclasses.dataclass(frozen=True)
 class AflHyperparameters(Hyperparameters):
     afl_step: float = hyperparameter(
-        0.1, low=0.0, low_open=True, doc="AFL's projected-ascent step gamma on its mixture"
+        0.1, low=0.0, low_open=True, doc="AFL's projected-ascent step gamma on its mixture",
+        identity_when_unset=True,
     )
 
 

@@ -182,6 +182,25 @@ class FederatedAlgorithm(NamedTuple):
     server_optimizer: optax.GradientTransformation | None = None
 
 
+def weights_over_clients(
+    algorithm: FederatedAlgorithm, client_label_dists: Any, client_sizes: Any,
+    state: ServerState, sampling_rate: float | None = None,
+) -> Any:
+    """The server's weights alpha of `state` with every client taking part, as float64 NumPy
+    (the weighting's, as it moves: AFL's lambda, adaptive lambda, T re-estimated). Under
+    Poisson sampling with rate q (`sampling_rate`), alpha over every client (a drawn client's
+    update is weighted alpha_i / q, so the weighting's lanes give alpha_i / q)."""
+    import numpy as np
+
+    num_clients = len(client_sizes)
+    alpha = algorithm.weighting.weights(
+        jnp.asarray(client_label_dists, jnp.float32), jnp.asarray(client_sizes, jnp.float32),
+        state, jnp.arange(num_clients),
+    )
+    alpha = np.asarray(alpha, np.float64)
+    return alpha if sampling_rate is None else alpha * sampling_rate
+
+
 def init_server_state(
     algorithm: FederatedAlgorithm, params: Params, num_clients: int
 ) -> ServerState:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from fedjax_pals import _validation, server_weights
 from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms.fedpals_lambda import LAMBDA
 from fedjax_pals.algorithms.base import (
     FederatedAlgorithm, Weighting, _need, combine, find_state, plain_sgd, replace_state,
 )
@@ -109,14 +110,60 @@ class FedPalsHyperparameters(registry.Hyperparameters):
 
 def _build(hp: FedPalsHyperparameters, context: registry.MethodContext) -> FederatedAlgorithm:
     partition = _need(context.partition, "the partition (its target T)", "fedpals")
-    lam = _need(context.lam, "FedPALS' trade-off lam", "fedpals")
+    lam = _need(context.get(LAMBDA), "FedPALS' trade-off lam", "fedpals")
     return fedpals(partition.target_label_dist, lam, weights_solver=hp.weights_solver)
+
+
+class FedPalsMonitor(registry.Monitor):
+    """What a run with FedPALS' weights reports of them (`Method.monitor`): lambda, the ESS of
+    round 1's weights over every client, and d(T, S) of the S the weights are solved with (a
+    `label_marginals` feature's release, e.g. label DP's, where there is one) against the T
+    they aim at.
+
+    results.json: `lam`, `projection_distance` and `projection_distance_s` (where that S is:
+    "server_label_dists" or "partition.client_label_dists"; the partition's own
+    `projection_distance` stays that of the exact S_i). Scalars: `server/lambda` and
+    `server/projection_distance` (a feature's override them: adaptive lambda's lambda, T
+    re-estimated's d(T^, S)).
+    """
+
+    def __init__(self, hp: FedPalsHyperparameters, task: Any) -> None:
+        del hp
+        context, partition = task.context, task.partition
+        self.lam = context.get(LAMBDA)
+        released = context.server_label_dists
+        dists = partition.client_label_dists if released is None else released
+        self.distance_s = (
+            "partition.client_label_dists" if released is None else "server_label_dists")
+        self.distance = float(server_weights.projection_distance(
+            dists, partition.target_label_dist))
+        # Round 1's weights over every client, as the run's summary has them.
+        self.ess, self.total = task.summary["ess"], task.summary["total_examples"]
+
+    def headline(self) -> str:
+        lam = "-" if self.lam is None else f"{self.lam:.4g}"
+        released = " (S: label DP's release)" if self.distance_s == "server_label_dists" else ""
+        return (f"lam={lam} ESS={self.ess:.0f}/{self.total} "
+                f"d(T,S)={self.distance:.4g}{released}")
+
+    def scalars(self, state: Any) -> dict:
+        del state
+        scalars = {"server/projection_distance": self.distance}
+        if self.lam is not None:
+            scalars["server/lambda"] = float(self.lam)
+        return scalars
+
+    def results(self, state: Any) -> dict:
+        del state
+        return {"lam": self.lam, "projection_distance": self.distance,
+                "projection_distance_s": self.distance_s}
 
 
 registry.register_method(
     registry.Method(
         "fedpals", "FedPALS", _build, FedPalsHyperparameters, reads_target=True,
         lends_weighting=True, description="local SGD, target-aware weights alpha^lam (eq. 8)",
+        monitor=FedPalsMonitor,
     ),
     replace=True,
 )

@@ -62,7 +62,8 @@ def fedprox(mu: float, weighting: Weighting | None = None) -> FederatedAlgorithm
 
 @dataclasses.dataclass(frozen=True)
 class FedProxHyperparameters(Hyperparameters):
-    prox_mu: float = hyperparameter(0.01, low=0.0, doc="FedProx' proximal strength mu")
+    prox_mu: float = hyperparameter(
+        0.01, low=0.0, doc="FedProx' proximal strength mu", identity_when_unset=True)
 
 
 register_method(

@@ -84,9 +84,11 @@ def fedrs(
 @dataclasses.dataclass(frozen=True)
 class FedRSHyperparameters(Hyperparameters):
     fedrs_alpha: float = hyperparameter(
-        0.5, low=0.0, high=1.0, low_open=True, doc="FedRS' scaling of absent classes' logits"
+        0.5, low=0.0, high=1.0, low_open=True, doc="FedRS' scaling of absent classes' logits",
+        identity_when_unset=True,
     )
-    fedrs_soft: bool = hyperparameter(False, kind="bool", doc="FedRS' soft variant")
+    fedrs_soft: bool = hyperparameter(
+        False, kind="bool", doc="FedRS' soft variant", identity_when_unset=True)
 
 
 register_method(

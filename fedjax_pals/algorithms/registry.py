@@ -11,13 +11,16 @@ A `Method` ties together what the rest of the package needs to know about a meth
   validator checks the keys without knowing the method;
 * `grid`: the values of its hyperparameters the selection protocol tries (`protocol_grid`);
 * `build(hyperparameters, context) -> FederatedAlgorithm`: the algorithm, given the run's
-  `MethodContext` (the partition with the server's T, FedPALS' lambda, the weighting asked
-  for by `algorithm.weights`);
+  `MethodContext` (the partition with the server's T, the weighting asked for by
+  `algorithm.weights`, the typed slots the features' stages wrote: FedPALS' lambda);
 * `client_side`: the method changes only local training, so it combines with the server
   weights of a method that lends them under the key `<name>_<lender>` ("fedprox_fedpals",
   "FedProx+FedPALS");
 * `partition_transform`: how the method redraws the clients' data before training (the
   Oracle's resampling to T, FedPALS App. B.5);
+* `monitor(hp, task) -> Monitor`: what the method reports of itself while its run trains
+  (FedPALS: lambda, its weights' ESS, d(T, S) of the S its weights see), through the same
+  protocol as a feature's; a client-side method's run reports its weights' lender's too;
 * `owns_server_update`: its server update is its own (SCAFFOLD's control variates, AFL's
   lambda), so no server optimiser replaces it (the config refuses, `with_server_optimizer`
   too); `lends_weighting`: its server weights serve the client-side methods too
@@ -42,6 +45,7 @@ examples/extending/my_extension.py has one of each).
 from __future__ import annotations
 
 import dataclasses
+import types
 import difflib
 from typing import Any, Callable, Mapping
 
@@ -52,7 +56,7 @@ from fedjax_pals.algorithms.base import FederatedAlgorithm, Weighting
 from fedjax_pals.data import FederatedPartition
 from fedjax_pals.hyperparameters import (
     Hyperparameters, NoHyperparameters, check_declared, check_shared_fields, declared_fields,
-    hyperparameter, hyperparameter_checks, per_run_fields,
+    field_metadata, hyperparameter, hyperparameter_checks, per_run_fields,
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it.
@@ -71,14 +75,78 @@ FEDPALS_SUFFIX = "_fedpals"
 
 
 @dataclasses.dataclass(frozen=True)
+class ContextSlot:
+    """A typed value of the `MethodContext` that one feature stage writes (`context.get(slot)`,
+    `context.with_value(slot, value)`): FedPALS' lambda (`fedpals_lambda.LAMBDA`, stage
+    "lambda"), a user's quantity that a later hook reads. A feature may write a slot only at
+    the slot's stage (`prepare_context` refuses another, naming the stage to declare), so
+    what a stage writes is fixed for the stages after it.
+
+    name: unique ("fedpals_lambda"); stage: one of `FEATURE_STAGES` but "algorithm" (wrap
+      only); kind: the type (or tuple of types) of its values (None is always allowed: unset);
+      doc: what it holds. legacy_field: the `MethodContext` field it replaces (kept until
+      0.4.0, mirrored both ways: `context.lam` still reads FedPALS' lambda).
+    """
+
+    name: str
+    stage: str
+    kind: Any
+    doc: str = ""
+    legacy_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a context slot's name must be an identifier, got {self.name!r}.")
+        if self.stage not in FEATURE_STAGES[:-1]:
+            raise ValueError(
+                f"context slot {self.name!r}: stage {self.stage!r} is not a stage that prepares "
+                f"the context; choose one of {list(FEATURE_STAGES[:-1])}."
+            )
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        if not kinds or not all(isinstance(k, type) for k in kinds):
+            raise ValueError(
+                f"context slot {self.name!r}: kind must be a type or a tuple of types, got "
+                f"{self.kind!r}.")
+        if self.legacy_field is not None and self.legacy_field not in _LEGACY_FIELDS:
+            raise ValueError(f"context slot {self.name!r}: {self.legacy_field!r} is not a "
+                             f"deprecated MethodContext field ({list(_LEGACY_FIELDS)}).")
+        _known_slot(self)  # known from its definition on: two slots may not share a name
+
+    def check(self, value: Any) -> Any:
+        if value is not None and not isinstance(value, self.kind):
+            kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+            raise ValueError(
+                f"context slot {self.name!r} holds {' or '.join(k.__name__ for k in kinds)}, "
+                f"got {type(value).__name__} ({value!r})."
+            )
+        return value
+
+
+# The MethodContext fields that typed slots replace (FedPALS' lambda and its floor): kept as
+# fields until 0.4.0, mirrored with their slots.
+_LEGACY_FIELDS = ("lam", "lam_floor")
+# name -> slot, of every slot a context has been given (the legacy fields' at import).
+_SLOTS: dict[str, ContextSlot] = {}
+
+
+def _known_slot(slot: ContextSlot) -> ContextSlot:
+    if not isinstance(slot, ContextSlot):
+        raise TypeError(f"a context slot is a fedjax_pals.ContextSlot, got {type(slot).__name__}.")
+    known = _SLOTS.setdefault(slot.name, slot)
+    if known != slot:
+        raise ValueError(f"two context slots are named {slot.name!r}: {known} and {slot}.")
+    return slot
+
+
+@dataclasses.dataclass(frozen=True)
 class MethodContext:
     """What a method's builder and a feature's hooks may read of the run (built once per run).
 
     partition: the clients the run trains (S_i, n_i, label counts; a feature may hold some of
       their examples out) with the T the server's weights use (T, Table 2's perturbed T_p, or
       the clients' aggregate when T is estimated).
-    lam: FedPALS' lambda, resolved from algorithm.lam or algorithm.ess_fraction (None when
-      the run does not use FedPALS' weights).
+    lam: deprecated (0.4.0 removes it): FedPALS' lambda is the slot `fedpals_lambda.LAMBDA`
+      (`context.get(LAMBDA)`); this field mirrors it.
     weighting: for a client-side method, the server weighting asked for by
       algorithm.weights (None: FedAvg's n_i / N).
     server_label_dists: the clients' S_i(Y) as the server's weights see them (a DP release),
@@ -89,8 +157,10 @@ class MethodContext:
       round (at most the training clients; None: every client), the lanes a round under
       Poisson sampling; sampling_rate: q of Poisson sampling (None: clients_per_round drawn
       without replacement).
-    lam_floor: a lambda that the ESS search cannot reach (or 0) starts at the lower end of its
-      range instead of failing (a schedule that moves lambda from there).
+    lam_floor: deprecated (0.4.0 removes it): the slot `fedpals_lambda.LAMBDA_FLOOR`, which
+      this field mirrors.
+    slots: the typed values the features' stages wrote ({slot name: value}; `get`,
+      `with_value`, `ContextSlot`).
     """
 
     partition: FederatedPartition | None = None
@@ -105,6 +175,31 @@ class MethodContext:
     clients_per_round: int | None = None
     lam_floor: bool = False
     sampling_rate: float | None = None
+    slots: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A context built with a legacy field (MethodContext(partition, lam)) holds it in its
+        # slot too; a slot's value wins where both are given.
+        slots = dict(self.slots)
+        for slot in _SLOTS.values():
+            if slot.legacy_field is None:
+                continue
+            legacy = getattr(self, slot.legacy_field)
+            if slot.name not in slots and legacy is not _unset(slot):  # lam = 0.0 is set
+                slots[slot.name] = slot.check(legacy)
+            object.__setattr__(self, slot.legacy_field, slots.get(slot.name, _unset(slot)))
+        object.__setattr__(self, "slots", types.MappingProxyType(slots))
+
+    def get(self, slot: ContextSlot) -> Any:
+        """The value a stage wrote into `slot` (None: unset)."""
+        return self.slots.get(_known_slot(slot).name)
+
+    def with_value(self, slot: ContextSlot, value: Any) -> "MethodContext":
+        """The context with `slot` holding `value` (checked against the slot's kind)."""
+        _known_slot(slot)
+        slots = {**self.slots, slot.name: slot.check(value)}
+        changes = {} if slot.legacy_field is None else {slot.legacy_field: _unset(slot)}
+        return dataclasses.replace(self, slots=slots, **changes)
 
     @property
     def weight_label_dists(self) -> np.ndarray:
@@ -114,7 +209,35 @@ class MethodContext:
         return self.partition.client_label_dists
 
     def replace(self, **changes: Any) -> "MethodContext":
-        return dataclasses.replace(self, **changes)
+        """The context with these fields changed (`with_value` for a slot)."""
+        context = self
+        for slot in list(_SLOTS.values()):
+            if slot.legacy_field in changes:
+                deprecation.warn(
+                    f"MethodContext.replace({slot.legacy_field}=...) is deprecated: write the "
+                    f"slot, context.with_value({slot.name.upper()}, value) (the slot "
+                    f"{slot.name!r}, {slot.doc}).", refused_in="0.4.0")
+                context = context.with_value(slot, changes.pop(slot.legacy_field))
+        return dataclasses.replace(context, **changes) if changes else context
+
+
+def _unset(slot: ContextSlot) -> Any:
+    """A legacy field's value for an unset slot: its old default (False for lam_floor)."""
+    return False if slot.legacy_field == "lam_floor" else None
+
+
+def _check_grid(owner: str, hyperparameters: type[Hyperparameters], grid: Mapping) -> None:
+    """A registration's protocol grid: {its hyperparameter: a non-empty tuple of its values}."""
+    fields = hyperparameter_checks(hyperparameters)
+    for key, values in dict(grid).items():
+        if key not in fields:
+            raise ValueError(
+                f"{owner}: grid key {key!r} is not one of its hyperparameters {sorted(fields)}."
+            )
+        if not isinstance(values, tuple) or not values:
+            raise ValueError(f"{owner}: grid[{key!r}] must be a non-empty tuple, got {values!r}.")
+        for value in values:
+            fields[key](f"{owner} grid value {key}", value)
 
 
 Builder = Callable[[Any, MethodContext], "FederatedAlgorithm"]
@@ -136,12 +259,16 @@ class Method:
     description: str = ""
     owns_server_update: bool = False
     lends_weighting: bool = False
+    monitor: Callable[[Any, Any], "Monitor"] | None = None
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("method", self.name)
         _validation.check_hook(
             f"method {self.name!r}", "build", self.build, "(hyperparameters, context) -> "
             "FederatedAlgorithm")
+        _validation.check_hook(
+            f"method {self.name!r}", "monitor", self.monitor, "(hp, task) -> Monitor",
+            optional=True)
         _validation.check_hook(
             f"method {self.name!r}", "partition_transform", self.partition_transform,
             "(partition, train_labels, seed) -> FederatedPartition", optional=True)
@@ -151,19 +278,7 @@ class Method:
                 f"method with FedPALS' weights), got {self.name!r}."
             )
         check_declared(f"method {self.name!r}", self.hyperparameters)
-        fields = hyperparameter_checks(self.hyperparameters)
-        for key, values in dict(self.grid).items():
-            if key not in fields:
-                raise ValueError(
-                    f"method {self.name!r}: grid key {key!r} is not one of its hyperparameters "
-                    f"{sorted(fields)}."
-                )
-            if not isinstance(values, tuple) or not values:
-                raise ValueError(
-                    f"method {self.name!r}: grid[{key!r}] must be a non-empty tuple, got {values!r}."
-                )
-            for value in values:
-                fields[key](f"method {self.name!r} grid value {key}", value)
+        _check_grid(f"method {self.name!r}", self.hyperparameters, self.grid)
 
     def make(self, context: MethodContext | None = None, **values: Any) -> FederatedAlgorithm:
         """The algorithm with these hyperparameter values (the others at their defaults)."""
@@ -205,7 +320,7 @@ class Method:
 
 def make_algorithm(
     name: str, *, partition: FederatedPartition | None = None, lam: float | None = None,
-    weights: str | None = None, **hyperparameters: Any,
+    weights: str | None = None, context: MethodContext | None = None, **hyperparameters: Any,
 ) -> FederatedAlgorithm:
     """The registered method `name` (or `<client-side>_fedpals`) with these hyperparameters.
 
@@ -213,7 +328,10 @@ def make_algorithm(
       name: a registered method, e.g. "fedprox", or "<client-side method>_fedpals".
       partition: the training partition (with the server's T); the methods whose weights read
         T (FedPALS, FedDisco) or whose clients read the label counts (FedShift) need it.
-      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals").
+      lam: FedPALS' lambda (fedpals, or a client-side method with weights="fedpals"); the slot
+        `fedpals_lambda.LAMBDA` of the context the method is built from.
+      context: a run's prepared `MethodContext` instead of partition and lam: the method is
+        built from its partition and the slots its features' stages wrote (`build_task`).
       weights: the weighting of a client-side method: None or "fedavg" (FedAvg), or a method
         whose weights serve client-side methods (`lends_weighting`: "fedpals"), built from the
         same partition and lam with its own hyperparameters among `hyperparameters`.
@@ -242,6 +360,13 @@ def make_algorithm(
             f"{method.name} has its own server weights; weights={weights!r} applies only to "
             f"{client_side_methods()} (or use name={weights!r})."
         )
+    if context is not None:
+        if partition is not None or lam is not None:
+            raise ValueError("give context, or partition and lam, not both.")
+        partition = context.partition
+        base = MethodContext(partition, slots=context.slots)
+    else:
+        base = MethodContext(partition, lam)
     if partition is not None and not isinstance(partition, FederatedPartition):
         raise ValueError(f"partition must be a FederatedPartition, got {type(partition).__name__}.")
     weighting, own = None, dict(hyperparameters)
@@ -256,10 +381,10 @@ def make_algorithm(
         own = {k: v for k, v in hyperparameters.items()
                if k not in lent or k in hyperparameter_checks(method.hyperparameters)}
         # The lender's builder says what else it needs (FedPALS: lam).
-        weighting = lender.make(MethodContext(partition, lam), **lent).weighting
+        weighting = lender.make(base, **lent).weighting
         # Named as its lender: the key of the combination is "<method>_<lender>".
         weighting = weighting._replace(name=weights)
-    return method.make(MethodContext(partition, lam, weighting), **own)
+    return method.make(dataclasses.replace(base, weighting=weighting), **own)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -611,7 +736,11 @@ Resolve = Callable[[dict, RunFacts], dict]
 
 
 class Monitor:
-    """What a feature does while its run trains (`Feature.monitor(hp, task)` builds one).
+    """What a feature or a method does while its run trains, and what it reports
+    (`Feature.monitor(hp, task)`, `Method.monitor(hp, task)` build one).
+
+    headline() -> a short text for the run's first line, after its title ("lam=0 ESS=630/738
+      d(T,S)=0.02": FedPALS'); "" for none.
 
     update_state(round_index, state_of) -> a new ServerState or None: called before each
       round (`TrainingRun(update_state=...)`), e.g. T re-estimated from the global model.
@@ -624,6 +753,10 @@ class Monitor:
     """
 
     update_state: Callable[[int, Callable[[], Any]], Any] | None = None
+
+    def headline(self) -> str:
+        """A short text for the run's first line ("" for none)."""
+        return ""
 
     def header(self) -> str:
         """A line shown under the run's first line when it starts: what the feature does
@@ -643,6 +776,30 @@ class Monitor:
 
     def results(self, state: Any) -> dict:
         return {}
+
+
+class ServerWeightsMonitor(Monitor):
+    """What every run reports of its server's weights, whatever its method: alpha with every
+    client taking part at the state of each evaluation (`alpha`, `ess` in results.json; the
+    task's summary keeps round 1's as `alpha_round_1`, `ess_round_1`). The weights move where
+    the weighting's state does (AFL's lambda, adaptive lambda, T re-estimated)."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def results(self, state: Any) -> dict:
+        from fedjax_pals.algorithms.base import weights_over_clients
+        from fedjax_pals.runtime import is_main_process
+        from fedjax_pals.server_weights import effective_sample_size
+
+        if not is_main_process():  # only the process that writes results.json reads them
+            return {}
+        task, partition = self.task, self.task.partition
+        alpha = weights_over_clients(
+            task.algorithm, partition.client_label_dists, partition.client_sizes, state,
+            task.sampling_rate)
+        sizes = np.asarray(partition.client_sizes, np.float64)
+        return {"alpha": alpha.tolist(), "ess": float(effective_sample_size(alpha, sizes))}
 
 
 # The stages of a run's features, in the order their hooks (`prepare`, then `wrap`) run;
@@ -710,10 +867,12 @@ class Feature:
     description: str = ""
     stage: str | None = None
     after: tuple[str, ...] = ()
+    grid: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("feature", self.name)
         owner = f"feature {self.name!r}"
+        _check_grid(owner, self.hyperparameters, self.grid)
         if isinstance(self.after, list):
             object.__setattr__(self, "after", tuple(self.after))
         if not isinstance(self.after, tuple) or not all(
@@ -982,6 +1141,16 @@ def prepare_context(features: Any, context: MethodContext) -> MethodContext:
                 f"feature {feature.name!r}: its prepare(hp, context) returned "
                 f"{type(prepared).__name__}, not a MethodContext (context.replace(...))."
             )
+        if feature.stage is not None:
+            for name in set(context.slots) | set(prepared.slots):
+                slot = _SLOTS[name]
+                if slot.stage != feature.stage and not _same(
+                        context.slots.get(name), prepared.slots.get(name)):
+                    raise ValueError(
+                        f"feature {feature.name!r} at the stage {feature.stage!r}: its prepare "
+                        f"wrote the context slot {name!r}, which the stage {slot.stage!r} "
+                        f"writes; declare Feature(..., stage={slot.stage!r})."
+                    )
         for stage, what, read, before in fixed:
             if not _same(before, read(prepared)):
                 raise ValueError(
@@ -1000,6 +1169,76 @@ def hyperparameter_fields() -> dict[str, tuple[Any, Callable[[str, Any], Any], t
     return declared_fields({name: m.hyperparameters for name, m in _METHODS.items()})
 
 
+def run_methods(name: str, weights: str | None, section: Mapping[str, Any]) -> tuple:
+    """((Method, its hyperparameters), ...) of a run of method `name` with `weights`: the
+    method, then the lender of its weights (FedPALS for "fedprox_fedpals"), each with its
+    values of the run's resolved `algorithm` section. What reports the run's method while it
+    trains (`Method.monitor`)."""
+    methods = [get_method(name)]
+    if weights is not None and weights in lenders() and weights != name:
+        methods.append(get_method(weights))
+    return tuple(
+        (method, method.hyperparameters(**{
+            key: section[key] for key in hyperparameter_checks(method.hyperparameters)
+            if section.get(key) is not None}))
+        for method in methods
+    )
+
+
+def _declared(what: str) -> dict[str, Any]:
+    """{"algorithm.<key>": its declared `what`} over the hyperparameters of every registered
+    method and feature, where declared (not None, not False)."""
+    owners = [m.hyperparameters for m in _METHODS.values()]
+    owners += [f.hyperparameters for f in _FEATURES.values()]
+    declared: dict[str, Any] = {}
+    for cls in owners:
+        for key, value in field_metadata(cls, what).items():
+            if value not in (None, False):
+                declared.setdefault(f"algorithm.{key}", value)
+    return declared
+
+
+def reads_target(name: str, weights: str | None = None) -> bool:
+    """Whether the server weights of a run of method `name` with `weights` read T: the method,
+    or the lender of its weights, is registered with `reads_target` (`RunFacts.reads_target`)."""
+    return RunFacts(get_method(name), weights, {}).reads_target
+
+
+def shown_hyperparameters() -> tuple[str, ...]:
+    """The keys declared `hyperparameter(..., shown=True)` ("algorithm.lam", ...): a run's
+    HParams table shows them by default."""
+    return tuple(_declared("shown"))
+
+
+def hyperparameter_axes() -> dict[str, tuple[str, ...]]:
+    """{axis: its keys} of the keys declared `hyperparameter(..., axis=...)`: alternative
+    ways to give one quantity ({"lambda": ("algorithm.lam", "algorithm.ess_fraction")}),
+    which a sweep's grid crosses as one axis."""
+    axes: dict[str, tuple[str, ...]] = {}
+    for key, axis in _declared("axis").items():
+        axes[axis] = axes.get(axis, ()) + (key,)
+    return axes
+
+
+def identity_when_unset() -> tuple[str, ...]:
+    """The keys declared `hyperparameter(..., identity_when_unset=True)` ("algorithm.lam",
+    ...): in a run's identity even when None."""
+    return tuple(_declared("identity_when_unset"))
+
+
+def hyperparameter_labels() -> dict[str, str]:
+    """{key without its section ("lam"): its label on figures ("λ")}, where declared."""
+    return {key.split(".", 1)[1]: label for key, label in _declared("label").items()}
+
+
 def method_grids() -> dict[str, tuple]:
     """The protocol's grid of every registered method's hyperparameters, merged."""
     return {key: values for method in _METHODS.values() for key, values in method.grid.items()}
+
+
+def protocol_grids() -> dict[str, tuple]:
+    """The selection protocol's grid of every registered feature's hyperparameters (FedPALS'
+    lambda: `Feature.grid`), then every method's (`method_grids`), merged."""
+    features = {key: values for feature in _FEATURES.values()
+                for key, values in feature.grid.items()}
+    return {**features, **method_grids()}

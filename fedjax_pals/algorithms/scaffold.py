@@ -146,7 +146,8 @@ def scaffold(server_lr: float = 1.0) -> FederatedAlgorithm:
 @dataclasses.dataclass(frozen=True)
 class ScaffoldHyperparameters(Hyperparameters):
     server_lr: float = hyperparameter(
-        1.0, low=0.0, low_open=True, doc="SCAFFOLD's global step eta_g"
+        1.0, low=0.0, low_open=True, doc="SCAFFOLD's global step eta_g",
+        identity_when_unset=True,
     )
 
 

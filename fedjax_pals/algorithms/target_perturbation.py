@@ -63,7 +63,7 @@ def perturb_label_dist(
 class TargetPerturbation(Hyperparameters):
     target_perturbation: float | None = hyperparameter(
         0.0, low=0.0, optional=True, doc="Table 2: the server sees T_p = perturb(T, delta)",
-        per_run=True,
+        per_run=True, identity_when_unset=True,
     )
 
 

@@ -164,13 +164,6 @@ from fedjax_pals.hyperparameters import (
 from fedjax_pals.personalization import registered_personalizations
 from fedjax_pals.algorithms.server_optimizers import registered_server_optimizers
 
-# The method and feature hyperparameters that were config keys before the registry: in a run's
-# identity even when None (unused), so that the digests of recorded runs stay valid. Every
-# other registered hyperparameter is, like OPTIONAL_IDENTITY_KEYS, left out when None.
-ALWAYS_IDENTITY_HYPERPARAMETERS = (
-    "prox_mu", "server_lr", "afl_step", "fedrs_alpha", "fedrs_soft", "lam", "ess_fraction",
-    "target_perturbation",
-)
 # Keys added after runs had been recorded: left out of a run's identity when they are None
 # (unused), so that the digests of the runs recorded before them stay valid.
 OPTIONAL_IDENTITY_KEYS = (
@@ -913,7 +906,9 @@ SEMANTICS_VERSION = 2
 
 def config_identity(config: Any) -> dict:
     """The part of a resolved config that identifies the run: all but `NON_IDENTITY_KEYS`; the
-    `OPTIONAL_IDENTITY_KEYS` and registered keys (but `ALWAYS_IDENTITY_*`) only when set."""
+    `OPTIONAL_IDENTITY_KEYS` and registered keys only when set (but `ALWAYS_IDENTITY_DATA_KEYS`
+    and the method and feature keys declared `hyperparameter(..., identity_when_unset=True)`:
+    those that were config keys before the registry, so that recorded runs' digests stay)."""
     identity = {k: (dict(v) if isinstance(v, dict) else v) for k, v in as_dict(config).items()}
     for key in (*NON_IDENTITY_KEYS, "sweep"):
         section, _, leaf = key.partition(".")
@@ -927,7 +922,7 @@ def config_identity(config: Any) -> dict:
         *(f"dataset.{key}" for key in datasets_lib.dataset_fields()),
         *(f"partition.{key}" for key in partitions_lib.partition_fields()),
         *(f"algorithm.{key}" for key in _algorithm_keys()),
-    } - {*ALWAYS_IDENTITY_DATA_KEYS, *(f"algorithm.{k}" for k in ALWAYS_IDENTITY_HYPERPARAMETERS)}
+    } - {*ALWAYS_IDENTITY_DATA_KEYS, *registry.identity_when_unset()}
     for key in optional:
         section, _, leaf = key.partition(".")
         if isinstance(identity.get(section), dict) and identity[section].get(leaf, 0) is None:

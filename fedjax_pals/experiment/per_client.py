@@ -158,7 +158,7 @@ def personalize(run, state, evaluation: Mapping[str, Any], batch_size: int,
             "chosen": {
                 "steps": np.asarray(result.chosen_steps).tolist(),
                 "learning_rate": np.asarray(result.chosen_learning_rate).tolist(),
-                "lam": np.asarray(result.chosen_prox).tolist(),
+                "prox": np.asarray(result.chosen_prox).tolist(),
             },
             "client_steps": int(result.client_steps),
             "wall_seconds": time.perf_counter() - started,

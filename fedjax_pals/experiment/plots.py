@@ -27,35 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fedjax_pals.algorithms.registry import method_labels
+from fedjax_pals.algorithms.registry import hyperparameter_labels, method_labels
+from fedjax_pals.algorithms.styles import method_styles
 
 
-# Method -> (colour, marker), shared by every figure. FedPALS and its combinations are reds and
-# oranges, FedAvg blue, the Oracle black; unknown methods get the remaining colours in turn.
-METHOD_STYLES = {
-    "fedavg": ("#1f77b4", "o"),
-    "fedpals": ("#d62728", "s"),
-    "fedprox": ("#2ca02c", "^"),
-    "scaffold": ("#9467bd", "v"),
-    "afl": ("#8c564b", "D"),
-    "fedrs": ("#e377c2", "P"),
-    "fedshift": ("#7f7f7f", "X"),
-    "oracle": ("#000000", "*"),
-    "feddisco": ("#17becf", "h"),
-    "fedlc": ("#bcbd22", "p"),
-    "fedprox_fedpals": ("#ff7f0e", "^"),
-    "fedrs_fedpals": ("#ff9896", "P"),
-    "fedshift_fedpals": ("#c49c94", "X"),
-    "fedlc_fedpals": ("#dbdb8d", "p"),
-    "iwerm": ("#5254a3", "H"),
-    "iwerm_fedpals": ("#fd8d3c", "H"),
-    "fedvls": ("#8ca252", "d"),
-    "fedvls_fedpals": ("#e7969c", "d"),
-    "fedpals_adaptive": ("#a50f15", "d"),
-    "fedpals_unknown_t_bbse": ("#fb6a4a", "<"),
-    "fedpals_unknown_t_bbse_soft": ("#fc9272", ">"),
-    "fedpals_unknown_t_em": ("#67000d", "8"),
-}
 _SPARE_STYLES = [
     ("#393b79", "o"),
     ("#637939", "s"),
@@ -86,8 +61,6 @@ CLASS_NAMES = {
 # fmt: on
 # Config keys (the last part of a dotted key) -> what an axis says.
 AXIS_LABELS = {
-    "lam": "λ",
-    "ess_fraction": "ESS fraction",
     "label_dp_epsilon": "privacy budget ε",
     "local_epochs": "local epochs E",
     "num_clients": "number of clients",
@@ -112,7 +85,7 @@ AXIS_LABELS = {
 
 def _method_key(label: str) -> str | None:
     """The method of a key or of its display label (the longest known label it starts with)."""
-    if label in METHOD_STYLES:
+    if label in method_styles():
         return label
     best = None
     for key, shown in method_labels().items():
@@ -129,8 +102,9 @@ def method_style(label: str) -> dict[str, str]:
     "FedPALS (ess_fraction=0.5)"): the same in every figure; unknown labels get a spare
     style chosen from the label itself, so they too are stable across figures."""
     key = _method_key(str(label))
-    if key is not None and key in METHOD_STYLES:
-        color, marker = METHOD_STYLES[key]
+    styles = method_styles()
+    if key is not None and key in styles:
+        color, marker = styles[key]
     else:
         color, marker = _SPARE_STYLES[zlib.crc32(str(label).encode()) % len(_SPARE_STYLES)]
     return {"color": color, "marker": marker}
@@ -147,8 +121,10 @@ def dataset_class_names(dataset: str | None, num_classes: int) -> tuple[str, ...
 
 def axis_label(key: str) -> str:
     """A config key (e.g. "algorithm.label_dp_epsilon") as an axis says it ("privacy budget
-    ε"); anything else unchanged."""
-    return AXIS_LABELS.get(str(key).rsplit(".", 1)[-1], str(key))
+    ε"): its registration's label (`hyperparameter(..., label=...)`: FedPALS' "λ"), else
+    `AXIS_LABELS`'; anything else unchanged."""
+    leaf = str(key).rsplit(".", 1)[-1]
+    return hyperparameter_labels().get(leaf) or AXIS_LABELS.get(leaf, str(key))
 
 
 def _seeds_note(counts) -> str:
@@ -490,7 +466,7 @@ def plot_weights_vs_ess(
     alphas_by_label: Mapping[str, Sequence[float]],
     fedavg: Sequence[float] | None = None,
     *,
-    title: str = "FedPALS weights by effective sample size",
+    title: str = "server weights by effective sample size",
 ) -> None:
     """Aggregation weights per client, clients sorted by size (descending), as in the paper's
     Fig. 4: one bar series per lambda (label e.g. "ESS 25 %"), FedAvg's weights as dots.
@@ -637,7 +613,7 @@ def plot_lambda_trajectories(
         ax.plot(np.arange(1, lams.size + 1), lams, marker=".", color=f"C{index % 10}", label=label)
     ax.set_yscale("log")
     ax.set_xlabel("round")
-    ax.set_ylabel(axis_label("lam"))
+    ax.set_ylabel("λ")
     _finish(fig, ax, path, title, fontsize=7, ncol=2)
 
 
@@ -835,7 +811,7 @@ def plot_seed_gaps(
     width = 0.8 / max(1, len(gaps))
     for index, (label, (seeds_of, values)) in enumerate(gaps.items()):
         key = _method_key(str(label))
-        color = (method_style(label)["color"] if key in METHOD_STYLES
+        color = (method_style(label)["color"] if key in method_styles()
                  else palette[index % len(palette)])
         x = np.array([position[int(s)] for s in seeds_of]) + (index - (len(gaps) - 1) / 2) * width
         ax.scatter(x, values, s=18, color=color, marker=method_style(label)["marker"],

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     import ml_collections
 
 from fedjax_pals.data import dataset_label
-from fedjax_pals.algorithms.registry import method_grids, method_label
+from fedjax_pals.algorithms.registry import method_label, protocol_grids
+# The paper's Table 1 and its methods, re-exported here where the protocol's table reads them.
+from fedjax_pals.paper import PAPER_METHODS, PAPER_TABLE_1  # noqa: F401
 
 SELECTIONS = ("mean_over_seeds", "per_seed")
 
@@ -50,42 +52,16 @@ SELECTIONS = ("mean_over_seeds", "per_seed")
 REFERENCE_METHODS = ("oracle",)
 
 
-# The paper's Table 1 (mean %, std %) over 8 seeds, 10 clients (9 training + the target).
-_TABLE_1_METHODS = ("fedpals", "fedavg", "fedprox", "scaffold", "afl", "fedrs", "oracle")
-# row: ((mean % per method), (std % per method)), methods in _TABLE_1_METHODS' order.
-_TABLE_1 = {
-    "Fashion-MNIST C=3": (
-        (92.4, 67.1, 66.9, 69.5, 78.9, 85.3, 97.6), (2.1, 22.0, 20.8, 19.3, 14.7, 13.5, 2.1)
-    ),
-    "Fashion-MNIST C=2": (
-        (80.6, 53.9, 52.9, 54.9, 78.6, 63.14, 97.5), (23.7, 36.2, 35.7, 36.8, 20.0, 20.2, 4.0)
-    ),
-    "CIFAR-10 C=3": (
-        (65.6, 44.0, 43.5, 43.3, 53.2, 44.0, 85.5), (10.1, 8.4, 7.2, 7.4, 0.9, 8.0, 5.0)
-    ),
-    "CIFAR-10 C=2": (
-        (72.8, 46.7, 47.7, 46.7, 54.7, 49.4, 89.2), (17.4, 15.8, 15.6, 14.9, 0.1, 9.5, 3.9)
-    ),
-    "CIFAR-10 beta=0.1": (
-        (62.6, 40.8, 41.9, 43.5, 53.4, 57.1, 79.2), (17.9, 9.2, 9.7, 10.5, 11.5, 11.2, 3.7)
-    ),
-}
-PAPER_TABLE_1 = {
-    row: dict(zip(_TABLE_1_METHODS, zip(means, stds))) for row, (means, stds) in _TABLE_1.items()
-}
-# The methods of the paper's Table 1, and FedProx with FedPALS' weights (Sec. 5, iWildCam).
-PAPER_METHODS = (*_TABLE_1_METHODS, "fedprox_fedpals")
-
-
 def protocol_grid() -> "ml_collections.ConfigDict":
     """The hyperparameter grids of the selection protocol, as a `config.sweep.grid` section.
 
     The first value of each grid is the conventional default (ties go to the first point).
 
-    * FedPALS' lambda (App. B.3): lam = 0 (the lambda -> 0+ end: the projection of T onto
-      Conv(S), eq. 7) and the lambdas giving ESS = 10, 25, 50, 75 % of N (`lambda_for_ess`;
-      a fraction below ESS(alpha^{0+}) / N is out of reach for that partition and its runs
-      end "unreachable", not eligible).
+    * Every registered feature's grid (`Feature.grid`), first: FedPALS' lambda (App. B.3),
+      lam = 0 (the lambda -> 0+ end: the projection of T onto Conv(S), eq. 7) and the lambdas
+      giving ESS = 10, 25, 50, 75 % of N (`lambda_for_ess`; a fraction below
+      ESS(alpha^{0+}) / N is out of reach for that partition and its runs end "unreachable",
+      not eligible); algorithms/fedpals_lambda.py.
     * Learning rate, every method: 0.1, 0.01, 0.001 (decades below plain SGD's usual 0.1 for a
       LeNet; the paper tunes "model hyperparameters" without listing them).
     * Every registered method's own grid (`Method.grid`; the built-in ones and their sources
@@ -97,7 +73,7 @@ def protocol_grid() -> "ml_collections.ConfigDict":
     return ml_collections.ConfigDict(
         dict(
             training=dict(learning_rate=(0.1, 0.01, 0.001)),
-            algorithm=dict(lam=(0.0,), ess_fraction=(0.1, 0.25, 0.5, 0.75), **method_grids()),
+            algorithm=protocol_grids(),
         )
     )
 
@@ -152,7 +128,7 @@ def ignored_grid_message(method: str, missing: Mapping[str, tuple[tuple, Any]]) 
         f"the sweep selects {method} without the grid its method declares ({declared}): its "
         f"runs use {used} only. To try the declared values, add them to the sweep ({add}), or "
         "start the grid from fjp.protocol_grid() (every registered method's grid, the learning "
-        "rates and FedPALS' lambdas)."
+        "rates and every registered feature's grid, e.g. FedPALS' lambda)."
     )
 
 
@@ -413,7 +389,8 @@ def protocol_table(
             cells[method] = cell
             for by_seed in by_method[method].values():
                 for record in by_seed.values():
-                    d = record.results.get("projection_distance")
+                    # The partition's d(T, S) of the exact S_i: the row's, whatever the method.
+                    d = record.results.get("partition", {}).get("projection_distance")
                     if d is not None and math.isfinite(d):
                         distances.append(float(d))
         entry = {

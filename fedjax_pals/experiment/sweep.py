@@ -110,8 +110,6 @@ SHARDS_DIR = "shards"
 SHARD_PLAN = os.path.join(SHARDS_DIR, "plan.json")
 # The user's modules that the sweep's runs need (`ExpandedSweep.imports`).
 IMPORTS_FILE = "sweep_imports.json"
-# The lambda axis: the two ways of giving FedPALS' lambda, concatenated (see the docstring).
-LAMBDA_KEYS = ("algorithm.lam", "algorithm.ess_fraction")
 # The evaluation keys that only personalisation uses (None in a run without it).
 PERSONALIZATION_KEYS = ("personalization", "fine_tuning_steps", "fine_tuning_learning_rates",
                         "ditto_lams", "local_steps")
@@ -318,49 +316,56 @@ def _default_row(base: Mapping[str, Any]) -> str:
     return f"{label} {registered_partitions()[p.scheme].label(p)}"
 
 
+def _axis_of(paths) -> dict[str, str]:
+    """{path: its axis}: the axis a registration declares (`hyperparameter(..., axis=...)`:
+    alternative ways to give one quantity, e.g. FedPALS' lambda), else the path itself."""
+    declared = {key: axis for axis, keys in registry.hyperparameter_axes().items()
+                for key in keys}
+    return {path: declared.get(path, path) for path in paths}
+
+
 def _grid_points(grid: Mapping[str, tuple]) -> list[tuple[tuple[str, Any], ...]]:
-    """The grid's points as ((path, value), ...), the lambda keys forming one axis."""
-    lambda_values = [(p, v) for p in LAMBDA_KEYS if p in grid for v in grid[p]]
-    axes = [[(p, v) for v in values] for p, values in grid.items() if p not in LAMBDA_KEYS]
-    if lambda_values:
-        # The lambda axis sits where its first key sits in the grid's order.
-        first = min(list(grid).index(p) for p in LAMBDA_KEYS if p in grid)
-        position = sum(1 for p in list(grid)[:first] if p not in LAMBDA_KEYS)
-        axes.insert(position, lambda_values)
-    return [tuple(point) for point in itertools.product(*axes)]
+    """The grid's points as ((path, value), ...); the keys of one declared axis form one axis
+    of their values concatenated in the order the registration declares them (lam, then
+    ess_fraction), where its first key sits in the grid's order."""
+    declared = {axis: keys for axis, keys in registry.hyperparameter_axes().items()}
+    axes: dict[str, list] = {}
+    for path, axis in _axis_of(grid).items():
+        if axis not in axes:
+            keys = [key for key in declared.get(axis, (path,)) if key in grid]
+            axes[axis] = [(key, value) for key in keys for value in grid[key]]
+    return [tuple(point) for point in itertools.product(*axes.values())]
 
 
 def _used_grid(
     base: Mapping[str, Any], fixed: Sequence, grid: Mapping[str, tuple], seed: int
 ) -> dict[str, tuple]:
-    """The part of `grid` that the run `base` + `fixed` uses (its resolved value is not None)."""
+    """The part of `grid` that the run `base` + `fixed` uses (its resolved value is not None;
+    a declared axis where any of its keys resolves to a value)."""
     if not grid:
         return {}
+    axis_of = _axis_of(grid)
     tree = copy.deepcopy(base)
     for path, value in fixed:
         _set(tree, path, value)
-    for path, values in grid.items():
-        if path not in LAMBDA_KEYS:
-            _set(tree, path, values[0])
+    for path, value in _grid_points(grid)[0]:
+        # The grid's first point: one key of each axis set (two, e.g. lam and ess_fraction,
+        # would contradict each other).
+        _set(tree, path, value)
     tree["seed"] = seed
     try:
         flat = config_lib.flatten(config_lib.validate_config(tree))
     except (ValueError, TypeError):
         return dict(grid)  # the runs' own validation names the problem
-    fedpals = "fedpals" in (flat.get("algorithm.name"), flat.get("algorithm.weights"))
-    uses_lambda = fedpals or any(flat.get(p) is not None for p in LAMBDA_KEYS)
-    return {
-        path: values
-        for path, values in grid.items()
-        if (uses_lambda if path in LAMBDA_KEYS else flat.get(path) is not None)
-    }
+    used_axes = {axis for path, axis in axis_of.items() if flat.get(path) is not None}
+    return {path: values for path, values in grid.items() if axis_of[path] in used_axes}
 
 
 def uses_target(resolved: Mapping[str, Any]) -> bool:
-    """Whether a resolved run's server weights use T: FedPALS' lambda (either way of giving it)
-    resolves to a value only for the methods that weigh with FedPALS."""
+    """Whether a resolved run's server weights read T: its method, or the lender of its
+    weights, is registered with `reads_target` (FedPALS, FedDisco, ...)."""
     algorithm = resolved["algorithm"]
-    return any(algorithm.get(path.split(".")[1]) is not None for path in LAMBDA_KEYS)
+    return registry.reads_target(algorithm["name"], algorithm.get("weights"))
 
 
 def _target_clients(sweep: Mapping[str, Any], resolved: Mapping[str, Any]) -> list:
@@ -374,10 +379,11 @@ def _runs(config: Any) -> tuple[list[SweepRun], dict[str, Any]]:
     sweep = _sweep_section(config)
     base = config_lib.as_dict(config)
     base.pop("sweep", None)
-    if "algorithm" in base and any(path in sweep["grid"] for path in LAMBDA_KEYS):
-        # A base lam/ess_fraction would collide with the lambda axis of the grid.
-        for path in LAMBDA_KEYS:
-            base["algorithm"][path.split(".")[1]] = None
+    for keys in registry.hyperparameter_axes().values():
+        if "algorithm" in base and any(path in sweep["grid"] for path in keys):
+            # A base value of one key of an axis (lam) would collide with the grid's axis.
+            for path in keys:
+                base["algorithm"][path.split(".")[1]] = None
     try:
         base_label = sweep["row"] or _default_row(base)
     except ConfigError as error:
@@ -955,34 +961,44 @@ def _figures(
                 files[f"curves:{row['row']}"] = path
     if "weights" in sweep["figures"]:
         os.makedirs(os.path.join(workdir, "weights"), exist_ok=True)
+        # One curve per value of a declared axis (FedPALS' lambda: `lam`, `ess_fraction`).
+        axis_keys = {path.split(".", 1)[1]
+                     for keys in registry.hyperparameter_axes().values() for path in keys}
         for row in rows:
-            fedpals = [r for r in records if r.row == row and r.method == "fedpals"]
-            if not fedpals:
-                continue
-            seed = min(r.seed for r in fedpals)
-            alphas = {}
-            first = None
-            for r in fedpals:
-                if r.seed != seed or "alpha" not in r.results:
-                    continue
-                lam_part = [kv for kv in r.hparams if kv[0] in ("lam", "ess_fraction")]
-                other = [kv for kv in r.hparams if kv[0] not in ("lam", "ess_fraction")]
-                first = other if first is None else first
-                if other != first:
-                    continue  # one curve per lambda: the first point of the other axes
-                ess = r.results.get("ess")
-                total = r.results.get("total_examples")
-                label = protocol_lib.hparams_label(lam_part)
-                if ess is not None and total:
-                    label += f" (ESS {100 * ess / total:.0f} %)"
-                alphas[label] = r.results["alpha"]
-            sizes = fedpals[0].results.get("partition", {}).get("client_sizes")
-            if alphas and sizes:
-                path = os.path.join(workdir, "weights", f"{slug[row]}.png")
-                plots.plot_weights_vs_ess(
-                    path, sizes, alphas, title=f"{row}, seed {seed}: FedPALS weights vs FedAvg"
-                )
-                files[f"weights:{row}"] = path
+            # The runs whose method reports its weights (`alpha`: FedPALS' monitor), by method.
+            by_method: dict[str, list] = {}
+            for r in records:
+                if r.row == row and "alpha" in r.results:
+                    by_method.setdefault(r.method, []).append(r)
+            for index, (method, reporting) in enumerate(by_method.items()):
+                seed = min(r.seed for r in reporting)
+                alphas = {}
+                first = None
+                for r in reporting:
+                    if r.seed != seed:
+                        continue
+                    axis_part = [kv for kv in r.hparams if kv[0] in axis_keys]
+                    other = [kv for kv in r.hparams if kv[0] not in axis_keys]
+                    first = other if first is None else first
+                    if other != first:
+                        continue  # one curve per axis value: the first point of the others
+                    ess = r.results.get("ess")
+                    total = r.results.get("total_examples")
+                    label = protocol_lib.hparams_label(axis_part) or method
+                    if ess is not None and total:
+                        label += f" (ESS {100 * ess / total:.0f} %)"
+                    alphas[label] = r.results["alpha"]
+                sizes = reporting[0].results.get("partition", {}).get("client_sizes")
+                if alphas and sizes:
+                    # The first method's figure keeps the name it always had.
+                    name = slug[row] if index == 0 else f"{slug[row]}_{method}"
+                    path = os.path.join(workdir, "weights", f"{name}.png")
+                    method_label = table["labels"].get(method, method)
+                    plots.plot_weights_vs_ess(
+                        path, sizes, alphas,
+                        title=f"{row}, seed {seed}: {method_label} weights vs FedAvg",
+                    )
+                    files[f"weights:{row}" + ("" if index == 0 else f":{method}")] = path
     # The selected cells of the protocol table: (row, method's label, the seeds' accuracies).
     selected = [
         (row, table["labels"].get(method, method), [p["target_accuracy"] for p in cell["per_seed"]])

@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_algorithm, registry
-from fedjax_pals.algorithms.base import round_shape_mismatch
+from fedjax_pals.algorithms.base import round_shape_mismatch, weights_over_clients
 from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.client_sets import ClientEvaluationSets, client_evaluation_sets
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
-from fedjax_pals import models
+from fedjax_pals import deprecation, models
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.algorithms.server_optimizers import server_optimizer_for
-from fedjax_pals.server_weights import effective_sample_size, projection_distance
+from fedjax_pals.server_weights import effective_sample_size
 
 # Fewer target test examples than this make the reported accuracy noise (+-5 % at 100).
 MIN_TARGET_TEST_EXAMPLES = 100
@@ -41,7 +40,8 @@ class Task:
 
     `partition` is the one the clients train on (the Oracle's is resampled to T, App. B.5)
     and whose target sets evaluate the run. `target_label_dist` is the T the server's weights
-    use (T itself, or Table 2's perturbed T_p). `lam` is FedPALS' lambda (None when unused).
+    use (T itself, or Table 2's perturbed T_p). `context` is the `MethodContext` the method
+    was built from, after its features' `prepare` (what a method's monitor reads of it).
     """
 
     config: ml_collections.ConfigDict
@@ -50,7 +50,7 @@ class Task:
     algorithm: FederatedAlgorithm
     model: Model
     training: LocalTraining
-    lam: float | None
+    context: registry.MethodContext
     target_label_dist: np.ndarray
     clients_per_round: int  # under Poisson sampling: the lanes a round runs
     # The clients' S_i(Y) as the server's weights see them: the DP release when
@@ -63,6 +63,22 @@ class Task:
     sampling_rate: float | None = None
     # Every training client's own validation and test sets (evaluation.per_client), else None.
     client_sets: ClientEvaluationSets | None = None
+    # The run's method and the lender of its weights, each with its hyperparameters:
+    # (Method, its settings); what reports the method while it trains (`Method.monitor`).
+    methods: tuple = ()
+    # What results.json records of the task (`task_summary`), computed when it is built.
+    summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def lam(self) -> float | None:
+        """Deprecated: FedPALS' lambda is the context's slot (`fedpals_lambda.LAMBDA`)."""
+        from fedjax_pals.algorithms.fedpals_lambda import LAMBDA
+
+        deprecation.warn(
+            "Task.lam is deprecated: read task.context.get(fedjax_pals.algorithms.fedpals_lambda."
+            "LAMBDA) (FedPALS' monitor reports lambda in results.json's 'lam').",
+            refused_in="0.4.0")
+        return self.context.get(LAMBDA)
 
 
 def _load(name: str, registered: RegisteredDataset, options: tuple) -> Any:
@@ -287,8 +303,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     )
     algorithm = make_algorithm(
         a.name,
-        partition=context.partition,
-        lam=context.lam,
+        context=context,
         weights=a.weights,
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
@@ -300,6 +315,8 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         before=None if context.sampling_rate is None else {
             "algorithm": functools.partial(_with_poisson_sampling, context)},
     )
+    # What reports the method while it trains: it, and the lender of its weights.
+    methods = registry.run_methods(a.name, a.weights, a)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
         # One name: the sweep's key, "fedadam_fedpals" (a bare "fedadam" for FedAvg).
         name = registry.server_optimizer_key(config.server.optimizer, algorithm.name)
@@ -320,21 +337,23 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     training = LocalTraining(
         local_epochs=t.local_epochs, batch_size=t.batch_size, learning_rate=t.learning_rate
     )
-    return Task(
+    task = Task(
         config=config,
         dataset=dataset,
         partition=training_partition,
         algorithm=algorithm,
         model=model,
         training=training,
-        lam=context.lam,
+        context=context,
         target_label_dist=context.partition.target_label_dist,
         clients_per_round=t.clients_per_round,
         server_label_dists=context.server_label_dists,
         features=features,
         sampling_rate=context.sampling_rate,
         client_sets=client_sets,
+        methods=methods,
     )
+    return dataclasses.replace(task, summary=task_summary(task))
 
 
 def _with_poisson_sampling(context: registry.MethodContext, algorithm: FederatedAlgorithm):
@@ -349,57 +368,37 @@ def _with_poisson_sampling(context: registry.MethodContext, algorithm: Federated
 
 def server_weights(task: Task, state: Any = None) -> np.ndarray:
     """The server weights alpha of `state` with every client taking part (None: the initial
-    state, round 1's weights). They move where the weighting's state does: AFL's lambda,
-    adaptive lambda, T re-estimated. Under Poisson sampling, alpha over every client (a drawn
-    client's update is weighted alpha_i / q)."""
-    partition, m = task.partition, task.partition.num_clients
+    state, round 1's weights); `base.weights_over_clients`."""
+    partition = task.partition
     if state is None:
-        state = init_server_state(task.algorithm, task.model.init(jax.random.PRNGKey(0)), m)
-    alpha = task.algorithm.weighting.weights(
-        jnp.asarray(partition.client_label_dists, jnp.float32),
-        jnp.asarray(partition.client_sizes, jnp.float32), state, jnp.arange(m),
-    )
-    alpha = np.asarray(alpha, np.float64)
-    return alpha if task.sampling_rate is None else alpha * task.sampling_rate
-
-
-def task_projection_distance(task: Task) -> tuple[float, str]:
-    """d(T, S) of the run, with where in results.json its S lies: the S the server's weights
-    are solved with (after the `label_marginals` features: label DP's release,
-    "server_label_dists"; else the clients' exact S_i, "partition.client_label_dists"), against
-    the target's true T ("partition.target_label_dist"). The partition's own
-    `projection_distance` (results.json's partition section) stays that of the exact S_i."""
-    partition, released = task.partition, task.server_label_dists
-    dists = partition.client_label_dists if released is None else released
-    where = "partition.client_label_dists" if released is None else "server_label_dists"
-    return float(projection_distance(dists, partition.target_label_dist)), where
+        state = init_server_state(
+            task.algorithm, task.model.init(jax.random.PRNGKey(0)), partition.num_clients)
+    return weights_over_clients(
+        task.algorithm, partition.client_label_dists, partition.client_sizes, state,
+        task.sampling_rate)
 
 
 def task_summary(task: Task) -> dict:
-    """What results.json records about the task: the data source, the partition, lambda, the
-    server weights alpha with every client taking part at the initial state (round 1's; the
-    run replaces `alpha` and `ess` by the weights in use at its end, keeping these as
-    `alpha_round_1` and `ess_round_1`), their ESS, N, d(T, S) of the S the weights are solved
-    with and which S that is (`projection_distance_s`, see `task_projection_distance`), the
-    participants per round and, under label DP, the server's released S
-    (`server_label_dists`)."""
+    """What results.json records about the task, whatever its method: the data source, the
+    partition, the server's weights alpha with every client taking part at the initial state
+    (round 1's; the run replaces `alpha` and `ess` by the weights in use at its end, keeping
+    these as `alpha_round_1` and `ess_round_1`) and their ESS, N, the participants per round,
+    Poisson sampling's rate and, where a `label_marginals` feature released them, the S_i the
+    weights see (`server_label_dists`). What a method says of itself (FedPALS' lambda and
+    d(T, S)) its monitor reports (`Method.monitor`)."""
     partition = task.partition
     sizes = partition.client_sizes
     alpha = server_weights(task)
     ess = float(effective_sample_size(alpha, sizes))
     summary, released = partition.summary(), task.server_label_dists
-    distance, distance_s = task_projection_distance(task)
     return {
         "dataset_source": task.dataset.source,
         "partition": summary,
-        "lam": task.lam,
         "alpha": alpha.tolist(),
         "ess": ess,
         "alpha_round_1": alpha.tolist(),
         "ess_round_1": ess,
         "total_examples": int(np.sum(sizes)),
-        "projection_distance": distance,
-        "projection_distance_s": distance_s,
         "clients_per_round": task.clients_per_round,
         **({} if task.sampling_rate is None else {"sampling_rate": task.sampling_rate}),
         **({} if released is None else {"server_label_dists": np.asarray(released).tolist()}),

@@ -27,6 +27,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from fedjax_pals.algorithms import registry
 from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.data.datasets import dataset_label
 from fedjax_pals.engine import resolve_backend
@@ -44,12 +45,11 @@ from fedjax_pals.experiment.per_client import PerClientRecord, personalize
 from fedjax_pals.experiment.plots import plot_client_accuracy_cdf, plot_curves, with_dataset
 from fedjax_pals.experiment.interruption import ACTIVITY, uninterrupted
 from fedjax_pals.experiment.progress import Progress, percent
-from fedjax_pals.experiment.task import build_resolved_task, server_weights, task_summary
+from fedjax_pals.experiment.task import build_resolved_task
 from fedjax_pals.experiment.workdir import RESULTS_FILE, Workdir, write_json
 from fedjax_pals.experiment.writers import HPARAMS_FILE, MetricWriter
 from fedjax_pals.metrics import MACRO_F1_CLASSES
 from fedjax_pals.runtime import is_main_process
-from fedjax_pals.server_weights import effective_sample_size
 from fedjax_pals.training import TrainingHistory, TrainingRun, run_trainings, training_group_key
 
 
@@ -94,18 +94,15 @@ HPARAMS_METRICS = {
     "val/accuracy": "target validation accuracy, last evaluation",
     "target/macro_f1": "target test macro-F1, last evaluation",
 }
-HPARAMS_SHOWN = (
-    "method",
-    "seed",
-    "algorithm.lam",
-    "algorithm.ess_fraction",
-    "training.learning_rate",
-)
-# Written when they change (`MetricWriter`'s changed_only): constant for most runs, they would
-# be flat lines (the ESS, lambda, d(T,S) and alpha's histogram, unless adaptive lambda, T's
-# re-estimation or a part of the clients per round change them). Alpha per client is written
-# every round: the "alpha per client" chart draws it as lines.
-CHANGED_ONLY = r"server/(alpha|ess|lambda|projection_distance|target_estimate.*)"
+# Shown by default in the HParams table, with what the registrations declare shown
+# (`hyperparameter(..., shown=True)`: FedPALS' lam and ess_fraction).
+HPARAMS_SHOWN = ("method", "seed", "training.learning_rate")
+# Written when they change (`MetricWriter`'s changed_only): what is reported of the server is
+# constant for most runs, and would be flat lines (alpha's histogram and ESS, FedPALS' lambda
+# and d(T,S), what a monitor reports, unless adaptive lambda, T's re-estimation or a part of
+# the clients per round change them). Alpha per client is written every round: the "alpha
+# per client" chart draws it as lines.
+CHANGED_ONLY = r"server/(?!alpha/client_).*"
 # Per-client (per-class) scalars of alpha (of T's estimate) for at most this many clients.
 PER_CLIENT_SCALARS = 20
 
@@ -242,7 +239,7 @@ class _PreparedRun:
             stack.callback(checkpointer.close)
             start_round = checkpointer.check_identity() or 0
             ACTIVITY.run_starts(self.key, start_round)
-            summary = task_summary(task)
+            summary = task.summary
             self.backend = resolve_backend(self.config.engine.backend, task.model)
             rounds = self.config.training.rounds
             self.method = resolved.method  # as a sweep names it ("fedprox_fedpals")
@@ -273,7 +270,8 @@ class _PreparedRun:
                 )
             )
             hparams = {"method": self.method, **resolved.plain}
-            writer.write_hparams(hparams, HPARAMS_METRICS, shown=HPARAMS_SHOWN)
+            shown = (*HPARAMS_SHOWN[:2], *registry.shown_hyperparameters(), *HPARAMS_SHOWN[2:])
+            writer.write_hparams(hparams, HPARAMS_METRICS, shown=shown)
             writer.write_layout(CHARTS)
             self.progress = progress = stack.enter_context(
                 Progress(
@@ -284,16 +282,21 @@ class _PreparedRun:
                     first_step_compiles=True,
                 )
             )
-            lam = "-" if summary["lam"] is None else f"{summary['lam']:.4g}"
+            # What the run's method (and the lender of its weights) and its features report
+            # while it trains: the method's first (a feature's scalars override them).
+            monitors = [("server_weights", registry.ServerWeightsMonitor(task))] + [
+                (owner.name, owner.monitor(hp, task))
+                for owner, hp in (*task.methods, *task.features) if owner.monitor
+            ]
+            self.monitors = [monitor for _, monitor in monitors]
+            headlines = [line for monitor in self.monitors if (line := monitor.headline())]
             progress.write(
                 # The first line names the data set ("Fashion-MNIST: FedPALS on sparsity ..."),
-                # as the figures' titles do.
-                f"{self.figure_title}: lam={lam} "
-                f"ESS={summary['ess']:.0f}/{summary['total_examples']} "
-                f"d(T,S)={summary['projection_distance']:.4g}"
-                + (" (S: label DP's release)" if task.server_label_dists is not None else "")
-                + f", {rounds} rounds, backend "
-                f"{self.backend}" + (f", resuming after round {start_round}" if start_round else "")
+                # as the figures' titles do; then what the method reports (FedPALS' lambda).
+                f"{self.figure_title}: "
+                + "".join(f"{line}, " for line in headlines)
+                + f"{rounds} rounds, backend {self.backend}"
+                + (f", resuming after round {start_round}" if start_round else "")
             )
             if task.sampling_rate is not None:  # another estimator: say so under the first line
                 progress.write(
@@ -301,12 +304,6 @@ class _PreparedRun:
                     f"{task.sampling_rate:g} on {task.clients_per_round} lanes; a drawn "
                     "client's update weighs alpha_i / q (the fixed-denominator estimator)"
                 )
-            # The run's features at work while it trains, and what they report.
-            monitors = [
-                (feature.name, feature.monitor(hp, task))
-                for feature, hp in task.features if feature.monitor
-            ]
-            self.monitors = [monitor for _, monitor in monitors]
             for monitor in self.monitors:
                 if previous:  # what the launches before this one recorded
                     monitor.resume(previous, start_round)
@@ -343,19 +340,14 @@ class _PreparedRun:
             raise
 
     def results_of(self, history: TrainingHistory, state: Any = None) -> dict:
-        """results.json: the header, the history, the server weights of `state` (the
-        weights in use now; round 1's stay as alpha_round_1) and what the run's features
-        report of it (written at every evaluation too: a run killed after one resumes with
-        their records, `Monitor.resume`)."""
+        """results.json: the header, the history and what the run's monitors report of
+        `state`: the server's weights in use now (`registry.ServerWeightsMonitor`; round 1's
+        stay as alpha_round_1), the method's report (FedPALS' lambda and d(T, S)) and the
+        features' (written at every evaluation too: a run killed after one resumes with their
+        records, `Monitor.resume`)."""
         best = history.best_val_index()
-        weights = {}
-        if state is not None and self.main:
-            alpha = server_weights(self.task, state)
-            sizes = np.asarray(self.task.partition.client_sizes, np.float64)
-            weights = {"alpha": alpha.tolist(), "ess": float(effective_sample_size(alpha, sizes))}
         results = {
             **self.header,
-            **weights,
             **history.to_dict(),
             "final_target_accuracy": history.target_accuracy[-1],
             "final_target_macro_f1": history.target_macro_f1[-1],
@@ -402,13 +394,9 @@ class _PreparedRun:
         return scalars
 
     def _server_scalars(self) -> dict:
-        """At an evaluation: the lambda in use, d(T, S), and what the run's features report
-        (adaptive lambda's current lambda, T's estimate and its error, ...)."""
+        """At an evaluation: what the run's method and features report (FedPALS' lambda and
+        d(T, S), adaptive lambda's current lambda, T's estimate and its error, ...)."""
         scalars = {}
-        if self.task.lam is not None:
-            scalars["server/lambda"] = float(self.task.lam)
-        if self.header["projection_distance"] is not None:
-            scalars["server/projection_distance"] = float(self.header["projection_distance"])
         for monitor in self.monitors:
             scalars.update(monitor.scalars(self.run.state))
         return scalars
