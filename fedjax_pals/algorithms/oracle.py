@@ -32,5 +32,6 @@ def oracle() -> FederatedAlgorithm:
 
 register_method(
     Method("oracle", "Oracle", lambda hp, context: oracle(), partition_transform=oracle_partition,
-           description="FedAvg on clients resampled to T (FedPALS App. B.5)"), replace=True
+           description="FedAvg on clients resampled to T (FedPALS App. B.5)", reference=True),
+    replace=True
 )

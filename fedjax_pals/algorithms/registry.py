@@ -21,6 +21,8 @@ A `Method` ties together what the rest of the package needs to know about a meth
 * `monitor(hp, task) -> Monitor`: what the method reports of itself while its run trains
   (FedPALS: lambda, its weights' ESS, d(T, S) of the S its weights see), through the same
   protocol as a feature's; a client-side method's run reports its weights' lender's too;
+* `reference`: a reference, not a competitor (the Oracle sees the target's data): a protocol
+  table marks the best of the other methods;
 * `owns_server_update`: its server update is its own (SCAFFOLD's control variates, AFL's
   lambda), so no server optimiser replaces it (the config refuses, `with_server_optimizer`
   too); `lends_weighting`: its server weights serve the client-side methods too
@@ -260,6 +262,7 @@ class Method:
     owns_server_update: bool = False
     lends_weighting: bool = False
     monitor: Callable[[Any, Any], "Monitor"] | None = None
+    reference: bool = False
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("method", self.name)
@@ -1196,6 +1199,15 @@ def _declared(what: str) -> dict[str, Any]:
             if value not in (None, False):
                 declared.setdefault(f"algorithm.{key}", value)
     return declared
+
+
+def is_reference(key: str) -> bool:
+    """Whether the method of a method key is registered as a reference (`Method.reference`:
+    the Oracle); False for a key no module registers now."""
+    try:
+        return get_method(method_overrides(key)["algorithm.name"]).reference
+    except ValueError:
+        return False
 
 
 def reads_target(name: str, weights: str | None = None) -> bool:

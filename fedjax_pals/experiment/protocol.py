@@ -42,14 +42,12 @@ if TYPE_CHECKING:
     import ml_collections
 
 from fedjax_pals.data import dataset_label
-from fedjax_pals.algorithms.registry import method_label, protocol_grids
+from fedjax_pals.algorithms.registry import is_reference, method_label, protocol_grids
 # The paper's Table 1 and its methods, re-exported here where the protocol's table reads them.
 from fedjax_pals.paper import PAPER_METHODS, PAPER_TABLE_1  # noqa: F401
 
 SELECTIONS = ("mean_over_seeds", "per_seed")
 
-# Methods that are not competitors (bold marks the best of the others).
-REFERENCE_METHODS = ("oracle",)
 
 
 def protocol_grid() -> "ml_collections.ConfigDict":
@@ -462,7 +460,8 @@ def table_markdown(table: Mapping[str, Any]) -> str:
         competitors = {
             m: c["mean"]
             for m, c in row["cells"].items()
-            if m not in REFERENCE_METHODS and c.get("selected") is not None
+            # Not a reference (`Method.reference`: the Oracle): bold marks the best of the others.
+            if not is_reference(m) and c.get("selected") is not None
         }
         best = {m for m, mean in competitors.items() if mean == max(competitors.values())}
         cells = [_cell_text(row["cells"].get(m)) for m in methods]
