@@ -27,7 +27,7 @@ from fedjax_pals.server_weights import LOG10_LAM_RANGE, lambda_for_ess
 # The lambda the run's FedPALS weights use (`context.get(LAMBDA)`): written at the stage
 # "lambda" by this feature, read by FedPALS' builder (and a lender's weights).
 LAMBDA = registry.ContextSlot(
-    "fedpals_lambda", stage="lambda", kind=float,
+    "fedpals_lambda", stage="lambda", kind=(float, int, np.floating, np.integer),
     doc="FedPALS' lambda, resolved from algorithm.lam or algorithm.ess_fraction",
     legacy_field="lam")
 # Set by a schedule that moves lambda (adaptive lambda): an ESS fraction out of reach, or
