@@ -20,7 +20,6 @@ No data set is loaded, no partition drawn, no model built or compiled.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import textwrap
 from typing import Any
@@ -30,14 +29,15 @@ from fedjax_pals.algorithms import private_updates, registry
 from fedjax_pals.data import dataset_label
 from fedjax_pals.experiment.config import ResolvedConfig, as_dict, resolve_config
 
-# The accountant a run uses: `UpdatesBudget.epsilon` and `calibrate_noise_multiplier` call the
-# accounting with its default.
-_ACCOUNTANT = inspect.signature(accounting.updates_epsilon).parameters["accountant"].default
-
 # dp-accounting's neighbouring relations, in words (the unit of privacy is one client).
 _RELATIONS = {
-    "ADD_OR_REMOVE_ONE": "adding or removing one client with its whole data set",
-    "REPLACE_ONE": "replacing one client's whole data set by another",
+    "REPLACE_SPECIAL": "one client's whole data set replaced by a special client that "
+    "contributes nothing (zero-out), every S_i, n_i and the participation public and the "
+    "weights held fixed",
+    "ADD_OR_REMOVE_ONE": "adding or removing one client with its whole data set, the "
+    "weights re-normalised over the others",
+    "REPLACE_ONE": "one client's update replaced by any other, every S_i, n_i and the weights "
+    "held fixed (which covers zero-out)",
 }
 
 
@@ -60,9 +60,11 @@ class UpdatesPrivacy:
       clients_per_round: m, the participants a round (Poisson sampling: the lanes a round runs).
       sampling: "every_client", "without_replacement" (m of M a round) or "poisson".
       sampling_rate: Poisson sampling's q, or None.
-      accountant: the dp-accounting accountant ("rdp").
+      accountant: the dp-accounting accountant ("rdp" or "pld", `algorithm.dp_accountant`).
+      neighbouring_relation: `algorithm.dp_neighbouring_relation` as the run applies it:
+        "zero_out" (noise sigma C max_i alpha_i) or "add_remove" (2 sigma C max_i alpha_i).
       neighbouring: the dp-accounting neighbouring relation the epsilon is for
-        ("ADD_OR_REMOVE_ONE", "REPLACE_ONE").
+        ("REPLACE_SPECIAL", "ADD_OR_REMOVE_ONE", "REPLACE_ONE").
       event: the dp-accounting event accounted, as text (None for sigma = 0).
       epsilon: the epsilon the run's rounds spend at `delta` (inf for sigma = 0): what the
         run's results.json records as `dp_epsilon`.
@@ -81,9 +83,15 @@ class UpdatesPrivacy:
     sampling: str
     sampling_rate: float | None
     accountant: str
+    neighbouring_relation: str
     neighbouring: str | None
     event: str | None
     epsilon: float
+
+    @property
+    def sensitivity_factor(self) -> float:
+        """The aggregate's L2 sensitivity in units of C max_i alpha_i (1 or 2)."""
+        return private_updates.SENSITIVITY_FACTOR[self.neighbouring_relation]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +109,27 @@ class LabelPrivacy:
     delta: float | None
     mechanism: str
     noise_std: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientLevelPrivacy:
+    """Both mechanisms at the level of one client, where it is defined: label DP's release
+    (epsilon_S-DP per example, Laplace) is n_i epsilon_S-DP for a client's n_i examples by
+    group privacy (neighbours replace the client's examples, n_i fixed), and basic
+    composition adds DP on updates' epsilon: (epsilon_updates + n_i epsilon_S, delta).
+
+    Attributes:
+      updates_epsilon, delta: DP on updates' (epsilon, delta).
+      label_epsilon_per_example: epsilon_S, label DP's epsilon per example.
+    """
+
+    updates_epsilon: float
+    delta: float
+    label_epsilon_per_example: float
+
+    def epsilon(self, num_examples: int) -> float:
+        """The client-level epsilon of a client of `num_examples` examples (at `delta`)."""
+        return self.updates_epsilon + num_examples * self.label_epsilon_per_example
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +151,17 @@ class PrivacyStatement:
     notes: tuple[str, ...] = ()
 
     @property
+    def client_level(self) -> ClientLevelPrivacy | None:
+        """Both mechanisms per client (`ClientLevelPrivacy`), where it is defined: DP on updates
+        with a finite epsilon and Laplace label DP; None otherwise (no label DP: S_i is not
+        protected; the Gaussian's group privacy over n_i examples multiplies its delta by up to
+        n_i e^((n_i - 1) epsilon_S), which the statement does not state)."""
+        u, l = self.updates, self.labels
+        if u is None or l is None or l.mechanism != "laplace" or math.isinf(u.epsilon):
+            return None
+        return ClientLevelPrivacy(u.epsilon, u.delta, l.epsilon)
+
+    @property
     def private(self) -> bool:
         """Some differential privacy is applied."""
         return self.updates is not None or self.labels is not None
@@ -132,6 +172,8 @@ class PrivacyStatement:
             "method": self.method, "data": self.data,
             "updates": None if self.updates is None else dataclasses.asdict(self.updates),
             "labels": None if self.labels is None else dataclasses.asdict(self.labels),
+            "client_level": (None if self.client_level is None
+                             else dataclasses.asdict(self.client_level)),
             "notes": list(self.notes), "text": self.text(),
         }
 
@@ -156,7 +198,15 @@ class PrivacyStatement:
             lines += _labels_text(self.labels) + [""]
         else:
             lines += ["DP on label marginals: not applied; the server's weights read the exact "
-                      "S_i.", ""]
+                      "S_i: the clients' label distributions are not protected.", ""]
+        if self.client_level is not None:
+            c = self.client_level
+            lines += [
+                "Per client (both mechanisms, basic composition): (epsilon, delta) = "
+                f"({_number(c.updates_epsilon)} + n_i x {c.label_epsilon_per_example:g}, "
+                f"{c.delta:g}) for a client of n_i examples (label DP's release is "
+                f"{c.label_epsilon_per_example:g} n_i-DP for its n_i examples by group "
+                "privacy).", ""]
         lines += ["Assumptions:"] + [f"* {a}" for a in self._assumptions()]
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(_wrapped(line) for line in lines) + "\n"
@@ -175,17 +225,24 @@ class PrivacyStatement:
             else:
                 drawn = (f"{u.clients_per_round} of the {u.num_clients} uniformly at random "
                          "without replacement, independently each round.")
+            scale = "2 sigma C max_i alpha_i" if u.neighbouring_relation == "add_remove" else (
+                "sigma C max_i alpha_i")
             said += [
-                "The guarantee covers every round's release (each round's noised aggregate, "
-                "hence every intermediate global model), not only the final model.",
-                "The weights alpha are public: the server computes them from the clients' sizes "
-                "and label distributions" + (" (their DP release)" if self.labels else "")
-                + " and T, and the noise is scaled to C max_i alpha_i"
-                + (" / q over every client (the fixed-denominator estimator)."
-                   if u.sampling == "poisson" else "."),
+                "Central DP: the server receives every participant's raw update and clips it "
+                "itself, so it is trusted; the guarantee is for what it releases (each round's "
+                "noised aggregate, hence every intermediate global model), not only the final "
+                "model.",
+                "Public inputs: every client's size n_i and label distribution S_i"
+                + (" (their DP release)" if self.labels else "")
+                + ", T and which clients take part are inputs to the weights alpha and to the "
+                f"noise's scale {scale}" + (" / q over every client (the fixed-denominator "
+                                            "estimator)" if u.sampling == "poisson" else "")
+                + "; the relation holds them fixed, so the guarantee says nothing about them"
+                + ("." if self.labels else
+                   " (no label DP: S_i is not protected)."),
                 f"The clients are drawn as accounted: {drawn}",
                 "A client's whole data set is the unit: the epsilon bounds what the releases "
-                "tell about any one client, not per example.",
+                "tell about any one client's training data, not per example.",
             ]
         if self.labels is not None:
             said.append(
@@ -193,12 +250,14 @@ class PrivacyStatement:
                 "so n_i is public); each client releases its label counts once, before "
                 "training, and everything the server derives from them is post-processing."
             )
-        if self.updates is not None and self.labels is not None:
+        if self.updates is not None and self.labels is not None and self.client_level is None:
             said.append(
-                "The two guarantees are for different units, so no combined epsilon is "
-                "stated: at the client level, label DP's release is n_i x epsilon_S-DP for a "
-                "client of n_i examples only through group privacy (Laplace), and basic "
-                "composition adds that to the updates' epsilon."
+                "The two guarantees are for different units and no client-level sum is stated: "
+                "group privacy of the Gaussian label release over a client's n_i examples "
+                "multiplies its delta by up to n_i e^((n_i - 1) epsilon_S)."
+                if self.labels.mechanism == "gaussian" else
+                "The two guarantees are for different units, and DP on updates spends no finite "
+                "epsilon: no client-level sum is stated."
             )
         said.append(
             "This is a simulation on one machine: results.json (the experimenter's record, "
@@ -247,12 +306,14 @@ def _updates_text(u: UpdatesPrivacy) -> list[str]:
     else:
         sampling = (f"{u.clients_per_round} of the {u.num_clients} training clients a round, "
                     "drawn without replacement")
+    scale = "2 sigma C max_i alpha_i" if u.neighbouring_relation == "add_remove" else (
+        "sigma C max_i alpha_i")
     lines = [
         "DP on model updates (user-level DP-FedAvg):",
         f"  mechanism:    each participant's update {clip}; the weighted aggregate plus "
-        + ("N(0, (sigma C max_i alpha_i / q)^2) per coordinate, alpha the weights over every "
+        + (f"N(0, ({scale} / q)^2) per coordinate, alpha the weights over every "
            "client" if u.sampling == "poisson" else
-           "N(0, (sigma C max_i alpha_i)^2) per coordinate"),
+           f"N(0, ({scale})^2) per coordinate"),
         f"  noise:        multiplier sigma = {_number(u.noise_multiplier)} ({how})",
         f"  rounds:       {u.rounds}",
         f"  clients:      {sampling}",
@@ -266,7 +327,8 @@ def _updates_text(u: UpdatesPrivacy) -> list[str]:
     lines += [
         f"  accounting:   dp-accounting's {u.accountant.upper()} accountant, neighbouring "
         f"federations differ by {_RELATIONS.get(u.neighbouring, u.neighbouring)} "
-        f"({u.neighbouring}); the event {u.event}",
+        f"({u.neighbouring}; algorithm.dp_neighbouring_relation = "
+        f"{u.neighbouring_relation}); the event {u.event}",
         f"  unit:         one client's whole data set (user-level)",
         f"  guarantee:    (epsilon, delta) = ({_number(u.epsilon)}, {u.delta:g}) over "
         f"{u.rounds} rounds",
@@ -318,7 +380,7 @@ def _updates(algorithm: Any, training: Any, num_clients: int) -> UpdatesPrivacy 
     if sigma > 0:
         dp_event, dp_relation = accounting.updates_dp_event(
             sigma, rounds, num_clients=num_clients, clients_per_round=per_round,
-            sampling_rate=rate)
+            sampling_rate=rate, relation=spent.relation)
         event, relation = str(dp_event), dp_relation.name
     sampling = ("poisson" if rate is not None else
                 "every_client" if per_round == num_clients else "without_replacement")
@@ -327,7 +389,8 @@ def _updates(algorithm: Any, training: Any, num_clients: int) -> UpdatesPrivacy 
         noise_multiplier=float(sigma), updates_noise_multiplier=float(updates_sigma),
         calibrated=spent.calibrated, target_epsilon=hp.dp_target_epsilon, delta=spent.delta,
         rounds=rounds, num_clients=num_clients, clients_per_round=per_round, sampling=sampling,
-        sampling_rate=rate, accountant=_ACCOUNTANT, neighbouring=relation, event=event,
+        sampling_rate=rate, accountant=spent.accountant,
+        neighbouring_relation=spent.relation, neighbouring=relation, event=event,
         epsilon=float(spent.epsilon(rounds)),
     )
 

@@ -172,3 +172,81 @@ def test_poisson_sampling_is_accounted_as_the_poisson_subsampled_gaussian():
     found = accounting.calibrate_noise_multiplier(2.0, rounds, delta, **common)
     assert accounting.updates_epsilon(found, rounds, delta, **common) <= 2.0
     assert accounting.updates_epsilon(found * 0.99, rounds, delta, **common) > 2.0
+
+
+# -- the neighbouring relation and the accountant (issue 58) -------------------------------------
+
+
+@pytest.mark.parametrize("sampling_rate", [None, 0.1])
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_zero_out_is_accounted_under_replace_special_which_equals_add_remove_here(
+        kind, sampling_rate):
+    import dp_accounting
+    from dp_accounting import pld, rdp
+
+    sigma, rounds, delta = float(RNG.uniform(0.8, 3.0)), int(RNG.integers(2, 60)), 1e-5
+    common = dict(num_clients=200, clients_per_round=200, sampling_rate=sampling_rate)
+    event, relation = accounting.updates_dp_event(sigma, rounds, **common)
+    special = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+    assert relation == special  # the relation the noise sigma C max_i alpha_i is scaled to
+    _, add_remove = accounting.updates_dp_event(sigma, rounds, relation="add_remove",
+                                                num_clients=200, clients_per_round=200)
+    assert add_remove == dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    one = dp_accounting.GaussianDpEvent(sigma)
+    if sampling_rate is not None:
+        one = dp_accounting.PoissonSampledDpEvent(sampling_rate, one)
+    built = dp_accounting.SelfComposedDpEvent(one, rounds)  # built here, independently
+    make = rdp.RdpAccountant if kind == "rdp" else pld.PLDAccountant
+    by_special = make(neighboring_relation=special).compose(built).get_epsilon(delta)
+    by_add_remove = make(neighboring_relation=dp_accounting.NeighboringRelation
+                         .ADD_OR_REMOVE_ONE).compose(built).get_epsilon(delta)
+    got = accounting.updates_epsilon(sigma, rounds, delta, accountant=kind, **common)
+    np.testing.assert_allclose(got, by_special, rtol=1e-9)
+    # Zero-out compares N(mu, s^2) (the special client adds nothing, drawn or not) with
+    # N(mu + v, s^2) (drawn with probability q): add/remove's pair, so the same epsilon.
+    np.testing.assert_allclose(by_special, by_add_remove, rtol=1e-9)
+    if sampling_rate is None and kind == "pld":
+        # and the exact curve of the composed Gaussian (float64, closed form): PLD's
+        # discretisation is pessimistic by at most 2 % (the test above).
+        exact = _exact_gaussian_epsilon(sigma, rounds, delta)
+        assert exact * (1 - 1e-6) - 1e-6 <= got <= exact * 1.02 + 1e-3
+
+
+def test_add_remove_is_accounted_for_every_client_every_round_only():
+    sigma, rounds, delta = 1.3, 10, 1e-5
+    full = dict(num_clients=50, clients_per_round=50)
+    # Its noise is 2 sigma C max alpha for sensitivity 2 C max alpha: the same multiplier,
+    # hence the same epsilon as zero-out's sigma C max alpha for C max alpha.
+    assert (accounting.updates_epsilon(sigma, rounds, delta, relation="add_remove", **full)
+            == accounting.updates_epsilon(sigma, rounds, delta, **full))
+    for sampled in (dict(num_clients=50, clients_per_round=10),
+                    dict(num_clients=50, clients_per_round=50, sampling_rate=0.2)):
+        with pytest.raises(ValueError, match="'add_remove' is accounted for every client"):
+            accounting.updates_epsilon(sigma, rounds, delta, relation="add_remove", **sampled)
+    with pytest.raises(ValueError, match="relation must be one of"):
+        accounting.updates_epsilon(sigma, rounds, delta, relation="replace", **full)
+
+
+@pytest.mark.parametrize("sampling_rate", [None, 0.1])
+def test_pld_calibration_is_the_smallest_sigma_dp_accountings_pld_keeps_within_the_target(
+        sampling_rate):
+    import dp_accounting
+    from dp_accounting import pld
+
+    target, rounds, delta = float(RNG.uniform(2.0, 8.0)), 40, 1e-5
+    common = dict(num_clients=1000, clients_per_round=1000, sampling_rate=sampling_rate)
+
+    def by_pld(sigma):  # dp-accounting's PLD accountant, built here
+        one = dp_accounting.GaussianDpEvent(sigma)
+        if sampling_rate is not None:
+            one = dp_accounting.PoissonSampledDpEvent(sampling_rate, one)
+        counter = pld.PLDAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+        return counter.compose(dp_accounting.SelfComposedDpEvent(one, rounds)).get_epsilon(delta)
+
+    sigma = accounting.calibrate_noise_multiplier(target, rounds, delta, accountant="pld",
+                                                  rtol=1e-4, **common)
+    assert by_pld(sigma) <= target < by_pld(sigma / (1 + 2e-4))
+    rdp_sigma = accounting.calibrate_noise_multiplier(target, rounds, delta, rtol=1e-4,
+                                                      **common)
+    assert sigma < rdp_sigma  # PLD is the tighter: less noise for the same epsilon

@@ -85,8 +85,11 @@ def test_a_given_sigma_spends_what_dp_accounting_computes_for_the_runs_sampling(
         1.3, 12, DELTA, num_clients=u.num_clients,
         per_round=shape.get("per_round", u.num_clients), poisson=shape.get("poisson"))
     assert u.epsilon == pytest.approx(expected, rel=1e-9)
+    # zero-out (the noise sigma C max alpha): dp-accounting's REPLACE_SPECIAL, whose epsilon
+    # equals add/remove's for these events (the helper accounts under ADD_OR_REMOVE_ONE)
+    assert u.neighbouring_relation == "zero_out"
     assert u.neighbouring == ("REPLACE_ONE" if sampling == "without_replacement"
-                              else "ADD_OR_REMOVE_ONE")
+                              else "REPLACE_SPECIAL")
     assert f"(epsilon, delta) = ({u.epsilon:.4g}, 1e-05)" in statement.text()
     # Poisson sampling's noise is scaled to the weights over every client, / q.
     assert ("max_i alpha_i / q)^2" in statement.text()) == (sampling == "poisson")
@@ -319,3 +322,57 @@ def test_the_guides_statement_is_what_the_library_states_for_its_command():
         config[section][key] = type(config[section][key])(value) if config[section][
             key] is not None else float(value)
     assert fjp.privacy_statement(config).text() == shown
+
+
+# -- the relation, the accountant, the client-level sum (issue 58) -------------------------------
+
+
+def test_the_statement_names_the_relation_and_accountant_the_run_uses():
+    import dp_accounting
+    from dp_accounting import pld
+
+    statement = fjp.privacy_statement(_config(
+        name="fedavg", rounds=12, num_clients=21, dp_clip_norm=0.5, dp_noise_multiplier=1.3,
+        dp_neighbouring_relation="add_remove", dp_accountant="pld"))
+    u = statement.updates
+    assert (u.neighbouring_relation, u.neighbouring, u.accountant) == (
+        "add_remove", "ADD_OR_REMOVE_ONE", "pld")
+    assert u.sensitivity_factor == 2.0
+    counter = pld.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    expected = counter.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(1.3), 12)).get_epsilon(DELTA)
+    assert u.epsilon == pytest.approx(expected, rel=1e-9)
+    text = " ".join(statement.text().split())
+    assert "N(0, (2 sigma C max_i alpha_i)^2) per coordinate" in text
+    assert "dp-accounting's PLD accountant" in text
+    assert "dp_neighbouring_relation = add_remove" in text
+    assert statement.as_dict()["updates"]["neighbouring_relation"] == "add_remove"
+    plain = fjp.privacy_statement(_config(rounds=12, num_clients=21, dp_clip_norm=0.5,
+                                          dp_noise_multiplier=1.3)).updates
+    assert (plain.neighbouring_relation, plain.neighbouring, plain.accountant) == (
+        "zero_out", "REPLACE_SPECIAL", "rdp")
+
+
+def test_the_statement_says_what_is_public_and_sums_both_mechanisms_per_client():
+    updates_only = fjp.privacy_statement(_config(dp_clip_norm=0.5, dp_noise_multiplier=1.3))
+    text = " ".join(updates_only.text().split())
+    assert "the clients' label distributions are not protected" in text
+    assert "(no label DP: S_i is not protected)" in text
+    assert "Central DP: the server receives every participant's raw update" in text
+    assert updates_only.client_level is None
+    both = fjp.privacy_statement(_config(dp_clip_norm=0.5, dp_noise_multiplier=1.3,
+                                         label_dp_epsilon=1.0))
+    level = both.client_level
+    # basic composition of DP on updates with label DP's group privacy over n_i examples
+    assert level.epsilon(54) == both.updates.epsilon + 54 * 1.0
+    assert level.delta == DELTA
+    text = " ".join(both.text().split())
+    assert (f"(epsilon, delta) = ({both.updates.epsilon:.4g} + n_i x 1, 1e-05) for a client "
+            "of n_i examples") in text
+    assert both.as_dict()["client_level"]["label_epsilon_per_example"] == 1.0
+    gaussian = fjp.privacy_statement(_config(dp_clip_norm=0.5, dp_noise_multiplier=1.3,
+                                             label_dp_epsilon=1.0,
+                                             label_dp_mechanism="gaussian"))
+    assert gaussian.client_level is None
+    assert "no client-level sum is stated" in " ".join(gaussian.text().split())

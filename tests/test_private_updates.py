@@ -47,8 +47,9 @@ def test_clipping_bounds_every_norm_and_leaves_the_small_updates_as_they_are():
                                       np.float32(deltas64[name])[inside])
 
 
-def _state(params, clip, sigma, seed=0, round_=0):
-    algorithm = private_updates.with_private_updates(fjp.fedavg(), clip, sigma, seed)
+def _state(params, clip, sigma, seed=0, round_=0, relation="zero_out"):
+    algorithm = private_updates.with_private_updates(fjp.fedavg(), clip, sigma, seed,
+                                                     relation=relation)
     state = fjp.algorithms.init_server_state(algorithm, params, 5)
     return algorithm, state._replace(round=jnp.int32(round_))
 
@@ -59,8 +60,10 @@ def _outputs(deltas):
                          num_steps=jnp.ones(m, jnp.int32), initial_loss=jnp.zeros(m))
 
 
+@pytest.mark.parametrize("relation, factor", [("zero_out", 1.0), ("add_remove", 2.0)])
 @pytest.mark.parametrize("weights_kind", ["fedavg", "fedpals"])
-def test_the_aggregate_noise_is_gaussian_with_std_sigma_c_max_alpha(weights_kind):
+def test_the_aggregate_noise_is_gaussian_with_std_sigma_c_max_alpha(weights_kind, relation,
+                                                                    factor):
     m, clip, sigma = 4, 0.7, 1.3
     if weights_kind == "fedavg":
         sizes = RNG.integers(50, 200, size=m)
@@ -70,7 +73,7 @@ def test_the_aggregate_noise_is_gaussian_with_std_sigma_c_max_alpha(weights_kind
     weights = jnp.asarray(weights, jnp.float32)
     params = {"w": jnp.zeros((6, 5)), "b": jnp.zeros(5)}
     zero = jax.tree_util.tree_map(lambda p: jnp.zeros((m, *p.shape)), params)
-    algorithm, state = _state(params, clip, sigma)
+    algorithm, state = _state(params, clip, sigma, relation=relation)
     participants = jnp.arange(m)
 
     @jax.jit
@@ -80,7 +83,8 @@ def test_the_aggregate_noise_is_gaussian_with_std_sigma_c_max_alpha(weights_kind
         return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree_util.tree_leaves(new.params)])
 
     draws = np.concatenate([np.asarray(noise_at(jnp.int32(r)), np.float64) for r in range(200)])
-    std = sigma * clip * float(np.max(np.asarray(weights, np.float64)))
+    # add/remove's sensitivity is 2 C max alpha: twice the noise for the same sigma
+    std = factor * sigma * clip * float(np.max(np.asarray(weights, np.float64)))
     # 200 rounds x 35 coordinates: a KS test of N(0, std^2) at the 1e-4 level (the draws are
     # fresh each run; a false alarm is one run in 10,000).
     assert stats.kstest(draws / std, "norm").pvalue > 1e-4
@@ -300,3 +304,164 @@ def test_an_interrupted_run_keeps_what_its_features_reported_before_the_kill(tmp
                                      quiet=True)
     assert resumed["dp_evaluations"] == whole["dp_evaluations"]
     assert resumed["train_loss"] == whole["train_loss"]
+
+
+# -- the neighbouring relation, the accountant, the noise reported (issue 58) ---------------------
+
+
+def _norm64(a, b):
+    return float(np.sqrt(sum(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2)
+                             for x, y in zip(jax.tree_util.tree_leaves(a),
+                                             jax.tree_util.tree_leaves(b)))))
+
+
+def test_removing_a_client_moves_fedavgs_aggregate_twice_the_zero_out_sensitivity():
+    # Issue 58's counter-example, through the real weighting and server update: four clients
+    # of equal size, updates +C e, -C e, -C e, -C e (clipped from 1.5 C). All four: -C/2 e;
+    # the first zeroed (weights fixed): -3C/4 e, a move of C/4 = C max alpha; the first
+    # removed (weights re-normalised to 1/3): -C e, a move of C/2 = 2 C max alpha.
+    clip, sigma = float(RNG.uniform(0.2, 3.0)), 1.3
+    params = {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}
+    e = jax.tree_util.tree_map(jnp.float32, _deltas(1, [1.5 * clip]))  # norm 1.5 C
+    signs = jnp.asarray([1.0, -1.0, -1.0, -1.0])
+    deltas = jax.tree_util.tree_map(lambda v: signs.reshape((-1,) + (1,) * (v.ndim - 1)) * v,
+                                    e)
+    zeroed = jax.tree_util.tree_map(lambda d: d.at[0].set(0.0), deltas)
+    dists, sizes = jnp.full((4, 3), 1 / 3), jnp.full((4,), 60.0)
+    stds = {}
+    for relation in ("zero_out", "add_remove"):
+        algorithm, state = _state(params, clip, 0.0, relation=relation)  # noiseless aggregate
+        everyone, rest = jnp.arange(4), jnp.arange(1, 4)
+        weights = algorithm.weighting.weights(dists, sizes, state, everyone)
+        weights3 = algorithm.weighting.weights(dists[1:], sizes[1:], state, rest)
+        update = algorithm.server_update
+        whole = update(state, everyone, _outputs(deltas), weights).params
+        without = update(state, rest, _outputs(jax.tree_util.tree_map(lambda d: d[1:], deltas)),
+                         weights3).params
+        zero = update(state, everyone, _outputs(zeroed), weights).params
+        top = float(np.max(np.asarray(weights, np.float64)))
+        np.testing.assert_allclose(top, 0.25, rtol=1e-7)
+        np.testing.assert_allclose(_norm64(whole, zero), clip * top, rtol=1e-5)  # 0.25 C
+        np.testing.assert_allclose(_norm64(whole, without), 2 * clip * top, rtol=1e-5)  # 0.5 C
+        # The noise each relation draws for this round (the std the round used, kept in
+        # the state): zero-out's covers the zeroed move with multiplier sigma, add/remove's
+        # the removal's.
+        algorithm, state = _state(params, clip, sigma, relation=relation)
+        new = algorithm.server_update(state, everyone, _outputs(deltas), weights)
+        dp = fjp.algorithms.find_state(new.algorithm_state, private_updates.PrivateUpdatesState)
+        stds[relation] = float(dp.noise_std)
+    np.testing.assert_allclose(stds["zero_out"], sigma * 0.25 * clip, rtol=1e-6)
+    np.testing.assert_allclose(stds["add_remove"], sigma * 0.5 * clip, rtol=1e-6)
+    # Against the removal's move, zero-out's noise is a multiplier of sigma / 2 only.
+    np.testing.assert_allclose(stds["zero_out"] / (0.5 * clip), sigma / 2, rtol=1e-6)
+
+
+def test_a_round_keeps_its_noise_std_and_clipped_aggregate_norm():
+    m, clip, sigma = 6, float(RNG.uniform(0.3, 2.0)), float(RNG.uniform(0.5, 2.0))
+    params = {"w": jnp.zeros((3, 4)), "b": jnp.zeros(4)}
+    algorithm, state = _state(params, clip, sigma)
+    deltas64 = _deltas(m, RNG.uniform(0.1, 3.0, m) * clip)
+    weights64 = RNG.dirichlet(np.full(m, 0.5))
+    new = jax.jit(algorithm.server_update)(
+        state, jnp.arange(m), _outputs(jax.tree_util.tree_map(jnp.float32, deltas64)),
+        jnp.asarray(weights64, jnp.float32))
+    dp = fjp.algorithms.find_state(new.algorithm_state, private_updates.PrivateUpdatesState)
+    # float64 references: clip each update, weigh, sum, take the norm
+    norms = np.sqrt(sum(np.sum(v.reshape(m, -1) ** 2, axis=1) for v in deltas64.values()))
+    factor = weights64 * np.minimum(1.0, clip / norms)
+    aggregate = np.sqrt(sum(np.sum(np.tensordot(factor, v, axes=1) ** 2)
+                            for v in deltas64.values()))
+    # float32: the clip scale and the weighted sum over m terms (relative error ~1e-6)
+    np.testing.assert_allclose(float(dp.aggregate_norm), aggregate, rtol=1e-5)
+    std = sigma * clip * weights64.max()
+    np.testing.assert_allclose(float(dp.noise_std), std, rtol=1e-6)
+    d = 3 * 4 + 4
+    np.testing.assert_allclose(
+        private_updates.signal_to_noise(float(dp.aggregate_norm), float(dp.noise_std), d),
+        aggregate / (std * np.sqrt(d)), rtol=1e-5)
+    assert private_updates.signal_to_noise(1.0, 0.0, d) == float("inf")
+    # The monitor reports them: the progress line and TensorBoard's scalars.
+    spent = private_updates.UpdatesBudget(sigma, 1e-5, m, m, calibrated=False)
+    monitor = private_updates.UpdatesPrivacyMonitor(
+        private_updates.PrivateUpdatesHyperparameters(dp_clip_norm=clip,
+                                                      dp_noise_multiplier=sigma), spent)
+    shown = monitor.progress(new._replace(round=jnp.int32(1)))
+    assert shown["noise std"] == f"{std:.3g}"
+    assert shown["SNR"] == f"{aggregate / (std * np.sqrt(d)):.3g}"
+    scalars = monitor.scalars(new._replace(round=jnp.int32(1)))
+    np.testing.assert_allclose(scalars["privacy/dp_noise_std"], std, rtol=1e-6)
+    np.testing.assert_allclose(scalars["privacy/dp_signal_to_noise"],
+                               aggregate / (std * np.sqrt(d)), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_neighbouring_relation="add_remove"),
+         "fedpals's server weights are solved from the clients' S_i and T"),
+        (dict(name="fedavg", dp_clip_norm=1.0, dp_noise_multiplier=0.1,
+              dp_neighbouring_relation="add_remove", dp_clip_quantile=0.5),
+         "add_remove' is set with algorithm.dp_clip_quantile"),
+        (dict(dp_neighbouring_relation="add_remove"),
+         r"dp_neighbouring_relation='add_remove' is set, but algorithm\.dp_clip_norm is None"),
+        (dict(dp_accountant="pld"), r"dp_accountant='pld' is set, but .*dp_clip_norm is None"),
+        (dict(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_accountant="moments"),
+         "dp_accountant"),
+    ],
+)
+def test_bad_relation_and_accountant_settings_are_refused(settings, message):
+    with pytest.raises(fjp.ConfigError, match=message):
+        fjp.validate_config(_synthetic(**settings))
+
+
+def test_add_remove_and_pld_are_refused_where_they_cannot_be_accounted():
+    sampled = _synthetic(name="fedavg", dp_clip_norm=1.0, dp_noise_multiplier=1.0,
+                         dp_neighbouring_relation="add_remove")
+    sampled.training.clients_per_round = 1  # 1 of the synthetic task's 2 clients
+    with pytest.raises(fjp.ConfigError, match="add_remove' is set, but the clients are sampled"):
+        fjp.validate_config(sampled)
+    pld = _synthetic(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_accountant="pld")
+    pld.training.clients_per_round = 1
+    with pytest.raises(fjp.ConfigError, match="PLD accountant cannot account for"):
+        fjp.validate_config(pld)
+
+
+def test_the_defaults_named_keep_the_digest_of_a_run_without_the_keys():
+    settings = dict(dp_clip_norm=0.5, dp_noise_multiplier=1.0)
+    plain = fjp.resolve_config(_synthetic(**settings))
+    named = fjp.resolve_config(_synthetic(**settings, dp_neighbouring_relation="zero_out",
+                                          dp_accountant="rdp"))
+    assert named.digest == plain.digest
+    other = fjp.resolve_config(_synthetic(**settings, dp_accountant="pld"))
+    assert other.digest != plain.digest
+
+
+def test_a_run_records_its_relation_accountant_and_noise(tmp_path):
+    # FedAvg on the synthetic task's two clients, every client every round: add/remove
+    # neighbours, sigma calibrated by PLD (dp-accounting's, built here).
+    import dp_accounting
+    from dp_accounting import pld
+
+    config = _synthetic(rounds=3, name="fedavg", dp_clip_norm=0.5, dp_target_epsilon=8.0,
+                        dp_neighbouring_relation="add_remove", dp_accountant="pld")
+    results = fjp.train_and_evaluate(config, tmp_path / "run", quiet=True)
+    assert results["dp_neighbouring_relation"] == "add_remove"
+    assert results["dp_accountant"] == "pld"
+    sigma = results["dp_noise_multiplier"]
+    counter = pld.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    spent = counter.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.GaussianDpEvent(sigma), 3)).get_epsilon(1e-5)
+    np.testing.assert_allclose(results["dp_epsilon"], spent, rtol=1e-9)
+    assert spent <= 8.0
+    # Each evaluation's noise std is 2 sigma C max_i alpha_i, FedAvg's n_i / N (40 and 18).
+    top = 40 / 58
+    for evaluation in results["dp_evaluations"]:
+        np.testing.assert_allclose(evaluation["dp_noise_std"], 2 * sigma * 0.5 * top,
+                                   rtol=1e-6)
+        assert 0 < evaluation["dp_signal_to_noise"] < float("inf")
+    default = fjp.train_and_evaluate(
+        _synthetic(rounds=1, name="fedavg", dp_clip_norm=0.5, dp_noise_multiplier=1.0),
+        tmp_path / "default", quiet=True)
+    assert default["dp_neighbouring_relation"] == "zero_out"
+    assert default["dp_accountant"] == "rdp"

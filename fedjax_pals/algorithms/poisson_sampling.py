@@ -8,8 +8,9 @@ Recurrent Language Models", ICLR 2018, estimator f_f):
     Delta = sum_{i sampled} (alpha_i / q) Delta_i,      alpha = the weighting over all M clients
 
 an unbiased estimate of the full-participation aggregate sum_i alpha_i Delta_i whose
-denominator (q, the expected share) does not depend on who was drawn: adding or removing one
-client moves Delta by (alpha_i / q) ||Delta_i|| at most, so DP on updates' sensitivity is
+denominator (q, the expected share) does not depend on who was drawn: zeroing one client's
+contribution, the weights held fixed (DP on updates' zero-out relation, `fedjax_pals.accounting`),
+moves Delta by (alpha_i / q) ||Delta_i|| at most, so DP on updates' sensitivity is
 C max_i alpha_i / q over all M clients (`population_weights`), whoever was drawn. alpha is the
 method's own weighting solved over every client (FedAvg: n_i / N; FedPALS: eq. 8 with every
 S_i), not over the round's participants; the weights of one round do not sum to 1.

@@ -7,11 +7,21 @@ variants, a client-side method with FedPALS' weights, a server optimiser after t
     Delta_i' = Delta_i * min(1, C / ||Delta_i||_2)                      (each participant)
     Delta    = sum_i alpha_i Delta_i' + z,   z ~ N(0, (sigma * C * max_i alpha_i)^2 I)
 
-||.||_2 is over the whole update (every leaf of the params pytree). With the weights fixed,
-adding or removing one client moves sum_i alpha_i Delta_i' by at most C max_i alpha_i, its L2
-sensitivity, so z is the Gaussian mechanism with noise multiplier sigma: the noise a given
-epsilon needs grows as FedPALS' weights concentrate on few clients (a small ESS).
-`fedjax_pals.accounting` turns sigma, the rounds and the client sampling into epsilon.
+||.||_2 is over the whole update (every leaf of the params pytree). With the weights fixed
+(S_i, n_i and the participants public), replacing one client's contribution by nothing
+("zero-out", dp-accounting's `REPLACE_SPECIAL`) moves sum_i alpha_i Delta_i' by at most
+C max_i alpha_i, its L2 sensitivity, so z is the Gaussian mechanism with noise multiplier
+sigma: the noise a given epsilon needs grows as FedPALS' weights concentrate on few clients (a
+small ESS). Adding or removing a client, its weights re-normalised over the others, moves it
+by up to 2 C max_i alpha_i: `algorithm.dp_neighbouring_relation = "add_remove"` scales the
+noise to that, z ~ N(0, (2 sigma C max_i alpha_i)^2 I). `fedjax_pals.accounting` turns sigma,
+the rounds, the client sampling and the relation into epsilon (`algorithm.dp_accountant`:
+dp-accounting's RDP or PLD accountant).
+
+Each round also keeps, in the wrapper's state, the noise's std per coordinate and the norm of
+the clipped aggregate sum_i alpha_i Delta_i' before the noise: the feature's monitor reports
+them with a signal-to-noise ratio, ||sum_i alpha_i Delta_i'|| / (std sqrt(d)), d the number of
+parameters (std sqrt(d) is the noise vector's expected norm, to within 1/(4d)).
 
 The noise is drawn inside the jitted round from the run's own stream (the seed's, folded with
 the round counter): a resumed run draws what an uninterrupted one would. C, sigma and that key
@@ -48,6 +58,10 @@ from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
 # The run's random stream for the noise of DP on updates (one of its own).
 DP_UPDATES_STREAM = 0xD9D0
 
+# The L2 sensitivity of the aggregate, in units of C max_i alpha_i, under each neighbouring
+# relation (`fedjax_pals.accounting.RELATIONS`, its module docstring).
+SENSITIVITY_FACTOR = {"zero_out": 1.0, "add_remove": 2.0}
+
 
 # Adaptive clipping's constants (Andrew et al., NeurIPS 2021, their defaults): the clip norm's
 # geometric step and the clipped count's noise std as a share of the participants.
@@ -57,16 +71,22 @@ COUNT_STD_PER_PARTICIPANT = 1 / 20
 
 class PrivateUpdatesState(NamedTuple):
     """DP on updates' per-run data: the method's own algorithm state, C (this round's), the
-    updates' noise multiplier, the noise key, and adaptive clipping's quantile, step and
-    count noise (step 0: C fixed)."""
+    noise's std per unit of C max_i alpha_i, the noise key, adaptive clipping's quantile, step
+    and count noise (step 0: C fixed), and what the last round released: its noise std per
+    coordinate and the norm of its clipped aggregate (0 before the first round)."""
 
     inner: Any
     clip_norm: jax.Array  # () float32, C
-    noise_multiplier: jax.Array  # () float32, sigma of the updates (sigma_Delta when adaptive)
+    # () float32: the std of the noise per unit of C max_i alpha_i: sigma of the updates
+    # (sigma_Delta when adaptive) times the relation's sensitivity factor (1: zero-out, 2:
+    # add/remove, `SENSITIVITY_FACTOR`)
+    noise_multiplier: jax.Array
     key: jax.Array  # the run's noise key; round r draws with fold_in(key, r)
     clip_quantile: jax.Array  # () float32, gamma (unused at step 0)
     clip_learning_rate: jax.Array  # () float32, eta_C; 0: C fixed
     count_std: jax.Array  # () float32, sigma_b of the clipped count
+    noise_std: jax.Array = 0.0  # () float32, the last round's noise std per coordinate
+    aggregate_norm: jax.Array = 0.0  # () float32, ||sum_i alpha_i Delta_i'|| of the last round
 
     _built_by = "fjp.algorithms.with_private_updates (algorithm.dp_clip_norm)"
 
@@ -148,7 +168,27 @@ class PrivateUpdates:
         new = self.inner(state, participants, outputs._replace(deltas=deltas), carried)
         clip_norm = adapted_clip_norm(norms, dp, count_key)
         return new._replace(algorithm_state=replace_state(
-            new.algorithm_state, PrivateUpdatesState, clip_norm=clip_norm))
+            new.algorithm_state, PrivateUpdatesState, clip_norm=clip_norm,
+            noise_std=jnp.asarray(std, jnp.float32),
+            aggregate_norm=weighted_sum_norm(clipped, weights)))
+
+
+def weighted_sum_norm(deltas: Any, weights: jax.Array) -> jax.Array:
+    """||sum_i w_i Delta_i||_2 over every leaf of `deltas` (leaves stacked on a leading axis of
+    m), in float32: the norm of a round's clipped aggregate before the noise."""
+    w = weights.astype(jnp.float32)
+    square = sum(
+        jnp.sum(jnp.square(jnp.tensordot(w, leaf.astype(jnp.float32), axes=1)))
+        for leaf in jax.tree_util.tree_leaves(deltas)
+    )
+    return jnp.sqrt(square)
+
+
+def signal_to_noise(aggregate_norm: float, noise_std: float, num_params: int) -> float:
+    """||sum_i alpha_i Delta_i'|| / (std sqrt(d)): the clipped aggregate's norm against the
+    noise vector's expected norm (d parameters); inf without noise."""
+    noise = float(noise_std) * float(np.sqrt(num_params))
+    return float("inf") if noise == 0 else float(aggregate_norm) / noise
 
 
 def adapted_clip_norm(norms: jax.Array, dp: PrivateUpdatesState, key: jax.Array) -> jax.Array:
@@ -182,20 +222,29 @@ def updates_noise_multiplier(noise_multiplier: float, count_std: float) -> float
 def with_private_updates(
     algorithm: FederatedAlgorithm, clip_norm: float, noise_multiplier: float, seed: int,
     *, clip_quantile: float | None = None, participants: int | None = None,
+    relation: str = "zero_out",
 ) -> FederatedAlgorithm:
     """`algorithm` with user-level DP on its updates (module docstring): clip norm C,
     noise multiplier sigma (of the whole round's release), the noise drawn from `seed`'s own
     stream. With `clip_quantile` gamma, C is the initial clip norm and adapts each round
     towards the gamma-quantile of the update norms (Andrew et al., NeurIPS 2021; step
     `CLIP_LEARNING_RATE`, the count's noise std `participants` / 20, the updates' multiplier
-    lowered so that the round stays a release of multiplier sigma).
+    lowered so that the round stays a release of multiplier sigma). `relation`: "zero_out"
+    (noise sigma C max_i alpha_i) or "add_remove" (2 sigma C max_i alpha_i, fixed clipping
+    only), `fedjax_pals.accounting.RELATIONS`.
 
     Raises:
       ValueError: C <= 0, sigma < 0, gamma outside (0, 1), a sigma the count alone would
-        spend, or a server update that is not the plain weighted average.
+        spend, an unknown relation or add_remove with adaptive clipping, or a server update
+        that is not the plain weighted average.
     """
     clip_norm = _validation.check_number("the clip norm", clip_norm, low=0.0, low_open=True)
     noise_multiplier = _validation.check_number("the noise multiplier", noise_multiplier, low=0.0)
+    if relation not in SENSITIVITY_FACTOR:
+        raise ValueError(
+            f"relation must be one of {tuple(SENSITIVITY_FACTOR)}, got {relation!r}.")
+    if relation == "add_remove" and clip_quantile is not None:
+        raise ValueError(_ADAPTIVE_ADD_REMOVE)
     if not isinstance(algorithm.server_update, WeightedAverageUpdate):
         raise ValueError(
             f"DP on updates clips and noises a weighted average of the updates, but "
@@ -222,11 +271,13 @@ def with_private_updates(
     inner_init = algorithm.init_algorithm_state
     key = jax.random.fold_in(jax.random.PRNGKey(seed), DP_UPDATES_STREAM)
 
+    std_per_sensitivity = updates_sigma * SENSITIVITY_FACTOR[relation]
+
     def init(params, num_clients):
         return PrivateUpdatesState(
             inner_init(params, num_clients), jnp.float32(clip_norm),
-            jnp.float32(updates_sigma), key, jnp.float32(quantile), jnp.float32(rate),
-            jnp.float32(count_std),
+            jnp.float32(std_per_sensitivity), key, jnp.float32(quantile), jnp.float32(rate),
+            jnp.float32(count_std), jnp.float32(0.0), jnp.float32(0.0),
         )
 
     return algorithm._replace(
@@ -239,6 +290,11 @@ def with_private_updates(
 
 
 _DEFAULT_DELTA = 1e-5
+_ADAPTIVE_ADD_REMOVE = (
+    "adaptive clipping's clipped count is accounted for zero-out neighbours only (the share "
+    "divides by the participants, which adding or removing a client changes); use "
+    "dp_neighbouring_relation='zero_out' or fixed clipping (dp_clip_quantile unset)."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,10 +326,38 @@ class PrivateUpdatesHyperparameters(Hyperparameters):
         doc="adaptive clipping: the quantile of the update norms the clip norm follows",
         per_run=True,
     )
+    # None is the default of each (zero_out, rdp): a run that names the default resolves to
+    # None too, so that it and the runs recorded before the keys keep one digest.
+    dp_neighbouring_relation: str | None = hyperparameter(
+        None, kind="choice", choices=accounting.RELATIONS, optional=True,
+        why=" (None: zero_out)",
+        doc="zero_out (None; one client's contribution zeroed, the weights fixed and public: "
+        "noise sigma C max_i alpha_i) or add_remove (one client added or removed, the weights "
+        "re-normalised: noise 2 sigma C max_i alpha_i, every client every round only)",
+        per_run=True,
+    )
+    dp_accountant: str | None = hyperparameter(
+        None, kind="choice", choices=accounting.ACCOUNTANTS, optional=True,
+        why=" (None: rdp)",
+        doc="rdp (None) or pld: dp-accounting's accountant that calibrates sigma and accounts "
+        "epsilon (pld is tighter; no pld for clients drawn without replacement)",
+        per_run=True,
+    )
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation ("zero_out" when unset)."""
+        return self.dp_neighbouring_relation or "zero_out"
+
+    @property
+    def accountant(self) -> str:
+        """The accountant ("rdp" when unset)."""
+        return self.dp_accountant or "rdp"
 
 
 _KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon",
-         "dp_clip_quantile")
+         "dp_clip_quantile", "dp_neighbouring_relation", "dp_accountant")
+_KEY_DEFAULTS = {"dp_neighbouring_relation": "zero_out", "dp_accountant": "rdp"}
 
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
@@ -284,6 +368,8 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
                  if values[key] is not None]
         if values["dp_delta"] not in (None, _DEFAULT_DELTA):
             given.append("dp_delta")
+        given += [key for key, default in _KEY_DEFAULTS.items()
+                  if values[key] not in (None, default)]
         if given:
             shown = ", ".join(f"algorithm.{key}={values[key]!r}" for key in given)
             raise ValueError(
@@ -317,12 +403,40 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             "adaptive clipping counts the clipped updates among a round's participants, a "
             "number Poisson sampling leaves to chance. Use fixed clipping with Poisson sampling."
         )
+    values = dict(values)
+    for key, default in _KEY_DEFAULTS.items():  # the default resolves to None (the digest)
+        if values[key] == default:
+            values[key] = None
+    if values["dp_neighbouring_relation"] == "add_remove":
+        if values["dp_clip_quantile"] is not None:
+            raise ValueError(
+                "config.algorithm.dp_neighbouring_relation='add_remove' is set with "
+                f"algorithm.dp_clip_quantile: {_ADAPTIVE_ADD_REMOVE}")
+        if facts.reads_target:
+            raise ValueError(
+                "config.algorithm.dp_neighbouring_relation='add_remove' is set, but "
+                f"{name}'s server weights are solved from the clients' S_i and T: without one "
+                "client they are solved again and can move by up to 2 in L1, so no noise of "
+                "2 sigma C max_i alpha_i bounds what adding or removing a client changes. Use "
+                "dp_neighbouring_relation='zero_out' (the weights public and held fixed)."
+            )
+        sampled = (facts.sampling_rate is not None and facts.sampling_rate < 1) or (
+            facts.sampling_rate is None and facts.clients_per_round is not None
+            and facts.training_clients is not None
+            and facts.clients_per_round < facts.training_clients)
+        if sampled:
+            raise ValueError(
+                "config.algorithm.dp_neighbouring_relation='add_remove' is set, but the clients "
+                "are sampled: removing one re-normalises the weights of the others drawn, which "
+                "amplification by subsampling does not cover. Train every client every round, "
+                "or use dp_neighbouring_relation='zero_out'."
+            )
     if facts.rounds is not None and facts.training_clients is not None:
         # The budget against the run's rounds and clients, before any data is read.
         budget_for(PrivateUpdatesHyperparameters(**values), facts.training_clients,
                    facts.clients_per_round or facts.training_clients, facts.rounds,
                    sampling_rate=facts.sampling_rate)
-    return dict(values)
+    return values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +450,8 @@ class UpdatesBudget:
     clients_per_round: int
     calibrated: bool
     sampling_rate: float | None = None
+    relation: str = "zero_out"
+    accountant: str = "rdp"
 
     def epsilon(self, rounds: int) -> float:
         if self.noise_multiplier == 0:
@@ -343,6 +459,7 @@ class UpdatesBudget:
         return accounting.updates_epsilon(
             self.noise_multiplier, int(rounds), self.delta, num_clients=self.num_clients,
             clients_per_round=self.clients_per_round, sampling_rate=self.sampling_rate,
+            accountant=self.accountant, relation=self.relation,
         )
 
 
@@ -357,12 +474,30 @@ def budget(hp: PrivateUpdatesHyperparameters, context: registry.MethodContext) -
 def budget_for(hp: PrivateUpdatesHyperparameters, num_clients: int, per_round: int,
                rounds: int, *, sampling_rate: float | None = None) -> UpdatesBudget:
     """sigma for a run of `rounds` rounds of `per_round` of `num_clients` clients (with
-    `sampling_rate` q: Poisson sampling at rate q): `dp_noise_multiplier`, or calibrated to
-    `dp_target_epsilon`. ValueError (naming the key) when no sigma reaches the target, when
-    the rounds would spend more than the target, or when adaptive clipping's count alone
-    would spend sigma."""
+    `sampling_rate` q: Poisson sampling at rate q), under `hp`'s neighbouring relation and by
+    its accountant: `dp_noise_multiplier`, or calibrated to `dp_target_epsilon`. ValueError
+    (naming the key) when no sigma reaches the target, when the rounds would spend more than
+    the target, when the accountant or the relation cannot account for the sampling, or when
+    adaptive clipping's count alone would spend sigma."""
+    relation, accountant = hp.relation, hp.accountant
     common = dict(num_clients=num_clients, clients_per_round=per_round,
-                  sampling_rate=sampling_rate)
+                  sampling_rate=sampling_rate, accountant=accountant, relation=relation)
+    sampled_without_replacement = sampling_rate is None and per_round < num_clients
+    if accountant == "pld" and sampled_without_replacement:
+        raise ValueError(
+            "config.algorithm.dp_accountant='pld' is set, but the run draws "
+            f"{per_round} of {num_clients} clients a round without replacement, which "
+            "dp-accounting's PLD accountant cannot account for: use dp_accountant='rdp', or "
+            "Poisson sampling (training.client_sampling='poisson')."
+        )
+    try:
+        accounting.updates_dp_event(1.0, 1, num_clients=num_clients,
+                                    clients_per_round=per_round, sampling_rate=sampling_rate,
+                                    relation=relation)
+    except ValueError as error:
+        raise ValueError(
+            f"config.algorithm.dp_neighbouring_relation={relation!r}: {error}") from None
+    kept = dict(sampling_rate=sampling_rate, relation=relation, accountant=accountant)
     sigma, target = hp.dp_noise_multiplier, hp.dp_target_epsilon
     if sigma is None:
         try:
@@ -370,11 +505,11 @@ def budget_for(hp: PrivateUpdatesHyperparameters, num_clients: int, per_round: i
         except ValueError as error:
             raise ValueError(f"config.algorithm.dp_target_epsilon={target:g}: {error}") from None
         found = UpdatesBudget(sigma, hp.dp_delta, num_clients, per_round, calibrated=True,
-                              sampling_rate=sampling_rate)
+                              **kept)
         _check_adaptive(hp, found)
         return found
     found = UpdatesBudget(float(sigma), hp.dp_delta, num_clients, per_round, calibrated=False,
-                          sampling_rate=sampling_rate)
+                          **kept)
     _check_adaptive(hp, found)
     if target is not None and found.epsilon(rounds) > target:
         within = (
@@ -408,11 +543,14 @@ def _wrap(
     return with_private_updates(
         algorithm, hp.dp_clip_norm, spent.noise_multiplier, context.seed,
         clip_quantile=hp.dp_clip_quantile, participants=spent.clients_per_round,
+        relation=spent.relation,
     )
 
 
 class UpdatesPrivacyMonitor(registry.Monitor):
-    """Reports DP on updates: sigma, C and the epsilon spent through each evaluated round."""
+    """Reports DP on updates: sigma, C, the neighbouring relation and accountant, the epsilon
+    spent through each evaluated round, and the last round's noise std per coordinate and
+    signal-to-noise ratio (`signal_to_noise`)."""
 
     def __init__(self, hp: PrivateUpdatesHyperparameters, spent: UpdatesBudget):
         self.hp, self.spent = hp, spent
@@ -441,28 +579,46 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             f"clip from C={self.hp.dp_clip_norm:g} towards the {self.hp.dp_clip_quantile:g} "
             "quantile of the update norms (adaptive)"
         )
+        relation = ("zero-out neighbours (noise sigma C max_i alpha_i)"
+                    if s.relation == "zero_out" else
+                    "add/remove neighbours (noise 2 sigma C max_i alpha_i)")
         return (
             f"DP on updates: {clip}, noise multiplier sigma={s.noise_multiplier:.4g} ({how}), "
-            f"delta={s.delta:g}, {sampling}"
+            f"delta={s.delta:g}, {sampling}; {relation}, {s.accountant.upper()} accountant"
         )
 
     def _clip_norm(self, state) -> float:
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
         return float(np.asarray(dp.clip_norm))
 
+    def _released(self, state) -> tuple[float, float]:
+        """(the last round's noise std per coordinate, its signal-to-noise ratio)."""
+        dp = find_state(state.algorithm_state, PrivateUpdatesState)
+        std = float(np.asarray(dp.noise_std))
+        num_params = sum(int(np.size(leaf)) for leaf in jax.tree_util.tree_leaves(state.params))
+        return std, signal_to_noise(float(np.asarray(dp.aggregate_norm)), std, num_params)
+
     def progress(self, state) -> dict:
         shown = {"eps": f"{self.spent.epsilon(self._round(state)):.3g}"}
         if self.hp.dp_clip_quantile is not None:
             shown["C"] = f"{self._clip_norm(state):.3g}"
+        if self._round(state) > 0:
+            std, snr = self._released(state)
+            shown["noise std"] = f"{std:.3g}"
+            shown["SNR"] = f"{snr:.3g}"
         return shown
 
     def scalars(self, state) -> dict:
         done = self._round(state)
         epsilon, clip = self.spent.epsilon(done), self._clip_norm(state)
-        self.evaluations.append({"round": done, "dp_epsilon": epsilon, "dp_clip_norm": clip})
-        scalars = {"privacy/dp_clip_norm": clip}
+        std, snr = self._released(state)
+        self.evaluations.append({"round": done, "dp_epsilon": epsilon, "dp_clip_norm": clip,
+                                 "dp_noise_std": std, "dp_signal_to_noise": snr})
+        scalars = {"privacy/dp_clip_norm": clip, "privacy/dp_noise_std": std}
         if np.isfinite(epsilon):  # sigma = 0 spends epsilon = inf: nothing to chart
             scalars["privacy/dp_epsilon"] = epsilon
+        if np.isfinite(snr):
+            scalars["privacy/dp_signal_to_noise"] = snr
         return scalars
 
     def resume(self, previous, start_round: int) -> None:
@@ -477,6 +633,8 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             "dp_noise_multiplier": self.spent.noise_multiplier,
             "dp_clip_norm": float(self.hp.dp_clip_norm),  # the initial C when adaptive
             "dp_clip_quantile": self.hp.dp_clip_quantile,
+            "dp_neighbouring_relation": self.spent.relation,
+            "dp_accountant": self.spent.accountant,
             "dp_evaluations": self.evaluations,
         }
 
