@@ -303,7 +303,9 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
         lines.append(
             f"| {fjp.method_label(method)} | {len(seeds)} | {gaps.mean():+.1f} | "
             f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
-            f"{int(np.sum(gaps < -GAP_LIMIT))} | {len(below_fedavg)}"
+            f"{int(np.sum(gaps < -GAP_LIMIT))} | "
+            # "-" where FedAvg ran on none of the seeds: nothing to fall below.
+            + (f"{len(below_fedavg)}" if any(s in fedavg for s in seeds) else "-")
             + (f" (seeds {', '.join(map(str, below_fedavg))})" if below_fedavg else "")
             + f" | {_unidentified_runs(runs[method], seeds)}"
             + f" | {_mean_std([_estimate_l1(runs[method][s], probe) for s in seeds])} |"

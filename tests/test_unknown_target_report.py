@@ -202,6 +202,17 @@ def test_the_report_counts_the_re_estimations_not_identified_per_run_and_per_met
     assert rows["unknown_t_w"][6] == "2 (seeds 0, 1)"
 
 
+def test_without_fedavg_runs_the_below_fedavg_column_says_nothing(sweep):
+    # A sweep without FedAvg (only T known and the estimated rows): "-", not 0 seeds below it.
+    import shutil
+
+    shutil.rmtree(os.path.join(sweep, "runs", "fedavg"))
+    text = report_lib.report(sweep)
+    against = text[text.index("Against FedPALS with T known"):]
+    row = next(line for line in against.splitlines() if line.startswith("| unknown_t_x"))
+    assert [c.strip() for c in row.strip("|").split("|")][5] == "-"
+
+
 def test_a_run_still_training_is_left_out(sweep):
     _write(sweep, "unknown_t_y", 0, [0.5, 0.6], 1, estimated=[0.5, 0.6], l1=[1.0, 0.5],
            used=[True])
