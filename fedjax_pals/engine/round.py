@@ -59,6 +59,15 @@ def _drop_runs_axis(tree):
     return jax.tree_util.tree_map(lambda leaf: leaf[0], tree)
 
 
+def _run_block(tree, r):
+    """Run r of `tree`, its runs axis kept (of 1): data movement alone."""
+    return jax.tree_util.tree_map(lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, r, 1), tree)
+
+
+def _concat_runs(trees):
+    return jax.tree_util.tree_map(lambda *leaves: jnp.concatenate(leaves), *trees)
+
+
 class _PhaseClock:
     """Calls a phase; with a `timings` dict, waits for its result and adds its seconds."""
 
@@ -127,40 +136,57 @@ class _HostRounds:
             jax.vmap(self._padded_plan, in_axes=(RUNS_AXES, 0, 0, 0)),
             out_shardings=engine.backend.plan_sharding(mesh),
         )
-        self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=mesh_lib.replicated(mesh))
+        replicated = mesh_lib.replicated(mesh)
+        # The lanes' results as (R, m, ...) outputs: data movement alone.
+        self._jit_gather = jax.jit(self._gather, static_argnums=(1, 2), out_shardings=replicated)
+        # Each run's aggregation is one run's program, whatever R: its arithmetic (FedPALS'
+        # solve, the weighted reduction, DP's noise) does not depend on the batch-mates, so a
+        # run on a runs axis gets its solo numbers bit for bit (docs/measurements/batch_mates.md).
+        self._jit_aggregate = jax.jit(self._aggregate_runs, out_shardings=replicated)
         # Results held by one device (one process's lane buffers): aggregate there, once.
+        self._jit_gather_here = jax.jit(self._gather, static_argnums=(1, 2))
         self._jit_aggregate_here = jax.jit(self._aggregate_runs)
+        self._jit_run = jax.jit(_run_block)
+        self._jit_concat = jax.jit(_concat_runs)
 
     def _padded_plan(self, data: DeviceData, state: ServerState, participants, key):
         plan = make_plan(self.engine.training, data, state, participants, key)
         return pad_plan(plan, self.engine._multiple)
 
-    def _aggregate_runs(self, states, plans, participants, results):
-        """Each run's weights, reduction and update, one run after another (`lax.map`).
+    def _gather(self, results, runs: int, m: int):
+        return self.bound.outputs(results, runs, m)
+
+    def _aggregate_runs(self, states, plans, participants, outputs):
+        """One run's weights, reduction and update (a runs axis of 1).
 
         Not vmapped: a batched FedPALS solve cost 115-160 ms per round against 4 ms
         unbatched (20 participants, this CPU), and the reduction is cheap either way.
         """
-        outputs = self.bound.outputs(results, *participants.shape)
-
-        def one(args):
-            state, plan, participants, outputs = args
-            return self.engine._aggregate(state, plan._replace(participants=participants), outputs)
-
-        args = (states, plans, participants, outputs)
-        if participants.shape[0] == 1:  # the solo round: no loop at all
-            return _add_runs_axis(one(_drop_runs_axis(args)))
-        return jax.lax.map(one, args)
+        state, plan, participants, outputs = _drop_runs_axis((states, plans, participants, outputs))
+        return _add_runs_axis(
+            self.engine._aggregate(state, plan._replace(participants=participants), outputs)
+        )
 
     def run_rounds(self, data, states, participants, keys, clock):
         plans = clock("plan", self._jit_plan, data, states, participants, keys)
         results = clock("train", self.bound, data, states, plans)
-        aggregate = self._jit_aggregate
+        gather, aggregate = self._jit_gather, self._jit_aggregate
         device = self.bound.aggregation_device(results)
         if device is not None:
             [(states, plans)] = mesh_lib.device_views((states, plans), [device])
-            aggregate = self._jit_aggregate_here
-        states, metrics = clock("aggregate", aggregate, states, plans, participants, results)
+            gather, aggregate = self._jit_gather_here, self._jit_aggregate_here
+        runs, m = participants.shape
+
+        def aggregate_all():
+            outputs = gather(results, runs, m)
+            if runs == 1:
+                return aggregate(states, plans, participants, outputs)
+            args = (states, plans, participants, outputs)
+            return self._jit_concat(
+                [aggregate(*self._jit_run(args, np.int32(r))) for r in range(runs)]
+            )
+
+        states, metrics = clock("aggregate", aggregate_all)
         self.bound.recycle(results)  # read by nothing after the aggregation
         return states, metrics
 

@@ -125,12 +125,15 @@ class _BoundHostLoop(BoundHostBackend):
         self._spare_lock = threading.Lock()
         self._last_shapes = None
 
-        def start(states, r):
-            return update.start(_run(states, r))
+        # The client's programs take its run's state and plan, sliced out beforehand (`_slice`,
+        # data movement alone): their arithmetic does not depend on how many runs share the
+        # round, so a run on a runs axis computes what it computes alone, bit for bit
+        # (docs/measurements/batch_mates.md).
+        def start(state):
+            return update.start(state)
 
-        def block(train_x, train_y, carry, states, plans: RoundPlan, r, j, steps):
-            state = _run(states, r)
-            info, row, positions, mask = client_slice(_run(plans, r), j)
+        def block(train_x, train_y, carry, state, plan: RoundPlan, j, steps):
+            info, row, positions, mask = client_slice(plan, j)
             for t in range(steps.shape[0]):  # unrolled: a rolled scan of conv steps is slow on CPU
                 x, y, m = gather_batch(train_x, train_y, row, positions[steps[t]], mask[steps[t]])
                 carry = update.step(carry, x, y, m, info, state)
@@ -146,17 +149,17 @@ class _BoundHostLoop(BoundHostBackend):
                 lambda leaf: jnp.zeros((1, slots, *leaf.shape), leaf.dtype), shapes
             )
 
-        def finish_into(buffer, carry, states, plans: RoundPlan, r, j, slot, next_r):
+        def finish_into(buffer, carry, state, plan: RoundPlan, j, slot, next_state):
             """Writes the client's result; starts the lane's next client (one dispatch fewer)."""
-            state = _run(states, r)
-            result = update.finish(carry, client_slice(_run(plans, r), j)[0], state)
+            result = update.finish(carry, client_slice(plan, j)[0], state)
             buffer = jax.tree_util.tree_map(lambda buf, x: buf.at[0, slot].set(x), buffer, result)
-            return buffer, update.start(_run(states, next_r))
+            return buffer, update.start(next_state)
 
         self._start = jax.jit(start)
         self._block = jax.jit(block, donate_argnums=(2,))
         self._empty = jax.jit(empty, static_argnums=2)
         self._finish_into = jax.jit(finish_into, donate_argnums=(0, 1))
+        self._slice = jax.jit(_run)
 
     def _buffer(self, device, shapes, states, plans, slots: int):
         """The lane's buffer of the last round when its shapes still fit, else a new one."""
@@ -204,16 +207,23 @@ class _BoundHostLoop(BoundHostBackend):
         """One lane's dispatches; yields after each so that the lanes interleave."""
         (train_x, train_y, *_), states, plans = views
         yield
+        runs: dict = {}  # r -> (state, plan) of run r, sliced once a round on this lane
+
+        def run(r):
+            if r not in runs:
+                runs[r] = self._slice((states, plans), np.int32(r))
+            return runs[r]
+
         if work:
-            carry = self._start(states, np.int32(work[0][0]))
+            carry = self._start(run(work[0][0])[0])
             for index, (r, j, blocks) in enumerate(work):
-                pair = (np.int32(r), np.int32(j))
+                state, plan = run(r)
                 for steps in blocks:
-                    carry = self._block(train_x, train_y, carry, states, plans, *pair, steps)
+                    carry = self._block(train_x, train_y, carry, state, plan, np.int32(j), steps)
                     yield
                 next_r = work[index + 1][0] if index + 1 < len(work) else r
                 buffer, carry = self._finish_into(
-                    buffer, carry, states, plans, *pair, np.int32(index), np.int32(next_r)
+                    buffer, carry, state, plan, np.int32(j), np.int32(index), run(next_r)[0]
                 )
         results[device] = buffer
 
