@@ -62,8 +62,9 @@ compilation.
 **Poisson sampling** (`:poisson`): the same clients, grid, seeds and rounds, each client taking
 part with probability q = 0.1 a round (161 lanes, 100 clients drawn on average), weighted by
 McMahan et al.'s fixed-denominator estimator (alpha over every client / q) and accounted
-add/remove (the Poisson-subsampled Gaussian): the epsilons are for another neighbouring
-relation than the rows above (REPRODUCTION.md, "Under Poisson sampling"). 75 runs in 1,869 s
+zero-out (the Poisson-subsampled Gaussian; dp-accounting's REPLACE_SPECIAL): the epsilons are
+for another neighbouring relation than the rows above (REPRODUCTION.md, "Under Poisson
+sampling"). 75 runs in 1,869 s
 (31 min) on the 2-core VM, 23 diverged.
 """
 
@@ -79,8 +80,8 @@ SAMPLING_RATE = 0.1  # ":poisson": each client's probability a round (the 100 of
 def get_config(argument: str = ""):
     """The experiment; `argument` "poisson" (`--config=configs/beyond_private_updates.py:poisson`):
     the same clients under Poisson sampling, each with probability q = 0.1 a round, weighted by
-    McMahan et al.'s fixed-denominator estimator and accounted with add/remove-one-client
-    neighbours (module docstring)."""
+    McMahan et al.'s fixed-denominator estimator and accounted with zero-out neighbours
+    (module docstring)."""
     if argument not in ("", "poisson"):
         raise ValueError(f"the argument must be '' or 'poisson', got {argument!r}.")
     config = fjp.default_config()

@@ -684,6 +684,10 @@ _PER_RUN_SETTINGS = {
     "dp_noise_multiplier": {"dp_clip_norm": 1.0},
     "dp_delta": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 1.0},
     "dp_target_epsilon": {"dp_clip_norm": 1.0},
+    # add_remove: fixed weights and every client every round (FedAvg on the 2 clients)
+    "dp_neighbouring_relation": {"name": "fedavg", "dp_clip_norm": 1.0,
+                                 "dp_noise_multiplier": 1.0},
+    "dp_accountant": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 1.0},
     # adaptive clipping's count spends 2 sigma_b = 0.2 of the synthetic task's 2 participants
     "dp_clip_quantile": {"dp_clip_norm": 1.0, "dp_noise_multiplier": 0.1},
     **{key: {"target_estimation": "bbse_constrained"} for key in (
@@ -695,7 +699,10 @@ _PER_RUN_SETTINGS = {
 }
 # Two values of a key where its bounds alone do not give two usable ones (an ESS fraction out
 # of reach of the synthetic task's clients).
-_PER_RUN_VALUES = {"ess_fraction": (0.9, 0.95), "target_warmup_rounds": (1, 2)}
+_PER_RUN_VALUES = {"ess_fraction": (0.9, 0.95), "target_warmup_rounds": (1, 2),
+                   # The default resolves to None (the digests of earlier runs): unset vs the other.
+                   "dp_neighbouring_relation": (None, "add_remove"),
+                   "dp_accountant": (None, "pld")}
 
 
 def _two_values(key):
