@@ -189,11 +189,8 @@ class UnknownTarget(Hyperparameters):
 def declared_target_state(method: registry.Method) -> type | None:
     """The state type in which `method` keeps the T its own pieces read (IW-ERM's `IwermState`:
     its loss ratios T(y) / S_i(y)), which T re-estimation replaces; None for a method that reads
-    T only through FedPALS' weights, or not at all. Declared as `target_state` on the method
-    (`registry.Method`, once it has the field) or on its hyperparameters class."""
-    declared = getattr(method, "target_state", None)
-    return declared if declared is not None else getattr(method.hyperparameters, "target_state",
-                                                          None)
+    T only through FedPALS' weights, or not at all: `Method(..., target_state=...)`."""
+    return method.target_state
 
 
 def reads_estimated_target(facts: registry.RunFacts) -> bool:

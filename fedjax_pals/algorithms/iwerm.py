@@ -149,10 +149,6 @@ class IwermHyperparameters(Hyperparameters):
         doc="IW-ERM's cap on the ratio T(y) / S_i(y); a value above every ratio (1e6) leaves "
         "it uncapped, as the reference code",
     )
-    # Not a config key: the state type whose T the method's clients read, declared so that
-    # `algorithm.target_estimation` runs with FedAvg's weights too (`unknown_target`). Interim
-    # home until `registry.Method` has the field `target_state`.
-    target_state = IwermState
 
 
 def _build(hp: IwermHyperparameters, context: MethodContext) -> FederatedAlgorithm:
@@ -163,6 +159,9 @@ def _build(hp: IwermHyperparameters, context: MethodContext) -> FederatedAlgorit
 
 register_method(
     Method("iwerm", "IW-ERM", _build, IwermHyperparameters, client_side=True,
-           description="local losses weighted by T(y) / S_i(y) (Ramezani-Kebrya et al., 2023)"),
+           description="local losses weighted by T(y) / S_i(y) (Ramezani-Kebrya et al., 2023)",
+           # The state whose T its clients read: algorithm.target_estimation replaces it, with
+           # FedAvg's weights too (`unknown_target`).
+           target_state=IwermState),
     replace=True,
 )

@@ -21,6 +21,9 @@ A `Method` ties together what the rest of the package needs to know about a meth
 * `monitor(hp, task) -> Monitor`: what the method reports of itself while its run trains
   (FedPALS: lambda, its weights' ESS, d(T, S) of the S its weights see), through the same
   protocol as a feature's; a client-side method's run reports its weights' lender's too;
+* `target_state`: the state type (a NamedTuple with `target_label_dist`) in which the method
+  keeps the T its own pieces read (IW-ERM's `IwermState`: its loss ratios), which T
+  re-estimation replaces, so that `algorithm.target_estimation` runs without FedPALS' weights;
 * `reference`: a reference, not a competitor (the Oracle sees the target's data): a protocol
   table marks the best of the other methods;
 * `owns_server_update`: its server update is its own (SCAFFOLD's control variates, AFL's
@@ -263,6 +266,7 @@ class Method:
     lends_weighting: bool = False
     monitor: Callable[[Any, Any], "Monitor"] | None = None
     reference: bool = False
+    target_state: type | None = None
 
     def __post_init__(self) -> None:
         _validation.check_registered_name("method", self.name)
