@@ -284,7 +284,7 @@ def test_lambda_zero_starts_the_schedule_at_the_lower_end(tmp_path):
     # start > 0, the lower end of lambda_for_ess's range, as for an unreachable ESS.
     task = fjp.build_task(_config(ess_fraction=None, lam=0.0))
     assert task.context.lam == pytest.approx(58 * 1e-6, rel=1e-6)
-    assert fjp.build_task(_config(ess_fraction=None, lam=0.0, lam_schedule="fixed")).lam == 0.0
+    assert fjp.build_task(_config(ess_fraction=None, lam=0.0, lam_schedule="fixed")).context.lam == 0.0
 
 
 def test_a_variant_is_checked_where_it_is_registered():

@@ -264,7 +264,7 @@ def test_a_run_with_label_dp_solves_eq_8_on_the_release():
     np.testing.assert_allclose(
         float(
             fjp.effective_sample_size(
-                fjp.fedpals_weights(released, p.target_label_dist, p.client_sizes, ess.lam),
+                fjp.fedpals_weights(released, p.target_label_dist, p.client_sizes, ess.context.lam),
                 p.client_sizes,
             )
         ),
