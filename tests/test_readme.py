@@ -387,9 +387,32 @@ def test_the_python_blocks_are_found_and_shortened(tmp_path):
     assert "rounds=10" not in script and "= 40" not in script
 
 
+# The commands of a page whose output its python blocks read, run first (a reader runs the
+# page's commands before its code): natural_data.md's FEMNIST-shaped copy in /tmp. Without
+# them the python blocks would depend on whether the commands' test ran before on this machine.
+PYTHON_BLOCK_INPUTS = ("python -m experiments.benchmarks.femnist_copy ",)
+
+
+def python_block_inputs() -> list[Command]:
+    """The commands of the pages with python blocks that write what those blocks read."""
+    pages = {b.page for b in PYTHON_BLOCKS}
+    return [command for block in doc_blocks() if block.tag == "bash" and block.page in pages
+            for command in block.commands() if command.text.startswith(PYTHON_BLOCK_INPUTS)]
+
+
 def test_the_python_blocks_run(tmp_path):
     """Every ```python block of the docs, in page order, in one process (as a reader pasting
-    them into one session and saving the modules would)."""
+    them into one session and saving the modules would), after the commands whose output they
+    read (`PYTHON_BLOCK_INPUTS`)."""
+    inputs = python_block_inputs()
+    assert inputs, "natural_data.md's python block reads the copy its femnist_copy command writes"
+    for command in inputs:
+        made = subprocess.run(
+            [sys.executable, *command.text.split()[1:]], capture_output=True, text=True,
+            timeout=600, cwd=ROOT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+        )
+        assert made.returncode == 0, f"{command.page}:{command.line}: {made.stderr[-2000:]}"
     script = python_script(PYTHON_BLOCKS, str(tmp_path))
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
