@@ -256,6 +256,13 @@ class Checkpointer:
             )
             if not self.read_only:
                 os.makedirs(self.directory, exist_ok=True)
+                # Leftovers of a save killed half-way (a cancelled Slurm shard), removed here,
+                # at once: orbax's own clean-up deletes them in a thread, and a second deleter
+                # of the same tree (its save path) failed the resumed run with
+                # FileNotFoundError from rmtree.
+                for name in os.listdir(self.directory):
+                    if ".orbax-checkpoint-tmp" in name:
+                        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
             try:
                 self._manager = ocp.CheckpointManager(
                     self.directory, options=options, item_names=ITEMS
