@@ -139,3 +139,19 @@ def registries_restored():
     for live, before in zip((datasets_lib._REGISTERED, partitions_lib._PARTITIONS), saved):
         live.clear()
         live.update(before)
+
+
+def random_image_task(seed):
+    """A small 10-class image task of random 8x8 examples drawn from the seed (the engine's
+    tests: test_training.py, test_batch_mates.py)."""
+    import fedjax_pals as fjp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    train = fjp.LabeledSplit(
+        rng.normal(size=(1200, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 120)
+    )
+    test = fjp.LabeledSplit(
+        rng.normal(size=(600, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 60)
+    )
+    return fjp.Dataset("random", train, test, 10, "test")

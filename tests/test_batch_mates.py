@@ -11,21 +11,11 @@ import jax
 import numpy as np
 
 import fedjax_pals as fjp
+from conftest import random_image_task
 from fedjax_pals.algorithms import poisson_sampling, private_updates
 
 ROUNDS = 12  # past round 8, where the issue's accuracies first parted
 Q = 0.3
-
-
-def _dataset():
-    rng = np.random.default_rng(0)
-    train = fjp.LabeledSplit(
-        rng.normal(size=(1200, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 120)
-    )
-    test = fjp.LabeledSplit(
-        rng.normal(size=(600, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 60)
-    )
-    return fjp.Dataset("random", train, test, 10, "test")
 
 
 _DATA = {}
@@ -34,7 +24,7 @@ _DATA = {}
 def _private_poisson_run(seed, lam, sigma):
     """FedPALS at `lam`, Poisson-sampled at rate Q, DP on updates at noise multiplier `sigma`
     (the noise drawn from the seed's own stream): every setting lives in the state."""
-    dataset = _DATA.setdefault("dataset", _dataset())
+    dataset = _DATA.setdefault("dataset", random_image_task(0))
     # One partition for all: client tables of one width (a wider mate pads them, which
     # changes the client programs' shapes; see docs/measurements/batch_mates.md).
     partition = _DATA.setdefault("partition", fjp.sparsity_partition(

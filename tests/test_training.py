@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
+from conftest import random_image_task
 
 
 def _synthetic_run(algorithm_name, delta, seed, rounds=30, learning_rate=0.05, **kwargs):
@@ -275,23 +276,11 @@ def test_the_divergence_limit_is_ten_times_the_untrained_loss():
     assert fjp.training.divergence_limit(3, initial_loss=float("nan")) == pytest.approx(10 * np.log(3))
 
 
-def _image_task(seed):
-    """A small 10-class image task of random examples drawn from the seed."""
-    rng = np.random.default_rng(seed)
-    train = fjp.LabeledSplit(
-        rng.normal(size=(1200, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 120)
-    )
-    test = fjp.LabeledSplit(
-        rng.normal(size=(600, 8, 8, 1)).astype(np.float32), np.repeat(np.arange(10), 60)
-    )
-    return fjp.Dataset("random", train, test, 10, "test")
-
-
 _IMAGE = {}
 
 
 def _image_run(seed, lam, dataset=None, **kwargs):
-    dataset = dataset or _IMAGE.setdefault("dataset", _image_task(0))
+    dataset = dataset or _IMAGE.setdefault("dataset", random_image_task(0))
     partition = fjp.sparsity_partition(
         dataset.train.y,
         dataset.test.y,
@@ -343,7 +332,7 @@ def test_runs_trained_together_give_their_solo_numbers_in_one_compiled_program()
 
 def test_runs_on_different_data_sets_of_one_shape_train_together_with_their_solo_numbers():
     # As a synthetic task drawn per seed: the runs index the pooled examples of both sets.
-    datasets = [_image_task(1), _image_task(2)]
+    datasets = [random_image_task(1), random_image_task(2)]
 
     def runs():
         return [_image_run(seed, 0.0, dataset=d) for seed, d in zip((1, 2), datasets)]
