@@ -324,17 +324,22 @@ def _axis_of(paths) -> dict[str, str]:
     return {path: declared.get(path, path) for path in paths}
 
 
-def _grid_points(grid: Mapping[str, tuple]) -> list[tuple[tuple[str, Any], ...]]:
-    """The grid's points as ((path, value), ...); the keys of one declared axis form one axis
-    of their values concatenated in the order the registration declares them (lam, then
+def _grid_axes(grid: Mapping[str, tuple]) -> list[list[tuple[str, Any]]]:
+    """The grid's axes, each a list of (path, value); the keys of one declared axis form one
+    axis of their values concatenated in the order the registration declares them (lam, then
     ess_fraction), where its first key sits in the grid's order."""
-    declared = {axis: keys for axis, keys in registry.hyperparameter_axes().items()}
+    declared = registry.hyperparameter_axes()
     axes: dict[str, list] = {}
     for path, axis in _axis_of(grid).items():
         if axis not in axes:
             keys = [key for key in declared.get(axis, (path,)) if key in grid]
             axes[axis] = [(key, value) for key in keys for value in grid[key]]
-    return [tuple(point) for point in itertools.product(*axes.values())]
+    return list(axes.values())
+
+
+def _grid_points(grid: Mapping[str, tuple]) -> list[tuple[tuple[str, Any], ...]]:
+    """The grid's points as ((path, value), ...), over `_grid_axes`."""
+    return [tuple(point) for point in itertools.product(*_grid_axes(grid))]
 
 
 def _used_grid(
@@ -348,7 +353,7 @@ def _used_grid(
     tree = copy.deepcopy(base)
     for path, value in fixed:
         _set(tree, path, value)
-    for path, value in _grid_points(grid)[0]:
+    for path, value in (axis[0] for axis in _grid_axes(grid)):
         # The grid's first point: one key of each axis set (two, e.g. lam and ess_fraction,
         # would contradict each other).
         _set(tree, path, value)
