@@ -155,9 +155,34 @@ def _eps_label(epsilon) -> str:
     return "no DP" if epsilon is None else f"{epsilon:g}"
 
 
+def _sample_std(values) -> float:
+    """The sample standard deviation (ddof 1); 0 for a single value."""
+    values = np.asarray(values, float)
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
 def _cell(values) -> str:
     values = 100 * np.asarray(values, float)
-    return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) else "-"
+    return f"{values.mean():.1f} ± {_sample_std(values):.1f}" if len(values) else "-"
+
+
+def _last_rounds_mean(results: dict, last: int) -> float:
+    """Mean target accuracy over the evaluated rounds among the run's last `last` rounds."""
+    rounds = np.asarray(results["rounds"])
+    accuracy = np.asarray(results["target_accuracy"], float)
+    return float(accuracy[rounds > rounds[-1] - last].mean())
+
+
+def _layout(runs: list[dict]) -> str:
+    """How a cell's runs were trained: the sizes of the programs they shared (results.json's
+    program_runs), the backend and host devices."""
+    sizes = sorted({r["results"].get("program_runs", 1) for r in runs if r.get("results")})
+    engines = sorted({f"{e['backend']} on {e['devices']} device{'s' * (e['devices'] != 1)}"
+                      for r in runs if r.get("results")
+                      for e in r["results"].get("engine", [])})
+    if not sizes:
+        return "-"
+    return f"programs of {'/'.join(map(str, sizes))} runs, {'; '.join(engines)}"
 
 
 def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
@@ -190,8 +215,8 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
         f"**{any_done['partition'].get('num_clients', '?')} training clients, "
         f"{_participation(config, rate)}, {rounds} rounds, seeds "
         f"{', '.join(map(str, seeds))}; clip norm C = {clip}, δ = {delta}** ({sweep_dir}). "
-        "Target test accuracy (%) at the best-validation round, mean ± std over seeds "
-        "(ddof 0); a cell with diverged runs gives the others' mean and how many diverged.",
+        "Target test accuracy (%) at the best-validation round, mean ± sample std over seeds "
+        "(ddof 1); a cell with diverged runs gives the others' mean and how many diverged.",
         "",
         head,
         rule,
@@ -264,6 +289,38 @@ def report(sweep_dir: str, figure: str) -> tuple[str, dict]:
                 "test accuracy | " + " | ".join(best_val) + " |")
     summary["best_ess_by_test"] = dict(zip(map(_eps_label, epsilons), best_test))
     summary["best_ess_by_validation"] = dict(zip(map(_eps_label, epsilons), best_val))
+
+    # The same runs by the last round and by the last 10 rounds: no selection on validation.
+    last = 10
+    text += [
+        "",
+        f"The same runs without the best-validation selection: target test accuracy (%) after "
+        f"the last round / mean over the last {last} rounds' evaluations, mean ± sample std "
+        "over the seeds that ended (ddof 1):",
+        "",
+        head, rule,
+    ]
+    for label in labels:
+        row = []
+        for e in epsilons:
+            ok = [r for r in cells.get((label, e), []) if r["status"] == "done"]
+            if not ok:
+                row.append("-")
+                continue
+            final = [r["results"]["final_target_accuracy"] for r in ok]
+            tail = [_last_rounds_mean(r["results"], last) for r in ok]
+            row.append(f"{_cell(final)} / {_cell(tail)}")
+            summary["cells"][f"{label} @ {_eps_label(e)}"].update(
+                final={r["seed"]: a for r, a in zip(ok, final)},
+                last_rounds_mean={r["seed"]: a for r, a in zip(ok, tail)})
+        text.append(f"| {label} | " + " | ".join(row) + " |")
+    layouts = sorted({_layout(rs) for rs in cells.values()})
+    text += ["", "How the cells' runs were trained (results.json's program_runs and engine): "
+             + ("every cell: " + layouts[0] if len(layouts) == 1 else "; ".join(
+                 f"{label} @ {_eps_label(e)}: {_layout(cells[(label, e)])}"
+                 for label in labels for e in epsilons if (label, e) in cells)) + "."]
+    summary["layouts"] = {f"{label} @ {_eps_label(e)}": _layout(cells[(label, e)])
+                          for label in labels for e in epsilons if (label, e) in cells}
 
     # The weights' cost: max alpha per round, the noise it draws.
     num_params = _num_params(any_done)
@@ -377,7 +434,7 @@ def _plot(path: str, labels, epsilons, cells, num_seeds: int, title: str) -> Non
             if ok:
                 xs.append(at[e] * shift)
                 ys.append(np.mean(ok))
-                errs.append(np.std(ok))
+                errs.append(_sample_std(ok))
                 if lost:
                     partial_marks.append((at[e] * shift, np.mean(ok), style["color"],
                                           f"{lost}/{len(runs)} diverged"))
@@ -411,7 +468,8 @@ def _plot(path: str, labels, epsilons, cells, num_seeds: int, title: str) -> Non
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, -3), fontsize=6,
                     color=color)
     ax.plot([], [], "|", markersize=10, color="gray",
-            label=f"mean ± 1 std over {num_seeds} seeds\n(over the others where some diverged)")
+            label=f"mean ± 1 sample std over {num_seeds} seeds\n(over the others where some "
+                  "diverged)")
     ax.set_xlabel("privacy budget ε (user level; one client's data)")
     ax.set_ylabel("target accuracy (%)")
     ax.grid(alpha=0.3)

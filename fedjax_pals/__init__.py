@@ -75,6 +75,11 @@ from fedjax_pals.algorithms import (  # noqa: E402
     combine, fedavg, feddisco, fedlc, fedpals, fedpals_weighting, fedprox, fedrs, fedshift,
     init_server_state, make_algorithm, oracle, scaffold, weighted_average_update,
 )
+# -- the server chain: a user's operation on the round's updates (noise, compression) is a link
+from fedjax_pals.algorithms.server_chain import (  # noqa: E402
+    RoundUpdates, ServerChain, ServerLink, with_link,
+)
+from fedjax_pals.algorithms.base import find_state, replace_state  # noqa: E402
 from fedjax_pals.algorithms.registry import (  # noqa: E402
     ContextSlot,
     Feature,
@@ -100,6 +105,16 @@ from fedjax_pals.algorithms.server_optimizers import (  # noqa: E402
     ServerOptimizer,
     register_server_optimizer,
     registered_server_optimizers,
+)
+
+# -- client samplers (training.client_sampling names one)
+from fedjax_pals.sampling import (  # noqa: E402
+    ClientSampler,
+    EveryClient,
+    PoissonSampling,
+    WithoutReplacement,
+    register_client_sampler,
+    registered_client_samplers,
 )
 
 # -- training a federation (library level)
@@ -212,8 +227,13 @@ __all__ = [
     "MethodKey",
     "Variant", "register_variant",
     "Feature", "Monitor", "RunFacts", "register_feature", "ContextSlot",
+    # the server chain
+    "ServerLink", "RoundUpdates", "ServerChain", "with_link", "find_state", "replace_state",
     # server optimisers
     "ServerOptimizer", "register_server_optimizer", "registered_server_optimizers",
+    # client samplers
+    "ClientSampler", "EveryClient", "WithoutReplacement", "PoissonSampling",
+    "register_client_sampler", "registered_client_samplers",
     # training
     "LocalTraining", "TrainingDivergedError", "TrainingHistory", "run_training",
     "configure_runtime", "is_main_process",

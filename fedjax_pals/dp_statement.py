@@ -25,6 +25,7 @@ import textwrap
 from typing import Any
 
 from fedjax_pals import accounting, privacy
+from fedjax_pals import sampling as sampling_lib
 from fedjax_pals.algorithms import private_updates, registry
 from fedjax_pals.data import dataset_label
 from fedjax_pals.experiment.config import ResolvedConfig, as_dict, resolve_config
@@ -68,6 +69,8 @@ class UpdatesPrivacy:
       event: the dp-accounting event accounted, as text (None for sigma = 0).
       epsilon: the epsilon the run's rounds spend at `delta` (inf for sigma = 0): what the
         run's results.json records as `dp_epsilon`.
+      clipping: where the updates are clipped (`algorithm.dp_clipping`): "server" (the server
+        receives each raw update) or "client" (each client clips its own before sending it).
     """
 
     clip_norm: float
@@ -87,6 +90,7 @@ class UpdatesPrivacy:
     neighbouring: str | None
     event: str | None
     epsilon: float
+    clipping: str = "server"
 
     @property
     def sensitivity_factor(self) -> float:
@@ -227,11 +231,16 @@ class PrivacyStatement:
                          "without replacement, independently each round.")
             scale = "2 sigma C max_i alpha_i" if u.neighbouring_relation == "add_remove" else (
                 "sigma C max_i alpha_i")
-            said += [
+            trust = (
                 "Central DP: the server receives every participant's raw update and clips it "
-                "itself, so it is trusted; the guarantee is for what it releases (each round's "
-                "noised aggregate, hence every intermediate global model), not only the final "
-                "model.",
+                "itself, so it is trusted; " if u.clipping == "server" else
+                "Central DP with client-side clipping: each client clips its own update before "
+                "sending it, so the server never receives a raw update, but it receives each "
+                "clipped update unnoised and adds the noise itself, so it is trusted with "
+                "those; ")
+            said += [
+                trust + "the guarantee is for what it releases (each round's noised aggregate, "
+                "hence every intermediate global model), not only the final model.",
                 "Public inputs: every client's size n_i and label distribution S_i"
                 + (" (their DP release)" if self.labels else "")
                 + ", T and which clients take part are inputs to the weights alpha and to the "
@@ -288,7 +297,9 @@ def _number(value: float) -> str:
 
 
 def _updates_text(u: UpdatesPrivacy) -> list[str]:
-    clip = (f"clipped to L2 norm C = {u.clip_norm:g}" if u.clip_quantile is None else
+    clip = (f"clipped to L2 norm C = {u.clip_norm:g}"
+            + (" by each client before it is sent" if u.clipping == "client" else "")
+            if u.clip_quantile is None else
             f"clipped to C, starting at {u.clip_norm:g} and following the {u.clip_quantile:g} "
             "quantile of the update norms (adaptive clipping; the clipped count is released "
             f"within the same sigma, the updates' own multiplier is "
@@ -366,8 +377,10 @@ def _updates(algorithm: Any, training: Any, num_clients: int) -> UpdatesPrivacy 
     hp = _settings("dp_updates", algorithm)
     if hp is None:
         return None
-    rate = training.client_fraction if training.client_sampling == "poisson" else None
-    per_round = int(min(training.clients_per_round or num_clients, num_clients))
+    # How the run's client sampler is accounted (its `accounting()`: the training's own).
+    per_round, rate = private_updates.accounted_sampling(
+        sampling_lib.sampler_for(training, num_clients), num_clients,
+        training.clients_per_round or num_clients, None)
     rounds = int(training.rounds)
     # The training's own calibration and accounting (`budget` of the built task).
     spent = private_updates.budget_for(hp, num_clients, per_round, rounds, sampling_rate=rate)
@@ -391,7 +404,7 @@ def _updates(algorithm: Any, training: Any, num_clients: int) -> UpdatesPrivacy 
         rounds=rounds, num_clients=num_clients, clients_per_round=per_round, sampling=sampling,
         sampling_rate=rate, accountant=spent.accountant,
         neighbouring_relation=spent.relation, neighbouring=relation, event=event,
-        epsilon=float(spent.epsilon(rounds)),
+        epsilon=float(spent.epsilon(rounds)), clipping=hp.clipping,
     )
 
 

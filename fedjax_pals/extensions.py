@@ -40,6 +40,7 @@ NAMED_BY = {
     "backend": ("engine.backend",),
     "server_optimizer": ("server.optimizer",),
     "personalization": ("evaluation.personalization",),
+    "client_sampler": ("training.client_sampling",),
 }
 IMPORTS_FORMAT = 1
 # A run's own record of the user modules its config needs (in its workdir, next to

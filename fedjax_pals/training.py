@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +137,12 @@ def _choose_by_permutation(key, num_clients: int, clients_per_round: int):
     ).astype(jnp.int32)
 
 
+def _poisson_sampler():
+    from fedjax_pals.sampling import PoissonSampling
+
+    return PoissonSampling
+
+
 def clients_per_round_from(
     num_clients: int, count: int | None = None, fraction: float | None = None
 ) -> int:
@@ -220,6 +226,12 @@ class TrainingRun:
     `update_state` (a `StateUpdate`) may replace the run's state between rounds from the host, e.g.
     a new estimate of T (`algorithms.target_estimation.TargetReestimation`); the state it returns is
     what the next rounds and the checkpoints see.
+
+    Who takes part: `sampler` (a `fedjax_pals.ClientSampler`) draws each round's clients on its
+    lanes; without one, `clients_per_round` of them without replacement (None: every client),
+    or with `sampling_rate` q Poisson sampling on `clients_per_round` lanes
+    (`sampling.participation`). `sampler`, `clients_per_round` (the lanes) and `sampling_rate`
+    (its `rate`) are attributes either way.
     """
 
     def __init__(
@@ -241,7 +253,10 @@ class TrainingRun:
         update_state: StateUpdate | None = None,
         sampling_rate: float | None = None,
         client_sets: ClientEvaluationSets | None = None,
+        sampler: Any = None,
     ):
+        from fedjax_pals import sampling  # its samplers draw with this module's functions
+
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
         if eval_every < 1:
@@ -249,17 +264,34 @@ class TrainingRun:
         # The model takes the data as stored (uint8 pixels scaled inside the step).
         model = model_for_data(model, dataset)
         num_clients = partition.num_clients
-        if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
-            clients_per_round = num_clients
-        sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
-        if sampling_rate is not None:
-            _check_sampling_rate(sampling_rate)
+        if sampler is None:  # the older arguments: m of M without replacement, or Poisson
+            if clients_per_round is None:  # None is everyone; 0 is an error, never "all"
+                clients_per_round = num_clients
+            sample_participants(seed, 0, num_clients, clients_per_round)  # validates the count
+            if sampling_rate is not None:
+                _check_sampling_rate(sampling_rate)
+            sampler = sampling.participation(
+                None if sampling_rate is not None else clients_per_round, num_clients,
+                sampling_rate)
+            lanes = clients_per_round if sampling_rate is not None else sampler.lanes(
+                num_clients)
+        else:
+            if not isinstance(sampler, sampling.ClientSampler):
+                raise ValueError(f"sampler must be a fedjax_pals.ClientSampler, got "
+                                 f"{type(sampler).__name__}.")
+            lanes = sampler.lanes(num_clients)
+        clients_per_round, sampling_rate = lanes, sampler.rate
         if max_train_loss is not None and not max_train_loss > 0:
             raise ValueError(f"max_train_loss must be > 0, got {max_train_loss!r}.")
         self.algorithm, self.model, self.dataset = algorithm, model, dataset
         self.partition, self.training = partition, training
         self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
-        self.clients_per_round = clients_per_round
+        self.sampler = sampler
+        # Every lane of a round may be empty (Poisson sampling, a user's sampler), not of a
+        # fixed-size sample: only then is the draw checked after the round.
+        self._may_draw_nobody = not isinstance(
+            sampler, (sampling.EveryClient, sampling.WithoutReplacement))
+        self.clients_per_round = clients_per_round  # the lanes a round runs
         self.sampling_rate = sampling_rate
         self.checkpointer = checkpointer
         self.on_evaluation, self.on_round = on_evaluation, on_round
@@ -345,17 +377,24 @@ class TrainingRun:
         }
 
     def participants(self, round_index: int) -> np.ndarray:
-        """Round `round_index`'s client ids: `clients_per_round` of them drawn without
-        replacement, or with `sampling_rate` q each client with probability q, padded to
-        `clients_per_round` lanes with the id M (`sample_poisson_participants`)."""
-        if self.sampling_rate is not None:
+        """Round `round_index`'s client ids, as the run's sampler draws them
+        (`fedjax_pals.sampling`): `clients_per_round` lanes, those no client drew last with the
+        id M. ValueError for a draw of another shape or out-of-range ids."""
+        if self.sampling_rate is not None and isinstance(self.sampler, _poisson_sampler()):
+            # The older Poisson arguments may give more lanes than the sampler's own.
             return sample_poisson_participants(
                 self.seed, round_index, self.partition.num_clients, self.sampling_rate,
                 self.clients_per_round,
             )
-        return sample_participants(
-            self.seed, round_index, self.partition.num_clients, self.clients_per_round
-        )
+        drawn = np.asarray(self.sampler.draw(self.seed, round_index, self.partition.num_clients))
+        if drawn.shape != (self.clients_per_round,) or not np.issubdtype(drawn.dtype, np.integer) \
+                or np.any(drawn < 0) or np.any(drawn > self.partition.num_clients):
+            raise ValueError(
+                f"client sampler {type(self.sampler).__name__}: its draw for round "
+                f"{round_index + 1} is {drawn.dtype} of shape {drawn.shape}, not "
+                f"{self.clients_per_round} client ids in [0, {self.partition.num_clients}] (the "
+                "id M marks a lane no client drew).")
+        return drawn.astype(np.int32)
 
     def round_key(self, round_index: int) -> jax.Array:
         return jax.random.fold_in(self._round_root, round_index)
@@ -368,9 +407,8 @@ class TrainingRun:
         """
         # A Poisson round that drew no client trained nothing: its loss is None (null in
         # results.json), not the 0 of an empty weighted sum, which would read as a perfect fit.
-        drew_nobody = self.sampling_rate is not None and bool(
-            np.all(self.participants(done - 1) >= self.partition.num_clients)
-        )
+        drew_nobody = self._may_draw_nobody and bool(
+            np.all(self.participants(done - 1) >= self.partition.num_clients))
         loss = None
         if not drew_nobody:
             loss = float(
@@ -436,6 +474,7 @@ class TrainingRun:
             self.partition.num_clients,
             self.clients_per_round,
             self.sampling_rate,
+            self.sampler,
             self.rounds,
             self.start_round,
         )
@@ -594,6 +633,7 @@ def run_training(
     update_state: StateUpdate | None = None,
     sampling_rate: float | None = None,
     client_sets: ClientEvaluationSets | None = None,
+    sampler: Any = None,
 ) -> tuple[ServerState, TrainingHistory]:
     """Trains `algorithm` for `rounds` rounds and evaluates the global model.
 
@@ -622,7 +662,9 @@ def run_training(
     Participation: `clients_per_round` clients drawn without replacement each round (None:
     every client); with `sampling_rate` q, Poisson sampling instead: each client with
     probability q, on `clients_per_round` lanes (`poisson_capacity`), for an algorithm whose
-    weights are `fjp.algorithms.with_poisson_sampling`'s.
+    weights are `fjp.algorithms.with_poisson_sampling`'s. With `sampler` (a
+    `fedjax_pals.ClientSampler`), that sampler draws each round's clients instead; the
+    algorithm should carry its weights link (`sampler.with_weights(algorithm, S, n)`).
 
     This is `run_trainings` with one run.
     """
@@ -643,6 +685,7 @@ def run_training(
         update_state=update_state,
         sampling_rate=sampling_rate,
         client_sets=client_sets,
+        sampler=sampler,
     )
     (outcome,) = run_trainings([run], backend=backend, chunk_size=chunk_size)
     if isinstance(outcome, Exception):

@@ -55,12 +55,15 @@ class FedAvgShadow:
 
     def __init__(self, model: Any, dataset: Any, partition: Any, training: Any, *, rounds: int,
                  seed: int, clients_per_round: int | None = None, final: bool = False,
-                 sampling_rate: float | None = None):
+                 sampling_rate: float | None = None, sampler: Any = None):
         self.model, self.dataset, self.partition, self.training = model, dataset, partition, training
         self.rounds = _validation.check_positive_int("rounds", rounds)
         self.seed, self.clients_per_round = seed, clients_per_round
         self.final = bool(final)
         self.sampling_rate = sampling_rate
+        # The run's client sampler (`fedjax_pals.sampling`): the shadow draws and weighs as
+        # the run does; None: from clients_per_round and sampling_rate.
+        self.sampler = sampler
         self._params: dict[int, Any] | None = None
 
     def params(self, round_index: int) -> Any:
@@ -74,8 +77,10 @@ class FedAvgShadow:
 
     def _train(self) -> dict[int, Any]:
         algorithm, params = fedavg(), {}
-        if self.sampling_rate is not None:
-            p = self.partition
+        p = self.partition
+        if self.sampler is not None:
+            algorithm = self.sampler.with_weights(algorithm, p.client_label_dists, p.client_sizes)
+        elif self.sampling_rate is not None:
             algorithm = with_poisson_sampling(
                 algorithm, self.sampling_rate, p.client_label_dists, p.client_sizes)
 
@@ -89,6 +94,7 @@ class FedAvgShadow:
             algorithm, self.model, self.dataset, self.partition, self.training, rounds=last,
             seed=self.seed, eval_every=last, clients_per_round=self.clients_per_round,
             sampling_rate=self.sampling_rate, update_state=None if self.final else keep,
+            sampler=self.sampler,
         )
         params[last] = algorithm.eval_params(state)
         return params
@@ -247,6 +253,7 @@ def _monitor(hp: UnknownTarget, task: Any) -> TargetReestimation:
             task.model, task.dataset, task.partition, task.training,
             rounds=task.config.training.rounds, seed=task.config.seed,
             clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
+            sampler=getattr(task, "sampler", None),
             final=hp.target_estimation_model == "fedavg_pretrained",
         ),
         ensemble=hp.target_estimation_model == "fedavg_shadow_ensemble",

@@ -3,8 +3,9 @@
 One user module (written below into a project directory outside the package, as a user's own)
 registers one extension of each kind: a method with its own server update, a client-side
 method (run with FedPALS' weights as `mx_prox_fedpals`), a feature at the `target` stage, a
-data set that comes with its clients (`client_ids`, partition scheme `natural`) and a
-partition scheme. One sweep config spans them (2 rows x 3 methods: every kind is in some
+data set that comes with its clients (`client_ids`, partition scheme `natural`), a
+partition scheme, a personalisation, a link of the server chain (a feature's `link`) and a
+client sampler. One sweep config spans them (2 rows x 3 methods: every kind is in some
 run), and every path runs it: `experiments.run` and a run extended by more rounds,
 `experiments.sweep`, shards and a `--collect` by workdir alone from another directory,
 `experiments.submit --cluster=local` and on Slurm where one runs (CI starts one),
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from fedjax_pals import extensions, models, personalization
+from fedjax_pals import extensions, models, personalization, sampling
 from fedjax_pals.algorithms import registry
 from fedjax_pals.data import datasets as datasets_lib
 from fedjax_pals.data import partitions as partitions_lib
@@ -133,6 +134,44 @@ def half_step(context):
 
 fjp.register_personalization(fjp.Personalization("mx_half_step", half_step, "+ half step"),
                              replace=True)
+
+# -- a link of the server chain: the updates damped by mx_damp before the step
+@dataclasses.dataclass(frozen=True)
+class Damp(fjp.ServerLink):
+    slot = "transform"
+    factor: float = 1.0
+
+    def __call__(self, state, updates):
+        deltas = jax.tree_util.tree_map(lambda d: self.factor * d, updates.deltas)
+        return updates._replace(deltas=deltas), state
+
+@dataclasses.dataclass(frozen=True)
+class DampHyperparameters(fjp.Hyperparameters):
+    mx_damp: float | None = fjp.hyperparameter(None, low=0.0, optional=True)
+
+fjp.register_feature(fjp.Feature(
+    "mx_damp", "damped updates", DampHyperparameters,
+    lambda values, facts: {"mx_damp": None if facts.method.owns_server_update
+                           else values["mx_damp"]},
+    link=lambda hp, context: Damp(hp.mx_damp), stage="algorithm"), replace=True)
+
+# -- a client sampler: the training clients in a fixed cycle, clients_per_round a round
+@dataclasses.dataclass(frozen=True)
+class Cycle(fjp.ClientSampler):
+    clients_per_round: int
+    name = "mx_cycle"
+
+    def lanes(self, num_clients):
+        return self.clients_per_round
+
+    def draw(self, seed, round_index, num_clients):
+        first = round_index * self.clients_per_round + seed
+        return np.sort((first + np.arange(self.clients_per_round)) % num_clients).astype(
+            np.int32)
+
+fjp.register_client_sampler(
+    "mx_cycle", lambda training, num_clients: Cycle(training["clients_per_round"]),
+    replace=True)
 '''
 
 SWEEP_CONFIG = '''
@@ -152,10 +191,12 @@ def get_config():
     config.training.batch_size = 32
     config.training.learning_rate = 0.2
     config.evaluation.personalization = ("mx_half_step",)
+    config.training.client_sampling = "mx_cycle"
+    config.training.clients_per_round = 3
     config.sweep = ml_collections.ConfigDict(dict(
         seeds=(0,),
         methods=("mx_scaled", "mx_prox_fedpals", "fedpals"),
-        grid=dict(algorithm=dict(mx_mix=(0.3,))),
+        grid=dict(algorithm=dict(mx_mix=(0.3,), mx_damp=(0.9,))),
         axes=dict(dataset=dict(name=("mx_blobs", "mx_grouped")),
                   partition=dict(scheme=("mx_two_class", "natural"))),
         zip_axes=True,
@@ -192,6 +233,8 @@ KINDS = {
     "a user partition scheme": lambda r: r["config"]["partition"]["scheme"] == "mx_two_class",
     "a user personalisation": lambda r: (
         tuple(r["config"]["evaluation"]["personalization"] or ()) == ("mx_half_step",)),
+    "a user link of the server chain": lambda r: r["config"]["algorithm"].get("mx_damp") == 0.9,
+    "a user client sampler": lambda r: r["config"]["training"]["client_sampling"] == "mx_cycle",
 }
 
 
@@ -204,7 +247,8 @@ def project(tmp_path_factory):
     (directory / "my_run.py").write_text(RUN_CONFIG)
     saved = (dict(registry._METHODS), dict(registry._FEATURES), dict(models.MODELS),
              dict(datasets_lib._REGISTERED), dict(partitions_lib._PARTITIONS),
-             dict(extensions._REGISTRATIONS), dict(personalization._PERSONALIZATIONS))
+             dict(extensions._REGISTRATIONS), dict(personalization._PERSONALIZATIONS),
+             dict(sampling._SAMPLERS))
     sys.path.insert(0, str(directory))
     try:
         import my_sweep  # noqa: F401
@@ -216,7 +260,7 @@ def project(tmp_path_factory):
             sys.modules.pop(name, None)
         live = (registry._METHODS, registry._FEATURES, models.MODELS, datasets_lib._REGISTERED,
                 partitions_lib._PARTITIONS, extensions._REGISTRATIONS,
-                personalization._PERSONALIZATIONS)
+                personalization._PERSONALIZATIONS, sampling._SAMPLERS)
         for registered, before in zip(live, saved):
             registered.clear()
             registered.update(before)

@@ -12,6 +12,7 @@ import fedjax_pals as fjp
 from fedjax_pals import accounting
 from fedjax_pals.algorithms import poisson_sampling, private_updates
 from fedjax_pals.algorithms.base import ClientOutputs
+from fedjax_pals.algorithms.server_chain import server_round
 from fedjax_pals.training import sample_poisson_participants
 
 RNG = np.random.default_rng()  # fresh inputs each run; the tolerances hold for any
@@ -61,8 +62,12 @@ def test_fedpals_fixed_denominator_weights_are_eq_8_over_every_client_divided_by
     np.testing.assert_allclose(got[:4], np.asarray(everyone)[drawn] / q, rtol=1e-5, atol=1e-7)
     np.testing.assert_array_equal(got[4:], 0.0)
     # The summary's alpha over every client is eq. 8's (the drawn weigh alpha_i / q).
-    full = poisson_sampling.population_weights(algorithm.weighting.weights, state)
+    full = poisson_sampling.population_weights(algorithm.weighting, state)
     np.testing.assert_allclose(np.asarray(full) * q, everyone, rtol=1e-5, atol=1e-7)
+    # What the weighting declares to the server chain: max_i alpha_i / q over every client,
+    # whoever was drawn (here the 4 lanes above).
+    declared = algorithm.weighting.max_weight(state, got)
+    np.testing.assert_allclose(float(declared), np.max(everyone) / q, rtol=1e-5)
 
 
 def test_the_fixed_denominator_aggregate_is_unbiased_for_the_full_participation_one():
@@ -108,7 +113,7 @@ def test_the_noise_is_scaled_to_the_heaviest_client_of_all_even_when_it_was_not_
     def noise_at(round_):
         s = state._replace(round=round_)
         weights = algorithm.weighting.weights(None, None, s, participants)
-        return jnp.ravel(algorithm.server_update(s, participants, _outputs(zero), weights)
+        return jnp.ravel(server_round(algorithm, s, participants, _outputs(zero), weights)
                          .params["w"])
 
     draws = np.concatenate([np.asarray(noise_at(jnp.int32(r)), np.float64) for r in range(150)])
@@ -119,7 +124,7 @@ def test_the_noise_is_scaled_to_the_heaviest_client_of_all_even_when_it_was_not_
     s = state._replace(round=jnp.int32(0))
     weights = algorithm.weighting.weights(None, None, s, nobody)
     assert float(jnp.sum(weights)) == 0.0
-    moved = np.asarray(algorithm.server_update(s, nobody, _outputs(zero), weights).params["w"])
+    moved = np.asarray(server_round(algorithm, s, nobody, _outputs(zero), weights).params["w"])
     assert stats.kstest(moved.ravel() / std, "norm").pvalue > 1e-4
 
 
@@ -141,7 +146,7 @@ def test_adding_or_removing_one_client_moves_the_aggregate_by_at_most_the_sensit
             deltas = np.zeros((lanes, 5, 7))
             deltas[:len(ids)] = updates[ids]  # padding lanes: zeros (no step taken)
             w = algorithm.weighting.weights(None, None, state, p)
-            new = algorithm.server_update(state, p, _outputs({"w": jnp.float32(deltas)}), w)
+            new = server_round(algorithm, state, p, _outputs({"w": jnp.float32(deltas)}), w)
             aggregates.append(np.asarray(new.params["w"], np.float64))
         shifts.append(np.sqrt(np.sum((aggregates[0] - aggregates[1]) ** 2)))
     assert max(shifts) <= sensitivity * (1 + 1e-5)
@@ -247,12 +252,13 @@ def test_in_a_task_it_composes_with_label_dp_dp_on_updates_and_a_client_side_met
                         label_dp_epsilon=2.0, dp_clip_norm=0.5, dp_noise_multiplier=1.0)
     task = fjp.build_task(config)
     update = task.algorithm.server_update
-    # DP on updates wraps Poisson sampling's weights, so its noise reads them.
-    assert isinstance(update, private_updates.PrivateUpdates)
-    assert update.poisson_weights is task.algorithm.weighting.weights
+    # DP on updates' links sit in the chain; its noise reads the bound Poisson sampling's
+    # weighting declares.
+    assert [type(link) for link in update.links] == [private_updates.ServerClipping,
+                                                     private_updates.GaussianNoise]
     state = fjp.algorithms.init_server_state(
         task.algorithm, task.model.init(jax.random.PRNGKey(0)), task.partition.num_clients)
-    got = poisson_sampling.population_weights(update.poisson_weights, state)
+    got = poisson_sampling.population_weights(task.algorithm.weighting, state)
     # FedPALS' eq. 8 over every client's *released* S (label DP), divided by q.
     released = np.asarray(task.server_label_dists, np.float64)
     expected = fjp.server_weights.fedpals_weights(

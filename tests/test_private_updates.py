@@ -172,8 +172,10 @@ def test_a_target_epsilon_calibrates_sigma_and_composes_with_a_server_optimizer(
     config.server.learning_rate = 0.1
     task = fjp.build_task(config)
     update = task.algorithm.server_update
-    assert isinstance(update, private_updates.PrivateUpdates)
-    assert not isinstance(update.inner, fjp.algorithms.server_optimizers.WeightedAverageUpdate)
+    # The optimiser is the chain's step, after DP on updates' links: it steps on the noised
+    # aggregate.
+    assert isinstance(update.step, fjp.algorithms.server_optimizers.OptimizerUpdate)
+    assert [link.slot for link in update.links] == ["clip", "noise"]
     state = fjp.algorithms.init_server_state(task.algorithm, task.model.init(
         jax.random.PRNGKey(0)), task.partition.num_clients)
     dp = fjp.algorithms.find_state(state.algorithm_state, private_updates.PrivateUpdatesState)
@@ -187,8 +189,8 @@ def test_unset_keys_leave_a_run_without_dp_and_its_digest_unchanged():
     plain = fjp.resolve_config(_synthetic())
     explicit = _synthetic(dp_clip_norm=None, dp_noise_multiplier=None, dp_target_epsilon=None)
     assert fjp.resolve_config(explicit).digest == plain.digest
-    assert not isinstance(fjp.build_task(plain).algorithm.server_update,
-                          private_updates.PrivateUpdates)
+    assert fjp.build_task(plain).algorithm.server_update == (
+        fjp.algorithms.server_optimizers.WeightedAverageUpdate())
 
 
 def test_a_run_records_its_epsilon_and_a_resumed_one_is_bit_identical(tmp_path):

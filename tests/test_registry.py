@@ -734,31 +734,33 @@ def test_features_run_by_stage_then_registration_order(features_restored):
         "fedpals_lambda")
 
 
-def test_wrap_algorithm_wraps_by_stage_and_runs_what_comes_before_a_stage_in_between():
+def test_wrap_algorithm_wraps_by_stage_and_places_a_features_link_by_its_slot():
     seen = []
 
-    def feature(name, stage):
+    def feature(name, stage, slot=None):
         def wrap(algorithm, hp, context):
             seen.append(name)
             return algorithm
+
+        link = None
+        if slot is not None:
+            link_type = dataclasses.make_dataclass(
+                f"Link_{name}", [], bases=(fjp.ServerLink,), frozen=True,
+                namespace={"slot": slot, "__call__": lambda self, state, updates: (updates, state)})
+            link = lambda hp, context: link_type()
         return registry.Feature(name, name, fjp.Hyperparameters, lambda values, facts: {},
-                                wrap=wrap, stage=stage)
+                                wrap=wrap, stage=stage, link=link)
 
-    # Given out of stage order, with an unstaged one (deprecated: it runs last).
-    features = [(feature(n, s), None) for n, s in (
-        ("late", "algorithm"), ("unstaged", None), ("first", "target"), ("mid", "lambda"),
-        ("late2", "algorithm"))]
-
-    def between(algorithm):
-        seen.append("between")
-        return algorithm
-
-    fjp.algorithms.registry.wrap_algorithm(fjp.fedavg(), features, registry.MethodContext(),
-                                           before={"algorithm": between})
-    assert seen == ["first", "mid", "between", "late", "late2", "unstaged"]
-    with pytest.raises(ValueError, match=r"before: \['algorithms'\] are not stages"):
-        registry.wrap_algorithm(fjp.fedavg(), [], registry.MethodContext(),
-                                before={"algorithms": between})
+    # Given out of stage order, with an unstaged one (deprecated: it runs last); the noise link
+    # comes from an earlier stage than the clip link, and the chain still clips first.
+    features = [(feature(n, s, slot), None) for n, s, slot in (
+        ("late", "algorithm", "clip"), ("unstaged", None, None), ("first", "target", "noise"),
+        ("mid", "lambda", None), ("late2", "algorithm", "transform"))]
+    algorithm = fjp.algorithms.registry.wrap_algorithm(
+        fjp.fedavg(), features, registry.MethodContext())
+    assert seen == ["first", "mid", "late", "late2", "unstaged"]
+    assert [type(link).__name__ for link in algorithm.server_update.links] == [
+        "Link_late", "Link_late2", "Link_first"]
 
 
 def test_a_stage_that_is_not_one_is_refused_naming_the_stages():

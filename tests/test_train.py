@@ -24,7 +24,7 @@ RESULT_KEYS = (
     "total_examples clients_per_round backend engine rounds target_accuracy target_macro_f1 "
     "val_accuracy val_macro_f1 train_loss wall_seconds final_target_accuracy "
     "final_target_macro_f1 best_val_round target_accuracy_at_best_val "
-    "target_macro_f1_at_best_val macro_f1_classes program_runs "
+    "target_macro_f1_at_best_val macro_f1_classes program_runs program_mates "
     # What FedPALS' monitor reports of its weights (`Method.monitor`).
     "lam projection_distance projection_distance_s"
 ).split()

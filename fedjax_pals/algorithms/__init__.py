@@ -53,8 +53,12 @@ from fedjax_pals.algorithms.fedvls import (
 from fedjax_pals.algorithms.target_perturbation import perturb_label_dist
 from fedjax_pals.algorithms.private_marginals import ServerLabelDistsState, with_server_label_dists
 from fedjax_pals.algorithms.poisson_sampling import PoissonSamplingState, with_poisson_sampling
+from fedjax_pals.algorithms.server_chain import (
+    SLOTS as SERVER_CHAIN_SLOTS, RoundUpdates, ServerChain, ServerLink, server_round, with_link,
+)
 from fedjax_pals.algorithms.private_updates import (
-    PrivateUpdates, PrivateUpdatesState, clip_updates, with_private_updates,
+    ClientClipping, GaussianNoise, PrivateUpdatesState, ServerClipping, add_to_aggregate,
+    client_clip_update, clip_updates, with_private_updates,
 )
 from fedjax_pals.algorithms.adaptive_lambda import (
     DEFAULT_HYPER_LEARNING_RATE, DEFAULT_HYPER_VAL_SIZE, AdaptiveLambdaState, adaptive_fedpals,
@@ -91,8 +95,10 @@ __all__ = [
     "iwerm_ratios", "iwerm_target", "FEDVLS_DEFAULT_LAMBDA", "FEDVLS_DEFAULT_LS_WEIGHT",
     "FedVLSHyperparameters", "fedvls", "fedvls_client", "fedvls_loss",
     # beyond the paper: DP label marginals and updates, adaptive lambda, unknown T
-    "ServerLabelDistsState", "with_server_label_dists", "PrivateUpdates", "PrivateUpdatesState",
+    "ServerLabelDistsState", "with_server_label_dists", "ServerClipping", "ClientClipping", "GaussianNoise",
+    "add_to_aggregate", "client_clip_update", "PrivateUpdatesState",
     "clip_updates", "with_private_updates", "PoissonSamplingState", "with_poisson_sampling",
+    "SERVER_CHAIN_SLOTS", "RoundUpdates", "ServerChain", "ServerLink", "server_round", "with_link",
     "DEFAULT_HYPER_LEARNING_RATE",
     "DEFAULT_HYPER_VAL_SIZE", "AdaptiveLambdaState", "adaptive_fedpals", "lam_report",
     "validation_hypergradient", "EstimateNotIdentified", "TargetReestimation", "bbse_confusion",

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pals import server_weights
+from fedjax_pals.algorithms import server_chain
 from fedjax_pals.algorithms.server_optimizers import weighted_average_update
 
 Params = chex.ArrayTree
@@ -78,6 +79,8 @@ class ClientMethod(NamedTuple):
       place of the mean cross-entropy over the valid examples (IW-ERM's weighted loss,
       FedVLS' distillation); `global_logits()` gives the broadcast global model's logits on
       the batch (constant in the local params), computed only where it is called.
+    finish_update(delta, info, server_state) -> delta, or None: the update theta_i - theta as
+      it leaves the client (DP on updates' client-side clipping, `dp_clipping='client'`).
     """
 
     name: str
@@ -88,6 +91,9 @@ class ClientMethod(NamedTuple):
     update_client_state: Callable[[ClientInfo, ServerState, Params, jax.Array, float], PyTree]
     # Last and defaulted: a client method built before it (positionally too) keeps its loss.
     data_loss: Callable[..., jax.Array] | None = None
+    # finish_update(delta, info, server_state) -> delta: the update as it leaves the client,
+    # or None (as trained). DP on updates' client-side clipping; what the server receives.
+    finish_update: Callable[[Params, ClientInfo, ServerState], Params] | None = None
 
 
 def _identity_logits(logits, info, state):
@@ -130,11 +136,18 @@ class Weighting(NamedTuple):
       weights (m,): the round's participants' label distributions and sizes, the
       server state, and the participants' client ids (for what the state keeps per
       client, e.g. AFL's lambda or a released copy of S).
+    max_weight(state, weights (m,)) -> (): the largest weight any one client can receive in
+      the round, whoever takes part, or None: the largest of the round's `weights` (true of
+      weights fixed by who takes part). Poisson sampling's declares max_i alpha_i / q over
+      every client. What the server chain's links read as `RoundUpdates.max_weight`
+      (`server_chain`: DP on updates' noise scales to it).
     """
 
     name: str
     init: Callable[[], PyTree]
     weights: Callable[[jax.Array, jax.Array, "ServerState", jax.Array], jax.Array]
+    # Last and defaulted: a weighting built before it keeps its bound.
+    max_weight: Callable[["ServerState", jax.Array], jax.Array] | None = None
 
 
 def _no_weighting_state():
@@ -168,9 +181,12 @@ class FederatedAlgorithm(NamedTuple):
 
     init_algorithm_state(params, num_clients) -> the server-side extras.
     eval_params(state) -> the params to evaluate (the averaged iterate for AFL).
+    server_update: for a method that aggregates by weights, a `server_chain.ServerChain` (or
+      the bare plain average, `WeightedAverageUpdate`): the links between the weights and the
+      step, in declared order; else the method's own (SCAFFOLD, AFL).
     server_optimizer: the optax transformation whose state `init_server_state` puts in
       `ServerState.server_opt_state` (server_optimizers.with_server_optimizer sets it with
-      the server update that reads it); None for the plain weighted average.
+      the chain's step that reads it); None for the plain weighted average.
     """
 
     name: str
@@ -403,7 +419,8 @@ def round_shape_mismatch(
         train_loss=vector(jnp.float32), num_steps=vector(jnp.int32),
         initial_loss=vector(jnp.float32),
     )
-    new = jax.eval_shape(algorithm.server_update, state, participants, outputs, weights)
+    new = jax.eval_shape(functools.partial(server_chain.server_round, algorithm), state,
+                         participants, outputs, weights)
     problem = state_mismatch(new, state)
     if problem is not None:
         return f"its server update returns {problem}"

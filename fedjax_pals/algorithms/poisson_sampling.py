@@ -11,7 +11,8 @@ an unbiased estimate of the full-participation aggregate sum_i alpha_i Delta_i w
 denominator (q, the expected share) does not depend on who was drawn: zeroing one client's
 contribution, the weights held fixed (DP on updates' zero-out relation, `fedjax_pals.accounting`),
 moves Delta by (alpha_i / q) ||Delta_i|| at most, so DP on updates' sensitivity is
-C max_i alpha_i / q over all M clients (`population_weights`), whoever was drawn. alpha is the
+C max_i alpha_i / q over all M clients, whoever was drawn: the weighting declares that bound
+(`Weighting.max_weight`), and the server chain's links read it (`server_chain.RoundUpdates`). alpha is the
 method's own weighting solved over every client (FedAvg: n_i / N; FedPALS: eq. 8 with every
 S_i), not over the round's participants; the weights of one round do not sum to 1.
 
@@ -32,7 +33,7 @@ import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import FederatedAlgorithm, ServerState, Weighting
-from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
+from fedjax_pals.algorithms import server_chain
 
 
 class PoissonSamplingState(NamedTuple):
@@ -56,9 +57,9 @@ def _all_clients_weights(inner_weights, state: ServerState) -> jax.Array:
 
 
 @functools.cache
-def _fixed_denominator_weights_fn(inner_weights):
-    """The lane weights of `inner_weights` under Poisson sampling (one function per wrapped
-    one: the engine keys its compiled rounds on the function's identity)."""
+def _fixed_denominator(inner_weights):
+    """The lane weights of `inner_weights` under Poisson sampling and their declared bound (one
+    pair per wrapped function: the engine keys its compiled rounds on the functions)."""
 
     def weights(label_dists, sizes, state: ServerState, participants):
         data: PoissonSamplingState = state.weighting_state
@@ -68,21 +69,26 @@ def _fixed_denominator_weights_fn(inner_weights):
         lane = alpha[jnp.minimum(participants, num_clients - 1)] / data.sampling_rate
         return jnp.where(drawn, lane, 0.0).astype(jnp.float32)
 
-    weights.population = functools.partial(_all_clients_weights, inner_weights)
-    return weights
+    def max_weight(state: ServerState, lane_weights):
+        # max_i alpha_i / q over every client, whoever was drawn: the fixed-denominator
+        # aggregate's sensitivity per unit of clip norm.
+        data: PoissonSamplingState = state.weighting_state
+        return jnp.max(_all_clients_weights(inner_weights, state) / data.sampling_rate)
+
+    return weights, max_weight
 
 
-def population_weights(weights_fn, state: ServerState) -> jax.Array:
-    """alpha / q over all M clients: the weight each client gets when drawn (the largest,
-    times C, is the fixed-denominator aggregate's sensitivity). `weights_fn`: the `weights` of
-    a weighting `with_poisson_sampling` built (`is_poisson_weighting`)."""
+def population_weights(weighting: Weighting, state: ServerState) -> jax.Array:
+    """alpha / q over all M clients: the weight each client gets when drawn (the largest is
+    what the weighting declares, `Weighting.max_weight`). `weighting`: one
+    `with_poisson_sampling` built (ValueError otherwise)."""
     data = state.weighting_state
-    return weights_fn.population(state) / data.sampling_rate
-
-
-def is_poisson_weighting(weighting: Weighting) -> bool:
-    """`weighting` is one `with_poisson_sampling` built."""
-    return getattr(weighting.weights, "population", None) is not None
+    if not isinstance(data, PoissonSamplingState):
+        raise ValueError(
+            f"weighting {weighting.name!r} is not one with_poisson_sampling built (its state is "
+            f"{type(data).__name__}, not PoissonSamplingState).")
+    everyone = jnp.arange(data.sizes.shape[0], dtype=jnp.int32)
+    return weighting.weights(data.label_dists, data.sizes, state, everyone)
 
 
 def with_poisson_sampling(
@@ -105,7 +111,7 @@ def with_poisson_sampling(
         raise ValueError(
             f"sizes must be {dists.shape[0]} positive client sizes, got shape {sizes.shape}."
         )
-    if not isinstance(algorithm.server_update, WeightedAverageUpdate):
+    if not server_chain.is_chained(algorithm.server_update):
         raise ValueError(
             f"Poisson sampling's fixed-denominator estimator is a weighted sum of the drawn "
             f"clients' updates, but {algorithm.name!r} has a server update of its own."
@@ -118,6 +124,5 @@ def with_poisson_sampling(
     def init():
         return PoissonSamplingState(inner_init(), *table)
 
-    return algorithm._replace(weighting=Weighting(
-        weighting.name, init, _fixed_denominator_weights_fn(weighting.weights)
-    ))
+    weights, max_weight = _fixed_denominator(weighting.weights)
+    return algorithm._replace(weighting=Weighting(weighting.name, init, weights, max_weight))

@@ -46,6 +46,15 @@ def _server_dists_weights_fn(inner_weights):
     return weights
 
 
+@functools.cache
+def _server_dists_max_weight_fn(inner_max_weight):
+    def max_weight(state: ServerState, lane_weights):
+        return inner_max_weight(
+            state._replace(weighting_state=state.weighting_state.inner), lane_weights)
+
+    return max_weight
+
+
 def with_server_label_dists(weighting: Weighting, server_label_dists: chex.ArrayLike) -> Weighting:
     """`weighting` computed from the server's copy of S (e.g. the DP release) instead of the
     clients' exact S_i(Y).
@@ -59,7 +68,10 @@ def with_server_label_dists(weighting: Weighting, server_label_dists: chex.Array
     dists = _validation.check_label_dists("server_label_dists", server_label_dists)
     data_dists = jnp.asarray(dists, jnp.float32)
     init = lambda: ServerLabelDistsState(weighting.init(), data_dists)
-    return Weighting(weighting.name, init, _server_dists_weights_fn(weighting.weights))
+    declared = weighting.max_weight
+    return Weighting(
+        weighting.name, init, _server_dists_weights_fn(weighting.weights),
+        None if declared is None else _server_dists_max_weight_fn(declared))
 
 
 @dataclasses.dataclass(frozen=True)

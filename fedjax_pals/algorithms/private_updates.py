@@ -41,6 +41,7 @@ weighted average to clip and noise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -48,12 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals import _validation, accounting
-from fedjax_pals.algorithms import poisson_sampling, registry
+from fedjax_pals.algorithms import registry, server_chain
 from fedjax_pals.algorithms.base import (
     ClientOutputs, FederatedAlgorithm, ServerState, ServerUpdate, find_state, replace_state,
 )
 from fedjax_pals.hyperparameters import Hyperparameters, hyperparameter
-from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
 
 # The run's random stream for the noise of DP on updates (one of its own).
 DP_UPDATES_STREAM = 0xD9D0
@@ -61,6 +61,9 @@ DP_UPDATES_STREAM = 0xD9D0
 # The L2 sensitivity of the aggregate, in units of C max_i alpha_i, under each neighbouring
 # relation (`fedjax_pals.accounting.RELATIONS`, its module docstring).
 SENSITIVITY_FACTOR = {"zero_out": 1.0, "add_remove": 2.0}
+
+# Where the updates are clipped (`with_private_updates`, `algorithm.dp_clipping`).
+CLIPPING = ("server", "client")
 
 
 # Adaptive clipping's constants (Andrew et al., NeurIPS 2021, their defaults): the clip norm's
@@ -126,51 +129,113 @@ def gaussian_like(tree: Any, key: jax.Array, std: jax.Array) -> Any:
     return jax.tree_util.tree_unflatten(treedef, noise)
 
 
+def _round_keys(dp: PrivateUpdatesState, state: ServerState) -> tuple[jax.Array, jax.Array]:
+    """(the noise's key, adaptive clipping's count key) of the round."""
+    noise_key, count_key = jax.random.split(jax.random.fold_in(dp.key, state.round))
+    return noise_key, count_key
+
+
+def _set(state: ServerState, **changes) -> ServerState:
+    return state._replace(algorithm_state=replace_state(
+        state.algorithm_state, PrivateUpdatesState, **changes))
+
+
 @dataclasses.dataclass(frozen=True)
-class PrivateUpdates:
-    """The server update `inner` (a weighted average) on clipped updates, its aggregate noised.
+class ServerClipping(server_chain.ServerLink):
+    """The chain's clip link of DP on updates, on the server (the server receives each raw
+    update and clips it): Delta_i' = Delta_i min(1, C / ||Delta_i||), C from the run's
+    `PrivateUpdatesState`; with adaptive clipping, C for the next round from the privatised
+    count of the updates within C."""
 
-    z is added to every participant's clipped update scaled by 1 / sum_i alpha_i, so that any
-    update linear in sum_i alpha_i Delta_i (the plain average, a server optimiser's
-    pseudo-gradient) receives sum_i alpha_i Delta_i' + z exactly. A value (equal `inner`: one
-    compiled round); `with_server_optimizer` replaces a plain-average `inner` by the optimiser.
-    """
+    slot = "clip"
 
-    inner: ServerUpdate
-    # The weights function of Poisson sampling's weighting (`with_poisson_sampling`), or
-    # None: with it the sensitivity is C max_i alpha_i / q over every client, not over those
-    # drawn. A function kept by identity (one compiled round for equal ones).
-    poisson_weights: Any = None
-
-    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
+    def __call__(self, state, updates):
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
-        noise_key, count_key = jax.random.split(jax.random.fold_in(dp.key, state.round))
-        clipped, norms = clip_updates(outputs.deltas, dp.clip_norm)
-        sensitivity_weights = (
-            weights if self.poisson_weights is None
-            else poisson_sampling.population_weights(self.poisson_weights, state)
-        )
-        std = aggregate_noise_std(sensitivity_weights, dp.clip_norm, dp.noise_multiplier)
+        _, count_key = _round_keys(dp, state)
+        clipped, norms = clip_updates(updates.deltas, dp.clip_norm)
+        state = _set(state, clip_norm=adapted_clip_norm(norms, dp, count_key))
+        return updates._replace(deltas=clipped, clip_norm=dp.clip_norm), state
+
+    def describe(self) -> str:
+        return "each update clipped to C on the server (DP on updates)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientClipping(server_chain.ServerLink):
+    """The chain's clip link of DP on updates when the clients clip (`client_clip_update`,
+    `algorithm.dp_clipping='client'`): it changes no update (each arrived clipped to C) and
+    declares C their bound."""
+
+    slot = "clip"
+
+    def __call__(self, state, updates):
+        dp = find_state(state.algorithm_state, PrivateUpdatesState)
+        return updates._replace(clip_norm=dp.clip_norm), state
+
+    def describe(self) -> str:
+        return "each update arrives clipped to C by its client (DP on updates)"
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianNoise(server_chain.ServerLink):
+    """The chain's noise link of DP on updates: z ~ N(0, (s sigma C max_i alpha_i)^2 I) added
+    to the aggregate (`add_to_aggregate`), C and max_i alpha_i as the links before it bound
+    them (`RoundUpdates.clip_norm`, `.max_weight`), s sigma from the run's
+    `PrivateUpdatesState` (s: the relation's sensitivity factor). Records the round's noise
+    std and the clipped aggregate's norm."""
+
+    slot = "noise"
+
+    def __call__(self, state, updates):
+        dp = find_state(state.algorithm_state, PrivateUpdatesState)
+        noise_key, _ = _round_keys(dp, state)
+        std = dp.noise_multiplier * updates.clip_norm * updates.max_weight
         noise = gaussian_like(state.params, noise_key, std)
-        # Under Poisson sampling a round may draw no client (every weight 0): the noise alone
-        # is then the release, carried by lane 0 at weight 1 (a round without noise would
-        # tell that no client was drawn).
-        total = jnp.sum(weights)
-        empty = total <= 0
-        total = jnp.where(empty, 1.0, total)
-        carried = jnp.where(empty, jnp.zeros_like(weights).at[0].set(1.0), weights)
+        state = _set(state, noise_std=jnp.asarray(std, jnp.float32),
+                     aggregate_norm=weighted_sum_norm(updates.deltas, updates.weights))
+        return add_to_aggregate(updates, noise), state
 
-        def spread(delta, z):
-            kept = jnp.where(empty, jnp.zeros_like(delta), delta)
-            return kept + (z / total.astype(z.dtype))[None]
+    def describe(self) -> str:
+        return "Gaussian noise sigma C max_i alpha_i on the aggregate (DP on updates)"
 
-        deltas = jax.tree_util.tree_map(spread, clipped, noise)
-        new = self.inner(state, participants, outputs._replace(deltas=deltas), carried)
-        clip_norm = adapted_clip_norm(norms, dp, count_key)
-        return new._replace(algorithm_state=replace_state(
-            new.algorithm_state, PrivateUpdatesState, clip_norm=clip_norm,
-            noise_std=jnp.asarray(std, jnp.float32),
-            aggregate_norm=weighted_sum_norm(clipped, weights)))
+
+def add_to_aggregate(updates: server_chain.RoundUpdates, z: Any) -> server_chain.RoundUpdates:
+    """`updates` whose weighted sum sum_i alpha_i Delta_i is the old one plus `z` (shaped as one
+    update): z / sum_i alpha_i added to every lane, so that any step linear in the weighted sum
+    (the plain average, a server optimiser's pseudo-gradient) receives it exactly. Under
+    Poisson sampling a round may draw no client (every weight 0): `z` alone is then the
+    release, carried by lane 0 at weight 1 (a round without it would tell that no client was
+    drawn)."""
+    weights = updates.weights
+    total = jnp.sum(weights)
+    empty = total <= 0
+    total = jnp.where(empty, 1.0, total)
+    carried = jnp.where(empty, jnp.zeros_like(weights).at[0].set(1.0), weights)
+
+    def spread(delta, noise):
+        kept = jnp.where(empty, jnp.zeros_like(delta), delta)
+        return kept + (noise / total.astype(noise.dtype))[None]
+
+    return updates._replace(deltas=jax.tree_util.tree_map(spread, updates.deltas, z),
+                            weights=carried)
+
+
+def client_clip_update(delta: Any, info: Any, state: ServerState) -> Any:
+    """A client's update clipped to C (the run's `PrivateUpdatesState`) before it leaves the
+    client (`ClientMethod.finish_update`): with `algorithm.dp_clipping='client'` the server
+    never receives a raw update."""
+    dp = find_state(state.algorithm_state, PrivateUpdatesState)
+    stacked = jax.tree_util.tree_map(lambda leaf: leaf[None], delta)
+    clipped, _ = clip_updates(stacked, dp.clip_norm)
+    return jax.tree_util.tree_map(lambda leaf: leaf[0], clipped)
+
+
+@functools.cache
+def _then_clip(finish_update):
+    def finish(delta, info, state):
+        return client_clip_update(finish_update(delta, info, state), info, state)
+
+    return finish
 
 
 def weighted_sum_norm(deltas: Any, weights: jax.Array) -> jax.Array:
@@ -222,7 +287,7 @@ def updates_noise_multiplier(noise_multiplier: float, count_std: float) -> float
 def with_private_updates(
     algorithm: FederatedAlgorithm, clip_norm: float, noise_multiplier: float, seed: int,
     *, clip_quantile: float | None = None, participants: int | None = None,
-    relation: str = "zero_out",
+    relation: str = "zero_out", clipping: str = "server",
 ) -> FederatedAlgorithm:
     """`algorithm` with user-level DP on its updates (module docstring): clip norm C,
     noise multiplier sigma (of the whole round's release), the noise drawn from `seed`'s own
@@ -231,12 +296,16 @@ def with_private_updates(
     `CLIP_LEARNING_RATE`, the count's noise std `participants` / 20, the updates' multiplier
     lowered so that the round stays a release of multiplier sigma). `relation`: "zero_out"
     (noise sigma C max_i alpha_i) or "add_remove" (2 sigma C max_i alpha_i, fixed clipping
-    only), `fedjax_pals.accounting.RELATIONS`.
+    only), `fedjax_pals.accounting.RELATIONS`. `clipping`: "server" (the server clips each raw
+    update: it must be trusted with them) or "client" (each client clips its own update before
+    sending it, `client_clip_update`: the server never receives a raw one; fixed clipping only).
+    Adds two links to the server chain (`server_chain`): the clip link (`ServerClipping` or
+    `ClientClipping`) and `GaussianNoise`, which reads the bound the weighting declares.
 
     Raises:
       ValueError: C <= 0, sigma < 0, gamma outside (0, 1), a sigma the count alone would
-        spend, an unknown relation or add_remove with adaptive clipping, or a server update
-        that is not the plain weighted average.
+        spend, an unknown relation or clipping, add_remove or client clipping with adaptive
+        clipping, or a method whose server update is its own.
     """
     clip_norm = _validation.check_number("the clip norm", clip_norm, low=0.0, low_open=True)
     noise_multiplier = _validation.check_number("the noise multiplier", noise_multiplier, low=0.0)
@@ -245,16 +314,17 @@ def with_private_updates(
             f"relation must be one of {tuple(SENSITIVITY_FACTOR)}, got {relation!r}.")
     if relation == "add_remove" and clip_quantile is not None:
         raise ValueError(_ADAPTIVE_ADD_REMOVE)
-    if not isinstance(algorithm.server_update, WeightedAverageUpdate):
+    if clipping not in CLIPPING:
+        raise ValueError(f"clipping must be one of {CLIPPING}, got {clipping!r}.")
+    if clipping == "client" and clip_quantile is not None:
+        raise ValueError(_ADAPTIVE_CLIENT)
+    if not server_chain.is_chained(algorithm.server_update):
         raise ValueError(
             f"DP on updates clips and noises a weighted average of the updates, but "
             f"{algorithm.name!r} has a server update of its own."
         )
-    poisson = (
-        algorithm.weighting.weights
-        if poisson_sampling.is_poisson_weighting(algorithm.weighting) else None
-    )
-    if poisson is not None and clip_quantile is not None:
+    # Poisson sampling's weighting declares its bound; wrapped after DP, the config refuses it.
+    if algorithm.weighting.max_weight is not None and clip_quantile is not None:
         raise ValueError(
             "adaptive clipping counts the clipped updates among a round's participants, a "
             "number Poisson sampling leaves to chance; use fixed clipping (dp_clip_quantile "
@@ -280,16 +350,25 @@ def with_private_updates(
             jnp.float32(count_std), jnp.float32(0.0), jnp.float32(0.0),
         )
 
-    return algorithm._replace(
-        server_update=PrivateUpdates(algorithm.server_update, poisson),
-        init_algorithm_state=init,
-    )
+    algorithm = algorithm._replace(init_algorithm_state=init)
+    if clipping == "client":
+        client = algorithm.client
+        finish = (client_clip_update if client.finish_update is None
+                  else _then_clip(client.finish_update))
+        algorithm = algorithm._replace(client=client._replace(finish_update=finish))
+    clip = ClientClipping() if clipping == "client" else ServerClipping()
+    return server_chain.with_link(server_chain.with_link(algorithm, clip), GaussianNoise())
 
 
 # -- the feature -------------------------------------------------------------------------------
 
 
 _DEFAULT_DELTA = 1e-5
+_ADAPTIVE_CLIENT = (
+    "adaptive clipping counts, on the server, the updates within C, which needs each raw "
+    "update's norm; with dp_clipping='client' the server never sees one: use fixed clipping "
+    "(dp_clip_quantile unset) or dp_clipping='server'."
+)
 _ADAPTIVE_ADD_REMOVE = (
     "adaptive clipping's clipped count is accounted for zero-out neighbours only (the share "
     "divides by the participants, which adding or removing a client changes); use "
@@ -344,6 +423,19 @@ class PrivateUpdatesHyperparameters(Hyperparameters):
         per_run=True,
     )
 
+    dp_clipping: str | None = hyperparameter(
+        None, kind="choice", choices=CLIPPING, optional=True,
+        why=" (None: server)",
+        doc="server (None; the server clips each raw update, so it is trusted with them) or "
+        "client (each client clips its own update before sending it: the server never "
+        "receives a raw one; fixed clipping only)",
+    )
+
+    @property
+    def clipping(self) -> str:
+        """Where the updates are clipped ("server" when unset)."""
+        return self.dp_clipping or "server"
+
     @property
     def relation(self) -> str:
         """The neighbouring relation ("zero_out" when unset)."""
@@ -356,8 +448,9 @@ class PrivateUpdatesHyperparameters(Hyperparameters):
 
 
 _KEYS = ("dp_clip_norm", "dp_noise_multiplier", "dp_delta", "dp_target_epsilon",
-         "dp_clip_quantile", "dp_neighbouring_relation", "dp_accountant")
-_KEY_DEFAULTS = {"dp_neighbouring_relation": "zero_out", "dp_accountant": "rdp"}
+         "dp_clip_quantile", "dp_neighbouring_relation", "dp_accountant", "dp_clipping")
+_KEY_DEFAULTS = {"dp_neighbouring_relation": "zero_out", "dp_accountant": "rdp",
+                 "dp_clipping": "server"}
 
 
 def _resolve(values: dict, facts: registry.RunFacts) -> dict:
@@ -407,6 +500,10 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
     for key, default in _KEY_DEFAULTS.items():  # the default resolves to None (the digest)
         if values[key] == default:
             values[key] = None
+    if values["dp_clipping"] == "client" and values["dp_clip_quantile"] is not None:
+        raise ValueError(
+            f"config.algorithm.dp_clipping='client' is set with algorithm.dp_clip_quantile: "
+            f"{_ADAPTIVE_CLIENT}")
     if values["dp_neighbouring_relation"] == "add_remove":
         if values["dp_clip_quantile"] is not None:
             raise ValueError(
@@ -433,10 +530,30 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             )
     if facts.rounds is not None and facts.training_clients is not None:
         # The budget against the run's rounds and clients, before any data is read.
+        per_round, rate = accounted_sampling(
+            facts.sampler, facts.training_clients,
+            facts.clients_per_round or facts.training_clients, facts.sampling_rate)
         budget_for(PrivateUpdatesHyperparameters(**values), facts.training_clients,
-                   facts.clients_per_round or facts.training_clients, facts.rounds,
-                   sampling_rate=facts.sampling_rate)
+                   per_round, facts.rounds, sampling_rate=rate)
     return values
+
+
+def accounted_sampling(sampler: Any, num_clients: int, clients_per_round: int,
+                       sampling_rate: float | None) -> tuple[int, float | None]:
+    """(participants a round, Poisson's q or None) as DP on updates accounts the run's client
+    sampler (`ClientSampler.accounting`); without a sampler, the given ones. ValueError,
+    naming the sampler, for one that has no accounting."""
+    if sampler is None:
+        return int(min(clients_per_round, num_clients)), sampling_rate
+    how = sampler.accounting(int(num_clients))
+    if how is None:
+        raise ValueError(
+            "config.algorithm.dp_clip_norm is set, but training.client_sampling="
+            f"{sampler.name or type(sampler).__name__!r} has no privacy accounting (its "
+            "accounting() is None): DP on updates accounts every client, m of M without "
+            "replacement, or Poisson sampling. Give the sampler an accounting, or use one of "
+            "those.")
+    return int(how.clients_per_round), how.sampling_rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,9 +583,10 @@ class UpdatesBudget:
 def budget(hp: PrivateUpdatesHyperparameters, context: registry.MethodContext) -> UpdatesBudget:
     """`budget_for` the run of `context` (its training clients, participants and rounds)."""
     num_clients = int(context.partition.num_clients)
-    per_round = int(min(context.clients_per_round or num_clients, num_clients))
-    return budget_for(hp, num_clients, per_round, int(context.rounds),
-                      sampling_rate=context.sampling_rate)
+    per_round, rate = accounted_sampling(
+        context.sampler, num_clients, context.clients_per_round or num_clients,
+        context.sampling_rate)
+    return budget_for(hp, num_clients, per_round, int(context.rounds), sampling_rate=rate)
 
 
 def budget_for(hp: PrivateUpdatesHyperparameters, num_clients: int, per_round: int,
@@ -543,7 +661,7 @@ def _wrap(
     return with_private_updates(
         algorithm, hp.dp_clip_norm, spent.noise_multiplier, context.seed,
         clip_quantile=hp.dp_clip_quantile, participants=spent.clients_per_round,
-        relation=spent.relation,
+        relation=spent.relation, clipping=hp.clipping,
     )
 
 
@@ -574,10 +692,13 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             sampling = (
                 f"{s.clients_per_round} of {s.num_clients} clients a round, without replacement"
             )
+        where = ("by each client before it sends its update (the server never sees a raw one)"
+                 if self.hp.clipping == "client" else
+                 "by the server (trusted with each raw update)")
         clip = (
-            f"clip C={self.hp.dp_clip_norm:g}" if self.hp.dp_clip_quantile is None else
+            f"clip C={self.hp.dp_clip_norm:g} {where}" if self.hp.dp_clip_quantile is None else
             f"clip from C={self.hp.dp_clip_norm:g} towards the {self.hp.dp_clip_quantile:g} "
-            "quantile of the update norms (adaptive)"
+            f"quantile of the update norms (adaptive) {where}"
         )
         relation = ("zero-out neighbours (noise sigma C max_i alpha_i)"
                     if s.relation == "zero_out" else
@@ -635,6 +756,7 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             "dp_clip_quantile": self.hp.dp_clip_quantile,
             "dp_neighbouring_relation": self.spent.relation,
             "dp_accountant": self.spent.accountant,
+            "dp_clipping": self.hp.clipping,
             "dp_evaluations": self.evaluations,
         }
 
@@ -643,6 +765,7 @@ def _monitor(hp: PrivateUpdatesHyperparameters, task: Any) -> UpdatesPrivacyMoni
     context = registry.MethodContext(
         partition=task.partition, rounds=int(task.config.training.rounds),
         clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
+        sampler=getattr(task, "sampler", None),
     )
     return UpdatesPrivacyMonitor(hp, budget(hp, context))
 

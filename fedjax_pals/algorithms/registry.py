@@ -65,9 +65,8 @@ from fedjax_pals.hyperparameters import (
 )
 # A server optimiser in front of a method key sets config.server.optimizer: "fedadam_fedpals"
 # is FedPALS with FedAdam's server step, a bare "fedadam" is FedAvg with it.
-from fedjax_pals.algorithms.server_optimizers import (
-    SERVER_OPTIMIZER_LABELS, WeightedAverageUpdate,
-)
+from fedjax_pals.algorithms.server_optimizers import SERVER_OPTIMIZER_LABELS
+from fedjax_pals.algorithms import server_chain
 
 
 # The method of the default config.
@@ -161,7 +160,8 @@ class MethodContext:
     model: the run's `Model`; rounds, seed: the run's; clients_per_round: the participants a
       round (at most the training clients; None: every client), the lanes a round under
       Poisson sampling; sampling_rate: q of Poisson sampling (None: clients_per_round drawn
-      without replacement).
+      without replacement); sampler: the run's client sampler (`fedjax_pals.sampling`), of which
+      those two are the lanes and the rate.
     lam_floor: deprecated (0.4.0 removes it): the slot `fedpals_lambda.LAMBDA_FLOOR`, which
       this field mirrors.
     slots: the typed values the features' stages wrote ({slot name: value}; `get`,
@@ -181,6 +181,10 @@ class MethodContext:
     lam_floor: bool = False
     sampling_rate: float | None = None
     slots: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # The run's client sampler (`fedjax_pals.sampling.ClientSampler`): who takes part, its
+    # weights link and its accounting; sampling_rate is its `rate`. None: built from
+    # clients_per_round and sampling_rate (`sampling.participation`) where it is read.
+    sampler: Any = None
 
     def __post_init__(self) -> None:
         # A context built with a legacy field (MethodContext(partition, lam)) holds it in its
@@ -304,8 +308,8 @@ class Method:
                 f"{type(algorithm).__name__}, not a fedjax_pals.FederatedAlgorithm (e.g. "
                 "fjp.fedavg()._replace(server_update=...))."
             )
-        if not self.owns_server_update and not isinstance(
-            algorithm.server_update, WeightedAverageUpdate
+        if not self.owns_server_update and not server_chain.is_chained(
+            algorithm.server_update
         ):
             # Required since 0.2.0; a module written before still runs (a server optimiser
             # is refused for it when the algorithm is built, `with_server_optimizer`).
@@ -729,6 +733,8 @@ class RunFacts:
     training_clients: int | None = None
     clients_per_round: int | None = None
     sampling_rate: float | None = None
+    # The run's client sampler (`fedjax_pals.sampling`), None where the caller has no run.
+    sampler: Any = None
 
     @property
     def reads_target(self) -> bool:
@@ -853,6 +859,10 @@ class Feature:
       and the clients' S_i; after "label_marginals" the S_i the weights see. The "algorithm"
       stage is wrap-only: a prepare there warns (deprecated; 0.4.0 refuses it).
     wrap(algorithm, hp, context) -> algorithm: the built algorithm with the feature, by stage.
+    link(hp, context) -> ServerLink or a tuple of them: an operation on the round's updates (noise, compression, a
+      robust aggregation), placed in its slot of the server chain (`fjp.ServerLink`,
+      `server_chain.SLOTS`); the chain's order, not the stage, says where it runs. Its per-run
+      state, if any, a `wrap` adds to the algorithm's state.
     monitor(hp, task) -> Monitor: its work while the run trains and what it reports.
     owns_server_update: it replaces the server update (a server optimiser cannot).
     per_run_state: its keys whose values are per-run data (ServerState), not compiled in,
@@ -868,6 +878,7 @@ class Feature:
     prepare: Callable[[Any, MethodContext], MethodContext] | None = None
     wrap: Callable[[FederatedAlgorithm, Any, MethodContext], FederatedAlgorithm] | None = None
     monitor: Callable[[Any, Any], Monitor] | None = None
+    link: Callable[[Any, MethodContext], Any] | None = None
     owns_server_update: bool = False
     per_run_state: tuple[str, ...] = ()
     per_run_presence: tuple[str, ...] = ()
@@ -894,6 +905,7 @@ class Feature:
         _validation.check_hook(owner, "resolve", self.resolve, "(values, facts) -> dict")
         for hook, signature in (("prepare", "(hp, context) -> MethodContext"),
                                 ("wrap", "(algorithm, hp, context) -> FederatedAlgorithm"),
+                                ("link", "(hp, context) -> ServerLink | tuple[ServerLink, ...]"),
                                 ("monitor", "(hp, task) -> Monitor")):
             _validation.check_hook(owner, hook, getattr(self, hook), signature, optional=True)
         if self.stage is not None and self.stage not in FEATURE_STAGES:
@@ -1003,24 +1015,25 @@ def stage_index(feature: Feature) -> int:
 
 
 def wrap_algorithm(
-    algorithm: FederatedAlgorithm, features: Any, context: MethodContext, *,
-    before: Mapping[str, Callable[[FederatedAlgorithm], FederatedAlgorithm]] | None = None,
+    algorithm: FederatedAlgorithm, features: Any, context: MethodContext,
 ) -> FederatedAlgorithm:
-    """`algorithm` with the `wrap` of each (feature, settings) of `features`, by stage
-    (`FEATURE_STAGES`, then the features without one), in their order within a stage.
-    `before[stage](algorithm)` runs before that stage's wraps (after the earlier stages'): what
-    a run adds between stages (Poisson sampling's weights, before DP on updates reads them)."""
-    before = dict(before or {})
-    unknown = set(before) - set(FEATURE_STAGES)
-    if unknown:
-        raise ValueError(f"before: {sorted(unknown)} are not stages; the stages: "
-                         f"{list(FEATURE_STAGES)}.")
+    """`algorithm` with the `wrap` and the `link` of each (feature, settings) of `features`, by
+    stage (`FEATURE_STAGES`, then the features without one), in their order within a stage. A
+    link goes to its slot of the server chain (`server_chain.with_link`), so where it runs does
+    not depend on this order."""
     for stage in (*FEATURE_STAGES, None):
-        if stage in before:
-            algorithm = before[stage](algorithm)
         for feature, hp in features:
-            if feature.wrap is not None and feature.stage == stage:
+            if feature.stage != stage:
+                continue
+            if feature.wrap is not None:
                 algorithm = feature.wrap(algorithm, hp, context)
+            if feature.link is not None:
+                links = feature.link(hp, context)
+                for link in links if isinstance(links, tuple) else (links,):
+                    try:
+                        algorithm = server_chain.with_link(algorithm, link)
+                    except ValueError as error:
+                        raise ValueError(f"feature {feature.name!r}: {error}") from None
     return algorithm
 
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_pals import _validation, extensions
+from fedjax_pals import _validation, deprecation, extensions
 
 if TYPE_CHECKING:  # for annotations only: base.py imports this module
     from fedjax_pals.algorithms.base import (
@@ -284,58 +284,70 @@ def _weighted_mean_delta(deltas, weights):
     )
 
 
-@functools.cache
-def optimizer_update(optimizer: optax.GradientTransformation) -> ServerUpdate:
-    """The server update theta <- theta + optimizer step on -(sum_i alpha_i Delta_i), alpha
-    from any weighting; reads and writes `state.server_opt_state` (initialised by
-    `init_server_state` from `FederatedAlgorithm.server_optimizer`)."""
+@dataclasses.dataclass(frozen=True)
+class OptimizerUpdate:
+    """The server chain's step with a server optimiser: theta <- theta + optimizer step on
+    -(sum_i alpha_i Delta_i), alpha from any weighting; reads and writes
+    `state.server_opt_state` (initialised by `init_server_state` from
+    `FederatedAlgorithm.server_optimizer`). A value: the same optimiser, one compiled round."""
 
-    def update(state: ServerState, participants, outputs: ClientOutputs, weights):
+    optimizer: optax.GradientTransformation
+    label: str = "a server optimiser"
+
+    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
         delta = _weighted_mean_delta(outputs.deltas, weights)
         pseudo_gradient = jax.tree_util.tree_map(jnp.negative, delta)
-        updates, opt_state = optimizer.update(pseudo_gradient, state.server_opt_state, state.params)
+        updates, opt_state = self.optimizer.update(
+            pseudo_gradient, state.server_opt_state, state.params)
         return state._replace(
             params=optax.apply_updates(state.params, updates),
             client_states=_set_client_states(state, participants, outputs),
             server_opt_state=opt_state,
         )
 
-    return update
 
-
-# The name of each server optimiser in an algorithm's name ("FedAdam(eta=0.1,...)+fedpals").
-
-
-def _replacing_plain_average(update: Any, new: ServerUpdate) -> ServerUpdate | None:
-    """`update` with its plain weighted average replaced by `new`, looking through wrappers
-    that transform the updates before an `inner` server update (DP on updates'
-    `PrivateUpdates`: a frozen dataclass with an `inner` field); None when there is none."""
-    if update == WeightedAverageUpdate():
-        return new
-    if dataclasses.is_dataclass(update) and "inner" in {f.name for f in dataclasses.fields(update)}:
-        inner = _replacing_plain_average(update.inner, new)
-        return None if inner is None else dataclasses.replace(update, inner=inner)
-    return None
+def optimizer_update(optimizer: optax.GradientTransformation,
+                     label: str = "a server optimiser") -> OptimizerUpdate:
+    """The server chain's step with `optimizer` (`OptimizerUpdate`)."""
+    return OptimizerUpdate(optimizer, label)
 
 
 def with_server_optimizer(
     algorithm: FederatedAlgorithm, optimizer: optax.GradientTransformation, label: str = "opt"
 ) -> FederatedAlgorithm:
-    """`algorithm` with its plain weighted average (`WeightedAverageUpdate()`) replaced by
-    `optimizer` on the server (inside a wrapper such as DP on updates, which then feeds the
-    optimiser its noised aggregate); SCAFFOLD's and AFL's server updates are their own:
-    refused."""
-    update = _replacing_plain_average(algorithm.server_update, optimizer_update(optimizer))
-    if update is None:
+    """`algorithm` with `optimizer` as its server chain's step, in place of the plain weighted
+    average (`fedjax_pals.algorithms.server_chain`: after the chain's links, so DP on updates'
+    noised aggregate is what the optimiser steps on); SCAFFOLD's and AFL's server updates are
+    their own: refused."""
+    from fedjax_pals.algorithms import server_chain  # imports this module
+
+    update = algorithm.server_update
+    if (not server_chain.is_chained(update) and dataclasses.is_dataclass(update)
+            and "inner" in {f.name for f in dataclasses.fields(update)}
+            and server_chain.is_chained(update.inner)):
+        # A user's wrapper around the plain average (the convention before the server chain):
+        # the optimiser replaces the average inside it, as it did; 0.4.0 refuses it.
+        deprecation.warn(
+            f"{algorithm.name!r}: a server update that wraps the plain weighted average in a "
+            f"frozen dataclass with an `inner` field ({type(update).__name__}) is looked "
+            "through for a server optimiser; make it a link of the server chain instead "
+            "(fjp.ServerLink, fjp.with_link: docs/extending.md, 'A link of the server chain').",
+            refused_in="0.4.0",
+        )
+        inner = with_server_optimizer(algorithm._replace(server_update=update.inner), optimizer,
+                                      label)
+        return inner._replace(server_update=dataclasses.replace(
+            update, inner=inner.server_update))
+    try:
+        algorithm = server_chain.with_step(algorithm, optimizer_update(optimizer, label))
+    except ValueError as error:
+        if server_chain.is_chained(algorithm.server_update):
+            raise
         raise ValueError(
             f"a server optimizer replaces the plain weighted average, but {algorithm.name!r} "
             "has a server update of its own (SCAFFOLD's control variates, AFL's lambda)."
-        )
-    return algorithm._replace(
-        name=f"{label}+{algorithm.name}",
-        server_update=update,
-        server_optimizer=optimizer,
-    )
+        ) from error
+    return algorithm._replace(name=f"{label}+{algorithm.name}", server_optimizer=optimizer)
 
 
 def server_optimizer_for(

@@ -175,6 +175,8 @@ def make_client_update(
 
     def finish(carry: LocalCarry, info: ClientInfo, state: ServerState) -> ClientResult:
         delta = jax.tree_util.tree_map(jnp.subtract, carry.params, state.params)
+        if algorithm.client.finish_update is not None:  # e.g. clipped before it is sent
+            delta = algorithm.client.finish_update(delta, info, state)
         new_client_state = algorithm.client.update_client_state(
             info, state, carry.params, carry.num_steps, training.learning_rate
         )

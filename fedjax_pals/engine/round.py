@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals.algorithms import ClientOutputs, FederatedAlgorithm, ServerState
+from fedjax_pals.algorithms import server_chain
 from fedjax_pals.engine import mesh as mesh_lib
 from fedjax_pals.engine.backends import (
     HostBackend,
@@ -266,7 +267,8 @@ class RoundEngine:
         weights = self.algorithm.weighting.weights(
             info.label_dist, info.num_examples.astype(jnp.float32), state, plan.participants
         )
-        new_state = self.algorithm.server_update(state, plan.participants, outputs, weights)
+        new_state = server_chain.server_round(
+            self.algorithm, state, plan.participants, outputs, weights)
         # The engine owns the round counter: a server update never advances it.
         new_state = new_state._replace(round=state.round + 1)
         names = ("train_loss", "initial_loss", "num_steps")
@@ -386,6 +388,7 @@ def _spec(
     compiled_parts = (
         algorithm.client,
         algorithm.weighting.weights,
+        algorithm.weighting.max_weight,
         algorithm.server_update,
         model.apply,
         model.init,

@@ -88,7 +88,9 @@ files `configs/*.py` with `get_config()`, overridden on the command line with
                                 each client a round with probability client_fraction = q,
                                 weighted by McMahan et al.'s fixed-denominator estimator
                                 (alpha over every client / q); clients_per_round then resolves
-                                to the lanes a round runs (poisson_capacity), not given
+                                to the lanes a round runs (poisson_capacity), not given | a
+                                registered sampler's name (fjp.register_client_sampler:
+                                fedjax_pals/sampling.py), built from clients_per_round
     server.optimizer            sgd (default: theta + eta * weighted mean delta, today's server
                                 update at eta = 1) | fedavgm | fedadam | fedyogi | fedadagrad:
                                 Reddi et al.'s server optimisers on the weighted mean delta of
@@ -149,9 +151,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+import numpy as np
 from ml_collections import config_dict
 
 from fedjax_pals import _validation, extensions, models
+from fedjax_pals import sampling as sampling_lib
 from fedjax_pals.data import datasets as datasets_lib, partitions as partitions_lib
 
 # The method registry, with the methods that ship with the package registered.
@@ -170,6 +174,7 @@ OPTIONAL_IDENTITY_KEYS = (
     "server.optimizer", "server.learning_rate", "server.momentum", "server.b1", "server.b2",
     "server.tau", "training.client_sampling",
 )
+# The built-in client samplers' names (`fedjax_pals.sampling`; a user's registers its own).
 CLIENT_SAMPLINGS = ("without_replacement", "poisson")
 # Sections added after runs had been recorded: left out of a run's identity when every key in
 # them is None (the plain weighted average: `server` resolves to all None).
@@ -638,8 +643,8 @@ def _training_section(t: dict, training_clients: int) -> dict:
     sampling the lanes, with client_fraction q kept)."""
     rounds = _int("training.rounds", t["rounds"], 1, MAX_ROUNDS)
     count, fraction = t["clients_per_round"], t["client_fraction"]
-    sampling = _choice("training.client_sampling", t.get("client_sampling"), CLIENT_SAMPLINGS,
-                       optional=True)
+    sampling = _choice("training.client_sampling", t.get("client_sampling"),
+                       sampling_lib.registered_client_samplers(), optional=True)
     if sampling == "poisson":
         return _poisson_training_section(t, training_clients, rounds)
     if count is not None:
@@ -659,9 +664,24 @@ def _training_section(t: dict, training_clients: int) -> dict:
         )
     if fraction is not None:
         count = max(1, int(round(fraction * training_clients)))
+    count = training_clients if count is None else count
+    if sampling not in (None, "without_replacement"):
+        # A user's sampler, built from the resolved count: its lanes are the participants.
+        checked = dict(t, clients_per_round=count, client_fraction=fraction)
+        try:
+            sampler = sampling_lib.sampler_for(checked, training_clients)
+            lanes = sampler.lanes(training_clients)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"config.training.client_sampling={sampling!r}: {error}") from None
+        if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or not (
+                1 <= lanes <= training_clients):
+            raise ConfigError(
+                f"config.training.client_sampling={sampling!r}: its lanes({training_clients}) "
+                f"is {lanes!r}, not a number of lanes in [1, {training_clients}].")
+        return _local_training(t, rounds, clients_per_round=int(lanes), client_fraction=None,
+                               client_sampling=sampling)
     return _local_training(
-        t, rounds, clients_per_round=training_clients if count is None else count,
-        client_fraction=None, client_sampling=None,
+        t, rounds, clients_per_round=count, client_fraction=None, client_sampling=None,
     )
 
 
@@ -768,6 +788,8 @@ def _algorithm_section(
         training_clients=training_clients,
         clients_per_round=None if training is None else training["clients_per_round"],
         sampling_rate=None if training is None else sampling_rate(training),
+        sampler=None if training is None or training_clients is None else
+        sampling_lib.sampler_for(training, training_clients),
     )
     resolved = dict(name=algorithm, weights=weights)
     # The registered methods' hyperparameters: None (unused) unless the run's method's, or

@@ -19,13 +19,12 @@ import numpy as np
 
 from fedjax_pals.algorithms import FederatedAlgorithm, init_server_state, make_algorithm, registry
 from fedjax_pals.algorithms.base import round_shape_mismatch, weights_over_clients
-from fedjax_pals.algorithms.poisson_sampling import with_poisson_sampling
 from fedjax_pals.data import Dataset, FederatedPartition, registered_datasets, registered_partitions
 from fedjax_pals.data.client_sets import ClientEvaluationSets, client_evaluation_sets
 from fedjax_pals.data.datasets import RegisteredDataset
 from fedjax_pals.engine import LocalTraining
 from fedjax_pals.experiment.config import ResolvedConfig, validate_config
-from fedjax_pals import deprecation, models
+from fedjax_pals import deprecation, models, sampling
 from fedjax_pals.models import Model, abstract_model, make_model
 from fedjax_pals.algorithms.server_optimizers import server_optimizer_for
 from fedjax_pals.server_weights import effective_sample_size
@@ -59,7 +58,7 @@ class Task:
     # The run's features that are on, with their hyperparameters: (Feature, its settings).
     features: tuple = ()
     # Poisson sampling's q (training.client_sampling="poisson"), None: clients_per_round drawn
-    # without replacement.
+    # without replacement; the sampler's `rate`.
     sampling_rate: float | None = None
     # Every training client's own validation and test sets (evaluation.per_client), else None.
     client_sets: ClientEvaluationSets | None = None
@@ -68,6 +67,9 @@ class Task:
     methods: tuple = ()
     # What results.json records of the task (`task_summary`), computed when it is built.
     summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Who takes part in each round (`fedjax_pals.sampling.ClientSampler`, from
+    # training.client_sampling): clients_per_round is its lanes, sampling_rate its rate.
+    sampler: Any = None
 
     @property
     def lam(self) -> float | None:
@@ -272,6 +274,10 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         # e.g. the Oracle: FedAvg on clients resampled to the target label distribution.
         training_partition = method.partition_transform(partition, dataset.train.y, config.seed)
     val = partition.target_val_indices
+    try:
+        sampler = sampling.sampler_for(config.training, training_partition.num_clients)
+    except ValueError as error:
+        raise TaskError(str(error)) from None
     context = registry.MethodContext(
         # The T the server's weights use: T itself until a feature says otherwise.
         partition=dataclasses.replace(
@@ -283,11 +289,9 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         model=model,
         rounds=config.training.rounds,
         seed=config.seed,
-        clients_per_round=min(config.training.clients_per_round, training_partition.num_clients),
-        sampling_rate=(
-            config.training.client_fraction if config.training.client_sampling == "poisson"
-            else None
-        ),
+        clients_per_round=sampler.lanes(training_partition.num_clients),
+        sampling_rate=sampler.rate,
+        sampler=sampler,
     )
     features = tuple(
         (feature, hp)
@@ -307,14 +311,15 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         weights=a.weights,
         **{key: a[key] for key in registry.hyperparameter_fields() if a[key] is not None},
     )
-    # Poisson sampling's weights wrap the method's after the features that change what the
-    # weights see (T, the DP release of S, lambda), before those that wrap the built algorithm
-    # (DP on updates scales its noise to the fixed-denominator weights).
-    algorithm = registry.wrap_algorithm(
-        algorithm, features, context,
-        before=None if context.sampling_rate is None else {
-            "algorithm": functools.partial(_with_poisson_sampling, context)},
-    )
+    algorithm = registry.wrap_algorithm(algorithm, features, context)
+    # The sampler's weights link wraps whatever weighting the features left (T, the DP release
+    # of S, lambda); the bound it declares reaches the chain's links (DP on updates' noise)
+    # whenever those were added (`server_chain`). Poisson's: the fixed-denominator weights.
+    try:
+        algorithm = sampler.with_weights(
+            algorithm, context.weight_label_dists, context.partition.client_sizes)
+    except ValueError as error:
+        raise TaskError(f"training.client_sampling={sampler.name!r}: {error}") from None
     # What reports the method while it trains: it, and the lender of its weights.
     methods = registry.run_methods(a.name, a.weights, a)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
@@ -330,7 +335,7 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
     t = config.training
     clients = training_partition.num_clients
     problem = round_shape_mismatch(
-        algorithm, params, clients, min(t.clients_per_round, clients), dataset.num_classes
+        algorithm, params, clients, context.clients_per_round, dataset.num_classes
     )
     if problem is not None:
         raise TaskError(f"method {a.name!r}: {problem}.")
@@ -346,24 +351,15 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
         training=training,
         context=context,
         target_label_dist=context.partition.target_label_dist,
-        clients_per_round=t.clients_per_round,
+        clients_per_round=context.clients_per_round,
         server_label_dists=context.server_label_dists,
         features=features,
         sampling_rate=context.sampling_rate,
         client_sets=client_sets,
         methods=methods,
+        sampler=sampler,
     )
     return dataclasses.replace(task, summary=task_summary(task))
-
-
-def _with_poisson_sampling(context: registry.MethodContext, algorithm: FederatedAlgorithm):
-    try:
-        return with_poisson_sampling(
-            algorithm, context.sampling_rate, context.weight_label_dists,
-            context.partition.client_sizes,
-        )
-    except ValueError as error:
-        raise TaskError(f"training.client_sampling='poisson': {error}") from None
 
 
 def server_weights(task: Task, state: Any = None) -> np.ndarray:

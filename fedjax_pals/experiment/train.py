@@ -27,7 +27,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from fedjax_pals.algorithms import registry
+from fedjax_pals.algorithms import registry, server_chain
+from fedjax_pals.sampling import EveryClient, PoissonSampling, WithoutReplacement
 from fedjax_pals.algorithms.base import state_mismatch
 from fedjax_pals.data.datasets import dataset_label
 from fedjax_pals.engine import resolve_backend
@@ -304,6 +305,11 @@ class _PreparedRun:
                     f"{task.sampling_rate:g} on {task.clients_per_round} lanes; a drawn "
                     "client's update weighs alpha_i / q (the fixed-denominator estimator)"
                 )
+            if task.sampler is not None and not isinstance(task.sampler, BUILT_IN_SAMPLERS):
+                progress.write(f"  client sampling: "
+                               f"{task.sampler.describe(task.partition.num_clients)}")
+            # What the server does with the round's updates, in the order it does it.
+            progress.write(f"  server chain: {server_chain.describe(task.algorithm)}")
             for monitor in self.monitors:
                 if previous:  # what the launches before this one recorded
                     monitor.resume(previous, start_round)
@@ -327,6 +333,7 @@ class _PreparedRun:
                 eval_every=self.config.training.eval_every,
                 clients_per_round=task.clients_per_round,
                 sampling_rate=task.sampling_rate,
+                sampler=task.sampler,
                 checkpointer=_TrackedCheckpointer(checkpointer, self.key, self._show_evaluation),
                 on_evaluation=self._on_evaluation,
                 on_round=self._on_round,
@@ -358,6 +365,9 @@ class _PreparedRun:
             # The runs its program trained together (this launch): wall_seconds is the
             # program's, so a run's share of it is wall_seconds / program_runs.
             "program_runs": getattr(self, "program_runs", 1),
+            # The other runs of its program (a sweep's run names; [] alone): a run's numbers
+            # do not depend on them (docs/measurements/batch_mates.md), but a reader can check.
+            "program_mates": getattr(self, "program_mates", []),
         }
         if state is not None:
             for monitor in self.monitors:
@@ -543,7 +553,8 @@ def train_and_evaluate(
       target_accuracy_at_best_val, target_macro_f1_at_best_val, macro_f1_classes ("present in
       the labels": each macro-F1 is the mean F1 over the classes of the evaluated set's labels,
       `metrics.macro_f1_from_confusion`), program_runs (the runs its program
-      trained together; its wall_seconds are the program's); with evaluation.per_client, the
+      trained together; its wall_seconds are the program's) and program_mates (the other
+      runs' names); with evaluation.per_client, the
       per-client entries (docs/guide/per_client.md).
 
     Raises:
@@ -574,12 +585,19 @@ def train_and_evaluate(
         return outcome
 
 
+# The samplers the header already describes (Poisson's line; every client or m of M: the
+# participants a round).
+BUILT_IN_SAMPLERS = (EveryClient, WithoutReplacement, PoissonSampling)
+
+
 def _train_group(prepared: Sequence[_PreparedRun], *, progress: bool = False) -> list:
     """run_trainings of the prepared runs (on the first one's engine settings); with `progress`,
     one bar over the group's rounds."""
     runs = [p.run for p in prepared]
-    for p in prepared:  # recorded: a run's wall time is its program's, shared by its runs
+    names = [ACTIVITY.names.get(p.key, os.path.basename(str(p.workdir.path))) for p in prepared]
+    for index, p in enumerate(prepared):  # recorded: its wall time is its program's
         p.program_runs = len(prepared)
+        p.program_mates = names[:index] + names[index + 1:]
     ACTIVITY.run_training(p.key for p in prepared)
     engine = prepared[0].config.engine
     options = dict(backend=engine.backend, chunk_size=engine.chunk_size)
