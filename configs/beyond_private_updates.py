@@ -65,7 +65,8 @@ McMahan et al.'s fixed-denominator estimator (alpha over every client / q) and a
 zero-out (the Poisson-subsampled Gaussian; dp-accounting's REPLACE_SPECIAL): the epsilons are
 for another neighbouring relation than the rows above (REPRODUCTION.md, "Under Poisson
 sampling"). 75 runs in 1,869 s
-(31 min) on the 2-core VM, 23 diverged.
+(31 min) on the 2-core VM, 23 diverged; regenerated 2026-12-02 after the batch-mates fix in
+4,072 s beside a test suite, 23 diverged.
 """
 
 import ml_collections
