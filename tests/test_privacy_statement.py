@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 
+import numpy as np
 import pytest
 
 import fedjax_pals as fjp
@@ -191,6 +192,16 @@ def test_the_statement_equals_what_runs_record(tmp_path):
         first = json.load(f)
     assert first["config"]["algorithm"]["label_dp_epsilon"] == labels.epsilon
     assert "label DP epsilon 2 (per example)" in progress.result_line(first, 1.0)
+    # Both releases per client, as the statement states them (Laplace label DP: group privacy
+    # over n_i examples plus the updates' epsilon); without label DP, S_i is not protected.
+    level = fjp.privacy_statement(configs[0]).client_level
+    sizes = np.asarray(first["partition"]["client_sizes"], np.float64)
+    assert first["dp_client_level"]["status"] == "stated"
+    assert first["dp_client_level"]["epsilon_max"] == pytest.approx(
+        level.epsilon(int(sizes.max())), rel=1e-12)
+    assert first["dp_client_level"]["epsilon_median"] == pytest.approx(
+        level.updates_epsilon + np.median(sizes) * level.label_epsilon_per_example, rel=1e-12)
+    assert recorded["dp_client_level"]["status"] == "not protected"
 
 
 # -- the final line and the sweep's table -------------------------------------------------------

@@ -670,8 +670,12 @@ class UpdatesPrivacyMonitor(registry.Monitor):
     spent through each evaluated round, and the last round's noise std per coordinate and
     signal-to-noise ratio (`signal_to_noise`)."""
 
-    def __init__(self, hp: PrivateUpdatesHyperparameters, spent: UpdatesBudget):
+    def __init__(self, hp: PrivateUpdatesHyperparameters, spent: UpdatesBudget,
+                 label_dp: Any = None, client_sizes: Any = None):
         self.hp, self.spent = hp, spent
+        # Label DP's settings where the run releases the S_i through it, and the clients'
+        # sizes: both releases per client (`client_level`).
+        self.label_dp, self.client_sizes = label_dp, client_sizes
         self.evaluations: list[dict] = []
 
     def _round(self, state) -> int:
@@ -707,6 +711,12 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             f"DP on updates: {clip}, noise multiplier sigma={s.noise_multiplier:.4g} ({how}), "
             f"delta={s.delta:g}, {sampling}; {relation}, {s.accountant.upper()} accountant"
         )
+
+    def client_level(self, rounds: int) -> dict:
+        """Both of the run's releases per client through `rounds` rounds
+        (`client_level_privacy`)."""
+        return client_level_privacy(self.spent.epsilon(rounds), self.spent.delta, self.label_dp,
+                                    self.client_sizes)
 
     def _clip_norm(self, state) -> float:
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
@@ -757,8 +767,30 @@ class UpdatesPrivacyMonitor(registry.Monitor):
             "dp_neighbouring_relation": self.spent.relation,
             "dp_accountant": self.spent.accountant,
             "dp_clipping": self.hp.clipping,
+            "dp_client_level": self.client_level(self._round(state)),
             "dp_evaluations": self.evaluations,
         }
+
+
+def client_level_privacy(updates_epsilon: float, delta: float, label_dp: Any,
+                         client_sizes: Any) -> dict:
+    """Both releases of a run per client (the run's label marginals S_i and its updates), as
+    `fjp.privacy_statement` states them: with Laplace label DP at epsilon_S per example, client
+    i's (epsilon_updates + n_i epsilon_S, delta) by group privacy and basic composition (the
+    largest and the median over the clients); without label DP, S_i is exact: "not protected";
+    with Gaussian label DP, the group's delta is not stated: "not stated"."""
+    if label_dp is None:
+        return {"status": "not protected",
+                "why": "no label DP: the server's weights read each client's exact S_i"}
+    if getattr(label_dp, "label_dp_mechanism", "laplace") not in (None, "laplace"):
+        return {"status": "not stated",
+                "why": "Gaussian label DP: its group privacy over n_i examples multiplies delta "
+                       "by up to n_i e^((n_i - 1) epsilon_S)"}
+    sizes = np.asarray(client_sizes, np.float64)
+    per_client = updates_epsilon + sizes * float(label_dp.label_dp_epsilon)
+    return {"status": "stated", "rule": "epsilon_updates + n_i x epsilon_S",
+            "epsilon_max": float(per_client.max()),
+            "epsilon_median": float(np.median(per_client)), "delta": float(delta)}
 
 
 def _monitor(hp: PrivateUpdatesHyperparameters, task: Any) -> UpdatesPrivacyMonitor:
@@ -767,7 +799,9 @@ def _monitor(hp: PrivateUpdatesHyperparameters, task: Any) -> UpdatesPrivacyMoni
         clients_per_round=task.clients_per_round, sampling_rate=task.sampling_rate,
         sampler=getattr(task, "sampler", None),
     )
-    return UpdatesPrivacyMonitor(hp, budget(hp, context))
+    label_dp = next((settings for feature, settings in getattr(task, "features", ())
+                     if feature.name == "label_dp"), None)
+    return UpdatesPrivacyMonitor(hp, budget(hp, context), label_dp, task.partition.client_sizes)
 
 
 registry.register_feature(
