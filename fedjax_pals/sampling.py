@@ -28,9 +28,108 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_pals import _validation, extensions
+
+# The random streams of the draws (the run's seed's; the training's own are 0 and 1).
+_SAMPLING_STREAM, _POISSON_STREAM = 2, 3
+# Poisson sampling's lanes are as many as a round draws clients with at least this probability
+# less than one (`poisson_capacity`): a round that draws more stops the run, never truncates.
+POISSON_OVERFLOW_PROBABILITY = 1e-9
+
+
+def sample_participants(
+    seed: int, round_index: int, num_clients: int, clients_per_round: int | None
+) -> np.ndarray:
+    """The sorted client ids taking part in round `round_index`.
+
+    Depends only on (seed, round_index): reproducible, and independent of what happened in earlier
+    rounds. None or num_clients means every client. Up to `PERMUTATION_SAMPLING_MAX_CLIENTS` clients
+    the sample is a random permutation's prefix (O(M log M)); above, it is drawn in O(m).
+    """
+    if clients_per_round is not None and (
+        isinstance(clients_per_round, (bool, np.bool_))
+        or not isinstance(clients_per_round, (int, np.integer))
+        or not 1 <= clients_per_round <= num_clients
+    ):
+        raise ValueError(
+            f"clients_per_round must be an integer in [1, {num_clients}], got "
+            f"{clients_per_round!r}."
+        )
+    if clients_per_round is None or clients_per_round == num_clients:
+        return np.arange(num_clients, dtype=np.int32)
+    if num_clients <= PERMUTATION_SAMPLING_MAX_CLIENTS:
+        key = jax.random.fold_in(
+            jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
+        )
+        return np.asarray(_choose_by_permutation(key, num_clients, clients_per_round))
+    # O(m) for m << M (Generator.choice draws by Floyd's algorithm when m <= M / 50).
+    rng = np.random.default_rng([_SAMPLING_STREAM, int(seed), int(round_index)])
+    return np.sort(rng.choice(num_clients, clients_per_round, replace=False)).astype(np.int32)
+
+
+def poisson_capacity(num_clients: int, sampling_rate: float) -> int:
+    """The lanes a round of Poisson sampling needs: the smallest k with P(Binomial(M, q) > k)
+    <= `POISSON_OVERFLOW_PROBABILITY` (at most M, at least 1). The engine's shapes are static,
+    so a round runs k lanes; the ones no client drew are padding (no step, weight 0)."""
+    from scipy import stats
+
+    _check_sampling_rate(sampling_rate)
+    m = int(num_clients)
+    k = int(stats.binom.isf(POISSON_OVERFLOW_PROBABILITY, m, sampling_rate))
+    while k < m and stats.binom.sf(k, m, sampling_rate) > POISSON_OVERFLOW_PROBABILITY:
+        k += 1
+    return max(1, min(k, m))
+
+
+def _check_sampling_rate(sampling_rate) -> float:
+    return float(_validation.check_number(
+        "the Poisson sampling rate", sampling_rate, low=0.0, high=1.0, low_open=True))
+
+
+def sample_poisson_participants(
+    seed: int, round_index: int, num_clients: int, sampling_rate: float, lanes: int
+) -> np.ndarray:
+    """Round `round_index`'s participants under Poisson sampling: each of the M clients takes
+    part independently with probability q (McMahan et al., ICLR 2018), its id sorted, then
+    padded to `lanes` with the id M (no client: the engine gives such a lane no step and no
+    weight). Depends only on (seed, round_index), as `sample_participants`.
+
+    Raises:
+      ValueError: the round drew more clients than `lanes` (see `poisson_capacity`).
+    """
+    rate = _check_sampling_rate(sampling_rate)
+    rng = np.random.default_rng([_POISSON_STREAM, int(seed), int(round_index)])
+    drawn = np.flatnonzero(rng.random(int(num_clients)) < rate).astype(np.int32)
+    if drawn.size > lanes:
+        raise ValueError(
+            f"Poisson sampling drew {drawn.size} clients in round {round_index + 1}, more than "
+            f"the round's {lanes} lanes (q={rate:g} of {num_clients} clients). Give more lanes "
+            "(poisson_capacity's tail probability is POISSON_OVERFLOW_PROBABILITY)."
+        )
+    return np.concatenate([drawn, np.full(lanes - drawn.size, num_clients, np.int32)])
+
+
+# Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
+# `choice` without replacement), so the same seed gives the same clients as in every run
+# recorded so far; above it, `np.random.Generator.choice` (O(m); timings in
+# docs/decisions/0009-client-sampling-in-o-m.md).
+PERMUTATION_SAMPLING_MAX_CLIENTS = 4096
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _choose_by_permutation(key, num_clients: int, clients_per_round: int):
+    return jnp.sort(
+        jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
+    ).astype(jnp.int32)
+
+
+
 
 
 class Accounting(NamedTuple):
@@ -124,8 +223,6 @@ class WithoutReplacement(ClientSampler):
         return int(self.clients_per_round)
 
     def draw(self, seed: int, round_index: int, num_clients: int) -> np.ndarray:
-        from fedjax_pals.training import sample_participants
-
         return sample_participants(seed, round_index, num_clients, self.clients_per_round)
 
     def accounting(self, num_clients: int) -> Accounting:
@@ -154,13 +251,9 @@ class PoissonSampling(ClientSampler):
         return self.sampling_rate
 
     def lanes(self, num_clients: int) -> int:
-        from fedjax_pals.training import poisson_capacity
-
         return poisson_capacity(num_clients, self.sampling_rate)
 
     def draw(self, seed: int, round_index: int, num_clients: int) -> np.ndarray:
-        from fedjax_pals.training import sample_poisson_participants
-
         return sample_poisson_participants(seed, round_index, num_clients, self.sampling_rate,
                                            self.lanes(num_clients))
 

@@ -22,7 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_pals import _validation
+from fedjax_pals import sampling
+# The draws live in sampling.py (its samplers use them); here as they always were.
+from fedjax_pals.sampling import (  # noqa: F401
+    PERMUTATION_SAMPLING_MAX_CLIENTS, POISSON_OVERFLOW_PROBABILITY, _check_sampling_rate,
+    poisson_capacity, sample_participants, sample_poisson_participants,
+)
 from fedjax_pals.algorithms import FederatedAlgorithm, ServerState, init_server_state
 from fedjax_pals.data import Dataset, FederatedPartition
 from fedjax_pals.engine import (
@@ -37,11 +42,7 @@ from fedjax_pals.data.client_sets import ClientEvaluationSets
 from fedjax_pals.metrics import client_accuracies, make_evaluator
 from fedjax_pals.models import Model, model_for_data
 
-_INIT_STREAM, _ROUND_STREAM, _SAMPLING_STREAM, _POISSON_STREAM = 0, 1, 2, 3
-
-# Poisson sampling's lanes are as many as a round draws clients with at least this probability
-# less than one (`poisson_capacity`): a round that draws more stops the run, never truncates.
-POISSON_OVERFLOW_PROBABILITY = 1e-9
+_INIT_STREAM, _ROUND_STREAM = 0, 1  # the sampling streams (2, 3) are sampling.py's
 
 # A training loss above DIVERGENCE_FACTOR * max(log K, L_0) is divergence (`divergence_limit`).
 DIVERGENCE_FACTOR = 10.0
@@ -49,98 +50,6 @@ DIVERGENCE_FACTOR = 10.0
 
 class TrainingDivergedError(FloatingPointError):
     """The training loss became non-finite or exploded (see `divergence_limit`)."""
-
-
-def sample_participants(
-    seed: int, round_index: int, num_clients: int, clients_per_round: int | None
-) -> np.ndarray:
-    """The sorted client ids taking part in round `round_index`.
-
-    Depends only on (seed, round_index): reproducible, and independent of what happened in earlier
-    rounds. None or num_clients means every client. Up to `PERMUTATION_SAMPLING_MAX_CLIENTS` clients
-    the sample is a random permutation's prefix (O(M log M)); above, it is drawn in O(m).
-    """
-    if clients_per_round is not None and (
-        isinstance(clients_per_round, (bool, np.bool_))
-        or not isinstance(clients_per_round, (int, np.integer))
-        or not 1 <= clients_per_round <= num_clients
-    ):
-        raise ValueError(
-            f"clients_per_round must be an integer in [1, {num_clients}], got "
-            f"{clients_per_round!r}."
-        )
-    if clients_per_round is None or clients_per_round == num_clients:
-        return np.arange(num_clients, dtype=np.int32)
-    if num_clients <= PERMUTATION_SAMPLING_MAX_CLIENTS:
-        key = jax.random.fold_in(
-            jax.random.fold_in(jax.random.PRNGKey(seed), _SAMPLING_STREAM), round_index
-        )
-        return np.asarray(_choose_by_permutation(key, num_clients, clients_per_round))
-    # O(m) for m << M (Generator.choice draws by Floyd's algorithm when m <= M / 50).
-    rng = np.random.default_rng([_SAMPLING_STREAM, int(seed), int(round_index)])
-    return np.sort(rng.choice(num_clients, clients_per_round, replace=False)).astype(np.int32)
-
-
-def poisson_capacity(num_clients: int, sampling_rate: float) -> int:
-    """The lanes a round of Poisson sampling needs: the smallest k with P(Binomial(M, q) > k)
-    <= `POISSON_OVERFLOW_PROBABILITY` (at most M, at least 1). The engine's shapes are static,
-    so a round runs k lanes; the ones no client drew are padding (no step, weight 0)."""
-    from scipy import stats
-
-    _check_sampling_rate(sampling_rate)
-    m = int(num_clients)
-    k = int(stats.binom.isf(POISSON_OVERFLOW_PROBABILITY, m, sampling_rate))
-    while k < m and stats.binom.sf(k, m, sampling_rate) > POISSON_OVERFLOW_PROBABILITY:
-        k += 1
-    return max(1, min(k, m))
-
-
-def _check_sampling_rate(sampling_rate) -> float:
-    return float(_validation.check_number(
-        "the Poisson sampling rate", sampling_rate, low=0.0, high=1.0, low_open=True))
-
-
-def sample_poisson_participants(
-    seed: int, round_index: int, num_clients: int, sampling_rate: float, lanes: int
-) -> np.ndarray:
-    """Round `round_index`'s participants under Poisson sampling: each of the M clients takes
-    part independently with probability q (McMahan et al., ICLR 2018), its id sorted, then
-    padded to `lanes` with the id M (no client: the engine gives such a lane no step and no
-    weight). Depends only on (seed, round_index), as `sample_participants`.
-
-    Raises:
-      ValueError: the round drew more clients than `lanes` (see `poisson_capacity`).
-    """
-    rate = _check_sampling_rate(sampling_rate)
-    rng = np.random.default_rng([_POISSON_STREAM, int(seed), int(round_index)])
-    drawn = np.flatnonzero(rng.random(int(num_clients)) < rate).astype(np.int32)
-    if drawn.size > lanes:
-        raise ValueError(
-            f"Poisson sampling drew {drawn.size} clients in round {round_index + 1}, more than "
-            f"the round's {lanes} lanes (q={rate:g} of {num_clients} clients). Give more lanes "
-            "(poisson_capacity's tail probability is POISSON_OVERFLOW_PROBABILITY)."
-        )
-    return np.concatenate([drawn, np.full(lanes - drawn.size, num_clients, np.int32)])
-
-
-# Up to this many clients the sample is a prefix of a random permutation of all M ids (jax's
-# `choice` without replacement), so the same seed gives the same clients as in every run
-# recorded so far; above it, `np.random.Generator.choice` (O(m); timings in
-# docs/decisions/0009-client-sampling-in-o-m.md).
-PERMUTATION_SAMPLING_MAX_CLIENTS = 4096
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _choose_by_permutation(key, num_clients: int, clients_per_round: int):
-    return jnp.sort(
-        jax.random.choice(key, num_clients, (clients_per_round,), replace=False)
-    ).astype(jnp.int32)
-
-
-def _poisson_sampler():
-    from fedjax_pals.sampling import PoissonSampling
-
-    return PoissonSampling
 
 
 def clients_per_round_from(
@@ -255,8 +164,6 @@ class TrainingRun:
         client_sets: ClientEvaluationSets | None = None,
         sampler: Any = None,
     ):
-        from fedjax_pals import sampling  # its samplers draw with this module's functions
-
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}.")
         if eval_every < 1:
@@ -380,20 +287,23 @@ class TrainingRun:
         """Round `round_index`'s client ids, as the run's sampler draws them
         (`fedjax_pals.sampling`): `clients_per_round` lanes, those no client drew last with the
         id M. ValueError for a draw of another shape or out-of-range ids."""
-        if self.sampling_rate is not None and isinstance(self.sampler, _poisson_sampler()):
+        if self.sampling_rate is not None and isinstance(self.sampler, sampling.PoissonSampling):
             # The older Poisson arguments may give more lanes than the sampler's own.
             return sample_poisson_participants(
                 self.seed, round_index, self.partition.num_clients, self.sampling_rate,
                 self.clients_per_round,
             )
         drawn = np.asarray(self.sampler.draw(self.seed, round_index, self.partition.num_clients))
+        clients = drawn[drawn < self.partition.num_clients] if drawn.ndim == 1 else drawn
         if drawn.shape != (self.clients_per_round,) or not np.issubdtype(drawn.dtype, np.integer) \
-                or np.any(drawn < 0) or np.any(drawn > self.partition.num_clients):
+                or np.any(drawn < 0) or np.any(drawn > self.partition.num_clients) \
+                or np.any(np.diff(clients) <= 0) or np.any(np.diff(drawn) < 0):
             raise ValueError(
                 f"client sampler {type(self.sampler).__name__}: its draw for round "
                 f"{round_index + 1} is {drawn.dtype} of shape {drawn.shape}, not "
-                f"{self.clients_per_round} client ids in [0, {self.partition.num_clients}] (the "
-                "id M marks a lane no client drew).")
+                f"{self.clients_per_round} distinct client ids in [0, "
+                f"{self.partition.num_clients}], sorted, the id M last for a lane no client "
+                "drew (a client in two lanes would weigh twice).")
         return drawn.astype(np.int32)
 
     def round_key(self, round_index: int) -> jax.Array:

@@ -103,6 +103,54 @@ def test_a_users_sampler_from_the_docs_draws_every_round_of_a_run(samplers_resto
     assert set(summary["runs"].values()) == {"done"}, summary["runs"]
 
 
+def test_a_sampler_with_more_lanes_than_its_count_resolves_to_itself(samplers_restored):
+    """The resolved section keeps the count (not the lanes) that the sampler is built from:
+    validating it again gives the same section, and the task runs the sampler's lanes."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Spare(fjp.ClientSampler):
+        clients_per_round: int
+        name = "spare"
+
+        def lanes(self, num_clients):
+            return 2 * self.clients_per_round
+
+        def draw(self, seed, round_index, num_clients):
+            drawn = np.arange(self.clients_per_round, dtype=np.int32)
+            return np.concatenate([drawn, np.full(self.clients_per_round, num_clients, np.int32)])
+
+    fjp.register_client_sampler("spare", lambda training, m: Spare(training["clients_per_round"]))
+    config = _cyclic_config()
+    config.training.client_sampling = "spare"
+    resolved = fjp.resolve_config(config)
+    assert resolved.config.training.clients_per_round == 1
+    assert fjp.resolve_config(resolved).digest == resolved.digest
+    assert fjp.build_task(config).clients_per_round == 2
+
+
+def test_a_sampler_accounted_as_poisson_needs_weights_that_bound_a_clients_weight(
+        samplers_restored):
+    @dataclasses.dataclass(frozen=True)
+    class ClaimsPoisson(fjp.ClientSampler):
+        name = "claims_poisson"
+
+        def lanes(self, num_clients):
+            return num_clients
+
+        def draw(self, seed, round_index, num_clients):
+            return np.arange(num_clients, dtype=np.int32)
+
+        def accounting(self, num_clients):
+            return sampling.Accounting(num_clients, 0.5)
+
+    fjp.register_client_sampler("claims_poisson", lambda training, m: ClaimsPoisson())
+    config = _cyclic_config()
+    config.training.client_sampling = "claims_poisson"
+    with pytest.raises(fjp.TaskError, match="accounted as Poisson sampling .* declares no largest "
+                       "weight"):
+        fjp.build_task(config)
+
+
 def test_dp_on_updates_is_refused_for_a_sampler_without_accounting(samplers_restored):
     _docs_sampler()
     config = _cyclic_config()
@@ -131,7 +179,17 @@ def test_a_sampler_whose_draw_or_lanes_are_wrong_is_refused(samplers_restored):
     run = fjp.training.TrainingRun(task.algorithm, task.model, task.dataset, task.partition,
                                    task.training, rounds=1, sampler=task.sampler)
     with pytest.raises(ValueError, match=r"its draw for round 1 is int32 of shape \(3,\), not 2 "
-                       "client ids"):
+                       "distinct client ids"):
+        run.participants(0)
+
+    @dataclasses.dataclass(frozen=True)
+    class Twice(TooMany):
+        def draw(self, seed, round_index, num_clients):
+            return np.array([0, 0], np.int32)  # one client in two lanes: twice its weight
+
+    run = fjp.training.TrainingRun(task.algorithm, task.model, task.dataset, task.partition,
+                                   task.training, rounds=1, sampler=Twice())
+    with pytest.raises(ValueError, match="a client in two lanes would weigh twice"):
         run.participants(0)
     fjp.register_client_sampler("too_many", lambda training, num_clients: "x", replace=True)
     with pytest.raises(fjp.ConfigError, match="returned str, not a fedjax_pals.ClientSampler"):

@@ -239,3 +239,21 @@ def test_an_old_style_wrapper_is_still_looked_through_for_a_server_optimiser_and
     assert isinstance(wrapped.server_update.inner.step,
                       fjp.algorithms.server_optimizers.OptimizerUpdate)
     assert wrapped.server_optimizer is not None
+
+
+def test_a_wrapper_around_the_chain_is_refused_where_the_weighting_declares_a_bound():
+    """Under Poisson sampling the chain must receive the bound: an old-style wrapper would run
+    it without, the noise scaled to the round's lanes."""
+    m = 4
+    dists = RNG.dirichlet(np.ones(3), size=m)
+    algorithm = poisson_sampling.with_poisson_sampling(
+        private_updates.with_private_updates(fjp.fedavg(), 0.5, 1.0, 0), 0.5, dists,
+        np.full(m, 10.0))
+    wrapped = algorithm._replace(server_update=_OldStyleWrapper(algorithm.server_update))
+    state = fjp.init_server_state(wrapped, {"w": jnp.zeros(3)}, m)
+    lanes = jnp.arange(m)
+    weights = wrapped.weighting.weights(None, None, state, lanes)
+    with pytest.raises(ValueError, match="only a server chain passes to its links"):
+        fjp.algorithms.server_round(wrapped, state, lanes, _outputs({"w": jnp.zeros((m, 3))}, m),
+                                    weights)
+

@@ -490,9 +490,16 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
         )
     if values["dp_delta"] is None:
         raise ValueError("config.algorithm.dp_delta is None, but DP on updates needs it.")
-    if facts.sampling_rate is not None and values["dp_clip_quantile"] is not None:
+    # The sampling as DP on updates accounts it (the run's sampler's `accounting()`; a user's
+    # sampler may account as Poisson sampling or as m of M).
+    per_round, rate = facts.clients_per_round, facts.sampling_rate
+    if facts.training_clients is not None:
+        per_round, rate = accounted_sampling(
+            facts.sampler, facts.training_clients,
+            facts.clients_per_round or facts.training_clients, facts.sampling_rate)
+    if rate is not None and values["dp_clip_quantile"] is not None:
         raise ValueError(
-            "config.algorithm.dp_clip_quantile is set, but training.client_sampling='poisson': "
+            "config.algorithm.dp_clip_quantile is set, but the clients are Poisson-sampled: "
             "adaptive clipping counts the clipped updates among a round's participants, a "
             "number Poisson sampling leaves to chance. Use fixed clipping with Poisson sampling."
         )
@@ -517,10 +524,9 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
                 "2 sigma C max_i alpha_i bounds what adding or removing a client changes. Use "
                 "dp_neighbouring_relation='zero_out' (the weights public and held fixed)."
             )
-        sampled = (facts.sampling_rate is not None and facts.sampling_rate < 1) or (
-            facts.sampling_rate is None and facts.clients_per_round is not None
-            and facts.training_clients is not None
-            and facts.clients_per_round < facts.training_clients)
+        sampled = (rate is not None and rate < 1) or (
+            rate is None and per_round is not None and facts.training_clients is not None
+            and per_round < facts.training_clients)
         if sampled:
             raise ValueError(
                 "config.algorithm.dp_neighbouring_relation='add_remove' is set, but the clients "
@@ -530,9 +536,6 @@ def _resolve(values: dict, facts: registry.RunFacts) -> dict:
             )
     if facts.rounds is not None and facts.training_clients is not None:
         # The budget against the run's rounds and clients, before any data is read.
-        per_round, rate = accounted_sampling(
-            facts.sampler, facts.training_clients,
-            facts.clients_per_round or facts.training_clients, facts.sampling_rate)
         budget_for(PrivateUpdatesHyperparameters(**values), facts.training_clients,
                    per_round, facts.rounds, sampling_rate=rate)
     return values

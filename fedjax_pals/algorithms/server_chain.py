@@ -35,11 +35,89 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-
-from fedjax_pals.algorithms.server_optimizers import WeightedAverageUpdate
+import optax
 
 if TYPE_CHECKING:  # base imports this module
     from fedjax_pals.algorithms.base import ClientOutputs, FederatedAlgorithm, ServerState
+
+# -- the steps: what closes the chain ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedAverageUpdate:
+    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta): the plain server update.
+
+    With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i, the
+    aggregation of FedAvg (eq. 4) and FedPALS (eq. 8). A value, not a closure: equal learning
+    rates give equal updates (one compiled round), and `with_server_optimizer` recognises it
+    by type.
+    """
+
+    server_learning_rate: float = 1.0
+
+    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
+        step = jax.tree_util.tree_map(
+            lambda delta: self.server_learning_rate * delta,
+            _weighted_mean_delta(outputs.deltas, weights),
+        )
+        return state._replace(
+            params=optax.apply_updates(state.params, step),
+            client_states=_set_client_states(state, participants, outputs),
+        )
+
+
+def _set_client_states(state, participants, outputs):
+    """The participants' new persistent states written into the all-client stack."""
+    return jax.tree_util.tree_map(
+        lambda all_states, new: all_states.at[participants].set(new),
+        state.client_states,
+        outputs.client_states,
+    )
+
+
+def weighted_average_update(server_learning_rate: float = 1.0) -> WeightedAverageUpdate:
+    """The plain server update (`WeightedAverageUpdate`)."""
+    return WeightedAverageUpdate(server_learning_rate)
+
+
+def _weighted_mean_delta(deltas, weights):
+    """sum_i alpha_i (theta_i - theta)."""
+    return jax.tree_util.tree_map(
+        lambda delta: jnp.tensordot(weights.astype(delta.dtype), delta, axes=1), deltas
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerUpdate:
+    """The server chain's step with a server optimiser: theta <- theta + optimizer step on
+    -(sum_i alpha_i Delta_i), alpha from any weighting; reads and writes
+    `state.server_opt_state` (initialised by `init_server_state` from
+    `FederatedAlgorithm.server_optimizer`). A value: the same optimiser, one compiled round."""
+
+    optimizer: optax.GradientTransformation
+    label: str = "a server optimiser"
+
+    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
+        delta = _weighted_mean_delta(outputs.deltas, weights)
+        pseudo_gradient = jax.tree_util.tree_map(jnp.negative, delta)
+        updates, opt_state = self.optimizer.update(
+            pseudo_gradient, state.server_opt_state, state.params)
+        return state._replace(
+            params=optax.apply_updates(state.params, updates),
+            client_states=_set_client_states(state, participants, outputs),
+            server_opt_state=opt_state,
+        )
+
+
+def optimizer_update(optimizer: optax.GradientTransformation,
+                     label: str = "a server optimiser") -> OptimizerUpdate:
+    """The server chain's step with `optimizer` (`OptimizerUpdate`)."""
+    return OptimizerUpdate(optimizer, label)
+
+
+
+
+# -- the chain ---------------------------------------------------------------------------------
 
 # The links' slots, in the order their links run (between the weights and the step).
 SLOTS = ("clip", "transform", "noise")
@@ -186,9 +264,17 @@ def server_round(algorithm: FederatedAlgorithm, state: ServerState, participants
     declares (`Weighting.max_weight`), or the method's own server update."""
     update = algorithm.server_update
     declared = algorithm.weighting.max_weight
-    if isinstance(update, ServerChain) and declared is not None:
+    if declared is not None and isinstance(update, ServerChain):
         return update(state, participants, outputs, weights,
                       max_weight=declared(state, weights))
+    if declared is not None and not isinstance(update, WeightedAverageUpdate):
+        # A wrapper around the chain (the convention before it) would run the chain without
+        # the bound: noise scaled to the round's lanes, too small under Poisson sampling.
+        raise ValueError(
+            f"{algorithm.name!r}: its weighting declares the largest weight a client can "
+            f"receive (Poisson sampling), which only a server chain passes to its links, but "
+            f"its server update is {type(update).__name__}; make what wraps the chain a link "
+            "(fjp.ServerLink, fjp.with_link).")
     return update(state, participants, outputs, weights)
 
 

@@ -40,6 +40,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_pals import _validation, deprecation, extensions
+from fedjax_pals.algorithms import server_chain
+# The chain's steps live in server_chain.py; here, where they have always been imported from.
+from fedjax_pals.algorithms.server_chain import (  # noqa: F401
+    OptimizerUpdate, WeightedAverageUpdate, optimizer_update, weighted_average_update,
+)
 
 if TYPE_CHECKING:  # for annotations only: base.py imports this module
     from fedjax_pals.algorithms.base import (
@@ -240,78 +245,6 @@ def _check_decay(name: str, value: float) -> float:
     return value
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightedAverageUpdate:
-    """theta <- theta + eta_g * sum_i alpha_i (theta_i - theta): the plain server update.
-
-    With eta_g = 1 and alpha on the simplex this is theta = sum_i alpha_i theta_i, the
-    aggregation of FedAvg (eq. 4) and FedPALS (eq. 8). A value, not a closure: equal learning
-    rates give equal updates (one compiled round), and `with_server_optimizer` recognises it
-    by type.
-    """
-
-    server_learning_rate: float = 1.0
-
-    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
-        step = jax.tree_util.tree_map(
-            lambda delta: self.server_learning_rate * delta,
-            _weighted_mean_delta(outputs.deltas, weights),
-        )
-        return state._replace(
-            params=optax.apply_updates(state.params, step),
-            client_states=_set_client_states(state, participants, outputs),
-        )
-
-
-def _set_client_states(state, participants, outputs):
-    """The participants' new persistent states written into the all-client stack."""
-    return jax.tree_util.tree_map(
-        lambda all_states, new: all_states.at[participants].set(new),
-        state.client_states,
-        outputs.client_states,
-    )
-
-
-def weighted_average_update(server_learning_rate: float = 1.0) -> WeightedAverageUpdate:
-    """The plain server update (`WeightedAverageUpdate`)."""
-    return WeightedAverageUpdate(server_learning_rate)
-
-
-def _weighted_mean_delta(deltas, weights):
-    """sum_i alpha_i (theta_i - theta)."""
-    return jax.tree_util.tree_map(
-        lambda delta: jnp.tensordot(weights.astype(delta.dtype), delta, axes=1), deltas
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerUpdate:
-    """The server chain's step with a server optimiser: theta <- theta + optimizer step on
-    -(sum_i alpha_i Delta_i), alpha from any weighting; reads and writes
-    `state.server_opt_state` (initialised by `init_server_state` from
-    `FederatedAlgorithm.server_optimizer`). A value: the same optimiser, one compiled round."""
-
-    optimizer: optax.GradientTransformation
-    label: str = "a server optimiser"
-
-    def __call__(self, state: ServerState, participants, outputs: ClientOutputs, weights):
-        delta = _weighted_mean_delta(outputs.deltas, weights)
-        pseudo_gradient = jax.tree_util.tree_map(jnp.negative, delta)
-        updates, opt_state = self.optimizer.update(
-            pseudo_gradient, state.server_opt_state, state.params)
-        return state._replace(
-            params=optax.apply_updates(state.params, updates),
-            client_states=_set_client_states(state, participants, outputs),
-            server_opt_state=opt_state,
-        )
-
-
-def optimizer_update(optimizer: optax.GradientTransformation,
-                     label: str = "a server optimiser") -> OptimizerUpdate:
-    """The server chain's step with `optimizer` (`OptimizerUpdate`)."""
-    return OptimizerUpdate(optimizer, label)
-
-
 def with_server_optimizer(
     algorithm: FederatedAlgorithm, optimizer: optax.GradientTransformation, label: str = "opt"
 ) -> FederatedAlgorithm:
@@ -319,8 +252,6 @@ def with_server_optimizer(
     average (`fedjax_pals.algorithms.server_chain`: after the chain's links, so DP on updates'
     noised aggregate is what the optimiser steps on); SCAFFOLD's and AFL's server updates are
     their own: refused."""
-    from fedjax_pals.algorithms import server_chain  # imports this module
-
     update = algorithm.server_update
     if (not server_chain.is_chained(update) and dataclasses.is_dataclass(update)
             and "inner" in {f.name for f in dataclasses.fields(update)}

@@ -678,7 +678,9 @@ def _training_section(t: dict, training_clients: int) -> dict:
             raise ConfigError(
                 f"config.training.client_sampling={sampling!r}: its lanes({training_clients}) "
                 f"is {lanes!r}, not a number of lanes in [1, {training_clients}].")
-        return _local_training(t, rounds, clients_per_round=int(lanes), client_fraction=None,
+        # The count, not the lanes, is recorded: the task rebuilds the sampler from it (a
+        # resolved section resolves to itself), and the sampler says its lanes.
+        return _local_training(t, rounds, clients_per_round=count, client_fraction=None,
                                client_sampling=sampling)
     return _local_training(
         t, rounds, clients_per_round=count, client_fraction=None, client_sampling=None,

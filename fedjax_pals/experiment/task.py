@@ -320,6 +320,17 @@ def _build_task(config: ml_collections.ConfigDict) -> Task:
             algorithm, context.weight_label_dists, context.partition.client_sizes)
     except ValueError as error:
         raise TaskError(f"training.client_sampling={sampler.name!r}: {error}") from None
+    accounted = sampler.accounting(training_partition.num_clients)
+    if (accounted is not None and accounted.sampling_rate is not None
+            and algorithm.weighting.max_weight is None):
+        # Accounted as Poisson sampling, its weights must bound a client's weight over every
+        # client (the fixed-denominator weights), whoever is drawn.
+        raise TaskError(
+            f"training.client_sampling={sampler.name!r} is accounted as Poisson sampling "
+            f"(q = {accounted.sampling_rate:g}), but its weights link declares no largest "
+            "weight a client can receive: DP on updates' noise would follow the round's draw. "
+            "Give it with_weights = fjp.algorithms.with_poisson_sampling (or a weighting with "
+            "max_weight).")
     # What reports the method while it trains: it, and the lender of its weights.
     methods = registry.run_methods(a.name, a.weights, a)
     if config.server.optimizer is not None:  # else the plain weighted average, as before
