@@ -216,6 +216,7 @@ def get_config(which):
     if which == "grouped":
         config.dataset.name, config.partition.scheme = "mx_grouped", "natural"
         config.algorithm.name, config.algorithm.mx_mix = "mx_prox_fedpals", 0.3
+        config.algorithm.mx_damp = 0.9
     else:
         config.algorithm.name = "mx_scaled"
     return config
