@@ -89,6 +89,11 @@ CONFIG[beyond_unknown_target_c3]="configs/beyond_unknown_target.py:3"
 CONFIG[beyond_unknown_target_c2]="configs/beyond_unknown_target.py:2"
 CONFIG[beyond_feddisco_fedlc_c3]="configs/beyond_feddisco_fedlc.py:3"
 CONFIG[beyond_feddisco_fedlc_c2]="configs/beyond_feddisco_fedlc.py:2"
+# Loss reweighting (IW-ERM, T known and estimated; IW-ERM+FedPALS) and FedVLS(+FedPALS) beside
+# FedPALS, FedAvg and the Oracle on Table 1's rows (issue 60); the config's "session" budget:
+# 10 rounds, learning rate 0.1, lam = 0, 64 runs a row.
+CONFIG[beyond_loss_reweighting_c3]="configs/beyond_loss_reweighting.py:3,session"
+CONFIG[beyond_loss_reweighting_c2]="configs/beyond_loss_reweighting.py:2,session"
 # Commands of their own: the weights picture (no training) on a partition whose clients differ
 # in size (NIID-Bench's "#C=3": each label split evenly among its holders).
 declare -A RAW
@@ -112,6 +117,8 @@ FEDDISCO_FEDLC="--config.training.rounds=10 \
 --config.sweep.methods='(\"feddisco\",\"fedlc\")' --config.sweep.grid.training.learning_rate='(0.1,)' \
 --config.sweep.grid.algorithm.feddisco_a='(0.5,)' --config.sweep.grid.algorithm.feddisco_b='(0.1,)' \
 --config.sweep.grid.algorithm.fedlc_tau='(1.0,)'"
+ARGS[beyond_loss_reweighting_c3]=""
+ARGS[beyond_loss_reweighting_c2]=""
 ARGS[beyond_feddisco_fedlc_c3]="$FEDDISCO_FEDLC"
 ARGS[beyond_feddisco_fedlc_c2]="$FEDDISCO_FEDLC"
 ARGS[beyond_private_marginals]="--config.training.rounds=5 --config.sweep.seeds='(0,1)' ${SMALL_GRID[*]@Q}"
@@ -176,6 +183,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        table1_fmnist_c2 table1_fmnist_c2_scaffold beyond_adaptive_lambda_c2
        synthetic_fig9
        target_perturbation_table2 beyond_feddisco_fedlc_c3 beyond_feddisco_fedlc_c2
+       beyond_loss_reweighting_c3 beyond_loss_reweighting_c2
        beyond_unknown_target_c3 beyond_unknown_target_c2 beyond_unknown_target_loop_fresh_c3
        beyond_unknown_target_loop_fresh_c2 beyond_unknown_target_loop_table1_c3
        beyond_unknown_target_loop_issue_c3 beyond_unknown_target_loop_heldout_c3
