@@ -13,6 +13,10 @@ run), and every path runs it: `experiments.run` and a run extended by more round
 must equal the same run trained alone in this process (within float32 summation order:
 `LOSS_RTOL`); a restored model evaluates to the accuracy its run recorded, and an extended
 run keeps its first rounds bit for bit.
+
+The built-in label-shift methods of `configs/beyond_loss_reweighting.py` (IW-ERM with T
+estimated, IW-ERM and FedVLS with FedPALS' weights) run through `experiments.run`, a sweep and
+shards + collect, each run equal to itself trained alone.
 """
 
 import json
@@ -403,3 +407,104 @@ def test_runs_restore_and_extend_in_fresh_processes(project, alone, tmp_path):
         assert longer["rounds"] == [1, 2, 3]
         assert longer["train_loss"][:2] == results["train_loss"]
         assert longer["target_accuracy"][:2] == results["target_accuracy"]
+
+
+# -- the built-in label-shift methods of configs/beyond_loss_reweighting.py ----------------------
+#
+# IW-ERM with T estimated (a variant the config file registers), IW-ERM's and FedVLS' clients
+# with FedPALS' weights: every cell (method x path) equals the same run trained alone here.
+
+LOSS_REWEIGHTING_METHODS = ("iwerm_unknown_t", "iwerm_fedpals", "fedvls_fedpals")
+LOSS_REWEIGHTING_CONFIG = os.path.join(ROOT, "configs", "beyond_loss_reweighting.py")
+LOSS_REWEIGHTING_OVERRIDES = (
+    "--config.dataset.name=synthetic", "--config.training.rounds=2",
+    "--config.training.batch_size=8", "--config.sweep.seeds=(0,)", "--config.sweep.figures=()",
+    "--config.sweep.methods=(" + ",".join(f"'{m}'" for m in LOSS_REWEIGHTING_METHODS) + ",)",
+)
+# One run as a user writes it: the sweep's run of that name, from the config file (whose
+# import registers the variant in the process that runs it).
+LOSS_REWEIGHTING_RUN = f'''
+import importlib.util
+import fedjax_pals as fjp
+
+spec = importlib.util.spec_from_file_location("beyond_loss_reweighting", {LOSS_REWEIGHTING_CONFIG!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+
+def get_config(method):
+    config = module.get_config("3,session")
+    config.dataset.name, config.training.rounds, config.training.batch_size = "synthetic", 2, 8
+    config.sweep.seeds, config.sweep.methods = (0,), (method,)
+    ((_, run),) = fjp.expand_sweep(config)
+    return run
+'''
+
+
+def _loss_reweighting_sweep_config():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_beyond_loss_reweighting_matrix",
+                                                  LOSS_REWEIGHTING_CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("3,session")
+    config.dataset.name, config.training.rounds, config.training.batch_size = "synthetic", 2, 8
+    config.sweep.seeds, config.sweep.figures = (0,), ()
+    config.sweep.methods = LOSS_REWEIGHTING_METHODS
+    return config
+
+
+@pytest.fixture(scope="module")
+def loss_reweighting_alone(tmp_path_factory):
+    """{run name: results} of each of the config's tiny runs trained alone, in this process."""
+    expanded = sweep_lib.expand(_loss_reweighting_sweep_config())
+    root = tmp_path_factory.mktemp("loss_reweighting_alone")
+    alone = {run.name: fjp.train_and_evaluate(run.config, str(root / run.name), quiet=True)
+             for run in expanded.runs}
+    assert {name.split("/")[0] for name in alone} == set(LOSS_REWEIGHTING_METHODS)
+    return alone
+
+
+def _assert_same_builtin_run(got, want):
+    assert got["config_digest"] == want["config_digest"]
+    assert got["rounds"] == want["rounds"] == [1, 2]
+    np.testing.assert_allclose(got["train_loss"], want["train_loss"], rtol=LOSS_RTOL)
+    assert got["target_accuracy"] == want["target_accuracy"]
+    np.testing.assert_allclose(got["alpha"], want["alpha"], atol=1e-6)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("path", ("run", "sweep", "shards_and_collect_by_workdir"))
+def test_the_loss_reweighting_methods_compose_through_every_path(
+        path, loss_reweighting_alone, tmp_path):
+    workdir = tmp_path / "w"
+    sweep = ["-m", "experiments.sweep", f"--config={LOSS_REWEIGHTING_CONFIG}:3,session",
+             f"--workdir={workdir}", "--quiet", *LOSS_REWEIGHTING_OVERRIDES]
+    if path == "run":
+        (tmp_path / "my_run.py").write_text(LOSS_REWEIGHTING_RUN)
+        for name, want in loss_reweighting_alone.items():
+            method = name.split("/")[0]
+            done = _command("-m", "experiments.run", f"--config=my_run.py:{method}",
+                            f"--workdir={workdir / method}", "--quiet", cwd=tmp_path)
+            assert done.returncode == 0, done.stderr[-3000:]
+            _assert_same_builtin_run(_results(workdir / method), want)
+        return
+    if path == "sweep":
+        done = _command(*sweep, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        shards = [subprocess.Popen(
+            [sys.executable, *sweep, f"--shard={i}/2"], cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        for shard in shards:
+            output, _ = shard.communicate(timeout=600)
+            assert shard.returncode == 0, output[-3000:]
+        collect = _command("-m", "experiments.sweep", f"--workdir={workdir}", "--collect",
+                           cwd=tmp_path)
+        assert collect.returncode == 0, collect.stderr[-3000:]
+    for name, want in loss_reweighting_alone.items():
+        _assert_same_builtin_run(_results(workdir, os.path.join("runs", name)), want)
+    table = json.loads((workdir / "table.json").read_text())
+    assert [set(row["cells"]) for row in table["rows"]] == [set(LOSS_REWEIGHTING_METHODS)]
+    assert table["labels"]["iwerm_fedpals"] == "IW-ERM+FedPALS"

@@ -278,3 +278,52 @@ def test_the_unknown_t_config_has_an_iwerm_row_with_t_estimated():
     assert (resolved.algorithm.name, resolved.algorithm.weights) == ("iwerm", "fedavg")
     assert resolved.algorithm.target_estimation == "bbse_constrained"
     assert (resolved.algorithm.target_holdout, resolved.algorithm.target_damping) == (0.0, 1.0)
+
+
+def _loss_reweighting_config(argument):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "beyond_loss_reweighting.py")
+    spec = importlib.util.spec_from_file_location("config_beyond_loss_reweighting", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(argument)
+
+
+def test_the_loss_reweighting_config_spans_its_methods_at_both_budgets():
+    # configs/beyond_loss_reweighting.py: Table 1's rows, every IW-ERM and FedVLS form beside
+    # FedPALS, FedAvg and the Oracle; the docstring's run counts.
+    paper = _loss_reweighting_config("3")
+    assert paper.sweep.row == "Fashion-MNIST C=3"  # Table 1's row, for experiments.compare
+    runs = fjp.expand_sweep(paper)
+    per_method = {}
+    for name, _ in runs:
+        per_method[name.split("/")[0]] = per_method.get(name.split("/")[0], 0) + 1
+    # 3 learning rates x 8 seeds x (5 lambdas where FedPALS weighs; FedVLS' 2 lambdas).
+    assert per_method == {"fedpals": 120, "fedavg": 24, "iwerm": 24, "iwerm_unknown_t": 24,
+                          "iwerm_fedpals": 120, "fedvls": 48, "fedvls_fedpals": 240,
+                          "oracle": 24}
+    session = _loss_reweighting_config("2,session")
+    assert session.training.rounds == 10
+    assert session.partition.labels_per_client == 2
+    runs = dict(fjp.expand_sweep(session))
+    assert len(runs) == 64
+    for name, config in runs.items():
+        resolved = fjp.validate_config(config)
+        assert resolved.training.learning_rate == 0.1
+        if resolved.algorithm.weights == "fedpals":
+            assert resolved.algorithm.lam == 0.0 and resolved.algorithm.ess_fraction is None
+        if resolved.algorithm.name == "fedvls":
+            assert resolved.algorithm.fedvls_lambda == 1.0
+    estimated = fjp.validate_config(runs["iwerm_unknown_t/learning_rate=0.1/seed_3"])
+    assert (estimated.algorithm.name, estimated.algorithm.weights) == ("iwerm", "fedavg")
+    assert estimated.algorithm.target_estimation == "bbse_constrained"
+    assert (estimated.algorithm.target_holdout, estimated.algorithm.target_damping) == (0.0, 1.0)
+    known = fjp.validate_config(runs["iwerm/learning_rate=0.1/seed_3"])
+    assert known.algorithm.target_estimation is None
+    combined = fjp.validate_config(
+        runs["fedvls_fedpals/fedvls_lambda=1,lam=0,learning_rate=0.1/seed_3"])
+    assert (combined.algorithm.name, combined.algorithm.weights) == ("fedvls", "fedpals")
+    with pytest.raises(ValueError, match="'paper' or 'session'"):
+        _loss_reweighting_config("3,sesion")
