@@ -5,7 +5,8 @@ r"""Merges the tables of several sweeps into one Table 1 (one row per sweep row)
   python -m experiments.compare --tables=runs/t1_fmnist_c3,runs/t1_fmnist_c2 --workdir=runs/t1
 
 Reads <dir>/table.json of each sweep (written by `fjp.run_sweep`), writes the merged
-table.md, table.json and comparison.png to --workdir and prints the table. The selection rule
+table.md, table.json and comparison.png to --workdir and prints the table; with
+--paired=<method>, also paired.md and paired.json: every method against that one, seed by seed. The selection rule
 is each sweep's own (fedjax_pals/experiment/protocol.py); all must use the same one.
 """
 
@@ -23,6 +24,11 @@ fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help pr
 
 _TABLES = flags.DEFINE_list("tables", None, "Sweep workdirs (or table.json files) to merge.")
 _TITLE = flags.DEFINE_string("title", "Table 1: target test accuracy", "Caption of the table.")
+_PAIRED = flags.DEFINE_string(
+    "paired", None,
+    "A method key of the tables (e.g. fedpals): also write paired.md and paired.json, each "
+    "method's accuracy minus this one's seed by seed (mean, sample std, seeds ahead / behind, "
+    "paired t-test p).")
 flags.mark_flags_as_required(["tables", "workdir"])
 common.require_items(_TABLES, "sweep workdir or table.json")
 
@@ -63,6 +69,14 @@ def main(argv):
     fjp.experiment.protocol.write_protocol_report(common.WORKDIR.value, table)
     print(fjp.experiment.protocol.table_markdown(table))
     print()
+    if _PAIRED.value:
+        try:
+            text = fjp.experiment.protocol.write_paired_report(
+                common.WORKDIR.value, table, _PAIRED.value)
+        except ValueError as error:
+            raise SystemExit(f"error: --paired: {error}")
+        print(text)
+        print()
     common.print_written(common.WORKDIR.value, started)
 
 

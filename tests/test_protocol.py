@@ -270,3 +270,57 @@ def test_ignored_method_grids_names_each_left_out_key_with_the_value_the_runs_us
     named = {"algorithm.server_lr", "training.learning_rate"}
     declared = fjp.get_method("fedprox").grid["prox_mu"]
     assert protocol.ignored_method_grids(methods, named) == {"fedprox": {"prox_mu": (declared, 0.1)}}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paired_differences_are_scipys_paired_t_test_on_the_selected_runs(seed, tmp_path):
+    from scipy import stats
+
+    rng = np.random.default_rng(seed)
+    seeds = list(range(6))
+    test = {m: rng.uniform(0.3, 0.95, size=(2, len(seeds))) for m in ("fedpals", "fedavg", "x")}
+    records = []
+    for method, by_point in test.items():
+        for point, lr in enumerate((0.1, 0.01)):
+            for s in seeds:
+                # Validation favours the second point for "x" only: its cell is that point's.
+                val = 0.5 + 0.1 * (point if method == "x" else -point)
+                records.append(_record(method, [("learning_rate", lr)], s, [val],
+                                       [by_point[point, s]]))
+    # fedavg's first point lacks seed 5, so it is not eligible: its second point is selected.
+    records = [r for r in records if not (r.method == "fedavg" and r.seed == 5
+                                          and r.hparams == (("learning_rate", 0.1),))]
+    table = protocol.protocol_table(records)
+    pairs = {p["method"]: p for p in protocol.paired_differences(table, "fedpals")}
+    assert set(pairs) == {"fedavg", "x"}
+    expected_point = {"fedpals": 0, "fedavg": 1, "x": 1}
+    reference = test["fedpals"][expected_point["fedpals"]]
+    for method, pair in pairs.items():
+        d = 100 * (test[method][expected_point[method]] - reference)  # float64, by seed
+        assert pair["seeds"] == seeds
+        np.testing.assert_allclose(pair["differences"], d, rtol=1e-12)
+        assert pair["mean"] == pytest.approx(d.mean(), rel=1e-12)
+        assert pair["std"] == pytest.approx(d.std(ddof=1), rel=1e-12)
+        assert (pair["ahead"], pair["behind"]) == ((d > 0).sum(), (d < 0).sum())
+        reference_p = stats.ttest_rel(100 * test[method][expected_point[method]],
+                                      100 * reference).pvalue
+        assert pair["p"] == pytest.approx(reference_p, rel=1e-9)
+    text = protocol.write_paired_report(str(tmp_path), table, "fedpals")
+    assert (tmp_path / "paired.md").read_text() == text + "\n"
+    assert json.loads((tmp_path / "paired.json").read_text())[0]["method"] == "fedavg"
+    line = next(line for line in text.splitlines() if "| x |" in line)
+    assert f"{pairs['x']['mean']:+.1f}" in line and f"{pairs['x']['p']:.2g}" in line
+
+
+def test_paired_differences_name_a_missing_reference_and_say_nothing_of_equal_differences():
+    records = [_record(m, [], s, [0.5], [acc]) for m, accs in
+               (("fedpals", (0.5, 0.6)), ("fedavg", (0.4, 0.5))) for s, acc in enumerate(accs)]
+    table = protocol.protocol_table(records)
+    with pytest.raises(ValueError, match="'oracle' is not in the table"):
+        protocol.paired_differences(table, "oracle")
+    (pair,) = protocol.paired_differences(table, "fedpals")
+    assert pair["differences"] == pytest.approx([-10.0, -10.0])
+    assert pair["std"] == pytest.approx(0.0, abs=1e-12) and pair["p"] is None
+    (single,) = protocol.paired_differences(
+        protocol.protocol_table([r for r in records if r.seed == 0]), "fedpals")
+    assert single["std"] is None and single["p"] is None

@@ -733,28 +733,31 @@ def test_the_compare_command_merges_sweep_tables(tmp_path):
     from fedjax_pals.experiment import protocol
 
     for row, value in (("A", 0.5), ("B", 0.7)):
-        record = protocol.RunRecord(
-            row,
-            "fedpals",
-            (),
-            0,
-            {
-                "rounds": [1],
-                "val_accuracy": [0.1],
-                "target_accuracy": [value],
-                "target_macro_f1": [0],
-            },
-        )
-        fjp.experiment.protocol.write_protocol_report(str(tmp_path / row), fjp.experiment.protocol.protocol_table([record]), plot=False)
+        records = [
+            protocol.RunRecord(row, method, (), 0, {
+                "rounds": [1], "val_accuracy": [0.1], "target_accuracy": [accuracy],
+                "target_macro_f1": [0]})
+            for method, accuracy in (("fedpals", value), ("fedavg", value - 0.25))
+        ]
+        protocol.write_protocol_report(str(tmp_path / row), protocol.protocol_table(records),
+                                       plot=False)
     done = _main(
         "experiments.compare",
         f"--tables={tmp_path / 'A'},{tmp_path / 'B'}",
         f"--workdir={tmp_path / 'AB'}",
+        "--paired=fedpals",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| A | **50.0 ± 0.0** |" in done.stdout and "| B | **70.0 ± 0.0** |" in done.stdout
     with open(tmp_path / "AB" / "table.json") as f:
         assert [r["row"] for r in json.load(f)["rows"]] == ["A", "B"]
+    # Every method against --paired's, seed by seed (one seed: no std, no test).
+    for row in ("A", "B"):
+        line = f"| {row} | FedAvg | -25.0 | - | 0 / 1 | - | -25.0 |"
+        assert line in done.stdout and line in (tmp_path / "AB" / "paired.md").read_text()
+    bad = _main("experiments.compare", f"--tables={tmp_path / 'A'}",
+                f"--workdir={tmp_path / 'bad'}", "--paired=oracle")
+    assert bad.returncode != 0 and "--paired: the reference method 'oracle'" in bad.stderr
 
 
 def test_the_default_row_label_names_each_partition_scheme():

@@ -572,6 +572,84 @@ def _atomic_write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def paired_differences(table: Mapping[str, Any], reference: str) -> list[dict[str, Any]]:
+    """Each method's target accuracy against `reference`'s, seed by seed, in every row.
+
+    The difference on seed s is d_s = acc(method, s) - acc(reference, s), each at its cell's
+    selected point and best-validation round (the values the table's mean is over), in points.
+    Over the n seeds both cells hold: the mean, the sample standard deviation (ddof 1), how
+    many seeds are ahead and behind, and the two-sided paired t-test's p: t = mean(d) /
+    (std(d) / sqrt(n)) on n - 1 degrees of freedom (None where n < 2 or every d_s is equal,
+    where the test says nothing). Three seeds or eight: p is a description of these seeds,
+    not a guarantee about others.
+
+    Returns:
+      One dict per (row, method) with both cells selected, in the table's order: row, method,
+      label, seeds, differences, mean, std, ahead, behind, p.
+    """
+    from scipy import stats
+
+    if reference not in table["methods"]:
+        raise ValueError(
+            f"the reference method {reference!r} is not in the table; its methods are "
+            f"{list(table['methods'])}.")
+    out = []
+    for row in table["rows"]:
+        base = row["cells"].get(reference)
+        if base is None or base.get("selected") is None:
+            continue
+        base_by_seed = {p["seed"]: p["target_accuracy"] for p in base["per_seed"]}
+        for method in table["methods"]:
+            cell = row["cells"].get(method)
+            if method == reference or cell is None or cell.get("selected") is None:
+                continue
+            seeds = [p["seed"] for p in cell["per_seed"] if p["seed"] in base_by_seed]
+            by_seed = {p["seed"]: p["target_accuracy"] for p in cell["per_seed"]}
+            d = np.asarray([100 * (by_seed[s] - base_by_seed[s]) for s in seeds], np.float64)
+            std = float(d.std(ddof=1)) if len(d) > 1 else None
+            p = None
+            if std is not None and std > 1e-9:  # equal differences (to rounding): no test
+                t = d.mean() / (std / math.sqrt(len(d)))
+                p = float(2 * stats.t.sf(abs(t), len(d) - 1))
+            out.append({
+                "row": row["row"], "method": method,
+                "label": table["labels"].get(method, method), "seeds": seeds,
+                "differences": [float(x) for x in d], "mean": float(d.mean()) if len(d) else None,
+                "std": std, "ahead": int((d > 0).sum()), "behind": int((d < 0).sum()), "p": p,
+            })
+    return out
+
+
+def paired_markdown(pairs: Sequence[Mapping[str, Any]], reference_label: str) -> str:
+    """`paired_differences` as a markdown table, one line per (row, method)."""
+    lines = [
+        f"Target test accuracy minus {reference_label}'s, seed by seed (points): mean, sample "
+        "std (ddof 1), seeds ahead / behind, two-sided paired t-test p",
+        "",
+        "| data / split | method | mean difference | std | ahead / behind | p | per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pair in pairs:
+        per_seed = ", ".join(f"{d:+.1f}" for d in pair["differences"])
+        lines.append(
+            f"| {pair['row']} | {pair['label']} | {pair['mean']:+.1f} | "
+            + ("-" if pair["std"] is None else f"{pair['std']:.1f}")
+            + f" | {pair['ahead']} / {pair['behind']} | "
+            + ("-" if pair["p"] is None else f"{pair['p']:.2g}") + f" | {per_seed} |")
+    return "\n".join(lines)
+
+
+def write_paired_report(workdir: str, table: Mapping[str, Any], reference: str) -> str:
+    """Writes paired.md and paired.json (`paired_differences` against `reference`) to
+    `workdir`; returns the markdown."""
+    pairs = paired_differences(table, reference)
+    text = paired_markdown(pairs, table["labels"].get(reference, reference))
+    os.makedirs(workdir, exist_ok=True)
+    _atomic_write(os.path.join(workdir, "paired.md"), text + "\n")
+    _atomic_write(os.path.join(workdir, "paired.json"), json.dumps(pairs, indent=1) + "\n")
+    return text
+
+
 def merge_tables(tables: Sequence[Mapping[str, Any]], *, title: str = "") -> dict[str, Any]:
     """Several tables (e.g. one per Table-1 row config) as one: rows concatenated, methods in
     first-seen order. Rows of the same label and seeds (one task, e.g. Table 1's sweep and a
