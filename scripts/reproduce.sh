@@ -107,6 +107,10 @@ RAW[fedrs_restricted_eval]="experiments.restricted_eval \
 RAW[weights]="experiments.weights --config=configs/default.py \
 --config.partition.scheme=niid_bench_sparsity --config.partition.labels_per_client=3"
 # Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
+# Both rows in one table, and every method against FedPALS seed by seed (paired.md).
+RAW[beyond_loss_reweighting]="experiments.compare \
+--tables=$ROOT/beyond_loss_reweighting_c3,$ROOT/beyond_loss_reweighting_c2 --paired=fedpals \
+--title='IW-ERM and FedVLS beside FedPALS: target test accuracy'"
 declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
 COMPARE[beyond_adaptive_lambda]="table1_fmnist_c3,beyond_adaptive_lambda_c3,table1_fmnist_c2,beyond_adaptive_lambda_c2"
@@ -194,6 +198,7 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
        beyond_unknown_target_loop beyond_unknown_target_loop_heldout beyond_feddisco_fedlc
+       beyond_loss_reweighting
        beyond_server_optimizers beyond_private_updates_report beyond_private_updates_poisson_report)
 
 # Everything runs from main(), called on the last line: bash has then read the whole file, so
