@@ -752,6 +752,7 @@ def test_the_compare_command_merges_sweep_tables(tmp_path):
     with open(tmp_path / "AB" / "table.json") as f:
         assert [r["row"] for r in json.load(f)["rows"]] == ["A", "B"]
     # Every method against --paired's, seed by seed (one seed: no std, no test).
+    assert "minus FedPALS', seed by seed" in done.stdout
     for row in ("A", "B"):
         line = f"| {row} | FedAvg | -25.0 | - | 0 / 1 | - | -25.0 |"
         assert line in done.stdout and line in (tmp_path / "AB" / "paired.md").read_text()

@@ -622,7 +622,8 @@ def paired_differences(table: Mapping[str, Any], reference: str) -> list[dict[st
 
 def paired_markdown(pairs: Sequence[Mapping[str, Any]], reference_label: str) -> str:
     """`paired_differences` as a markdown table, one line per (row, method)."""
-    possessive = f"{reference_label}'" if reference_label.endswith("s") else f"{reference_label}'s"
+    # "FedPALS'", "FedAvg's"
+    possessive = reference_label + ("'" if reference_label.lower().endswith("s") else "'s")
     lines = [
         f"Target test accuracy minus {possessive}, seed by seed (points): mean, sample "
         "std (ddof 1), seeds ahead / behind, two-sided paired t-test p",
