@@ -161,9 +161,12 @@ def test_each_sweep_config_groups_as_before_but_for_runs_differing_only_in_the_a
     # The DP release, T's estimator (its settings are read on the host between rounds),
     # FedDisco's a and b (its state's) and DP on updates' C and sigma (its state's) are per-run
     # state, and so is the client that is the target (sweep.each_client): their sweeps' runs
-    # share programs they did not share before.
-    shared = any(
-        f["algorithm.label_dp_epsilon"] is not None or f["algorithm.target_estimation"] is not None
+    # share programs they did not share before. (Estimating T with one estimator in a sweep
+    # that otherwise has T known, as beyond_loss_reweighting.py's IW-ERM, shares nothing: a run
+    # that estimates T and one that does not differ in structure.)
+    estimators = {f["algorithm.target_estimation"] for f in flat} - {None}
+    shared = len(estimators) > 1 or any(
+        f["algorithm.label_dp_epsilon"] is not None
         or f["algorithm.feddisco_a"] is not None or f["algorithm.dp_clip_norm"] is not None
         or f.get("evaluation.client_as_target") is not None
         for f in flat
