@@ -6,8 +6,9 @@ r"""Merges the tables of several sweeps into one Table 1 (one row per sweep row)
 
 Reads <dir>/table.json of each sweep (written by `fjp.run_sweep`), writes the merged
 table.md, table.json and comparison.png to --workdir and prints the table; with
---paired=<method>, also paired.md and paired.json: every method against that one, seed by seed. The selection rule
-is each sweep's own (fedjax_pals/experiment/protocol.py); all must use the same one.
+--paired=<method>, also paired.md and paired.json: every method against that one, seed by
+seed. The selection rule is each sweep's own (fedjax_pals/experiment/protocol.py); all must
+use the same one.
 """
 
 from __future__ import annotations

@@ -307,12 +307,16 @@ def _results(workdir, name=""):
 LOSS_RTOL = 1e-5
 
 
-def _assert_same_run(got, want):
+def _assert_same_training(got, want):
     assert got["config_digest"] == want["config_digest"]
     assert got["rounds"] == want["rounds"]
     np.testing.assert_allclose(got["train_loss"], want["train_loss"], rtol=LOSS_RTOL)
     assert got["target_accuracy"] == want["target_accuracy"]
     np.testing.assert_allclose(got["alpha"], want["alpha"], atol=1e-6)
+
+
+def _assert_same_run(got, want):
+    _assert_same_training(got, want)
     # The user's personalisation ran on every path (its accuracies are within float32
     # summation order of each other: checked alone against NumPy in test_personalization.py).
     assert set(got["personalization"]) == set(want["personalization"]) == {"mx_half_step"}
@@ -330,6 +334,24 @@ def _assert_sweep_equals_alone(workdir, alone):
 
 # -- the paths ----------------------------------------------------------------------------------
 
+
+def _shards_then_collect(sweep, workdir, *, cwd, collect_cwd):
+    """The sweep command as two shards side by side in `cwd`, then `--collect` by workdir alone
+    from `collect_cwd`."""
+    shards = [subprocess.Popen(
+        [sys.executable, *sweep, f"--shard={i}/2"], cwd=cwd,
+        env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    for shard in shards:
+        output, _ = shard.communicate(timeout=600)
+        assert shard.returncode == 0, output[-3000:]
+        assert f"--workdir={workdir} --collect" in output  # the hint it prints...
+    # ... works as printed, from anywhere: the workdir names the modules the sweep imported.
+    collect = _command("-m", "experiments.sweep", f"--workdir={workdir}", "--collect",
+                       cwd=collect_cwd)
+    assert collect.returncode == 0, collect.stderr[-3000:]
+
+
 PATHS = ("sweep", "shards_and_collect_by_workdir", "submit_local", "submit_slurm",
          "two_processes")
 
@@ -343,18 +365,7 @@ def test_a_sweep_of_every_extension_kind_equals_its_runs_alone(path, project, al
         done = _command(*sweep, cwd=project)
         assert done.returncode == 0, done.stderr[-3000:]
     elif path == "shards_and_collect_by_workdir":
-        shards = [subprocess.Popen(
-            [sys.executable, *sweep, f"--shard={i}/2"], cwd=project,
-            env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True) for i in range(2)]
-        for shard in shards:
-            output, _ = shard.communicate(timeout=600)
-            assert shard.returncode == 0, output[-3000:]
-            assert f"--workdir={workdir} --collect" in output  # the hint it prints...
-        # ... works as printed, from anywhere: the workdir names the user's modules.
-        collect = _command("-m", "experiments.sweep", f"--workdir={workdir}", "--collect",
-                           cwd=tmp_path)
-        assert collect.returncode == 0, collect.stderr[-3000:]
+        _shards_then_collect(sweep, workdir, cwd=project, collect_cwd=tmp_path)
     elif path == "submit_slurm":  # CI runs a single-node Slurm (scripts/slurm_local.sh)
         from test_submission import _require_slurm, _wait_for_job
 
@@ -415,49 +426,47 @@ def test_runs_restore_and_extend_in_fresh_processes(project, alone, tmp_path):
 # with FedPALS' weights: every cell (method x path) equals the same run trained alone here.
 
 LOSS_REWEIGHTING_METHODS = ("iwerm_unknown_t", "iwerm_fedpals", "fedvls_fedpals")
-LOSS_REWEIGHTING_CONFIG = os.path.join(ROOT, "configs", "beyond_loss_reweighting.py")
-LOSS_REWEIGHTING_OVERRIDES = (
-    "--config.dataset.name=synthetic", "--config.training.rounds=2",
-    "--config.training.batch_size=8", "--config.sweep.seeds=(0,)", "--config.sweep.figures=()",
-    "--config.sweep.methods=(" + ",".join(f"'{m}'" for m in LOSS_REWEIGHTING_METHODS) + ",)",
-)
-# One run as a user writes it: the sweep's run of that name, from the config file (whose
-# import registers the variant in the process that runs it).
-LOSS_REWEIGHTING_RUN = f'''
+# The config file at a tiny budget, as a user's config beside it: the sweep, or with a method
+# the sweep's one run of it (the config file's import registers the variant in every process).
+LOSS_REWEIGHTING_TINY = f'''
 import importlib.util
 import fedjax_pals as fjp
 
-spec = importlib.util.spec_from_file_location("beyond_loss_reweighting", {LOSS_REWEIGHTING_CONFIG!r})
+spec = importlib.util.spec_from_file_location(
+    "beyond_loss_reweighting", {os.path.join(ROOT, "configs", "beyond_loss_reweighting.py")!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 
-def get_config(method):
+def get_config(method=None):
     config = module.get_config("3,session")
     config.dataset.name, config.training.rounds, config.training.batch_size = "synthetic", 2, 8
-    config.sweep.seeds, config.sweep.methods = (0,), (method,)
+    config.sweep.seeds, config.sweep.figures = (0,), ()
+    config.sweep.methods = {LOSS_REWEIGHTING_METHODS!r} if method is None else (method,)
+    if method is None:
+        return config
     ((_, run),) = fjp.expand_sweep(config)
     return run
 '''
 
 
-def _loss_reweighting_sweep_config():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("config_beyond_loss_reweighting_matrix",
-                                                  LOSS_REWEIGHTING_CONFIG)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config("3,session")
-    config.dataset.name, config.training.rounds, config.training.batch_size = "synthetic", 2, 8
-    config.sweep.seeds, config.sweep.figures = (0,), ()
-    config.sweep.methods = LOSS_REWEIGHTING_METHODS
-    return config
+@pytest.fixture(scope="module")
+def loss_reweighting_project(tmp_path_factory):
+    """A directory holding the tiny config as tiny.py."""
+    directory = tmp_path_factory.mktemp("loss_reweighting_project")
+    (directory / "tiny.py").write_text(LOSS_REWEIGHTING_TINY)
+    return directory
 
 
 @pytest.fixture(scope="module")
-def loss_reweighting_alone(tmp_path_factory):
-    """{run name: results} of each of the config's tiny runs trained alone, in this process."""
-    expanded = sweep_lib.expand(_loss_reweighting_sweep_config())
+def loss_reweighting_alone(loss_reweighting_project, tmp_path_factory):
+    """{run name: results} of each of the tiny sweep's runs trained alone, in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "config_beyond_loss_reweighting_tiny", loss_reweighting_project / "tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    expanded = sweep_lib.expand(module.get_config())
     root = tmp_path_factory.mktemp("loss_reweighting_alone")
     alone = {run.name: fjp.train_and_evaluate(run.config, str(root / run.name), quiet=True)
              for run in expanded.runs}
@@ -465,46 +474,31 @@ def loss_reweighting_alone(tmp_path_factory):
     return alone
 
 
-def _assert_same_builtin_run(got, want):
-    assert got["config_digest"] == want["config_digest"]
-    assert got["rounds"] == want["rounds"] == [1, 2]
-    np.testing.assert_allclose(got["train_loss"], want["train_loss"], rtol=LOSS_RTOL)
-    assert got["target_accuracy"] == want["target_accuracy"]
-    np.testing.assert_allclose(got["alpha"], want["alpha"], atol=1e-6)
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("path", ("run", "sweep", "shards_and_collect_by_workdir"))
 def test_the_loss_reweighting_methods_compose_through_every_path(
-        path, loss_reweighting_alone, tmp_path):
-    workdir = tmp_path / "w"
-    sweep = ["-m", "experiments.sweep", f"--config={LOSS_REWEIGHTING_CONFIG}:3,session",
-             f"--workdir={workdir}", "--quiet", *LOSS_REWEIGHTING_OVERRIDES]
+        path, loss_reweighting_project, loss_reweighting_alone, tmp_path):
+    project, workdir = loss_reweighting_project, tmp_path / "w"
+    sweep = ["-m", "experiments.sweep", "--config=tiny.py", f"--workdir={workdir}", "--quiet"]
     if path == "run":
-        (tmp_path / "my_run.py").write_text(LOSS_REWEIGHTING_RUN)
         for name, want in loss_reweighting_alone.items():
             method = name.split("/")[0]
-            done = _command("-m", "experiments.run", f"--config=my_run.py:{method}",
-                            f"--workdir={workdir / method}", "--quiet", cwd=tmp_path)
+            done = _command("-m", "experiments.run", f"--config=tiny.py:{method}",
+                            f"--workdir={workdir / method}", "--quiet", cwd=project)
             assert done.returncode == 0, done.stderr[-3000:]
-            _assert_same_builtin_run(_results(workdir / method), want)
+            got = _results(workdir / method)
+            _assert_same_training(got, want)
+            assert got["rounds"] == [1, 2]
         return
     if path == "sweep":
-        done = _command(*sweep, cwd=tmp_path)
+        done = _command(*sweep, cwd=project)
         assert done.returncode == 0, done.stderr[-3000:]
     else:
-        shards = [subprocess.Popen(
-            [sys.executable, *sweep, f"--shard={i}/2"], cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True) for i in range(2)]
-        for shard in shards:
-            output, _ = shard.communicate(timeout=600)
-            assert shard.returncode == 0, output[-3000:]
-        collect = _command("-m", "experiments.sweep", f"--workdir={workdir}", "--collect",
-                           cwd=tmp_path)
-        assert collect.returncode == 0, collect.stderr[-3000:]
+        _shards_then_collect(sweep, workdir, cwd=project, collect_cwd=tmp_path)
     for name, want in loss_reweighting_alone.items():
-        _assert_same_builtin_run(_results(workdir, os.path.join("runs", name)), want)
+        got = _results(workdir, os.path.join("runs", name))
+        _assert_same_training(got, want)
+        assert got["rounds"] == [1, 2]
     table = json.loads((workdir / "table.json").read_text())
     assert [set(row["cells"]) for row in table["rows"]] == [set(LOSS_REWEIGHTING_METHODS)]
     assert table["labels"]["iwerm_fedpals"] == "IW-ERM+FedPALS"
