@@ -324,3 +324,19 @@ def test_paired_differences_name_a_missing_reference_and_say_nothing_of_equal_di
     (single,) = protocol.paired_differences(
         protocol.protocol_table([r for r in records if r.seed == 0]), "fedpals")
     assert single["std"] is None and single["p"] is None
+
+
+def test_paired_markdown_says_so_where_two_cells_share_no_seed():
+    # protocol_table selects only cells holding all of their row's seeds; a table built by
+    # hand (paired_differences takes any) need not.
+    def cell(seeds, accuracy):
+        return {"selected": {}, "per_seed": [{"seed": s, "target_accuracy": accuracy}
+                                             for s in seeds]}
+
+    table = {"methods": ["fedpals", "fedavg"], "labels": {"fedavg": "FedAvg"},
+             "rows": [{"row": "r", "cells": {"fedpals": cell((0, 1), 0.6),
+                                             "fedavg": cell((2, 3), 0.4)}}]}
+    (pair,) = protocol.paired_differences(table, "fedpals")
+    assert pair["seeds"] == [] and pair["mean"] is None and pair["p"] is None
+    line = protocol.paired_markdown([pair], "FedPALS").splitlines()[-1]
+    assert line.endswith("| - | - | 0 / 0 | - | no seed in common |"), line

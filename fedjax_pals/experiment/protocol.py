@@ -621,7 +621,8 @@ def paired_differences(table: Mapping[str, Any], reference: str) -> list[dict[st
 
 
 def paired_markdown(pairs: Sequence[Mapping[str, Any]], reference_label: str) -> str:
-    """`paired_differences` as a markdown table, one line per (row, method)."""
+    """`paired_differences` as a markdown table, one line per (row, method); a pair whose
+    cells share no seed says so."""
     # "FedPALS'", "FedAvg's"
     possessive = reference_label + ("'" if reference_label.lower().endswith("s") else "'s")
     lines = [
@@ -632,6 +633,10 @@ def paired_markdown(pairs: Sequence[Mapping[str, Any]], reference_label: str) ->
         "|---|---|---|---|---|---|---|",
     ]
     for pair in pairs:
+        if not pair["seeds"]:  # both cells selected, on disjoint seeds: nothing to pair
+            lines.append(f"| {pair['row']} | {pair['label']} | - | - | 0 / 0 | - | "
+                         "no seed in common |")
+            continue
         per_seed = ", ".join(f"{d:+.1f}" for d in pair["differences"])
         lines.append(
             f"| {pair['row']} | {pair['label']} | {pair['mean']:+.1f} | "
