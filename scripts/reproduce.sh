@@ -109,7 +109,8 @@ RAW[weights]="experiments.weights --config=configs/default.py \
 # Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
 # Both rows in one table, and every method against FedPALS seed by seed (paired.md).
 RAW[beyond_loss_reweighting]="experiments.compare \
---tables=$ROOT/beyond_loss_reweighting_c3,$ROOT/beyond_loss_reweighting_c2 --paired=fedpals \
+--tables=$ROOT/beyond_loss_reweighting_c3,$ROOT/beyond_loss_reweighting_c2,\
+$ROOT/natural_shakespeare_loss_reweighting --paired=fedpals \
 --title='IW-ERM and FedVLS beside FedPALS: target test accuracy'"
 declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
@@ -161,9 +162,13 @@ RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
 --sweeps=$ROOT/beyond_unknown_target_loop_heldout_c3,$ROOT/beyond_unknown_target_loop_heldout_c2"
 # Natural label shift (issue 55): LEAF's Shakespeare, built offline, a 2-core slice (the config
 # holds it: 40 roles x 175 windows, Falstaff the target, 20 rounds of 10 participants, FedAvg /
-# FedPALS / Oracle, seeds 0-1: about 45 min on 2 cores), and its label-shift figure.
+# FedPALS, seeds 0-1: about 45 min on 2 cores), and its label-shift figure; the loss-reweighting
+# table's natural row (issue 60) on the same slice and budget: IW-ERM, IW-ERM+FedPALS, FedVLS,
+# FedVLS+FedPALS beside FedAvg and FedPALS.
 ARGS[natural_shakespeare]=""
 CONFIG[natural_shakespeare]="configs/beyond_natural_shakespeare.py"
+ARGS[natural_shakespeare_loss_reweighting]=""
+CONFIG[natural_shakespeare_loss_reweighting]="configs/beyond_natural_shakespeare.py:loss_reweighting"
 RAW[natural_shakespeare_label_shift]="experiments.natural_label_shift \
 --out=docs/reproduction/shakespeare_label_shift.png"
 # Every client as its own target (issue 56): Fashion-MNIST C = 3 and C = 2, 100 training clients,
@@ -194,7 +199,8 @@ ORDER=(table1_fmnist_c3 table1_fmnist_c3_scaffold table1_fmnist_c3_long beyond_a
        beyond_unknown_target_loop_heldout_c2
        beyond_fedadam_fedpals_c3 beyond_fedavgm_c3 beyond_fedadam_fedpals_c2
        beyond_fedavgm_c2 beyond_private_marginals beyond_private_updates beyond_private_updates_poisson
-       natural_shakespeare natural_shakespeare_label_shift per_client_c3 per_client_c2
+       natural_shakespeare natural_shakespeare_label_shift natural_shakespeare_loss_reweighting
+       per_client_c3 per_client_c2
        num_clients_fig9c local_epochs_fig8b
        local_epochs_fig8b_all_e weights fedrs_restricted_eval table1_fmnist beyond_adaptive_lambda beyond_unknown_target
        beyond_unknown_target_loop beyond_unknown_target_loop_heldout beyond_feddisco_fedlc

@@ -315,6 +315,38 @@ def _real_tarball_or_skip():
     return path
 
 
+def test_the_natural_config_runs_the_loss_reweighting_rows_on_the_same_task_and_budget():
+    # configs/beyond_natural_shakespeare.py:loss_reweighting, REPRODUCTION.md's natural row of
+    # the loss-reweighting table: the rows T known defines, on the sweep's own task and budget.
+    import fedjax_pals as fjp
+    from experiments.config_args import ConfigArgError, load_config_file
+
+    path = os.path.join(os.path.dirname(__file__), "..", "configs", "beyond_natural_shakespeare.py")
+    base = load_config_file(path)
+    config = load_config_file(f"{path}:loss_reweighting")
+    runs = dict(fjp.expand_sweep(config))
+    assert len(runs) == 12  # 6 methods x seeds 0 and 1, one grid point each
+    by_method = {}
+    for name, run in runs.items():
+        resolved = fjp.validate_config(run)
+        by_method.setdefault(name.split("/")[0], set()).add(
+            (resolved.algorithm.name, resolved.algorithm.weights))
+        assert resolved.training.to_dict() == fjp.validate_config(
+            base.to_dict() | {"algorithm": run["algorithm"], "seed": run["seed"]}
+        ).training.to_dict()  # the sweep's budget, whatever the method
+        assert resolved.partition.target_group == base.partition.target_group
+        if resolved.algorithm.name == "fedvls":
+            assert resolved.algorithm.fedvls_lambda == 1.0
+        if "fedpals" in (resolved.algorithm.name, resolved.algorithm.weights):
+            assert resolved.algorithm.lam == 0.0
+    assert by_method == {
+        "iwerm": {("iwerm", "fedavg")}, "iwerm_fedpals": {("iwerm", "fedpals")},
+        "fedvls": {("fedvls", "fedavg")}, "fedvls_fedpals": {("fedvls", "fedpals")},
+        "fedavg": {("fedavg", None)}, "fedpals": {("fedpals", None)}}
+    with pytest.raises(ConfigArgError, match="'loss_reweighting'"):
+        load_config_file(f"{path}:loss_reweigthing")
+
+
 @pytest.mark.integration
 def test_two_rounds_of_the_experiments_config_train_on_a_slice_of_the_real_plays(tmp_path):
     """The experiment's config (configs/beyond_natural_shakespeare.py) on the real plays,
