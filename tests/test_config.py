@@ -349,14 +349,10 @@ def test_differences_name_the_keys():
 
 
 def test_the_default_config_file_is_the_schema():
-    import importlib.util
+    from config_files import load_config
 
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "default.py")
-    spec = importlib.util.spec_from_file_location("default_config_file", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.get_config().to_dict() == fjp.default_config().to_dict()
-    assert fjp.validate_config(module.get_config()).dataset.name == "fashion_mnist"
+    assert load_config("default.py").to_dict() == fjp.default_config().to_dict()
+    assert fjp.validate_config(load_config("default.py")).dataset.name == "fashion_mnist"
 
 
 def test_both_sparsity_schemes_take_c_and_the_paper_reading_is_sparsity(monkeypatch):

@@ -14,6 +14,7 @@ import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals.experiment.workdir import Workdir
+from config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,22 +29,13 @@ def _main(module, *args, timeout=300):
     )
 
 
-def _config_file(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 @pytest.mark.parametrize("name", ["default", "synthetic"])
 def test_the_run_configs_are_valid(name):
-    fjp.validate_config(_config_file(name))
+    fjp.validate_config(load_config(f"{name}.py"))
 
 
 def test_the_demo_config_is_a_sweep_of_two_methods_over_two_seeds():
-    runs = fjp.expand_sweep(_config_file("demo"))
+    runs = fjp.expand_sweep(load_config("demo.py"))
     assert sorted(name for name, _ in runs) == [
         "fedavg/seed_0",
         "fedavg/seed_1",
@@ -114,7 +106,7 @@ def test_the_command_line_reports_a_bad_value_in_one_line_and_writes_nothing(tmp
 
 
 def test_a_second_launch_on_a_busy_workdir_fails_at_once(tmp_path):
-    config = _config_file("synthetic")
+    config = load_config("synthetic.py")
     resolved = fjp.validate_config(config)
     with Workdir(tmp_path, fjp.resolve_config(resolved)):
         completed = _main(
@@ -184,7 +176,7 @@ def test_the_demo_checks_its_config_before_it_reads_any_data(tmp_path, monkeypat
 def test_the_demo_resumes_a_workdir_of_its_own_config_and_replaces_another_ones(tmp_path):
     from experiments import demo
 
-    config = _config_file("demo")
+    config = load_config("demo.py")
     workdir = str(tmp_path / "demo")
     assert not demo.holds_another_config(config, workdir)  # nothing there yet
     name, run_config = fjp.expand_sweep(config)[0]

@@ -7,6 +7,7 @@ import pytest
 from scipy import special
 
 import fedjax_pals as fjp
+from config_files import load_config
 from method_testing import run, synthetic, tree_close
 
 
@@ -187,17 +188,8 @@ def test_a_feddisco_task_weighs_by_its_formula():
     ]
 
 
-def _load_config(path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("beyond_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def test_the_feddisco_fedlc_sweep_validates_and_runs_with_tiny_overrides(tmp_path):
-    config = _load_config("configs/beyond_feddisco_fedlc.py")
+    config = load_config("beyond_feddisco_fedlc.py")
     runs = fjp.expand_sweep(config)
     methods = {name.split("/")[0] for name, _ in runs}
     assert methods == {"feddisco", "fedlc", "fedlc_fedpals"}

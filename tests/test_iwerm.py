@@ -9,6 +9,7 @@ import pytest
 
 import fedjax_pals as fjp
 from fedjax_pals.algorithms.target_estimation import with_target_label_dist
+from config_files import load_config
 from method_testing import (
     DIM, K, TRAINING, _one_local_step, _softmax64, label_task, run, task_data, tree_close,
     tree_equal,
@@ -246,18 +247,6 @@ def test_plain_iwerm_with_t_estimated_reweights_its_clients_losses_by_each_estim
     assert clipped, [r["target"] for r in used]  # the cap binds on some class of some client
 
 
-def _config_file(name, argument):
-    """configs/<name>'s get_config(argument), the file loaded as a launcher loads it."""
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "configs", name)
-    spec = importlib.util.spec_from_file_location(f"config_{name[:-3]}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(argument)
-
-
 def test_target_estimation_resolves_only_for_methods_that_read_t():
     # iwerm declares the state holding its T (IwermState); fedprox (no T read) with FedAvg's
     # weights keeps target_estimation None, as before.
@@ -277,7 +266,7 @@ def test_target_estimation_resolves_only_for_methods_that_read_t():
 def test_the_unknown_t_config_has_an_iwerm_row_with_t_estimated():
     # configs/beyond_unknown_target.py's unknown_t_iwerm: IW-ERM (FedAvg's weights) with the
     # default estimator, in-sample, undamped; accepted as a sweep's method beside iwerm.
-    config = _config_file("beyond_unknown_target.py", "3")
+    config = load_config("beyond_unknown_target.py", "3")
     config.algorithm.name = "unknown_t_iwerm"
     resolved = fjp.validate_config(config)
     assert (resolved.algorithm.name, resolved.algorithm.weights) == ("iwerm", "fedavg")
@@ -288,7 +277,7 @@ def test_the_unknown_t_config_has_an_iwerm_row_with_t_estimated():
 def test_the_loss_reweighting_config_spans_its_methods_at_both_budgets():
     # configs/beyond_loss_reweighting.py: Table 1's rows, every IW-ERM and FedVLS form beside
     # FedPALS, FedAvg and the Oracle; the docstring's run counts.
-    paper = _config_file("beyond_loss_reweighting.py", "3")
+    paper = load_config("beyond_loss_reweighting.py", "3")
     assert paper.sweep.row == "Fashion-MNIST C=3"  # Table 1's row, for experiments.compare
     runs = fjp.expand_sweep(paper)
     per_method = {}
@@ -298,7 +287,7 @@ def test_the_loss_reweighting_config_spans_its_methods_at_both_budgets():
     assert per_method == {"fedpals": 120, "fedavg": 24, "iwerm": 24, "iwerm_unknown_t": 24,
                           "iwerm_fedpals": 120, "fedvls": 48, "fedvls_fedpals": 240,
                           "oracle": 24}
-    session = _config_file("beyond_loss_reweighting.py", "2,session")
+    session = load_config("beyond_loss_reweighting.py", "2,session")
     assert session.training.rounds == 10
     assert session.partition.labels_per_client == 2
     runs = dict(fjp.expand_sweep(session))
@@ -320,4 +309,4 @@ def test_the_loss_reweighting_config_spans_its_methods_at_both_budgets():
         runs["fedvls_fedpals/fedvls_lambda=1,lam=0,learning_rate=0.1/seed_3"])
     assert (combined.algorithm.name, combined.algorithm.weights) == ("fedvls", "fedpals")
     with pytest.raises(ValueError, match="'paper' or 'session'"):
-        _config_file("beyond_loss_reweighting.py", "3,sesion")
+        load_config("beyond_loss_reweighting.py", "3,sesion")

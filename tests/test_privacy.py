@@ -311,12 +311,9 @@ def test_the_label_dp_config_keys():
 
 
 def test_the_private_marginals_sweep_validates_and_runs_with_tiny_overrides(tmp_path):
-    import importlib.util
+    from config_files import load_config
 
-    spec = importlib.util.spec_from_file_location("beyond", "configs/beyond_private_marginals.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = load_config("beyond_private_marginals.py")
     runs = fjp.expand_sweep(config)
     assert len(runs) == 156
     epsilons = {run.algorithm.label_dp_epsilon for _, run in runs}

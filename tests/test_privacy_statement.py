@@ -2,7 +2,6 @@
 experiments/privacy.py): its numbers against a run's results.json and against dp-accounting
 computed here, the launcher, and epsilon in a DP run's final line and the sweep's table."""
 
-import importlib.util
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ import pytest
 import fedjax_pals as fjp
 from fedjax_pals.experiment import progress, protocol
 from fedjax_pals.experiment.protocol import RunRecord
+from config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELTA = 1e-5
@@ -264,10 +264,7 @@ def test_the_command_prints_the_statement_of_a_config_with_overrides():
     overrides = ["--config.algorithm.dp_clip_norm=0.5", "--config.algorithm.dp_target_epsilon=8"]
     done = _launch("--config=configs/synthetic.py", *overrides)
     assert done.returncode == 0, done.stderr[-3000:]
-    spec = importlib.util.spec_from_file_location("synthetic", f"{ROOT}/configs/synthetic.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()  # with the command's overrides
+    config = load_config("synthetic.py")  # with the command's overrides
     config.algorithm.dp_clip_norm, config.algorithm.dp_target_epsilon = 0.5, 8.0
     expected = fjp.privacy_statement(config)
     assert done.stdout == expected.text()

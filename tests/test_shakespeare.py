@@ -319,11 +319,11 @@ def test_the_natural_config_runs_the_loss_reweighting_rows_on_the_same_task_and_
     # configs/beyond_natural_shakespeare.py:loss_reweighting, REPRODUCTION.md's natural row of
     # the loss-reweighting table: the rows T known defines, on the sweep's own task and budget.
     import fedjax_pals as fjp
-    from experiments.config_args import ConfigArgError, load_config_file
+    from config_files import load_config
+    from experiments.config_args import ConfigArgError
 
-    path = os.path.join(os.path.dirname(__file__), "..", "configs", "beyond_natural_shakespeare.py")
-    base = load_config_file(path)
-    config = load_config_file(f"{path}:loss_reweighting")
+    base = load_config("beyond_natural_shakespeare.py")
+    config = load_config("beyond_natural_shakespeare.py", "loss_reweighting")
     runs = dict(fjp.expand_sweep(config))
     assert len(runs) == 12  # 6 methods x seeds 0 and 1, one grid point each
     by_method = {}
@@ -344,7 +344,7 @@ def test_the_natural_config_runs_the_loss_reweighting_rows_on_the_same_task_and_
         "fedvls": {("fedvls", "fedavg")}, "fedvls_fedpals": {("fedvls", "fedpals")},
         "fedavg": {("fedavg", None)}, "fedpals": {("fedpals", None)}}
     with pytest.raises(ConfigArgError, match="'loss_reweighting'"):
-        load_config_file(f"{path}:loss_reweigthing")
+        load_config("beyond_natural_shakespeare.py", "loss_reweigthing")
 
 
 @pytest.mark.integration
@@ -352,16 +352,11 @@ def test_two_rounds_of_the_experiments_config_train_on_a_slice_of_the_real_plays
     """The experiment's config (configs/beyond_natural_shakespeare.py) on the real plays,
     shortened to 2 rounds of 2 participants: Falstaff's three roles the target, tested on their own
     windows, LEAF's LSTM on int32 tokens."""
-    import importlib.util
-
     import fedjax_pals as fjp
+    from config_files import load_config
 
     path = _real_tarball_or_skip()
-    spec = importlib.util.spec_from_file_location("natural_shakespeare", os.path.join(
-        os.path.dirname(__file__), "..", "configs", "beyond_natural_shakespeare.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config("run")
+    config = load_config("beyond_natural_shakespeare.py", "run")
     config.dataset.data_dir = str(path.parent)
     config.training.update(rounds=2, clients_per_round=2, eval_every=1)
     results = fjp.train_and_evaluate(config, str(tmp_path / "run"), quiet=True)

@@ -1,7 +1,6 @@
 """Sharded sweeps: the split, the plan and shard records, collect, the command line's bad input."""
 
 import glob
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,17 +17,9 @@ from fedjax_pals.experiment import locks
 from fedjax_pals.experiment import shards as shards_lib
 from fedjax_pals.experiment import sweep as sweep_lib
 from fedjax_pals.experiment.train import structure_group_key
+from config_files import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_config(name):
-    spec = importlib.util.spec_from_file_location(
-        f"config_{name[:-3]}", os.path.join(ROOT, "configs", name)
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def _sweep_config(seeds=(0, 1, 2, 3), methods=("fedavg", "fedpals"), rates=(0.05, 0.1)):
@@ -51,7 +42,7 @@ def _loads(runs, assignment, count):
 
 @pytest.fixture(scope="module")
 def table1_runs():
-    runs, _ = sweep_lib._runs(_load_config("table1_fmnist_c3.py"))
+    runs, _ = sweep_lib._runs(load_config("table1_fmnist_c3.py"))
     return runs
 
 
@@ -62,7 +53,7 @@ def test_the_split_gives_every_run_exactly_one_shard_in_range(table1_runs, count
     assert all(0 <= s < count for s in assignment)
     # Every shard gets work while there are at least as many runs as shards.
     assert len(set(assignment)) == min(count, len(table1_runs))
-    listed = shards_lib.split_sweep(_load_config("table1_fmnist_c3.py"), count)
+    listed = shards_lib.split_sweep(load_config("table1_fmnist_c3.py"), count)
     assert [(n, s) for n, s, _ in listed] == [
         (run.name, s) for run, s in zip(table1_runs, assignment)
     ]
@@ -122,7 +113,7 @@ _STATE_KEYS_BEFORE_DP = (
 SWEEP_CONFIGS = sorted(
     name
     for name in (os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "configs", "*.py")))
-    if "sweep" in _load_config(name)
+    if "sweep" in load_config(name)
 )
 
 
@@ -143,7 +134,7 @@ def _partition(indices, key):
 
 @pytest.mark.parametrize("name", SWEEP_CONFIGS)
 def test_each_sweep_config_groups_as_before_but_for_runs_differing_only_in_the_added_keys(name):
-    runs, _ = sweep_lib._runs(_load_config(name))
+    runs, _ = sweep_lib._runs(load_config(name))
     added = [k for k in config_lib.per_run_state_keys() if k not in _STATE_KEYS_BEFORE_DP]
     assert "algorithm.label_dp_epsilon" in added
     flat = [config_lib.flatten(config_lib.as_dict(run.resolved)) for run in runs]
@@ -195,7 +186,7 @@ def test_the_split_is_the_same_in_fresh_processes_with_other_hash_seeds(table1_r
     here = [[run.name, s] for run, s in zip(table1_runs, fjp.assign_shards(table1_runs, 8))]
     assert [[n, s] for n, s, _ in output] == here
     # All of it (names, shards, costs) as this process splits it.
-    split_here = shards_lib.split_sweep(_load_config("table1_fmnist_c3.py"), 8)
+    split_here = shards_lib.split_sweep(load_config("table1_fmnist_c3.py"), 8)
     assert output == json.loads(json.dumps(split_here))
 
 
@@ -576,10 +567,7 @@ def test_four_concurrent_shards_one_killed_and_rerun_collect_the_unsharded_table
     )
     assert collected.returncode == 0, collected.stderr[-3000:]
     # The unsharded sweep of the same config, in this process.
-    spec = importlib.util.spec_from_file_location("sweep_config", config_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    whole = fjp.run_sweep(module.get_config(), str(tmp_path / "whole"), quiet=True)
+    whole = fjp.run_sweep(load_config(config_file), str(tmp_path / "whole"), quiet=True)
     assert set(whole["runs"].values()) == {"done"}
     with open(os.path.join(sharded, "table.json")) as f:
         table = json.load(f)

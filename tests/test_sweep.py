@@ -2,7 +2,6 @@
 the experiment configs and the sweep / compare command lines."""
 
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import fedjax_pals as fjp
-from experiments import config_args
+from config_files import config_module, load_config
 from fedjax_pals.experiment import sweep as sweep_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -449,15 +448,6 @@ SWEEP_CONFIGS = sorted(
 )
 
 
-def _load_config(name, *argument):
-    spec = importlib.util.spec_from_file_location(
-        f"config_{name[:-3]}", os.path.join(ROOT, "configs", name)
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(*argument)
-
-
 def test_there_is_a_config_per_experiment_of_the_paper():
     paper = [name for name in SWEEP_CONFIGS if not name.startswith("beyond_")]
     assert paper == [
@@ -476,13 +466,10 @@ def test_there_is_a_config_per_experiment_of_the_paper():
 @pytest.mark.parametrize("part", ["fresh", "table1", "issue", "heldout"])
 @pytest.mark.parametrize("c", ["3", "2"])
 def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_remedies(part, c):
-    path = os.path.join(ROOT, "configs", "beyond_unknown_target.py")
-    spec = importlib.util.spec_from_file_location("config_beyond_unknown_target", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = config_module("beyond_unknown_target.py")
     # Through the command line's loader: `--config=configs/beyond_unknown_target.py:3,fresh`
     # hands get_config() one argument, as scripts/reproduce.sh runs it.
-    config = config_args.load_config_file(f"{path}:{c},{part}")
+    config = load_config("beyond_unknown_target.py", f"{c},{part}")
     runs, sweep = sweep_lib._runs(config)
     seeds = module.LOOP_SEEDS
     assert sweep["seeds"] == seeds[part] and {r.seed for r in runs} == set(seeds[part])
@@ -526,7 +513,7 @@ def test_the_unknown_target_loops_seed_sets_are_apart_and_expand_into_their_reme
 
 @pytest.mark.parametrize("name", SWEEP_CONFIGS)
 def test_each_experiment_config_expands_into_valid_runs_at_the_full_budget(name):
-    config = _load_config(name)
+    config = load_config(name)
     runs, sweep = sweep_lib._runs(config)
     assert runs
     if name.startswith("table1_"):
@@ -599,18 +586,17 @@ def _tiny(config, *, methods=2):
 
 
 def test_the_private_updates_config_has_a_poisson_sampling_variant():
-    config = config_args.load_config_file(
-        os.path.join(ROOT, "configs", "beyond_private_updates.py:poisson"))
+    config = load_config("beyond_private_updates.py", "poisson")
     runs, _ = sweep_lib._runs(config)
     trainings = {tuple(sorted(r.resolved["training"].items())) for r in runs}
     assert len(trainings) == 1
     training = dict(trainings.pop())
     assert training["client_sampling"] == "poisson" and training["client_fraction"] == 0.1
     assert training["clients_per_round"] == fjp.training.poisson_capacity(1000, 0.1)
-    plain, _ = sweep_lib._runs(_load_config("beyond_private_updates.py"))
+    plain, _ = sweep_lib._runs(load_config("beyond_private_updates.py"))
     assert len(runs) == len(plain)  # the same rows, methods, grid and seeds
     with pytest.raises(ValueError, match="the argument must be"):
-        _load_config("beyond_private_updates.py", "poison")
+        load_config("beyond_private_updates.py", "poison")
 
 
 @pytest.mark.integration
@@ -620,7 +606,7 @@ def test_the_private_updates_config_has_a_poisson_sampling_variant():
 def test_each_experiment_config_runs_with_tiny_overrides(name, tmp_path):
     # Compilation dominates: every method once on the headline experiment, one elsewhere.
     name, _, argument = name.partition(":")
-    config = _load_config(name, *([argument] if argument else []))
+    config = load_config(name, argument)
     # Every client as its target: FedAvg beside FedPALS, expanded over the clients.
     each_client = bool(config.sweep.get("each_client"))
     config = _tiny(config, methods=8 if name == "table1_fmnist_c3.py" else 2 if each_client
