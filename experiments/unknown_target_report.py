@@ -6,7 +6,10 @@ re-estimations that were not used, and the figure.
 
 Reads every run's results.json under each sweep directory (a sweep of
 configs/beyond_unknown_target.py: FedAvg, FedPALS with T known, and the FedPALS rows with T
-estimated) and writes, into each directory (and all tables together into --workdir), unknown_target.md (the table below, per method,
+estimated; an entry with a glob pattern, ``--sweeps='runs/ut/c2_s*'``, reads every directory it
+matches as one sweep: a row run a few seeds a sweep, its report written to a directory of
+--workdir named after the pattern) and writes, into each directory (and all tables together
+into --workdir), unknown_target.md (the table below, per method,
 mean ± std over seeds) and unknown_target.png/.pdf (accuracy per round with FedAvg and known-T
 FedPALS as references; the L1 error of the T in use per round). Columns:
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -50,21 +54,41 @@ fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help pr
 REFERENCES = ("fedavg", "fedpals")
 
 
+def sweep_dirs(spec: str) -> list[str]:
+    """The sweep directories one entry of --sweeps names: itself, or, where it holds a glob
+    pattern (``runs/ut/c2_s*``: one row run as a sweep per few seeds, so that a stop leaves
+    every method on the same seeds), every directory the pattern matches, read as one sweep."""
+    if not set("*?[") & set(spec):
+        return [spec]
+    dirs = sorted(d for d in glob.glob(spec) if os.path.isdir(d))
+    if not dirs:
+        raise SystemExit(f"--sweeps: {spec!r} matches no directory")
+    return dirs
+
+
 def _runs(sweep_dir: str) -> dict[str, dict[int, dict]]:
-    """{method key: {seed: results}} of the finished runs under `sweep_dir`."""
+    """{method key: {seed: results}} of the finished runs under `sweep_dir` (a directory, or a
+    pattern of several, `sweep_dirs`; a run finished in two of them is an error)."""
     runs: dict[str, dict[int, dict]] = {}
-    for path in sorted(glob.glob(os.path.join(sweep_dir, "runs", "*", "*", "seed_*",
-                                              "results.json"))
-                       + glob.glob(os.path.join(sweep_dir, "runs", "*", "seed_*",
-                                                "results.json"))):
-        with open(path) as f:
-            results = json.load(f)
-        method = os.path.relpath(path, os.path.join(sweep_dir, "runs")).split(os.sep)[0]
-        seed = int(results["config"]["seed"])
-        # results.json is rewritten at every evaluation: a run is finished at its last round.
-        if results.get("rounds") and results["rounds"][-1] == results["config"]["training"][
-            "rounds"
-        ]:
+    found_in: dict[tuple[str, int], str] = {}
+    for directory in sweep_dirs(sweep_dir):
+        for path in sorted(glob.glob(os.path.join(directory, "runs", "*", "*", "seed_*",
+                                                  "results.json"))
+                           + glob.glob(os.path.join(directory, "runs", "*", "seed_*",
+                                                    "results.json"))):
+            with open(path) as f:
+                results = json.load(f)
+            method = os.path.relpath(path, os.path.join(directory, "runs")).split(os.sep)[0]
+            seed = int(results["config"]["seed"])
+            # results.json is rewritten at every evaluation: a run is finished at its last round.
+            if not (results.get("rounds") and results["rounds"][-1] == results["config"][
+                    "training"]["rounds"]):
+                continue
+            if (method, seed) in found_in:
+                raise SystemExit(
+                    f"{method}, seed {seed}: finished in both {found_in[method, seed]} and "
+                    f"{directory}; the directories of {sweep_dir!r} must hold different seeds")
+            found_in[method, seed] = directory
             runs.setdefault(method, {})[seed] = results
     if not runs:
         raise SystemExit(f"no finished run (results.json) under {sweep_dir}/runs")
@@ -149,17 +173,39 @@ def _cell(values) -> str:
 
 
 def _row(sweep_dir: str) -> str:
-    """The sweep's row ("Fashion-MNIST C=3"), or its directory's name."""
-    try:
-        with open(os.path.join(sweep_dir, "sweep.json")) as f:
-            return json.load(f)["sweep"]["row"]
-    except (OSError, KeyError, ValueError):
-        return os.path.basename(os.path.normpath(sweep_dir))
+    """The sweep's row ("Fashion-MNIST C=3"), or its directory's name; the directories of a
+    pattern must share their row."""
+    rows = set()
+    for directory in sweep_dirs(sweep_dir):
+        try:
+            with open(os.path.join(directory, "sweep.json")) as f:
+                rows.add(json.load(f)["sweep"]["row"])
+        except (OSError, KeyError, ValueError):
+            rows.add(os.path.basename(os.path.normpath(directory)))
+    if len(rows) > 1:
+        raise SystemExit(f"the directories of {sweep_dir!r} hold different rows: {sorted(rows)}")
+    return rows.pop()
 
 
-def report(sweep_dir: str) -> str:
+def output_dir(sweep_dir: str, workdir: str) -> str:
+    """Where `report` writes for one entry of --sweeps: the sweep's directory; for a pattern,
+    a directory in `workdir` named after the pattern (``c2_s*``: ``c2_s``)."""
+    if sweep_dirs(sweep_dir) == [sweep_dir]:
+        return sweep_dir
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(sweep_dir)))
+    return os.path.join(workdir, name.strip("_.") or "sweeps")
+
+
+def report(sweep_dir: str, out_dir: str | None = None) -> str:
+    """The report of `sweep_dir` (a directory, or a pattern of several, `sweep_dirs`), written
+    into `out_dir` (by default the directory; a pattern needs one)."""
     runs = _runs(sweep_dir)
     row = _row(sweep_dir)
+    if out_dir is None:
+        if sweep_dirs(sweep_dir) != [sweep_dir]:
+            raise ValueError(f"report({sweep_dir!r}): a pattern's report needs an out_dir")
+        out_dir = sweep_dir
+    os.makedirs(out_dir, exist_ok=True)
     any_run = next(iter(next(iter(runs.values())).values()))
     rounds = any_run["rounds"]
     last = rounds[-1]
@@ -221,20 +267,20 @@ def report(sweep_dir: str) -> str:
         known) else []
     unidentified = _unidentified_per_run(runs, estimated_methods) if estimated_methods else []
     text = "\n".join(lines + per_seed + unidentified + against) + "\n"
-    with open(os.path.join(sweep_dir, "unknown_target.md"), "w") as f:
+    with open(os.path.join(out_dir, "unknown_target.md"), "w") as f:
         f.write(text)
-    with open(os.path.join(sweep_dir, "unknown_target_l1.md"), "w") as f:
+    with open(os.path.join(out_dir, "unknown_target_l1.md"), "w") as f:
         f.write(_l1_per_seed(row, runs, estimated_methods, rounds))
     if known:
         gaps = {method: _gaps(runs[method], known) for method in order if method != "fedpals"}
         fjp.experiment.plots.plot_seed_gaps(
-            os.path.join(sweep_dir, "unknown_target_gaps.png"), gaps,
+            os.path.join(out_dir, "unknown_target_gaps.png"), gaps,
             title=f"{row}: each seed's target accuracy (stopped by validation labels) against "
             f"FedPALS with T known on that seed; dotted: {GAP_LIMIT:g} points below",
             reference="fedpals", thresholds=(-GAP_LIMIT,),
         )
     fjp.experiment.plots.plot_target_estimation(
-        os.path.join(sweep_dir, "unknown_target.png"),
+        os.path.join(out_dir, "unknown_target.png"),
         accuracy_curves,
         l1_curves,
         title=f"{row}, {len(rounds)} rounds: FedPALS with T estimated from unlabeled target "
@@ -357,8 +403,13 @@ def main(argv):
     del argv  # a stray argument is refused by common.run
     started = time.time()
     _register_ablation()
-    texts = [report(d) for d in flags.FLAGS.sweeps]
     workdir = common.WORKDIR.value
+    outputs = [output_dir(d, workdir) for d in flags.FLAGS.sweeps]
+    clashes = sorted({o for o in outputs if outputs.count(o) > 1})
+    if clashes:
+        raise SystemExit(f"--sweeps: two entries would write their report to {clashes[0]}; "
+                         "give the patterns different names")
+    texts = [report(d, o) for d, o in zip(flags.FLAGS.sweeps, outputs)]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "unknown_target.md"), "w") as f:
         f.write("\n".join(texts))

@@ -229,3 +229,53 @@ def test_a_run_still_training_is_left_out(sweep):
 def test_an_empty_sweep_directory_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no finished run"):
         report_lib.report(str(tmp_path))
+
+
+def _split_by_seed(sweep, tmp_path):
+    """The fixture's sweep as two sweeps of one seed each (chunks/s0, chunks/s1), each with the
+    sweep.json of the row."""
+    import shutil
+
+    chunks = tmp_path / "chunks"
+    for seed in (0, 1):
+        shutil.copytree(sweep, chunks / f"s{seed}")
+        for run in (chunks / f"s{seed}").glob(f"runs/*/*/seed_{1 - seed}"):
+            shutil.rmtree(run)
+        (chunks / f"s{seed}" / "sweep.json").write_text(
+            json.dumps({"sweep": {"row": "Fashion-MNIST C=2"}}))
+    return chunks
+
+
+def test_a_pattern_of_sweeps_over_different_seeds_reports_as_one_sweep(sweep, tmp_path):
+    chunks = _split_by_seed(sweep, tmp_path)
+    with open(os.path.join(sweep, "sweep.json"), "w") as f:
+        json.dump({"sweep": {"row": "Fashion-MNIST C=2"}}, f)
+    whole = report_lib.report(sweep)
+    pattern = str(chunks / "s*")
+    assert report_lib.sweep_dirs(pattern) == [str(chunks / "s0"), str(chunks / "s1")]
+    out = report_lib.output_dir(pattern, str(tmp_path / "report"))
+    assert out == str(tmp_path / "report" / "s")
+    merged = report_lib.report(pattern, out)
+    assert merged == whole.replace(f"({sweep})", f"({pattern})")
+    for name in ("unknown_target.md", "unknown_target_l1.md", "unknown_target.png",
+                 "unknown_target_gaps.png"):
+        assert os.path.exists(os.path.join(out, name)), name
+    assert not os.path.exists(chunks / "s0" / "unknown_target.md")  # the chunks stay as run
+    assert report_lib.output_dir(sweep, str(tmp_path / "report")) == sweep
+    with pytest.raises(ValueError, match="needs an out_dir"):
+        report_lib.report(pattern)
+
+
+def test_a_pattern_refuses_overlapping_seeds_other_rows_and_no_match(sweep, tmp_path):
+    import shutil
+
+    chunks = _split_by_seed(sweep, tmp_path)
+    with pytest.raises(SystemExit, match="matches no directory"):
+        report_lib.report(str(tmp_path / "nothing_*"), str(tmp_path / "out"))
+    (chunks / "s1" / "sweep.json").write_text(json.dumps({"sweep": {"row": "Fashion-MNIST C=3"}}))
+    with pytest.raises(SystemExit, match="different rows"):
+        report_lib.report(str(chunks / "s*"), str(tmp_path / "out"))
+    shutil.rmtree(chunks / "s1")
+    shutil.copytree(sweep, chunks / "s1")  # seed 0 again, beside s0's
+    with pytest.raises(SystemExit, match="fedavg, seed 0: finished in both"):
+        report_lib.report(str(chunks / "s*"), str(tmp_path / "out"))
