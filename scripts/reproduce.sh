@@ -109,8 +109,7 @@ RAW[weights]="experiments.weights --config=configs/default.py \
 # Experiments that merge sweeps' tables (experiments.compare): rows of one task become one row.
 # Both rows in one table, and every method against FedPALS seed by seed (paired.md).
 RAW[beyond_loss_reweighting]="experiments.compare \
---tables=$ROOT/beyond_loss_reweighting_c3,$ROOT/beyond_loss_reweighting_c2,\
-$ROOT/natural_shakespeare_loss_reweighting --paired=fedpals \
+--tables=$ROOT/beyond_loss_reweighting_c3,$ROOT/beyond_loss_reweighting_c2 --paired=fedpals \
 --title='IW-ERM and FedVLS beside FedPALS: target test accuracy'"
 declare -A COMPARE
 COMPARE[table1_fmnist]="table1_fmnist_c3,table1_fmnist_c3_scaffold,table1_fmnist_c2,table1_fmnist_c2_scaffold"
@@ -164,7 +163,8 @@ RAW[beyond_unknown_target_loop_heldout]="experiments.unknown_target_report \
 # holds it: 40 roles x 175 windows, Falstaff the target, 20 rounds of 10 participants, FedAvg /
 # FedPALS, seeds 0-1: about 45 min on 2 cores), and its label-shift figure; the loss-reweighting
 # table's natural row (issue 60) on the same slice and budget: IW-ERM, IW-ERM+FedPALS, FedVLS,
-# FedVLS+FedPALS beside FedAvg and FedPALS.
+# FedVLS+FedPALS beside FedAvg and FedPALS, a table of its own (its sweep's table.md; the
+# paired differences: experiments.compare --tables=<it> --paired=fedpals).
 ARGS[natural_shakespeare]=""
 CONFIG[natural_shakespeare]="configs/beyond_natural_shakespeare.py"
 ARGS[natural_shakespeare_loss_reweighting]=""
