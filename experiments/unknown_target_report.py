@@ -54,11 +54,15 @@ fjp = common.fjp  # fedjax_pals, imported (with JAX) at its first use: --help pr
 REFERENCES = ("fedavg", "fedpals")
 
 
+def _is_pattern(spec: str) -> bool:
+    return bool(set("*?[") & set(spec))
+
+
 def sweep_dirs(spec: str) -> list[str]:
     """The sweep directories one entry of --sweeps names: itself, or, where it holds a glob
     pattern (``runs/ut/c2_s*``: one row run as a sweep per few seeds, so that a stop leaves
     every method on the same seeds), every directory the pattern matches, read as one sweep."""
-    if not set("*?[") & set(spec):
+    if not _is_pattern(spec):
         return [spec]
     dirs = sorted(d for d in glob.glob(spec) if os.path.isdir(d))
     if not dirs:
@@ -66,12 +70,12 @@ def sweep_dirs(spec: str) -> list[str]:
     return dirs
 
 
-def _runs(sweep_dir: str) -> dict[str, dict[int, dict]]:
-    """{method key: {seed: results}} of the finished runs under `sweep_dir` (a directory, or a
-    pattern of several, `sweep_dirs`; a run finished in two of them is an error)."""
+def _runs(sweep_dir: str, directories: list[str]) -> dict[str, dict[int, dict]]:
+    """{method key: {seed: results}} of the finished runs under `directories` (those
+    `sweep_dir` names, `sweep_dirs`; a run finished in two of them is an error)."""
     runs: dict[str, dict[int, dict]] = {}
     found_in: dict[tuple[str, int], str] = {}
-    for directory in sweep_dirs(sweep_dir):
+    for directory in directories:
         for path in sorted(glob.glob(os.path.join(directory, "runs", "*", "*", "seed_*",
                                                   "results.json"))
                            + glob.glob(os.path.join(directory, "runs", "*", "seed_*",
@@ -172,11 +176,11 @@ def _cell(values) -> str:
     return f"{values.mean():.1f} ± {values.std():.1f}" if len(values) else "-"
 
 
-def _row(sweep_dir: str) -> str:
+def _row(sweep_dir: str, directories: list[str]) -> str:
     """The sweep's row ("Fashion-MNIST C=3"), or its directory's name; the directories of a
     pattern must share their row."""
     rows = set()
-    for directory in sweep_dirs(sweep_dir):
+    for directory in directories:
         try:
             with open(os.path.join(directory, "sweep.json")) as f:
                 rows.add(json.load(f)["sweep"]["row"])
@@ -190,7 +194,7 @@ def _row(sweep_dir: str) -> str:
 def output_dir(sweep_dir: str, workdir: str) -> str:
     """Where `report` writes for one entry of --sweeps: the sweep's directory; for a pattern,
     a directory in `workdir` named after the pattern (``c2_s*``: ``c2_s``)."""
-    if sweep_dirs(sweep_dir) == [sweep_dir]:
+    if not _is_pattern(sweep_dir):
         return sweep_dir
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.basename(os.path.normpath(sweep_dir)))
     return os.path.join(workdir, name.strip("_.") or "sweeps")
@@ -199,12 +203,13 @@ def output_dir(sweep_dir: str, workdir: str) -> str:
 def report(sweep_dir: str, out_dir: str | None = None) -> str:
     """The report of `sweep_dir` (a directory, or a pattern of several, `sweep_dirs`), written
     into `out_dir` (by default the directory; a pattern needs one)."""
-    runs = _runs(sweep_dir)
-    row = _row(sweep_dir)
     if out_dir is None:
-        if sweep_dirs(sweep_dir) != [sweep_dir]:
+        if _is_pattern(sweep_dir):
             raise ValueError(f"report({sweep_dir!r}): a pattern's report needs an out_dir")
         out_dir = sweep_dir
+    directories = sweep_dirs(sweep_dir)
+    runs = _runs(sweep_dir, directories)
+    row = _row(sweep_dir, directories)
     os.makedirs(out_dir, exist_ok=True)
     any_run = next(iter(next(iter(runs.values())).values()))
     rounds = any_run["rounds"]

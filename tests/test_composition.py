@@ -460,13 +460,9 @@ def loss_reweighting_project(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loss_reweighting_alone(loss_reweighting_project, tmp_path_factory):
     """{run name: results} of each of the tiny sweep's runs trained alone, in this process."""
-    import importlib.util
+    from config_files import load_config
 
-    spec = importlib.util.spec_from_file_location(
-        "config_beyond_loss_reweighting_tiny", loss_reweighting_project / "tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    expanded = sweep_lib.expand(module.get_config())
+    expanded = sweep_lib.expand(load_config(loss_reweighting_project / "tiny.py"))
     root = tmp_path_factory.mktemp("loss_reweighting_alone")
     alone = {run.name: fjp.train_and_evaluate(run.config, str(root / run.name), quiet=True)
              for run in expanded.runs}
