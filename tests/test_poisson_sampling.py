@@ -164,6 +164,17 @@ def test_a_method_with_its_own_server_update_is_refused():
                                              participants=4)
 
 
+def test_adaptive_clipping_is_refused_in_either_order_and_fixed_clipping_in_neither():
+    dists, sizes = _clients(4)
+    adaptive = private_updates.with_private_updates(fjp.fedavg(), 1.0, 0.3, 0, clip_quantile=0.5,
+                                                    participants=4)
+    with pytest.raises(ValueError, match="adaptive clipping counts"):
+        poisson_sampling.with_poisson_sampling(adaptive, 0.5, dists, sizes)
+    fixed = private_updates.with_private_updates(fjp.fedavg(), 1.0, 1.0, 0)
+    wrapped = poisson_sampling.with_poisson_sampling(fixed, 0.5, dists, sizes)
+    assert wrapped.weighting.max_weight is not None
+
+
 # -- in a run ------------------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from fedjax_pals import _validation
 from fedjax_pals.algorithms.base import FederatedAlgorithm, ServerState, Weighting
-from fedjax_pals.algorithms import server_chain
+from fedjax_pals.algorithms import private_updates, server_chain
 
 
 class PoissonSamplingState(NamedTuple):
@@ -99,9 +99,10 @@ def with_poisson_sampling(
     them (a weighting that reads the server's release of S reads its own copy).
 
     Raises:
-      ValueError: q outside (0, 1], bad label distributions or sizes, or a server update that
+      ValueError: q outside (0, 1], bad label distributions or sizes, a server update that
         is not the plain weighted average (a method that owns its server update averages its
-        participants its own way).
+        participants its own way), or DP on updates with adaptive clipping already wrapped
+        around `algorithm` (either order is refused).
     """
     rate = _validation.check_number("the sampling rate q", sampling_rate, low=0.0, high=1.0,
                                     low_open=True)
@@ -116,6 +117,10 @@ def with_poisson_sampling(
             f"Poisson sampling's fixed-denominator estimator is a weighted sum of the drawn "
             f"clients' updates, but {algorithm.name!r} has a server update of its own."
         )
+    # DP on updates wrapped first: its adaptive clip link would count among a drawn number.
+    if any(isinstance(link, private_updates.ServerClipping) and link.adaptive
+           for link in server_chain.chain_of(algorithm).links):
+        raise ValueError(private_updates.ADAPTIVE_WITH_POISSON)
     weighting = algorithm.weighting
     inner_init = weighting.init
     table = (jnp.asarray(dists, jnp.float32), jnp.asarray(sizes, jnp.float32),

@@ -145,9 +145,11 @@ class ServerClipping(server_chain.ServerLink):
     """The chain's clip link of DP on updates, on the server (the server receives each raw
     update and clips it): Delta_i' = Delta_i min(1, C / ||Delta_i||), C from the run's
     `PrivateUpdatesState`; with adaptive clipping, C for the next round from the privatised
-    count of the updates within C."""
+    count of the updates within C (`adaptive`, which Poisson sampling refuses: the count is
+    among a number of participants it leaves to chance)."""
 
     slot = "clip"
+    adaptive: bool = False
 
     def __call__(self, state, updates):
         dp = find_state(state.algorithm_state, PrivateUpdatesState)
@@ -278,8 +280,8 @@ def updates_noise_multiplier(noise_multiplier: float, count_std: float) -> float
         raise ValueError(
             f"adaptive clipping releases a clipped count with noise std {count_std:g} (the "
             f"participants / 20), which alone spends a noise multiplier of {2 * count_std:g}: "
-            f"the total {noise_multiplier:g} must be smaller. Use fixed clipping "
-            "(dp_clip_quantile unset) or more clients per round."
+            f"the round's noise multiplier, {noise_multiplier:g}, must be below it. Use fixed "
+            "clipping (dp_clip_quantile unset) or more clients per round."
         )
     return float(rest**-0.5)
 
@@ -323,13 +325,10 @@ def with_private_updates(
             f"DP on updates clips and noises a weighted average of the updates, but "
             f"{algorithm.name!r} has a server update of its own."
         )
-    # Poisson sampling's weighting declares its bound; wrapped after DP, the config refuses it.
+    # Poisson sampling's weighting declares its bound; wrapped after DP, `with_poisson_sampling`
+    # finds the adaptive clip link and refuses it.
     if algorithm.weighting.max_weight is not None and clip_quantile is not None:
-        raise ValueError(
-            "adaptive clipping counts the clipped updates among a round's participants, a "
-            "number Poisson sampling leaves to chance; use fixed clipping (dp_clip_quantile "
-            "unset) with Poisson sampling."
-        )
+        raise ValueError(ADAPTIVE_WITH_POISSON)
     quantile, rate, count_std, updates_sigma = 0.5, 0.0, 0.0, noise_multiplier
     if clip_quantile is not None:
         quantile = _validation.check_number("the clip quantile", clip_quantile, low=0.0,
@@ -356,7 +355,8 @@ def with_private_updates(
         finish = (client_clip_update if client.finish_update is None
                   else _then_clip(client.finish_update))
         algorithm = algorithm._replace(client=client._replace(finish_update=finish))
-    clip = ClientClipping() if clipping == "client" else ServerClipping()
+    clip = (ClientClipping() if clipping == "client"
+            else ServerClipping(adaptive=clip_quantile is not None))
     return server_chain.with_link(server_chain.with_link(algorithm, clip), GaussianNoise())
 
 
@@ -368,6 +368,11 @@ _ADAPTIVE_CLIENT = (
     "adaptive clipping counts, on the server, the updates within C, which needs each raw "
     "update's norm; with dp_clipping='client' the server never sees one: use fixed clipping "
     "(dp_clip_quantile unset) or dp_clipping='server'."
+)
+ADAPTIVE_WITH_POISSON = (
+    "adaptive clipping counts the clipped updates among a round's participants, a number "
+    "Poisson sampling leaves to chance; use fixed clipping (dp_clip_quantile unset) with Poisson "
+    "sampling."
 )
 _ADAPTIVE_ADD_REMOVE = (
     "adaptive clipping's clipped count is accounted for zero-out neighbours only (the share "
