@@ -30,7 +30,8 @@ FedPALS as references; the L1 error of the T in use per round). Columns:
 Beside it, against FedPALS with T known on the same seed (issue 45's bar): each estimated
 method's (and each yardstick's: T known up to App. B.6's noise, `algorithm.target_perturbation`,
 whose gap is what training moves accuracy by when the weights change a little) mean gap, its
-worst seed, how many seeds fall more than 5 points below T known and how many below FedAvg,
+worst seed, how many seeds fall more than 5 points below T known and how many below FedAvg
+(issue 60's ruling: counted only on seeds where T known leads FedAvg by more than 3 points),
 how many runs made an estimate that was not identified, and the figure unknown_target_gaps.png/.pdf (every seed's gap); and
 unknown_target_l1.md, the L1 error of the T in use after every round, seed by seed.
 """
@@ -297,6 +298,9 @@ def report(sweep_dir: str, out_dir: str | None = None) -> str:
 
 # Issue 45's bar: no seed more than this many points below FedPALS with T known.
 GAP_LIMIT = 5.0
+# Issue 60's ruling: a seed counts as below FedAvg only where FedPALS with T known leads FedAvg
+# on it by more than this (points); elsewhere T known itself gains nothing an estimate could lose.
+FEDAVG_LEAD = 3.0
 
 
 def _gaps(method_runs: dict, known: dict) -> tuple[list[int], list[float]]:
@@ -332,14 +336,16 @@ def _estimate_l1(results: dict, after: int) -> float | None:
 def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
     """Per estimated method, against FedPALS with T known on the same seeds (stopped by
     validation labels): the mean gap, the worst seed, how many seeds fall more than
-    `GAP_LIMIT` points below it, and how many below FedAvg; and the L1 error of the estimate
+    `GAP_LIMIT` points below it, and how many below FedAvg (on the seeds where T known leads
+    FedAvg by more than `FEDAVG_LEAD` points); and the L1 error of the estimate
     itself from the model after round `probe` (the T in use differs from it by shrinkage or
     damping)."""
     lines = [
         "", "Against FedPALS with T known on the same seed (stopped by validation labels, "
         "points):", "",
         "| method | seeds | mean gap to T known | worst seed vs T known | seeds more than "
-        f"{GAP_LIMIT:g} below T known | seeds below FedAvg | runs with a T^ not identified | "
+        f"{GAP_LIMIT:g} below T known | seeds below FedAvg (where T known leads it by more "
+        f"than {FEDAVG_LEAD:g}) | runs with a T^ not identified | "
         f"L1 of T^ from the model after round {probe} |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -349,8 +355,8 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
             continue
         gaps = np.array(gaps)
         worst = int(np.argmin(gaps))
-        below_fedavg = [s for s in seeds if s in fedavg and runs[method][s][
-            "target_accuracy_at_best_val"] < fedavg[s]["target_accuracy_at_best_val"]]
+        below_fedavg = [s for s in seeds if s in fedavg and _below_fedavg(
+            runs[method][s], known[s], fedavg[s])]
         lines.append(
             f"| {fjp.method_label(method)} | {len(seeds)} | {gaps.mean():+.1f} | "
             f"{gaps[worst]:+.1f} (seed {seeds[worst]}) | "
@@ -362,6 +368,15 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
             + f" | {_mean_std([_estimate_l1(runs[method][s], probe) for s in seeds])} |"
         )
     return lines
+
+
+def _below_fedavg(run: dict, known: dict, fedavg: dict) -> bool:
+    """The run ends below FedAvg on a seed where T known leads FedAvg by more than
+    `FEDAVG_LEAD` points (stopped by validation labels)."""
+    accuracy = {name: 100 * r["target_accuracy_at_best_val"]
+                for name, r in (("run", run), ("known", known), ("fedavg", fedavg))}
+    return (accuracy["known"] - accuracy["fedavg"] > FEDAVG_LEAD
+            and accuracy["run"] < accuracy["fedavg"])
 
 
 def _unidentified_runs(method_runs: dict, seeds: list[int]) -> str:

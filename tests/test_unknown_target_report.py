@@ -213,6 +213,25 @@ def test_without_fedavg_runs_the_below_fedavg_column_says_nothing(sweep):
     assert [c.strip() for c in row.strip("|").split("|")][5] == "-"
 
 
+def test_a_seed_counts_below_fedavg_only_where_t_known_leads_fedavg_by_more_than_3_points(
+        tmp_path):
+    root = str(tmp_path / "sweep")
+    # Seed 0: T known leads FedAvg by 20 and the estimate ends 10 under FedAvg: counted.
+    # Seed 1: T known leads by 2 and the estimate ends 1 under FedAvg: not counted.
+    # Seed 2: T known leads by 4 and the estimate ends level with FedAvg: not counted.
+    for seed, (fedavg, known, estimated) in enumerate(
+            [(0.6, 0.8, 0.5), (0.5, 0.52, 0.49), (0.5, 0.54, 0.5)]):
+        _write(root, "fedavg", seed, [0.3, fedavg, 0.3, 0.3, 0.3], 1)
+        _write(root, "fedpals", seed, [0.3, known, 0.3, 0.3, 0.3], 1)
+        _write(root, "unknown_t_x", seed, [0.3, estimated, 0.3, 0.3, 0.3], 1,
+               estimated=[0.5] * 5, l1=[0.5] * 5, used=[True] * 4)
+    text = report_lib.report(root)
+    against = text[text.index("Against FedPALS with T known"):]
+    assert "seeds below FedAvg (where T known leads it by more than 3)" in against
+    row = next(line for line in against.splitlines() if line.startswith("| unknown_t_x"))
+    assert [c.strip() for c in row.strip("|").split("|")][5] == "1 (seeds 0)"
+
+
 def test_a_run_still_training_is_left_out(sweep):
     _write(sweep, "unknown_t_y", 0, [0.5, 0.6], 1, estimated=[0.5, 0.6], l1=[1.0, 0.5],
            used=[True])
