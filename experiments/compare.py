@@ -83,7 +83,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-compare` command (`python -m experiments.compare`)."""
-    common.run(main)
+    common.run(main, takes=common.WRITES)
 
 
 if __name__ == "__main__":

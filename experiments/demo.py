@@ -213,7 +213,7 @@ def holds_another_config(config, workdir: str) -> bool:
 
 def entry() -> None:
     """The `fedjax-pals-demo` command (`python -m experiments.demo`)."""
-    common.run(main)
+    common.run(main, takes=common.WRITES + common.RUNTIME)
 
 
 if __name__ == "__main__":

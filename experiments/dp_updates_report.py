@@ -505,7 +505,7 @@ def entry() -> None:
     flags.DEFINE_string("figure", None, f"The figure's path (.png; a .pdf beside it); default "
                         f"<workdir>/{FIGURE}.")
     flags.mark_flags_as_required(["sweep", "workdir"])
-    common.run(main)
+    common.run(main, takes=common.WRITES)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Flags shared by the experiment mains (defined once here; every main imports this module).
+"""Flags shared by the experiment mains (defined once here; every main imports this module and
+names those it takes: `run(main, takes=...)`, from the groups `WRITES`, `TRAINS`, `RUNTIME`).
 
 --workdir       where the run (or sweep) writes: checkpoints, results, metrics, plots
 --overwrite     replace a run of another config held in --workdir
@@ -34,7 +35,7 @@ import signal
 import sys
 import threading
 import warnings
-from typing import Callable
+from typing import Callable, Iterable
 
 from absl import flags
 from absl import logging as absl_logging
@@ -101,6 +102,15 @@ cli.require_value(COORDINATOR_ADDRESS, "host:port")
 cli.check_number(NUM_PROCESSES, 1)
 cli.check_number(PROCESS_ID, 0)
 cli.require_value(COMPILATION_CACHE, "directory, 'auto' or 'none'")
+
+# The shared flags by what a main does with them: `run(main, takes=...)` names the groups a
+# main reads, its --help shows those (and --quiet, which every main honours), and a flag of
+# another group is refused, not silently ignored (`--overwrite` to a report).
+WRITES = ("workdir",)
+TRAINS = ("workdir", "overwrite", "mlflow_tracking_uri", "mlflow_experiment")
+RUNTIME = ("cpu_devices", "coordinator_address", "num_processes", "process_id",
+           "compilation_cache")
+_EVERY_MAIN = ("quiet",)
 
 
 
@@ -192,12 +202,28 @@ def _deprecations_as_lines() -> None:
     warnings.showwarning = show
 
 
-def _show_launcher_flags_in_help() -> None:
-    # absl's --help lists the key flags of the main module (keyed by sys.argv[0]); the flags
-    # defined here are every main's own, so they belong in it, not only in --helpfull.
+def _shared_flag_names() -> set[str]:
+    # A main's config flag is defined here too (`define_config_file`), but it is the main's own.
+    return {flag.name for flag in flags.FLAGS.get_flags_for_module(__name__)} - set(_CONFIG_FLAGS)
+
+
+def _show_launcher_flags_in_help(takes: set[str]) -> None:
+    # absl's --help lists the key flags of the main module (keyed by sys.argv[0]); the shared
+    # flags a main takes are its own, so they belong in it, not only in --helpfull.
     for flag in flags.FLAGS.get_flags_for_module(__name__):
-        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+        if flag.name in takes or flag.name in _CONFIG_FLAGS:
+            flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
     _say_required_in_help()
+
+
+def _refuse_flags_not_taken(takes: set[str], main: Callable) -> None:
+    given = sorted(name for name in _shared_flag_names() - takes if flags.FLAGS[name].present)
+    if given:
+        command = command_for(_main_name(main))
+        usage_error(
+            f"{command} takes no {', '.join('--' + name for name in given)} (its --help lists "
+            "the flags it takes)."
+        )
 
 
 def _say_required_in_help() -> None:
@@ -224,10 +250,18 @@ def _main_name(main: Callable) -> str:
     return name if package in cli.MAIN_PACKAGES and name else "run"
 
 
-def run(main: Callable[[list[str]], object]) -> None:
-    """`app.run(main)`, with the config file and `--config.<path>` overrides checked first."""
+def run(main: Callable[[list[str]], object], takes: Iterable[str] | None = None) -> None:
+    """`app.run(main)`, with the config file and `--config.<path>` overrides checked first.
+
+    `takes`: the shared flags `main` reads (`WRITES`, `TRAINS`, `RUNTIME`, joined); --quiet
+    always. Its --help shows them, and any other shared flag on the command line is a usage
+    error. None: every shared flag (a main written before mains declared them)."""
+    takes = _shared_flag_names() if takes is None else set(takes) | set(_EVERY_MAIN)
+    unknown = takes - _shared_flag_names()
+    if unknown:
+        raise ValueError(f"takes names no shared flag: {sorted(unknown)}.")
     cli.show_main_flags_in_help(main)
-    _show_launcher_flags_in_help()
+    _show_launcher_flags_in_help(takes)
     _deprecations_as_lines()  # before the config file imports a user's module
     argv = list(sys.argv)
     new_keys: dict[str, dict] = {}
@@ -269,6 +303,7 @@ def run(main: Callable[[list[str]], object]) -> None:
                 logging.getLogger(name).setLevel(logging.WARNING)
         if len(args) > 1:
             usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
+        _refuse_flags_not_taken(takes, main)
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
         interruption = fjp.experiment.interruption

@@ -41,7 +41,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-privacy` command (`python -m experiments.privacy`)."""
-    common.run(main)
+    common.run(main, takes=())
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-restricted-eval` command (`python -m experiments.restricted_eval`)."""
-    common.run(main)
+    common.run(main, takes=common.WRITES + common.RUNTIME)
 
 
 if __name__ == "__main__":

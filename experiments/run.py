@@ -57,7 +57,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-run` command (`python -m experiments.run`)."""
-    common.run(main)
+    common.run(main, takes=common.TRAINS + common.RUNTIME)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-submit` command (`python -m experiments.submit`)."""
-    common.run(main)
+    common.run(main, takes=common.WRITES)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ def main(argv):
 
 def entry() -> None:
     """The `fedjax-pals-sweep` command (`python -m experiments.sweep`)."""
-    common.run(main)
+    common.run(main, takes=common.TRAINS + common.RUNTIME)
 
 
 if __name__ == "__main__":

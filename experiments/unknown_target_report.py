@@ -442,7 +442,7 @@ def entry() -> None:
     # Defined here, not on import: tests import `report` beside other mains' flags.
     flags.DEFINE_list("sweeps", None, "Sweep workdirs of configs/beyond_unknown_target.py.")
     flags.mark_flags_as_required(["sweeps", "workdir"])
-    common.run(main)
+    common.run(main, takes=common.WRITES)
 
 
 if __name__ == "__main__":

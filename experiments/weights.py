@@ -131,7 +131,7 @@ def alpha_table(description, sizes, record, unreachable, dists, target) -> str:
 
 def entry() -> None:
     """The `fedjax-pals-weights` command (`python -m experiments.weights`)."""
-    common.run(main)
+    common.run(main, takes=common.WRITES + common.RUNTIME)
 
 
 if __name__ == "__main__":

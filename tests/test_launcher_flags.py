@@ -3,6 +3,7 @@ one `error:` line naming the flag (exit status 2), or naming a damaged file (exi
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,44 @@ def _error_line(completed, status):
     assert completed.returncode == status, completed.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: "), completed.stderr[-2000:]
     return lines[0]
+
+
+RUNTIME = {"cpu_devices", "coordinator_address", "num_processes", "process_id",
+           "compilation_cache"}
+TRAINING = {"workdir", "overwrite", "mlflow_tracking_uri", "mlflow_experiment"}
+SHARED = TRAINING | RUNTIME | {"quiet"}
+# What each main does: trains (run, sweep), computes with JAX and writes (demo, weights,
+# restricted_eval), writes a report or a submission, or prints (privacy); --quiet everywhere.
+TAKES = {
+    "run": SHARED, "sweep": SHARED,
+    **{m: {"workdir", "quiet"} | RUNTIME for m in ("demo", "weights", "restricted_eval")},
+    **{m: {"workdir", "quiet"}
+       for m in ("compare", "dp_updates_report", "unknown_target_report", "submit")},
+    "privacy": {"quiet"},
+}
+
+
+@pytest.mark.parametrize("main", sorted(TAKES))
+def test_a_mains_help_shows_the_shared_flags_it_takes_and_no_other(main):
+    completed = _main(f"experiments.{main}", "--help")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    shown = set(re.findall(r"^  --(?:\[no\])?(\w+):", completed.stdout, re.MULTILINE))
+    assert shown & SHARED == TAKES[main]
+
+
+@pytest.mark.parametrize("main, flag", [
+    ("privacy", "--overwrite"), ("compare", "--cpu_devices=2"), ("demo", "--overwrite"),
+    ("unknown_target_report", "--mlflow_experiment=x"),
+])
+def test_a_shared_flag_a_main_does_not_take_is_refused_before_it_runs(tmp_path, main, flag):
+    line = _error_line(_main(f"experiments.{main}", flag, *{
+        "privacy": ["--config=configs/default.py"],
+        "compare": [f"--tables={tmp_path / 'none'}", f"--workdir={tmp_path / 'w'}"],
+        "demo": [f"--workdir={tmp_path / 'w'}"],
+        "unknown_target_report": [f"--sweeps={tmp_path / 'none'}", f"--workdir={tmp_path / 'w'}"],
+    }[main]), 2)
+    assert f"takes no {flag.split('=')[0]} " in line
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize(
