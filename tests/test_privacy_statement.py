@@ -273,6 +273,19 @@ def test_the_command_prints_the_statement_of_a_config_with_overrides():
     assert json.loads(as_json.stdout)["updates"]["epsilon"] == expected.updates.epsilon
 
 
+def test_the_commands_json_is_strict_with_a_null_epsilon_where_sigma_0_gives_no_guarantee():
+    overrides = ["--config.algorithm.dp_clip_norm=0.5", "--config.algorithm.dp_noise_multiplier=0"]
+    done = _launch("--config=configs/synthetic.py", *overrides, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    statement = json.loads(done.stdout, parse_constant=refuse)
+    assert statement["updates"]["epsilon"] is None
+    assert "epsilon = inf" in statement["text"]
+
+
 def test_the_command_says_no_dp_with_exit_status_0_and_a_bad_config_is_one_error_line():
     done = _launch("--config=configs/synthetic.py")
     assert done.returncode == 0, done.stderr[-3000:]
