@@ -219,7 +219,9 @@ def _show_launcher_flags_in_help(takes: set[str]) -> None:
 def _refuse_flags_not_taken(takes: set[str], main: Callable) -> None:
     given = sorted(name for name in _shared_flag_names() - takes if flags.FLAGS[name].present)
     if given:
-        command = command_for(_main_name(main))
+        # A user's main is not one `command_for` knows: name the script it was run as.
+        ours = _main_package(main) in cli.MAIN_PACKAGES
+        command = command_for(_main_name(main)) if ours else os.path.basename(sys.argv[0])
         usage_error(
             f"{command} takes no {', '.join('--' + name for name in given)} (its --help lists "
             "the flags it takes)."
@@ -240,13 +242,22 @@ def _say_required_in_help() -> None:
             flag.default_as_str = None
 
 
-def _main_name(main: Callable) -> str:
-    """"sweep" of experiments.sweep's (or fedjax_pals_experiments.sweep's) main."""
+def _main_module(main: Callable) -> str:
+    """"experiments.sweep" of experiments.sweep's main, however it was run."""
     module = getattr(main, "__module__", None) or ""
     if module == "__main__":  # `python -m experiments.sweep`: the name it was run as
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         module = getattr(spec, "name", None) or ""
-    package, _, name = module.partition(".")
+    return module
+
+
+def _main_package(main: Callable) -> str:
+    return _main_module(main).partition(".")[0]
+
+
+def _main_name(main: Callable) -> str:
+    """"sweep" of experiments.sweep's (or fedjax_pals_experiments.sweep's) main."""
+    package, _, name = _main_module(main).partition(".")
     return name if package in cli.MAIN_PACKAGES and name else "run"
 
 

@@ -171,7 +171,9 @@ class PrivacyStatement:
         return self.updates is not None or self.labels is not None
 
     def as_dict(self) -> dict[str, Any]:
-        """The statement as JSON-able data (the text in "text")."""
+        """The statement as data for `json.dumps` (the text in "text"). An epsilon without a
+        guarantee (sigma = 0) stays `inf`, which strict JSON lacks: `experiments.privacy
+        --json` writes it as null."""
         return {
             "method": self.method, "data": self.data,
             "updates": None if self.updates is None else dataclasses.asdict(self.updates),

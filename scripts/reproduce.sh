@@ -10,7 +10,8 @@
 # the paper's full budget: drop the overrides to run it). Runs go to runs/reproduction/<name>/
 # (REPRODUCTION_DIR to change it); the same command again skips finished runs and resumes the
 # others from their checkpoints, so a killed job loses at most one evaluation interval.
-# Extra arguments after the experiment's name go to experiments.sweep (e.g. --quiet).
+# Extra arguments after the experiment's name go to experiments.sweep (e.g. --quiet); of them the
+# reports and merges (compare, weights, ...) get only --quiet, the one shared flag every main takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -171,6 +172,8 @@ ARGS[natural_shakespeare_loss_reweighting]=""
 CONFIG[natural_shakespeare_loss_reweighting]="configs/beyond_natural_shakespeare.py:loss_reweighting"
 RAW[natural_shakespeare_label_shift]="experiments.natural_label_shift \
 --out=docs/reproduction/shakespeare_label_shift.png"
+# A plain argparse script, not a main of experiments/flags.py: no extra flag reaches it.
+declare -A NO_SHARED_FLAGS=([natural_shakespeare_label_shift]=1)
 # Every client as its own target (issue 56): Fashion-MNIST C = 3 and C = 2, 100 training clients,
 # 10 % a round, 15 rounds; FedAvg with fine-tuning, Ditto and local training, FedPALS once per
 # client (ESS 25 %), seeds 0-1: about 45 min a seed on 2 cores.
@@ -241,6 +244,15 @@ main() {
   fi
   mkdir -p "$ROOT/$name"
   start=$(date +%s)
+  if [[ -n "${RAW[$name]+set}" || -n "${COMPARE[$name]+set}" ]]; then
+    local kept=()
+    for a in "$@"; do
+      if [[ ( "$a" == --quiet || "$a" == --noquiet ) && -z "${NO_SHARED_FLAGS[$name]+set}" ]]; then
+        kept+=("$a")
+      fi
+    done
+    set -- ${kept[@]+"${kept[@]}"}
+  fi
   eval "$(command_for "$name") \"\$@\""
   echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$ROOT/$name/wall_time.txt"
 }

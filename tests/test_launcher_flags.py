@@ -67,6 +67,25 @@ def test_a_shared_flag_a_main_does_not_take_is_refused_before_it_runs(tmp_path, 
     assert not (tmp_path / "w").exists()
 
 
+def test_a_users_main_declares_the_shared_flags_it_takes_and_is_named_in_the_refusal(tmp_path):
+    script = tmp_path / "my_main.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {ROOT!r})\n"
+        "from experiments import flags as common\n"
+        "def main(argv):\n    print('workdir', common.WORKDIR.value)\n"
+        "common.run(main, takes=common.WRITES)\n"
+    )
+
+    def launch(*args):
+        return subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+
+    line = _error_line(launch("--overwrite"), 2)
+    assert line.startswith("error: my_main.py takes no --overwrite ")
+    done = launch(f"--workdir={tmp_path / 'w'}", "--quiet")
+    assert done.returncode == 0 and done.stdout == f"workdir {tmp_path / 'w'}\n", done.stderr
+
+
 @pytest.mark.parametrize(
     "fractions, expected",
     [

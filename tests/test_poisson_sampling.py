@@ -164,7 +164,7 @@ def test_a_method_with_its_own_server_update_is_refused():
                                              participants=4)
 
 
-def test_adaptive_clipping_is_refused_in_either_order_and_fixed_clipping_in_neither():
+def test_adaptive_clipping_is_refused_with_dp_wrapped_first_and_fixed_clipping_is_not():
     dists, sizes = _clients(4)
     adaptive = private_updates.with_private_updates(fjp.fedavg(), 1.0, 0.3, 0, clip_quantile=0.5,
                                                     participants=4)
