@@ -216,11 +216,11 @@ def _show_launcher_flags_in_help(takes: set[str]) -> None:
     _say_required_in_help()
 
 
-def _refuse_flags_not_taken(takes: set[str], main: Callable) -> None:
-    given = sorted(name for name in _shared_flag_names() - takes if flags.FLAGS[name].present)
+def _refuse_flags_not_taken(not_taken: set[str], main: Callable) -> None:
+    given = sorted(name for name in not_taken if flags.FLAGS[name].present)
     if given:
         # A user's main is not one `command_for` knows: name the script it was run as.
-        ours = _main_package(main) in cli.MAIN_PACKAGES
+        ours = _main_module(main).partition(".")[0] in cli.MAIN_PACKAGES
         command = command_for(_main_name(main)) if ours else os.path.basename(sys.argv[0])
         usage_error(
             f"{command} takes no {', '.join('--' + name for name in given)} (its --help lists "
@@ -251,10 +251,6 @@ def _main_module(main: Callable) -> str:
     return module
 
 
-def _main_package(main: Callable) -> str:
-    return _main_module(main).partition(".")[0]
-
-
 def _main_name(main: Callable) -> str:
     """"sweep" of experiments.sweep's (or fedjax_pals_experiments.sweep's) main."""
     package, _, name = _main_module(main).partition(".")
@@ -267,8 +263,9 @@ def run(main: Callable[[list[str]], object], takes: Iterable[str] | None = None)
     `takes`: the shared flags `main` reads (`WRITES`, `TRAINS`, `RUNTIME`, joined); --quiet
     always. Its --help shows them, and any other shared flag on the command line is a usage
     error. None: every shared flag (a main written before mains declared them)."""
-    takes = _shared_flag_names() if takes is None else set(takes) | set(_EVERY_MAIN)
-    unknown = takes - _shared_flag_names()
+    shared = _shared_flag_names()
+    takes = shared if takes is None else set(takes) | set(_EVERY_MAIN)
+    unknown = takes - shared
     if unknown:
         raise ValueError(f"takes names no shared flag: {sorted(unknown)}.")
     cli.show_main_flags_in_help(main)
@@ -314,7 +311,7 @@ def run(main: Callable[[list[str]], object], takes: Iterable[str] | None = None)
                 logging.getLogger(name).setLevel(logging.WARNING)
         if len(args) > 1:
             usage_error(f"unexpected arguments {args[1:]} (flags are written --name=value).")
-        _refuse_flags_not_taken(takes, main)
+        _refuse_flags_not_taken(shared - takes, main)
         for name, keys in new_keys.items():
             config_args.apply_new_keys(flags.FLAGS[name].value, keys)
         interruption = fjp.experiment.interruption

@@ -373,10 +373,11 @@ def _against_known(runs, methods, known, fedavg, probe) -> list[str]:
 def _below_fedavg(run: dict, known: dict, fedavg: dict) -> bool:
     """The run ends below FedAvg on a seed where T known leads FedAvg by more than
     `FEDAVG_LEAD` points (stopped by validation labels)."""
-    accuracy = {name: 100 * r["target_accuracy_at_best_val"]
-                for name, r in (("run", run), ("known", known), ("fedavg", fedavg))}
-    return (accuracy["known"] - accuracy["fedavg"] > FEDAVG_LEAD
-            and accuracy["run"] < accuracy["fedavg"])
+    def accuracy(results: dict) -> float:
+        return 100 * results["target_accuracy_at_best_val"]
+
+    return (accuracy(known) - accuracy(fedavg) > FEDAVG_LEAD
+            and accuracy(run) < accuracy(fedavg))
 
 
 def _unidentified_runs(method_runs: dict, seeds: list[int]) -> str:
